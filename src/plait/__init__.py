@@ -1,3 +1,78 @@
-"""plait: the PyTorch programming model for LLM pipelines."""
+"""plait: the PyTorch programming model for LLM pipelines.
+
+Write `Module`s with a plain ``forward()``; plait traces the calls into one
+dependency graph, runs it with as much concurrency as the endpoints allow, and
+returns every output (or a `Value` of kind ERROR that says why not).
+
+The execution and resource layers (and their aiohttp and pydantic imports) load
+on first use, so ``import plait`` stays fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from plait import handlers
+from plait.containers import ModuleDict, ModuleList, ParameterDict, ParameterList, Sequential
+from plait.module import BackwardContext, BackwardResult, LLMInference, Module
+from plait.parameter import Parameter
+from plait.tracing import TracingError
+from plait.values import ExecutionError, Value, ValueKind, unwrap, valueify
+
+if TYPE_CHECKING:
+    from plait.execution import BatchResult, CheckpointError, ExecutionSettings, run
+    from plait.resources import EndpointConfig, ResourceConfig, ResourceManager
+    from plait.resources.config import ConfigurationError
 
 __version__ = "0.1.0"
+
+_LAZY = {
+    "BatchResult": "plait.execution",
+    "CheckpointError": "plait.execution",
+    "ExecutionSettings": "plait.execution",
+    "run": "plait.execution",
+    "EndpointConfig": "plait.resources",
+    "ResourceConfig": "plait.resources",
+    "ResourceManager": "plait.resources",
+    "ConfigurationError": "plait.resources.config",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'plait' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+__all__ = [
+    "BackwardContext",
+    "BackwardResult",
+    "BatchResult",
+    "CheckpointError",
+    "ConfigurationError",
+    "EndpointConfig",
+    "ExecutionError",
+    "ExecutionSettings",
+    "LLMInference",
+    "Module",
+    "ModuleDict",
+    "ModuleList",
+    "Parameter",
+    "ParameterDict",
+    "ParameterList",
+    "ResourceConfig",
+    "ResourceManager",
+    "Sequential",
+    "TracingError",
+    "Value",
+    "ValueKind",
+    "__version__",
+    "handlers",
+    "run",
+    "unwrap",
+    "valueify",
+]

@@ -1,0 +1,95 @@
+"""plait against its lower bound on the loopback fake server.
+
+Scenario (issue 2): fan-out/fan-in, 2 parallel calls then 1 combining them, N=200
+inputs, 50 ms latency, 32 requests in flight.  Lower bound:
+``max(k * L, ceil(N * c / C) * L)`` with k=2 levels, c=3 calls per input, C=32.
+Reports the median wall time over several repeats, its ratio to the bound, and
+the client's CPU per call (process CPU time / calls), which includes tracing,
+scheduling, bookkeeping, HTTP and JSON.
+
+    .venv/bin/python benchmarks/run.py [--repeats 5] [--n 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import time
+from typing import Any
+
+import plait
+from plait.testing import FakeOpenAIServer
+
+
+class FanOutFanIn(plait.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.left = plait.LLMInference("llm", system_prompt="Extract the facts.")
+        self.right = plait.LLMInference("llm", system_prompt="Extract the risks.")
+        self.combine = plait.LLMInference("llm", system_prompt="Compare.")
+
+    def forward(self, doc: str) -> Any:
+        return self.combine(f"Facts: {self.left(doc)}\nRisks: {self.right(doc)}")
+
+
+def measure(server: FakeOpenAIServer, n: int, latency_ms: float, in_flight: int) -> dict[str, Any]:
+    server.configure(latency_ms=latency_ms)
+    resources = plait.ResourceConfig(
+        {
+            "llm": {
+                "provider": "openai",
+                "model": "bench",
+                "base_url": server.base_url,
+                "api_key": "sk-bench",
+                "max_concurrent": in_flight,
+            }
+        }
+    )
+    pipeline = FanOutFanIn().bind(resources=resources, max_concurrent=in_flight * 4)
+    inputs = [f"document number {i}" for i in range(n)]
+    server.reset()
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    outputs = pipeline.run_sync(inputs)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    stats = server.stats()
+    assert len(outputs) == n and all(isinstance(o, str) for o in outputs), "lost outputs"
+    calls = 3 * n
+    assert stats["requests_total"] == calls, stats["requests_total"]
+    bound = max(2 * latency_ms, math.ceil(calls / in_flight) * latency_ms) / 1000
+    return {
+        "wall": wall,
+        "bound": bound,
+        "cpu_per_call_ms": cpu / calls * 1000,
+        "max_in_flight": stats["max_in_flight"],
+        "requests": stats["requests_total"],
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--n", type=int, default=200)
+    args = parser.parse_args()
+    with FakeOpenAIServer() as server:
+        runs = [measure(server, args.n, 50.0, 32) for _ in range(args.repeats)]
+        zero = [measure(server, 2000, 0.0, 32) for _ in range(3)]
+    wall = statistics.median(r["wall"] for r in runs)
+    bound = runs[0]["bound"]
+    cpu = statistics.median(r["cpu_per_call_ms"] for r in runs)
+    cpu0 = statistics.median(r["cpu_per_call_ms"] for r in zero)
+    print(
+        f"fan-out/fan-in N={args.n}, L=50 ms, C=32: median wall {wall:.3f} s, "
+        f"lower bound {bound:.3f} s, ratio {wall / bound:.3f} (target <= 1.10)"
+    )
+    print(
+        f"  client CPU per call {cpu:.3f} ms; server max in flight "
+        f"{max(r['max_in_flight'] for r in runs)}; requests {runs[0]['requests']}"
+    )
+    print(f"zero latency, 6000 calls: client CPU per call {cpu0:.3f} ms")
+    return 0 if wall / bound <= 1.10 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

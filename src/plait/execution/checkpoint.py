@@ -1,0 +1,217 @@
+"""Resumable batches: completed LLM calls and finished outputs, logged as they happen.
+
+The log is append-only JSON lines, each written with a single ``write`` on an
+``O_APPEND`` descriptor, so a process killed at any instant leaves whole records
+plus at most one torn last line, which the next run drops.  The manifest is
+written atomically (temp file, then rename) and names the pipeline, so pointing
+a different pipeline at the directory is an error instead of a silent mix-up.
+
+Completed calls are replayed by a handler on the stack: a resumed run answers
+them from the log and pays for none of them again.  Failed inputs are not
+recorded as finished, so a resumed run retries them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from plait.execution.codec import decode, encode
+from plait.handlers.stack import Handler, Message
+from plait.providers.base import LLMRequest, LLMResponse, Usage
+from plait.structured import parse_reply
+
+__all__ = ["Checkpoint", "CheckpointError", "CheckpointHandler"]
+
+FORMAT = "plait-checkpoint"
+VERSION = 1
+
+
+class CheckpointError(RuntimeError):
+    """The checkpoint directory cannot be used for this run; the message says why."""
+
+
+class Checkpoint:
+    def __init__(self, directory: str | os.PathLike[str], pipeline: str) -> None:
+        self.directory = Path(directory)
+        self.pipeline = pipeline
+        self.calls: dict[tuple[int, str, str], Any] = {}
+        self.outputs: dict[int, tuple[str, Any]] = {}
+        self._fd: int | None = None
+
+    @property
+    def log_path(self) -> Path:
+        return self.directory / "log.jsonl"
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.directory / "manifest.json"
+
+    def open(self) -> Checkpoint:
+        if self.directory.exists() and not self.directory.is_dir():
+            raise CheckpointError(f"checkpoint_dir {self.directory} exists and is not a directory")
+        self.directory.mkdir(parents=True, exist_ok=True)
+        if self.manifest_path.exists():
+            self._check_manifest()
+        else:
+            if self.log_path.exists():
+                raise CheckpointError(
+                    f"{self.directory} has a log but no manifest.json; it was not written by "
+                    "plait (or was damaged): use an empty checkpoint_dir"
+                )
+            _write_atomic(
+                self.manifest_path,
+                {
+                    "format": FORMAT,
+                    "version": VERSION,
+                    "pipeline": self.pipeline,
+                    "created": time.time(),
+                },
+            )
+        self._load_log()
+        self._fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        return self
+
+    def close(self) -> None:
+        if self._fd is not None:
+            try:
+                os.fsync(self._fd)
+            finally:
+                os.close(self._fd)
+                self._fd = None
+
+    def _check_manifest(self) -> None:
+        try:
+            manifest = json.loads(self.manifest_path.read_text())
+        except (OSError, ValueError) as exc:
+            raise CheckpointError(
+                f"{self.manifest_path} is unreadable or corrupt ({exc}); delete {self.directory} "
+                "to start over"
+            ) from None
+        if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+            raise CheckpointError(
+                f"{self.directory} is not a plait checkpoint (its manifest.json has no "
+                f"'format': {FORMAT!r}); use an empty directory"
+            )
+        if manifest.get("version") != VERSION:
+            raise CheckpointError(
+                f"{self.directory} was written by checkpoint format version "
+                f"{manifest.get('version')!r}; this plait reads version {VERSION}"
+            )
+        if manifest.get("pipeline") != self.pipeline:
+            raise CheckpointError(
+                f"{self.directory} belongs to pipeline {manifest.get('pipeline')!r}, not "
+                f"{self.pipeline!r}; use a different checkpoint_dir for this pipeline"
+            )
+
+    def _load_log(self) -> None:
+        if not self.log_path.exists():
+            return
+        raw = self.log_path.read_bytes()
+        end = raw.rfind(b"\n") + 1
+        if end < len(raw):  # a torn last record from a killed run: drop it
+            with open(self.log_path, "r+b") as fh:
+                fh.truncate(end)
+        for number, line in enumerate(raw[:end].splitlines(), start=1):
+            try:
+                record = json.loads(line)
+                kind = record["t"]
+                if kind == "call":
+                    self.calls[(record["i"], record["n"], record["h"])] = record["v"]
+                elif kind == "out":
+                    self.outputs[record["i"]] = (record["h"], record["v"])
+                else:
+                    raise ValueError(f"unknown record type {kind!r}")
+            except (ValueError, KeyError, TypeError) as exc:
+                raise CheckpointError(
+                    f"{self.log_path} line {number} is corrupt ({exc}); delete {self.directory} "
+                    "to start over, or remove that line to keep the rest"
+                ) from None
+
+    def _append(self, record: dict[str, Any]) -> None:
+        if self._fd is None:
+            raise CheckpointError("checkpoint is not open")
+        line = json.dumps(record, separators=(",", ":"), ensure_ascii=False) + "\n"
+        os.write(self._fd, line.encode())
+
+    def record_call(self, index: int, node: str, request_hash: str, value: Any) -> None:
+        self.calls[(index, node, request_hash)] = value
+        self._append({"t": "call", "i": index, "n": node, "h": request_hash, "v": value})
+
+    def record_output(self, index: int, input_hash: str, payload: Any) -> None:
+        encoded = encode(payload)
+        self.outputs[index] = (input_hash, encoded)
+        self._append({"t": "out", "i": index, "h": input_hash, "v": encoded})
+
+    def finished_output(self, index: int, input_hash: str) -> tuple[bool, Any]:
+        found = self.outputs.get(index)
+        if found is None:
+            return False, None
+        if found[0] != input_hash:
+            raise CheckpointError(
+                f"input #{index} differs from the input this checkpoint recorded at that "
+                f"position in {self.directory}; resume with the same inputs in the same order, "
+                "or use a new checkpoint_dir"
+            )
+        return True, decode(found[1])
+
+
+class CheckpointHandler(Handler):
+    """Answers LLM calls that a killed run had completed; records new ones."""
+
+    def __init__(self, checkpoint: Checkpoint) -> None:
+        self.checkpoint = checkpoint
+
+    def process(self, msg: Message) -> None:
+        if msg.type != "llm" or msg.input_index is None or msg.node_id is None:
+            return
+        request: LLMRequest = msg.kwargs["request"]
+        key = (msg.input_index, msg.node_id, request.fingerprint())
+        msg.meta["checkpoint_key"] = key
+        stored = self.checkpoint.calls.get(key)
+        if stored is not None:
+            msg.value = _restore(stored, request)
+            msg.done = True
+            msg.meta["checkpoint"] = "hit"
+
+    def postprocess(self, msg: Message) -> None:
+        key = msg.meta.get("checkpoint_key")
+        if key is None or msg.meta.get("checkpoint") == "hit" or msg.error is not None:
+            return
+        value = msg.value
+        if isinstance(value, LLMResponse):
+            stored: Any = {
+                "text": value.text,
+                "usage": [value.usage.prompt_tokens, value.usage.completion_tokens],
+                "model": value.model,
+            }
+        else:
+            stored = {"value": encode(value)}
+        index, node, request_hash = key
+        self.checkpoint.record_call(index, node, request_hash, stored)
+
+
+def _restore(stored: dict[str, Any], request: LLMRequest) -> Any:
+    if "text" not in stored:
+        return decode(stored["value"])
+    text = stored["text"]
+    parsed = parse_reply(request.response_format, text) if request.response_format else None
+    prompt, completion = stored.get("usage", [0, 0])
+    return LLMResponse(text, parsed, Usage(prompt, completion), stored.get("model", ""))
+
+
+def _write_atomic(path: Path, data: dict[str, Any]) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(data, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,255 @@
+"""The engine: runs traced graphs so that every node starts the moment its inputs exist.
+
+One `Engine` serves one call (a single input or a whole batch).  Each input is
+traced into its own graph; nodes are started by completion callbacks (no task
+waits on another), LLM calls become ``"llm"`` messages on the handler stack, and
+their default action takes a slot from the endpoint's process-wide limiter and
+the run-wide limiter before it sends the request.  Waiters are served by input
+index, so the oldest inputs finish first and the window of inputs moves on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any
+
+from plait.handlers.stack import Message, apply_stack
+from plait.providers.base import LLMRequest, LLMResponse
+from plait.resources.limits import PriorityLimiter
+from plait.resources.manager import ResourceManager
+from plait.tracing.graph import Graph, Node, as_text, resolve
+from plait.tracing.tracer import module_paths, trace
+from plait.values import ExecutionError, Value, ValueKind, error_value, kind_of
+
+if TYPE_CHECKING:
+    from plait.module import Module
+
+__all__ = ["Engine", "current_engine"]
+
+#: The engine whose node is running here: module calls made inside an
+#: ``async def forward`` go through it (same limits, same handlers).
+current_engine: contextvars.ContextVar[Engine | None] = contextvars.ContextVar(
+    "plait_engine", default=None
+)
+_current_node: contextvars.ContextVar[tuple[int, str] | None] = contextvars.ContextVar(
+    "plait_node", default=None
+)
+
+
+class Engine:
+    def __init__(self, root: Module, resources: ResourceManager, max_concurrent: int) -> None:
+        self.root = root
+        self.resources = resources
+        self.paths = module_paths(root)
+        self.limiter = PriorityLimiter(max_concurrent)
+        aliases = {m.alias for m in root.modules() if m._calls_llm}  # type: ignore[attr-defined]
+        resources.check_aliases(aliases)
+
+    # -- one input -------------------------------------------------------------------
+    async def run_input(
+        self, index: int, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[Value, Graph | None, dict[int, Value]]:
+        """Trace and execute one input; never raises for failures inside the pipeline."""
+        try:
+            graph = trace(self.root, args, kwargs, self.paths)
+        except Exception as exc:
+            return error_value(exc, module_path=f"{type(self.root).__name__}.forward"), None, {}
+        results = await self.execute(graph, index, "")
+        return self.output_of(graph, results), graph, results
+
+    def output_of(self, graph: Graph, results: dict[int, Value]) -> Value:
+        failures = [v for v in results.values() if v.kind is ValueKind.ERROR]
+        if failures:
+            original = [v for v in failures if not v.meta.get("short_circuited")] or failures
+            first = original[0]
+            meta = dict(first.meta)
+            meta["errors"] = [
+                {k: v.meta.get(k) for k in ("module_path", "error_type", "message")}
+                for v in original
+            ]
+            return Value(ValueKind.ERROR, first.payload, ref=first.ref, meta=meta)
+        try:
+            payload = resolve(graph.output, results)
+        except Exception as exc:
+            return error_value(exc, module_path=f"{type(self.root).__name__} output")
+        return Value(kind_of(payload), payload)
+
+    # -- a graph ---------------------------------------------------------------------
+    async def execute(self, graph: Graph, index: int, prefix: str) -> dict[int, Value]:
+        nodes = graph.nodes
+        results: dict[int, Value] = {}
+        if not nodes:
+            return results
+        loop = asyncio.get_running_loop()
+        finished: asyncio.Future[None] = loop.create_future()
+        waiting = [len(node.deps) for node in nodes]
+        remaining = len(nodes)
+        tasks: set[asyncio.Task[Value]] = set()
+
+        def complete(node: Node, value: Value) -> None:
+            nonlocal remaining
+            results[node.id] = value
+            remaining -= 1
+            for dependent in node.dependents:
+                waiting[dependent] -= 1
+                if waiting[dependent] == 0:
+                    start(nodes[dependent])
+            if remaining == 0 and not finished.done():
+                finished.set_result(None)
+
+        def on_done(task: asyncio.Task[Value], node: Node) -> None:
+            tasks.discard(task)
+            if not task.cancelled():
+                complete(node, task.result())
+
+        def start(node: Node) -> None:
+            for dep in node.deps:
+                upstream = results[dep]
+                if upstream.kind is ValueKind.ERROR:
+                    complete(
+                        node,
+                        error_value(
+                            upstream.payload,
+                            module_path=node.path,
+                            ref=f"node:{node.id}",
+                            cause=upstream,
+                        ),
+                    )
+                    return
+            if node.kind == "op":
+                complete(node, _apply_op(node, results))
+                return
+            task = loop.create_task(self._run_node(node, results, index, prefix))
+            tasks.add(task)
+            task.add_done_callback(functools.partial(on_done, node=node))
+
+        for node in nodes:
+            if not node.deps:
+                start(node)
+        try:
+            await finished
+        except asyncio.CancelledError:
+            for task in tasks:
+                task.cancel()
+            raise
+        return results
+
+    async def _run_node(
+        self, node: Node, results: dict[int, Value], index: int, prefix: str
+    ) -> Value:
+        module = node.module
+        assert module is not None
+        try:
+            args = tuple(resolve(a, results) for a in node.args)
+            kwargs = {k: resolve(v, results) for k, v in node.kwargs.items()}
+            if module._calls_llm:
+                return await self._run_llm(node, module, args, kwargs, index, prefix)
+            token = _current_node.set((index, prefix + node.key + "/"))
+            try:
+                msg = Message(
+                    type="module",
+                    name=node.path,
+                    fn=module.forward,
+                    args=args,
+                    kwargs=kwargs,
+                    module=module,
+                    node_id=prefix + node.key,
+                    input_index=index,
+                )
+                engine_token = current_engine.set(self)
+                try:
+                    payload = await apply_stack(msg)
+                finally:
+                    current_engine.reset(engine_token)
+            finally:
+                _current_node.reset(token)
+            return Value(
+                kind_of(payload), payload, ref=f"node:{node.id}", meta={"module_path": node.path}
+            )
+        except Exception as exc:
+            return error_value(exc, module_path=node.path, ref=f"node:{node.id}")
+
+    async def _run_llm(
+        self,
+        node: Node,
+        module: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        index: int,
+        prefix: str,
+    ) -> Value:
+        prompt = args[0] if args else kwargs["prompt"]
+        messages: list[dict[str, Any]] = []
+        system = module.system_prompt
+        if system is not None:
+            messages.append({"role": "system", "content": as_text(system.value)})
+        messages.append({"role": "user", "content": as_text(prompt)})
+        request = LLMRequest(
+            alias=module.alias,
+            messages=messages,
+            temperature=module.temperature,
+            max_tokens=module.max_tokens,
+            response_format=module.response_format,
+        )
+
+        def send(request: LLMRequest) -> Coroutine[Any, Any, LLMResponse]:
+            return self._send(request, index)
+
+        msg = Message(
+            type="llm",
+            name=node.path,
+            fn=send,
+            kwargs={"request": request},
+            module=module,
+            node_id=prefix + node.key,
+            input_index=index,
+        )
+        reply = await apply_stack(msg)
+        meta: dict[str, Any] = {"module_path": node.path}
+        if isinstance(reply, LLMResponse):
+            meta["usage"] = reply.usage
+            payload = reply.payload
+            kind = ValueKind.STRUCTURED if reply.parsed is not None else ValueKind.TEXT
+        else:
+            payload = reply.payload if isinstance(reply, Value) else reply
+            kind = kind_of(payload)
+        return Value(kind, payload, ref=f"node:{node.id}", meta=meta)
+
+    async def _send(self, request: LLMRequest, priority: int) -> LLMResponse:
+        endpoint = self.resources.endpoint(request.alias)
+        await endpoint.limiter.acquire(priority)
+        try:
+            await self.limiter.acquire(priority)
+            try:
+                return await endpoint.provider.complete(request)
+            finally:
+                self.limiter.release()
+        finally:
+            endpoint.limiter.release()
+
+    # -- module calls made inside an async forward -------------------------------------
+    async def call_module(
+        self, module: Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        where = _current_node.get()
+        index, prefix = where if where is not None else (0, "eager/")
+        graph = trace(module, args, kwargs, self.paths)
+        results = await self.execute(graph, index, prefix)
+        value = self.output_of(graph, results)
+        if value.kind is ValueKind.ERROR:
+            raise ExecutionError(value)
+        return value.payload
+
+
+def _apply_op(node: Node, results: dict[int, Value]) -> Value:
+    try:
+        args = [resolve(a, results) for a in node.args]
+        kwargs = {k: resolve(v, results) for k, v in node.kwargs.items()}
+        assert node.op is not None
+        payload = node.op(*args, **kwargs)
+    except Exception as exc:
+        return error_value(exc, module_path=node.path, ref=f"node:{node.id}")
+    return Value(kind_of(payload), payload, ref=f"node:{node.id}")

@@ -1,0 +1,294 @@
+"""Calling a module for real: single inputs, batches, streams, and the sync veneer."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import contextvars
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from plait.execution.batch import BatchResult
+from plait.execution.checkpoint import Checkpoint, CheckpointHandler
+from plait.execution.codec import fingerprint
+from plait.execution.engine import Engine, current_engine
+from plait.execution.settings import SETTING_NAMES, resolve_options
+from plait.execution.tape import Tape
+from plait.resources.manager import ResourceManager
+from plait.values import ExecutionError, Value, ValueKind, kind_of
+
+if TYPE_CHECKING:
+    from plait.module import Module
+
+__all__ = ["call_bound", "current_engine", "is_batch", "run", "run_blocking", "stream_bound"]
+
+T = TypeVar("T")
+
+
+def is_batch(obj: Any) -> bool:
+    """A list, or any iterator (a generator, ``iter(...)``, a file's lines), is a batch."""
+    return isinstance(obj, list) or (
+        isinstance(obj, Iterator) and not isinstance(obj, str | bytes | dict)
+    )
+
+
+_accepts: dict[type, frozenset[str] | None] = {}
+
+
+def _forward_accepts(cls: type[Module]) -> frozenset[str] | None:
+    """Keyword names ``forward`` accepts, or None when it takes ``**kwargs``."""
+    if cls in _accepts:
+        return _accepts[cls]
+    params = inspect.signature(cls.forward).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        _accepts[cls] = None
+    else:
+        _accepts[cls] = frozenset(p.name for p in params)
+    return _accepts[cls]
+
+
+def split_kwargs(module: Module, kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Separate execution options from the forward's own keyword arguments."""
+    if not kwargs:
+        return {}, {}
+    accepted = _forward_accepts(type(module))
+    forward_kwargs, options = {}, {}
+    for name, value in kwargs.items():
+        if name in SETTING_NAMES and (accepted is None or name not in accepted):
+            options[name] = value
+        else:
+            forward_kwargs[name] = value
+    return forward_kwargs, options
+
+
+def call_bound(
+    module: Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    streaming: bool | None = None,
+    options: dict[str, Any] | None = None,
+) -> Any:
+    """What a module call returns when it must run: an awaitable, or an async iterator."""
+    forward_kwargs, call_options = split_kwargs(module, kwargs)
+    call_options.update(options or {})
+    opts = resolve_options(call_options, module._bound_config, module._bound_resources)
+    if args and is_batch(args[0]):
+        if streaming if streaming is not None else opts["streaming"]:
+            return _stream(module, args[0], args[1:], forward_kwargs, opts)
+        return _run_batch(module, args[0], args[1:], forward_kwargs, opts)
+    return _run_single(module, args, forward_kwargs, opts)
+
+
+def stream_bound(module: Module, inputs: Any, options: dict[str, Any]) -> AsyncIterator[Any]:
+    if not is_batch(inputs) and not isinstance(inputs, Iterable):
+        raise TypeError(f"stream() takes a list or iterable of inputs, got {type(inputs).__name__}")
+    opts = resolve_options(options, module._bound_config, module._bound_resources)
+    return _stream(module, iter(inputs), (), {}, opts)
+
+
+async def run(module: Module, *args: Any, **kwargs: Any) -> Any:
+    """Run ``module`` on one input (or a batch: a list or iterator) with per-call options.
+
+    Options (``resources``, ``max_concurrent``, ``checkpoint_dir``, ...) rank above
+    `bind()` and `ExecutionSettings`; other keyword arguments go to ``forward``.
+    """
+    result = call_bound(module, args, kwargs, streaming=False)
+    return await result
+
+
+def run_blocking(awaitable: Awaitable[T]) -> T:
+    """Run to completion from sync code, also when an event loop is already running."""
+
+    async def main() -> T:
+        from plait.providers.http import close_session
+
+        try:
+            return await awaitable
+        finally:
+            await close_session()
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(main())
+    context = contextvars.copy_context()
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="plait-run-sync") as pool:
+        return pool.submit(context.run, asyncio.run, main()).result()
+
+
+# -- the drivers -------------------------------------------------------------------------
+class _Run:
+    """Per-call state: the engine, optional checkpoint, and how to shape results."""
+
+    def __init__(self, module: Module, opts: dict[str, Any]) -> None:
+        self.module = module
+        self.training = module.training
+        self.engine = Engine(
+            module, ResourceManager.coerce(opts["resources"]), opts["max_concurrent"]
+        )
+        self.window = opts["max_inputs_in_flight"] or max(64, 2 * opts["max_concurrent"])
+        self.checkpoint: Checkpoint | None = None
+        if opts["checkpoint_dir"] is not None:
+            pipeline = f"{type(module).__module__}.{type(module).__qualname__}"
+            self.checkpoint = Checkpoint(opts["checkpoint_dir"], pipeline).open()
+
+    def close(self) -> None:
+        if self.checkpoint is not None:
+            self.checkpoint.close()
+
+    async def one(self, index: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+        key = ""
+        if self.checkpoint is not None:
+            key = fingerprint([list(args), kwargs])
+            found, payload = self.checkpoint.finished_output(index, key)
+            if found:
+                return Value(kind_of(payload), payload, meta={"checkpoint": "hit"})
+        value, graph, results = await self.engine.run_input(index, args, kwargs)
+        if value.kind is not ValueKind.ERROR:
+            if self.checkpoint is not None:
+                self.checkpoint.record_output(index, key, value.payload)
+            if self.training and graph is not None:
+                tape = Tape(graph, results, self.module, index)
+                value.meta["_tape_ids"] = [tape.id]
+                value.meta["_tape"] = tape
+        return value
+
+    def shape(self, value: Value) -> Any:
+        """What the caller gets: the raw output, or a Value in training mode."""
+        if self.training:
+            return value
+        return value.payload
+
+    async def drive(
+        self,
+        items: Iterable[Any],
+        extra: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        deliver: Callable[[int, Any, Value], None],
+        slots: asyncio.Semaphore,
+        release_on_done: bool,
+    ) -> None:
+        """Feed inputs lazily: a new one is pulled only when a slot of the window frees up."""
+        tasks: set[asyncio.Task[None]] = set()
+        handler = CheckpointHandler(self.checkpoint) if self.checkpoint is not None else None
+
+        async def one(index: int, item: Any) -> None:
+            try:
+                value = await self.one(index, (item, *extra), kwargs)
+            finally:
+                if release_on_done:
+                    slots.release()
+            deliver(index, item, value)
+
+        try:
+            if handler is not None:
+                handler.__enter__()
+            for index, item in enumerate(items):
+                await slots.acquire()
+                task = asyncio.create_task(one(index, item))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            while tasks:
+                await asyncio.gather(*list(tasks))
+        except BaseException:
+            for task in tasks:
+                task.cancel()
+            raise
+        finally:
+            if handler is not None:
+                handler.__exit__()
+
+
+async def _run_single(
+    module: Module, args: tuple[Any, ...], kwargs: dict[str, Any], opts: dict[str, Any]
+) -> Any:
+    state = _Run(module, opts)
+    try:
+        if state.checkpoint is not None:
+            with CheckpointHandler(state.checkpoint):
+                value = await state.one(0, args, kwargs)
+        else:
+            value = await state.one(0, args, kwargs)
+    finally:
+        state.close()
+    if value.kind is ValueKind.ERROR:
+        raise ExecutionError(value)
+    return state.shape(value)
+
+
+async def _run_batch(
+    module: Module,
+    items: Iterable[Any],
+    extra: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    opts: dict[str, Any],
+) -> list[Any]:
+    state = _Run(module, opts)
+    outputs: dict[int, Any] = {}
+
+    def deliver(index: int, item: Any, value: Value) -> None:
+        outputs[index] = value if value.kind is ValueKind.ERROR else state.shape(value)
+
+    try:
+        await state.drive(items, extra, kwargs, deliver, asyncio.Semaphore(state.window), True)
+    finally:
+        state.close()
+    return [outputs[i] for i in range(len(outputs))]
+
+
+async def _stream(
+    module: Module,
+    items: Iterable[Any],
+    extra: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    opts: dict[str, Any],
+) -> AsyncIterator[BatchResult]:
+    state = _Run(module, opts)
+    preserve = bool(opts["preserve_order"])
+    slots = asyncio.Semaphore(state.window)
+    queue: asyncio.Queue[BatchResult | BaseException | None] = asyncio.Queue()
+
+    def deliver(index: int, item: Any, value: Value) -> None:
+        if value.kind is ValueKind.ERROR:
+            queue.put_nowait(BatchResult(index, item, None, ExecutionError(value)))
+        else:
+            queue.put_nowait(BatchResult(index, item, state.shape(value), None))
+
+    async def produce() -> None:
+        try:
+            await state.drive(items, extra, kwargs, deliver, slots, False)
+        except BaseException as exc:  # surfaced to the consumer below
+            queue.put_nowait(exc)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+        else:
+            queue.put_nowait(None)
+
+    producer = asyncio.create_task(produce())
+    pending: dict[int, BatchResult] = {}
+    next_index = 0
+    try:
+        while True:
+            item = await queue.get()
+            if item is None:
+                break
+            if isinstance(item, BaseException):
+                raise item
+            if not preserve:
+                slots.release()
+                yield item
+                continue
+            pending[item.index] = item
+            while next_index in pending:
+                ready = pending.pop(next_index)
+                next_index += 1
+                slots.release()
+                yield ready
+    finally:
+        if not producer.done():
+            producer.cancel()
+            with contextlib.suppress(BaseException):
+                await producer
+        state.close()

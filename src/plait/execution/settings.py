@@ -1,0 +1,125 @@
+"""`ExecutionSettings`: run options for every call inside a ``with`` block.
+
+Precedence, highest first: per-call keyword arguments, `Module.bind()`, the
+innermost `ExecutionSettings` (which inherits whatever it does not set from the
+ones around it), then the defaults below.
+"""
+
+from __future__ import annotations
+
+from contextvars import ContextVar, Token
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "DEFAULTS",
+    "SETTING_NAMES",
+    "ExecutionSettings",
+    "check_setting_names",
+    "get_execution_settings",
+    "resolve_options",
+]
+
+DEFAULTS: dict[str, Any] = {
+    "resources": None,
+    "max_concurrent": 100,
+    "checkpoint_dir": None,
+    "streaming": False,
+    "preserve_order": False,
+    "max_inputs_in_flight": None,
+}
+SETTING_NAMES = frozenset(DEFAULTS)
+
+_current: ContextVar[ExecutionSettings | None] = ContextVar("plait_settings", default=None)
+
+
+def check_setting_names(options: dict[str, Any], where: str) -> None:
+    unknown = sorted(set(options) - SETTING_NAMES)
+    if unknown:
+        raise TypeError(
+            f"{where} got unknown execution option(s) {', '.join(map(repr, unknown))}; "
+            f"known options: {', '.join(sorted(SETTING_NAMES))}"
+        )
+
+
+class ExecutionSettings:
+    """Options shared by every plait call made inside the block (sync or async ``with``).
+
+    ``resources`` (aliases to endpoints), ``max_concurrent`` (LLM calls in flight for
+    one run, across its whole batch), ``checkpoint_dir`` (make batches resumable),
+    ``streaming`` (batch calls yield `BatchResult`s as they complete),
+    ``preserve_order`` (streaming yields in input order), ``max_inputs_in_flight``
+    (how many batch inputs are traced and running at once; default
+    ``max(64, 2 * max_concurrent)``).
+    """
+
+    def __init__(
+        self,
+        resources: Any = None,
+        max_concurrent: int | None = None,
+        checkpoint_dir: str | Path | None = None,
+        streaming: bool | None = None,
+        preserve_order: bool | None = None,
+        max_inputs_in_flight: int | None = None,
+    ) -> None:
+        self.resources = resources
+        self.max_concurrent = max_concurrent
+        self.checkpoint_dir = checkpoint_dir
+        self.streaming = streaming
+        self.preserve_order = preserve_order
+        self.max_inputs_in_flight = max_inputs_in_flight
+        _validate(self.explicit())
+        self._tokens: list[Token[ExecutionSettings | None]] = []
+
+    def explicit(self) -> dict[str, Any]:
+        """The options this block sets itself."""
+        return {name: getattr(self, name) for name in DEFAULTS if getattr(self, name) is not None}
+
+    def __enter__(self) -> ExecutionSettings:
+        parent = _current.get()
+        merged = ExecutionSettings(**(parent.explicit() if parent else {}))
+        for name, value in self.explicit().items():
+            setattr(merged, name, value)
+        self._tokens.append(_current.set(merged))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _current.reset(self._tokens.pop())
+
+    async def __aenter__(self) -> ExecutionSettings:
+        return self.__enter__()
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.__exit__()
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{k}={v!r}" for k, v in self.explicit().items())
+        return f"ExecutionSettings({inner})"
+
+
+def get_execution_settings() -> ExecutionSettings | None:
+    """The settings in force here (already merged with the enclosing blocks), if any."""
+    return _current.get()
+
+
+def _validate(options: dict[str, Any]) -> None:
+    for name in ("max_concurrent", "max_inputs_in_flight"):
+        value = options.get(name)
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def resolve_options(
+    call: dict[str, Any], bound: dict[str, Any], bound_resources: Any
+) -> dict[str, Any]:
+    """Merge the layers: call > bind() > ExecutionSettings > defaults."""
+    merged = dict(DEFAULTS)
+    settings = _current.get()
+    if settings is not None:
+        merged.update(settings.explicit())
+    if bound_resources is not None:
+        merged["resources"] = bound_resources
+    merged.update({k: v for k, v in bound.items() if v is not None})
+    merged.update({k: v for k, v in call.items() if v is not None})
+    _validate(merged)
+    return merged

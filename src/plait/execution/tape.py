@@ -1,0 +1,34 @@
+"""Tapes: what a training-mode call keeps so that `backward()` can walk it later."""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+from plait.tracing.graph import Graph
+from plait.values import Value
+
+__all__ = ["Tape", "get_tape"]
+
+_ids = itertools.count(1)
+_tapes: weakref.WeakValueDictionary[str, Tape] = weakref.WeakValueDictionary()
+
+
+@dataclass(eq=False)
+class Tape:
+    """The graph of one input and every node's result, kept alive by the output Value."""
+
+    graph: Graph
+    results: dict[int, Value]
+    root: Any
+    input_index: int
+    id: str = field(default_factory=lambda: f"tape-{next(_ids)}")
+
+    def __post_init__(self) -> None:
+        _tapes[self.id] = self
+
+
+def get_tape(tape_id: str) -> Tape | None:
+    return _tapes.get(tape_id)

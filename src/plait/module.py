@@ -1,0 +1,392 @@
+"""`Module`: the unit users write, as in ``torch.nn.Module`` (seed 000).
+
+Children and parameters assigned as attributes register themselves.  Calling a
+module does one of three things:
+
+1. while a graph is being traced, the call is recorded (a leaf becomes a node, a
+   composite is traced through);
+2. when the module can reach an LLM (resources bound, an `ExecutionSettings`
+   context, or LLM calls somewhere in its tree) it returns an awaitable that
+   traces and runs the whole pipeline, or an async iterator when streaming;
+3. otherwise ``forward()`` runs directly, like any Python function.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Self
+
+from plait.handlers.stack import Message, apply_stack_sync, current_stack
+from plait.parameter import Parameter
+from plait.values import Value
+
+if TYPE_CHECKING:
+    from plait.resources.config import ResourceConfig
+    from plait.resources.manager import ResourceManager
+
+__all__ = ["BackwardContext", "BackwardResult", "LLMInference", "Module"]
+
+
+@dataclass(slots=True)
+class BackwardContext:
+    """What a module's ``backward`` may look at: its inputs, output and node."""
+
+    inputs: dict[str, Any] = field(default_factory=dict)
+    output: Any = None
+    node_id: str | None = None
+    module_path: str | None = None
+
+
+@dataclass(slots=True)
+class BackwardResult:
+    """Feedback a module sends upstream: per input name and per parameter name."""
+
+    input_feedback: dict[str, Any] = field(default_factory=dict)
+    parameter_feedback: dict[str, Any] = field(default_factory=dict)
+
+
+class Module:
+    """Base class of every pipeline step; subclass it and implement ``forward``.
+
+    ``forward`` is plain synchronous code over strings and structures; plait records
+    the module calls it makes into one dependency graph and runs that graph with
+    as much concurrency as the endpoints allow.  A module may instead define
+    ``async def forward`` to make decisions on real values; its module calls still
+    go through plait's runtime, limits and handlers.
+    """
+
+    _children: dict[str, Module]
+    _parameters: dict[str, Parameter]
+    _name: str | None
+    _bound_resources: ResourceConfig | ResourceManager | None
+    _bound_config: dict[str, Any]
+    _training: bool
+    _state_version: int
+
+    #: LLMInference sets this; plait needs resources to run such a module.
+    _calls_llm: ClassVar[bool] = False
+    #: Parameter containers set this: owning one does not make a module composite.
+    _holds_only_parameters: ClassVar[bool] = False
+
+    def __init__(self) -> None:
+        object.__setattr__(self, "_children", {})
+        object.__setattr__(self, "_parameters", {})
+        object.__setattr__(self, "_name", None)
+        object.__setattr__(self, "_bound_resources", None)
+        object.__setattr__(self, "_bound_config", {})
+        object.__setattr__(self, "_training", False)
+        object.__setattr__(self, "_state_version", 0)
+
+    # -- registration --------------------------------------------------------------
+    def __setattr__(self, name: str, value: Any) -> None:
+        try:
+            children = self.__dict__["_children"]
+            params = self.__dict__["_parameters"]
+        except KeyError:
+            raise AttributeError(
+                f"cannot assign {name!r} before Module.__init__() ran: call "
+                f"super().__init__() first in {type(self).__name__}.__init__"
+            ) from None
+        if isinstance(value, Module):
+            if value is self:
+                raise ValueError(f"a module cannot be its own child ({name!r})")
+            params.pop(name, None)
+            children[name] = value
+            if value._name is None:
+                object.__setattr__(value, "_name", name)
+        elif isinstance(value, Parameter):
+            children.pop(name, None)
+            params[name] = value
+            if value._owner is None:
+                import weakref
+
+                value._owner = weakref.ref(self)
+                value._name = name
+        else:
+            children.pop(name, None)
+            params.pop(name, None)
+        object.__setattr__(self, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        self._children.pop(name, None)
+        self._parameters.pop(name, None)
+        object.__delattr__(self, name)
+
+    def register_module(self, name: str, module: Module | None) -> None:
+        """Register a child under ``name`` (what attribute assignment does)."""
+        setattr(self, name, module)
+
+    def register_parameter(self, name: str, param: Parameter | None) -> None:
+        setattr(self, name, param)
+
+    def _bump_state_version(self) -> None:
+        object.__setattr__(self, "_state_version", self._state_version + 1)
+
+    @property
+    def module_state_version(self) -> int:
+        """Bumps whenever a parameter this module owns changes (seed 002)."""
+        return self._state_version
+
+    # -- computation ---------------------------------------------------------------
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} must implement forward()")
+
+    def backward(self, feedback: Value, ctx: BackwardContext) -> BackwardResult:
+        """Send feedback upstream; by default every input receives it unchanged."""
+        return BackwardResult(input_feedback={name: feedback for name in ctx.inputs})
+
+    def bind(
+        self,
+        resources: ResourceConfig | ResourceManager | Any = None,
+        max_concurrent: int | None = None,
+        **kwargs: Any,
+    ) -> Self:
+        """Attach resources and execution options so the module can be awaited directly.
+
+        Bound options rank below per-call options and above `ExecutionSettings`.
+        ``max_concurrent`` caps the tasks this module runs at once (default 100).
+        """
+        from plait.execution.settings import check_setting_names
+
+        options = dict(kwargs)
+        if max_concurrent is not None:
+            options["max_concurrent"] = max_concurrent
+        check_setting_names(options, where="bind()")
+        object.__setattr__(self, "_bound_resources", resources)
+        object.__setattr__(self, "_bound_config", options)
+        return self
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from plait.tracing.tracer import active_trace
+
+        if active_trace.get() is not None:
+            return apply_stack_sync(
+                Message(
+                    type="module",
+                    name=type(self).__name__,
+                    fn=self.forward,
+                    args=args,
+                    kwargs=kwargs,
+                    phase="trace",
+                    module=self,
+                )
+            )
+        from plait.execution import runtime
+
+        engine = runtime.current_engine.get()
+        if engine is not None:
+            return engine.call_module(self, args, kwargs)
+        if self._needs_runtime():
+            return runtime.call_bound(self, args, kwargs)
+        if current_stack():
+            return apply_stack_sync(
+                Message(
+                    type="module",
+                    name=type(self).__name__,
+                    fn=self.forward,
+                    args=args,
+                    kwargs=kwargs,
+                    module=self,
+                )
+            )
+        return self.forward(*args, **kwargs)
+
+    def _needs_runtime(self) -> bool:
+        from plait.execution.settings import get_execution_settings
+
+        if self._bound_resources is not None or self._bound_config:
+            return True
+        settings = get_execution_settings()
+        if settings is not None and settings.resources is not None:
+            return True
+        return any(m._calls_llm or m._has_async_forward() for m in self.modules())
+
+    @classmethod
+    @functools.cache
+    def _async_forward_of(cls) -> bool:
+        return inspect.iscoroutinefunction(cls.forward)
+
+    def _has_async_forward(self) -> bool:
+        return type(self)._async_forward_of()
+
+    def run_sync(self, *args: Any, **kwargs: Any) -> Any:
+        """Run to completion and return the result; works inside a running event loop too."""
+        from plait.execution import runtime
+
+        return runtime.run_blocking(runtime.call_bound(self, args, kwargs, streaming=False))
+
+    def stream(self, inputs: Any, **options: Any) -> AsyncIterator[Any]:
+        """Yield a `BatchResult` per input as each completes (or in order, with preserve_order)."""
+        from plait.execution import runtime
+
+        return runtime.stream_bound(self, inputs, options)
+
+    # -- introspection -------------------------------------------------------------
+    def children(self) -> Iterator[Module]:
+        yield from self._children.values()
+
+    def named_children(self) -> Iterator[tuple[str, Module]]:
+        yield from self._children.items()
+
+    def modules(self) -> Iterator[Module]:
+        for _, module in self.named_modules():
+            yield module
+
+    def named_modules(self, prefix: str = "") -> Iterator[tuple[str, Module]]:
+        """Every module once, under the first path that reaches it (shared modules included)."""
+        seen: set[int] = set()
+        stack: list[tuple[str, Module]] = [(prefix, self)]
+        while stack:
+            path, module = stack.pop()
+            if id(module) in seen:
+                continue
+            seen.add(id(module))
+            yield path, module
+            items = list(module._children.items())
+            for name, child in reversed(items):
+                stack.append((f"{path}.{name}" if path else name, child))
+
+    def parameters(self) -> Iterator[Parameter]:
+        for _, param in self.named_parameters():
+            yield param
+
+    def named_parameters(self, prefix: str = "") -> Iterator[tuple[str, Parameter]]:
+        """Every parameter once, named by the dotted path of its first occurrence."""
+        seen: set[int] = set()
+        for path, module in self.named_modules(prefix):
+            for name, param in module._parameters.items():
+                if id(param) in seen:
+                    continue
+                seen.add(id(param))
+                yield (f"{path}.{name}" if path else name), param
+
+    # -- state -----------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Every parameter value by dotted name: what training learned, ready to save."""
+        return {name: param.value for name, param in self.named_parameters()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load values saved by `state_dict`; missing keys are kept, unknown keys raise KeyError."""
+        params = dict(self.named_parameters())
+        unknown = [name for name in state_dict if name not in params]
+        if unknown:
+            known = ", ".join(params) or "none"
+            raise KeyError(
+                f"unknown parameter(s) {', '.join(map(repr, unknown))} for "
+                f"{type(self).__name__} (its parameters: {known})"
+            )
+        for name, value in state_dict.items():
+            params[name].value = value
+
+    # -- modes -----------------------------------------------------------------------
+    def train(self, mode: bool = True) -> Self:
+        """Training mode: calls return `Value`s that carry the record `backward()` walks."""
+        for module in self.modules():
+            object.__setattr__(module, "_training", bool(mode))
+        return self
+
+    def eval(self) -> Self:
+        return self.train(False)
+
+    @property
+    def training(self) -> bool:
+        return self._training
+
+    def requires_grad_(self, requires_grad: bool = True) -> Self:
+        """Freeze (False) or unfreeze every parameter in the tree."""
+        for param in self.parameters():
+            param.requires_grad = requires_grad
+        return self
+
+    # -- display ---------------------------------------------------------------------
+    def extra_repr(self) -> str:
+        return ""
+
+    def __repr__(self) -> str:
+        lines = [f"{type(self).__name__}({self.extra_repr()}"]
+        for name, child in self._children.items():
+            body = repr(child).replace("\n", "\n  ")
+            lines.append(f"  ({name}): {body}")
+        if len(lines) == 1:
+            return lines[0] + ")"
+        return "\n".join(lines) + "\n)"
+
+
+class LLMInference(Module):
+    """The atomic LLM call: every other module is a composition of these.
+
+    ``alias`` names an endpoint in the resources; ``system_prompt`` may be a string
+    (fixed) or a `Parameter` (learnable); ``response_format`` asks for a typed,
+    validated reply (a pydantic model, dataclass, TypedDict or e.g. ``list[str]``).
+    """
+
+    _calls_llm: ClassVar[bool] = True
+
+    alias: str
+    temperature: float | None
+    max_tokens: int | None
+    response_format: Any
+    system_prompt: Parameter | None
+
+    def __init__(
+        self,
+        alias: str,
+        system_prompt: str | Parameter = "",
+        temperature: float | None = 1.0,
+        max_tokens: int | None = None,
+        response_format: type | Any = None,
+    ) -> None:
+        super().__init__()
+        if not isinstance(alias, str) or not alias:
+            raise ValueError(f"LLMInference(alias=...) must be a non-empty string, got {alias!r}")
+        if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
+            raise ValueError(f"max_tokens must be a positive integer or None, got {max_tokens!r}")
+        if temperature is not None and not isinstance(temperature, int | float):
+            raise ValueError(f"temperature must be a number or None, got {temperature!r}")
+        self.alias = alias
+        self.temperature = temperature
+        self.max_tokens = max_tokens
+        if response_format is not None:
+            from plait.structured import schema_for
+
+            schema_for(response_format)  # a bad type is an error now, not at the first call
+        self.response_format = response_format
+        if isinstance(system_prompt, Parameter):
+            self.system_prompt = system_prompt
+        elif isinstance(system_prompt, str):
+            self.system_prompt = (
+                Parameter(system_prompt, requires_grad=False) if system_prompt else None
+            )
+        else:
+            raise TypeError(
+                f"system_prompt must be a str or a Parameter, got {type(system_prompt).__name__}"
+            )
+
+    def forward(self, prompt: Any) -> Any:
+        raise RuntimeError(
+            "LLMInference.forward() is not called directly: plait's runtime makes the request. "
+            "Call the module (await module(prompt), module.run_sync(prompt)) instead"
+        )
+
+    def backward(self, feedback: Value, ctx: BackwardContext) -> BackwardResult:
+        result = BackwardResult()
+        result.input_feedback["prompt"] = feedback.payload
+        if self.system_prompt is not None and self.system_prompt.requires_grad:
+            result.parameter_feedback["system_prompt"] = (
+                f"Given output feedback: {feedback.payload}\n"
+                "Suggest improvements to the system prompt."
+            )
+        return result
+
+    def extra_repr(self) -> str:
+        parts = [f"alias={self.alias!r}"]
+        if self.temperature is not None:
+            parts.append(f"temperature={self.temperature}")
+        if self.max_tokens is not None:
+            parts.append(f"max_tokens={self.max_tokens}")
+        if self.response_format is not None:
+            parts.append(f"response_format={getattr(self.response_format, '__name__', '?')}")
+        return ", ".join(parts)

@@ -1,0 +1,144 @@
+"""Parameters: the learnable state of a pipeline (seeds 000 and 002).
+
+A parameter is state, not data.  When a `forward()` uses one (in an f-string, as
+an argument, as a system prompt) it is lifted into a `Value` whose ref is
+``param:<dotted.path>``, so the graph records which outputs it shaped and the
+optimizer knows where feedback belongs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+from typing import TYPE_CHECKING, Any
+
+from plait._tracing_hook import active_tracer
+
+if TYPE_CHECKING:
+    from plait.module import Module
+
+__all__ = ["Parameter"]
+
+_ids = itertools.count(1)
+
+
+class Parameter:
+    """A learnable value, typically a prompt, improved from feedback.
+
+    ``description`` tells an optimizer what the value is for; it is required when
+    ``requires_grad=True`` because an optimizer asked to rewrite a prompt without
+    knowing its role produces incoherent updates.
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_feedback_buffer",
+        "_name",
+        "_owner",
+        "_path",
+        "_value",
+        "description",
+        "param_id",
+        "requires_grad",
+    )
+
+    def __init__(
+        self,
+        value: Any,
+        description: str | None = None,
+        requires_grad: bool = True,
+    ) -> None:
+        if isinstance(value, Parameter):
+            raise TypeError(
+                "Parameter(value) got another Parameter; pass its .value, or reuse the "
+                "same Parameter object to share it between modules"
+            )
+        if requires_grad and not (isinstance(description, str) and description.strip()):
+            raise ValueError(
+                f"Parameter({_short(value)}) needs a description because requires_grad=True: "
+                "say what the value controls so an optimizer can rewrite it coherently, e.g. "
+                "Parameter('Be concise.', description='Tone of the summary'); "
+                "or pass requires_grad=False for a fixed value"
+            )
+        self._value = value
+        self.description = description
+        self.requires_grad = requires_grad
+        self._name: str | None = None
+        self._path: str | None = None
+        self._owner: weakref.ReferenceType[Module] | None = None
+        self._feedback_buffer: list[str] = []
+        self.param_id = f"p{next(_ids)}"
+
+    # -- value and versioning -------------------------------------------------
+    @property
+    def value(self) -> Any:
+        return self._value
+
+    @value.setter
+    def value(self, new_value: Any) -> None:
+        self._value = new_value
+        owner = self.owner
+        if owner is not None:
+            owner._bump_state_version()
+
+    @property
+    def owner(self) -> Module | None:
+        """The module that first registered this parameter (it owns the version)."""
+        return self._owner() if self._owner is not None else None
+
+    @property
+    def module_state_version(self) -> int:
+        """Version of the owning module's state; bumps whenever one of its parameters changes."""
+        owner = self.owner
+        return owner._state_version if owner is not None else 0
+
+    @property
+    def qualified_name(self) -> str:
+        """Dotted path from the root module (``param:<this>`` is the ref), else the local name."""
+        return self._path or self._name or self.param_id
+
+    # -- feedback ----------------------------------------------------------------
+    def accumulate_feedback(self, feedback: str) -> None:
+        """Collect feedback from a backward pass; frozen parameters ignore it."""
+        if self.requires_grad:
+            self._feedback_buffer.append(feedback)
+
+    def get_accumulated_feedback(self) -> list[str]:
+        return list(self._feedback_buffer)
+
+    def apply_update(self, new_value: Any) -> None:
+        """Install an optimizer's new value and clear the feedback it was computed from."""
+        self.value = new_value
+        self._feedback_buffer.clear()
+
+    def zero_feedback(self) -> None:
+        """Clear accumulated feedback (the analogue of ``zero_grad``)."""
+        self._feedback_buffer.clear()
+
+    # -- use inside forward() ----------------------------------------------------
+    def __str__(self) -> str:
+        tracer = active_tracer.get()
+        if tracer is not None:
+            return tracer.lift_parameter(self)
+        return str(self._value)
+
+    def __format__(self, spec: str) -> str:
+        tracer = active_tracer.get()
+        if tracer is not None:
+            if spec:
+                raise ValueError(
+                    f"format spec {spec!r} on Parameter {self.qualified_name!r} cannot be "
+                    "applied while tracing; format the text without a spec"
+                )
+            return tracer.lift_parameter(self)
+        return format(str(self._value), spec)
+
+    def __repr__(self) -> str:
+        name = f" name={self.qualified_name!r}" if self._name or self._path else ""
+        grad = "" if self.requires_grad else " requires_grad=False"
+        return f"Parameter({_short(self._value)}{name}{grad})"
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."

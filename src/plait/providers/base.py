@@ -1,0 +1,104 @@
+"""The provider-neutral request and response types."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from plait.structured import canonical_schema_json
+
+__all__ = ["LLMRequest", "LLMResponse", "Provider", "ProviderError", "Usage"]
+
+
+@dataclass(slots=True)
+class LLMRequest:
+    """One chat request, before it is put on any particular wire.
+
+    Handlers may rewrite it (an override of temperature, a different alias) before
+    the default action sends it.
+    """
+
+    alias: str
+    messages: list[dict[str, Any]]
+    temperature: float | None = None
+    max_tokens: int | None = None
+    response_format: Any = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def prompt_text(self) -> str:
+        """The last user message: what error messages and logs quote."""
+        for message in reversed(self.messages):
+            if message.get("role") == "user":
+                return str(message.get("content", ""))
+        return ""
+
+    def fingerprint(self, model: str = "") -> str:
+        """A stable hash of everything that changes the reply."""
+        schema = (
+            canonical_schema_json(self.response_format) if self.response_format is not None else ""
+        )
+        blob = json.dumps(
+            [
+                model,
+                self.alias,
+                self.messages,
+                self.temperature,
+                self.max_tokens,
+                schema,
+                self.extra,
+            ],
+            sort_keys=True,
+            separators=(",", ":"),
+            default=str,
+        )
+        return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+@dataclass(slots=True)
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(slots=True)
+class LLMResponse:
+    """A reply: its text, the validated object when a schema was asked for, and usage."""
+
+    text: str
+    parsed: Any = None
+    usage: Usage = field(default_factory=Usage)
+    model: str = ""
+    finish_reason: str | None = None
+    attempts: int = 1
+
+    @property
+    def payload(self) -> Any:
+        return self.parsed if self.parsed is not None else self.text
+
+
+class ProviderError(RuntimeError):
+    """An endpoint refused or failed a request; carries the HTTP status when there is one."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        retryable: bool = False,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.retryable = retryable
+        self.retry_after = retry_after
+
+
+class Provider(Protocol):
+    async def complete(self, request: LLMRequest) -> LLMResponse: ...

@@ -1,0 +1,48 @@
+"""One aiohttp session per event loop, closed when that loop shuts down.
+
+Keeping the session for the life of the loop reuses connections across calls
+(a TLS handshake per call would dominate latency against real APIs).  The loop
+has no close hook, but `asyncio.run` and plait's own `run_sync` both finalize
+async generators on shutdown, so a parked generator closes the session then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from collections.abc import AsyncGenerator
+
+import aiohttp
+
+__all__ = ["close_session", "get_session"]
+
+_sessions: weakref.WeakKeyDictionary[
+    asyncio.AbstractEventLoop, tuple[aiohttp.ClientSession, AsyncGenerator[None, None]]
+] = weakref.WeakKeyDictionary()
+
+
+async def _keeper(session: aiohttp.ClientSession) -> AsyncGenerator[None, None]:
+    try:
+        yield
+    finally:
+        await session.close()
+
+
+async def get_session() -> aiohttp.ClientSession:
+    loop = asyncio.get_running_loop()
+    entry = _sessions.get(loop)
+    if entry is not None and not entry[0].closed:
+        return entry[0]
+    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, enable_cleanup_closed=True)
+    session = aiohttp.ClientSession(connector=connector, trust_env=False)
+    keeper = _keeper(session)
+    await keeper.__anext__()
+    _sessions[loop] = (session, keeper)
+    return session
+
+
+async def close_session() -> None:
+    """Close this loop's session now (plait does this at the end of `run_sync`)."""
+    entry = _sessions.pop(asyncio.get_running_loop(), None)
+    if entry is not None:
+        await entry[1].aclose()

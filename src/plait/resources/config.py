@@ -1,0 +1,120 @@
+"""`ResourceConfig`: which endpoint each alias means, and how hard it may be driven."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+
+__all__ = ["ConfigurationError", "EndpointConfig", "ResourceConfig"]
+
+
+class ConfigurationError(ValueError):
+    """A resource configuration that cannot work; the message says how to fix it."""
+
+
+class EndpointConfig(BaseModel):
+    """One alias: provider, model, where it lives, credentials and limits.
+
+    ``api_key`` may be given literally (kept as a secret, never printed) or, better,
+    by reference with ``api_key_env``; a referenced variable that is missing is an
+    error when the configuration is created, not at the first call.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    provider: str = "openai"
+    model: str
+    base_url: str | None = None
+    api_key: SecretStr | None = None
+    api_key_env: str | None = None
+    max_concurrent: int = Field(default=16, ge=1)
+    timeout: float = Field(default=120.0, gt=0)
+    max_retries: int = Field(default=3, ge=0)
+
+    @model_validator(mode="after")
+    def _check_provider(self) -> EndpointConfig:
+        if self.provider not in ("openai",):
+            raise ValueError(
+                f"unknown provider {self.provider!r}; supported providers: 'openai' "
+                "(any OpenAI-compatible server: set base_url)"
+            )
+        return self
+
+    def resolved_api_key(self) -> str | None:
+        """The key to send: the literal one, or the referenced environment variable."""
+        if self.api_key is not None:
+            return self.api_key.get_secret_value()
+        if self.api_key_env is not None:
+            return os.environ.get(self.api_key_env)
+        return None
+
+    def endpoint_key(self) -> tuple[str, str, str]:
+        """Identity of the remote endpoint: runs that share it share its limits."""
+        return (self.provider, self.base_url or "", self.model)
+
+
+class ResourceConfig(Mapping[str, EndpointConfig]):
+    """Aliases to endpoints, as seed 000 shows: ``ResourceConfig({"fast": {...}})``."""
+
+    def __init__(self, aliases: Mapping[str, EndpointConfig | Mapping[str, Any]]) -> None:
+        if not isinstance(aliases, Mapping):
+            raise ConfigurationError(
+                f"ResourceConfig expects a mapping of alias -> endpoint settings, got "
+                f"{type(aliases).__name__}"
+            )
+        parsed: dict[str, EndpointConfig] = {}
+        for alias, spec in aliases.items():
+            if not isinstance(alias, str) or not alias:
+                raise ConfigurationError(f"alias names must be non-empty strings, got {alias!r}")
+            if isinstance(spec, EndpointConfig):
+                parsed[alias] = spec
+                continue
+            if not isinstance(spec, Mapping):
+                raise ConfigurationError(
+                    f"alias {alias!r}: expected a mapping of settings, got {type(spec).__name__}"
+                )
+            try:
+                parsed[alias] = EndpointConfig(**dict(spec))
+            except ValidationError as exc:
+                raise ConfigurationError(_explain(alias, exc)) from None
+            env = parsed[alias].api_key_env
+            if env is not None and env not in os.environ:
+                raise ConfigurationError(
+                    f"alias {alias!r}: api_key_env names the environment variable {env!r}, "
+                    "which is not set; export it or change the reference"
+                )
+        self._aliases = parsed
+
+    def __getitem__(self, alias: str) -> EndpointConfig:
+        try:
+            return self._aliases[alias]
+        except KeyError:
+            known = ", ".join(sorted(self._aliases)) or "none"
+            raise KeyError(
+                f"no resource configured for alias {alias!r} (configured aliases: {known})"
+            ) from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._aliases)
+
+    def __len__(self) -> int:
+        return len(self._aliases)
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{a!r}: {c.provider}/{c.model}" for a, c in self._aliases.items())
+        return f"ResourceConfig({{{inner}}})"
+
+
+def _explain(alias: str, exc: ValidationError) -> str:
+    problems = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "settings"
+        if err["type"] == "extra_forbidden":
+            known = ", ".join(EndpointConfig.model_fields)
+            problems.append(f"unknown setting {where!r} (known settings: {known})")
+        else:
+            problems.append(f"{where}: {err['msg']}")
+    return f"alias {alias!r}: " + "; ".join(problems)

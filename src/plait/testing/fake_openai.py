@@ -1,0 +1,817 @@
+"""An OpenAI-compatible Chat Completions server with deterministic replies and fault injection.
+
+Run as ``python -m plait.testing.fake_openai --host 127.0.0.1 --port 0``. Once it accepts
+connections it prints ``PLAIT_FAKE_OPENAI_READY port=<port>`` on stdout and writes nothing more
+there. Tests normally drive it through :class:`plait.testing.FakeOpenAIServer`.
+
+Replies are a pure function of the request so that tests can predict them:
+
+* the reply echoes the last user message, prefixed with ``[<system prompt>] `` when a system
+  message is present;
+* directives in the last user message steer a single request: ``[[status:429]]``,
+  ``[[latency_ms:250]]`` and ``[[reply:any text]]``;
+* a JSON-schema ``response_format`` yields a minimal instance of the schema.
+
+Server-wide behaviour (latency, jitter, random faults) is changed at runtime through
+``POST /_config`` and observed through ``GET /_stats``. The control endpoints never require the
+API key: they belong to the test harness, not to the client under test.
+
+Status codes in the statistics follow HTTP, with two additions: ``0`` is a connection the server
+dropped on purpose (``rate_drop``) and ``499`` is a request whose client went away first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import hmac
+import importlib
+import ipaddress
+import json
+import math
+import os
+import random
+import re
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Final
+
+from aiohttp import web
+
+from plait.testing import API_KEY_ENV, READY_PREFIX
+
+__all__ = [
+    "MODEL_ID",
+    "FakeOpenAIApp",
+    "estimate_tokens",
+    "main",
+    "request_key",
+    "schema_instance",
+]
+
+MODEL_ID: Final = "fake-model"
+
+_DIRECTIVE = re.compile(r"\[\[(status|latency_ms|reply):(.*?)\]\]", re.DOTALL)
+_JSON_HEADERS: Final = {"Content-Type": "application/json"}
+_MAX_SCHEMA_DEPTH: Final = 64
+# Values for string formats that pydantic validates, so structured replies parse as models.
+_STRING_FORMATS: Final[dict[str, str]] = {
+    "date-time": "1970-01-01T00:00:00Z",
+    "date": "1970-01-01",
+    "time": "00:00:00",
+    "duration": "P0D",
+    "email": "x@example.com",
+    "uri": "https://example.com/",
+    "url": "https://example.com/",
+    "uuid": "00000000-0000-0000-0000-000000000000",
+    "ipv4": "127.0.0.1",
+    "ipv6": "::1",
+}
+_ERROR_KINDS: Final[dict[int, tuple[str, str | None]]] = {
+    400: ("invalid_request_error", None),
+    401: ("invalid_request_error", "invalid_api_key"),
+    403: ("permission_error", None),
+    404: ("invalid_request_error", "model_not_found"),
+    408: ("timeout", None),
+    409: ("conflict_error", None),
+    422: ("invalid_request_error", None),
+    429: ("requests", "rate_limit_exceeded"),
+}
+
+
+# -- pure helpers (also useful to tests that predict server output) ---------------------------
+
+
+def estimate_tokens(chars: int) -> int:
+    """Token count the server reports for ``chars`` characters: ceil(chars / 4)."""
+    return -(-chars // 4)
+
+
+def request_key(model: str, messages: Any) -> str:
+    """Identity of a request in ``/_stats``: lets tests count repeats of the same prompt.
+
+    It is the first 16 hex digits of the SHA-256 of the canonical JSON (sorted keys, no
+    whitespace, UTF-8) of ``[model, messages]``.
+    """
+    canonical = json.dumps(
+        [model, messages], sort_keys=True, separators=(",", ":"), ensure_ascii=False
+    )
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
+
+
+def schema_instance(schema: Any) -> Any:
+    """A small value that validates against ``schema``, chosen without any randomness.
+
+    Objects get every declared property, arrays one item, unions their first option. Bounds
+    (``minimum``, ``minLength``, ``minItems`` ...) are respected where that is cheap so that the
+    instance still validates. Recursive ``$ref`` cycles resolve to ``null``.
+    """
+    return _instance(schema, schema, (), 0)
+
+
+def _instance(schema: Any, root: Any, refs: tuple[str, ...], depth: int) -> Any:
+    if depth > _MAX_SCHEMA_DEPTH or not isinstance(schema, dict):
+        return None
+    ref = schema.get("$ref")
+    if isinstance(ref, str):
+        if ref in refs:
+            return None
+        return _instance(_resolve_ref(root, ref), root, (*refs, ref), depth + 1)
+    if "const" in schema:
+        return schema["const"]
+    enum = schema.get("enum")
+    if isinstance(enum, list) and enum:
+        return enum[0]
+    for key in ("anyOf", "oneOf"):
+        options = schema.get(key)
+        if isinstance(options, list) and options:
+            return _instance(options[0], root, refs, depth + 1)
+    all_of = schema.get("allOf")
+    if isinstance(all_of, list) and all_of:
+        parts = [_instance(part, root, refs, depth + 1) for part in all_of]
+        if "properties" in schema:
+            parts.append(_instance({**schema, "allOf": None}, root, refs, depth + 1))
+        if all(isinstance(part, dict) for part in parts):
+            merged: dict[str, Any] = {}
+            for part in parts:
+                merged.update(part)
+            return merged
+        return parts[0]
+
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        non_null = [k for k in kind if k != "null"]
+        kind = non_null[0] if non_null else "null"
+    if kind is None:
+        if "properties" in schema or "additionalProperties" in schema:
+            kind = "object"
+        elif "items" in schema or "prefixItems" in schema:
+            kind = "array"
+    if kind == "object":
+        properties = schema.get("properties")
+        if not isinstance(properties, dict):
+            return {}
+        return {name: _instance(sub, root, refs, depth + 1) for name, sub in properties.items()}
+    if kind == "array":
+        return _array_instance(schema, root, refs, depth)
+    if kind == "string":
+        fmt = schema.get("format")
+        if isinstance(fmt, str) and fmt in _STRING_FORMATS:
+            return _STRING_FORMATS[fmt]
+        length = _non_negative_int(schema.get("minLength"), 1)
+        max_length = schema.get("maxLength")
+        if isinstance(max_length, int) and not isinstance(max_length, bool):
+            length = min(length, max(max_length, 0))
+        return "x" * length
+    if kind == "integer":
+        return int(_number_instance(schema, integer=True))
+    if kind == "number":
+        return float(_number_instance(schema, integer=False))
+    if kind == "boolean":
+        return False
+    return None
+
+
+def _array_instance(schema: dict[str, Any], root: Any, refs: tuple[str, ...], depth: int) -> Any:
+    prefix = schema.get("prefixItems")
+    if isinstance(prefix, list):
+        return [_instance(sub, root, refs, depth + 1) for sub in prefix]
+    count = max(_non_negative_int(schema.get("minItems"), 1), 1)
+    max_items = schema.get("maxItems")
+    if isinstance(max_items, int) and not isinstance(max_items, bool):
+        count = min(count, max(max_items, 0))
+    if count == 0:
+        return []
+    items = schema.get("items")
+    item = _instance(items, root, refs, depth + 1) if isinstance(items, dict) else None
+    return [item] * count
+
+
+def _number_instance(schema: dict[str, Any], *, integer: bool) -> float:
+    def bound(name: str) -> float | None:
+        value = schema.get(name)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        return None
+
+    value = 0.0
+    low, high = bound("minimum"), bound("maximum")
+    ex_low, ex_high = bound("exclusiveMinimum"), bound("exclusiveMaximum")
+    if low is not None and value < low:
+        value = math.ceil(low) if integer else low
+    if ex_low is not None and value <= ex_low:
+        value = math.floor(ex_low) + 1 if integer else ex_low + 1.0
+    if high is not None and value > high:
+        value = math.floor(high) if integer else high
+    if ex_high is not None and value >= ex_high:
+        value = math.ceil(ex_high) - 1 if integer else ex_high - 1.0
+    return value
+
+
+def _non_negative_int(value: Any, default: int) -> int:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return max(value, default)
+    return default
+
+
+def _resolve_ref(root: Any, ref: str) -> Any:
+    if not ref.startswith("#"):
+        raise ValueError(f"only local $ref values are supported, got {ref!r}")
+    node = root
+    for token in ref[1:].split("/")[1:]:
+        token = token.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and token in node:
+            node = node[token]
+        elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
+            node = node[int(token)]
+        else:
+            raise ValueError(f"unresolvable $ref {ref!r}")
+    return node
+
+
+# -- runtime configuration and statistics ----------------------------------------------------
+
+
+class _Config:
+    """Mutable server behaviour; everything ``POST /_config`` may change."""
+
+    _RATES: Final = ("rate_429", "rate_500", "rate_drop", "rate_timeout")
+    _DURATIONS: Final = ("latency_ms", "jitter_ms", "retry_after_s", "timeout_hang_s")
+
+    def __init__(self, *, latency_ms: float, seed: int) -> None:
+        self.latency_ms = latency_ms
+        self.jitter_ms = 0.0
+        self.rate_429 = 0.0
+        self.rate_500 = 0.0
+        self.rate_drop = 0.0
+        self.rate_timeout = 0.0
+        self.retry_after_s = 1.0
+        self.timeout_hang_s = 30.0
+        self.seed = seed
+
+    def as_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in (*self._DURATIONS, *self._RATES, "seed")}
+
+    def validate(self, changes: dict[str, Any]) -> dict[str, Any]:
+        """Check every change before applying any, so a bad request leaves config untouched."""
+        clean: dict[str, Any] = {}
+        for key, value in changes.items():
+            is_number = isinstance(value, int | float) and not isinstance(value, bool)
+            if key in self._RATES:
+                if not is_number or not 0.0 <= value <= 1.0:
+                    raise ValueError(f"{key} must be a probability between 0 and 1")
+                clean[key] = float(value)
+            elif key in self._DURATIONS:
+                if not is_number or not 0.0 <= value < math.inf:
+                    raise ValueError(f"{key} must be a finite non-negative number")
+                clean[key] = float(value)
+            elif key == "seed":
+                if not isinstance(value, int) or isinstance(value, bool):
+                    raise ValueError("seed must be an integer")
+                clean[key] = value
+            else:
+                raise ValueError(f"unknown config key {key!r}")
+        return clean
+
+
+class _Outcome:
+    """What one chat request turned into, filled in as the request progresses."""
+
+    __slots__ = ("completion_tokens", "key", "model", "prompt_tokens", "status")
+
+    def __init__(self) -> None:
+        self.status = 499
+        self.model = ""
+        self.key = ""
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+
+
+class _Stats:
+    """Counters plus a time-weighted histogram of concurrency.
+
+    The histogram is updated only when the in-flight count changes, so its cost per request is
+    constant no matter how long the server runs.
+    """
+
+    def __init__(self, now: float) -> None:
+        self.in_flight = 0
+        self.generation = 0
+        self.reset(now)
+
+    def reset(self, now: float) -> None:
+        # Requests still in flight keep counting towards ``in_flight`` (it is the live value),
+        # but they started before this reset, so they are not recorded when they finish.
+        self.generation += 1
+        self.t0 = now
+        self.last_change = now
+        self.requests_total = 0
+        self.max_in_flight = self.in_flight
+        self.busy_time = 0.0
+        self.in_flight_time = 0.0
+        self.time_at_level: dict[int, float] = {}
+        self.status_counts: dict[str, int] = {}
+        self.completed_by_key: dict[str, int] = {}
+        self.records: list[dict[str, Any]] = []
+
+    def _advance(self, now: float) -> None:
+        elapsed = now - self.last_change
+        if elapsed > 0.0:
+            level = self.in_flight
+            self.time_at_level[level] = self.time_at_level.get(level, 0.0) + elapsed
+            if level:
+                self.busy_time += elapsed
+                self.in_flight_time += level * elapsed
+            self.last_change = now
+
+    def enter(self, now: float) -> int:
+        self._advance(now)
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        self.requests_total += 1
+        return self.generation
+
+    def leave(self, now: float, generation: int, t_start: float, outcome: _Outcome) -> None:
+        self._advance(now)
+        self.in_flight -= 1
+        if generation != self.generation:
+            return
+        status = str(outcome.status)
+        self.status_counts[status] = self.status_counts.get(status, 0) + 1
+        if outcome.status == 200:
+            self.completed_by_key[outcome.key] = self.completed_by_key.get(outcome.key, 0) + 1
+        self.records.append(
+            {
+                "t_start": t_start - self.t0,
+                "t_end": now - self.t0,
+                "model": outcome.model,
+                "status": outcome.status,
+                "key": outcome.key,
+                "prompt_tokens": outcome.prompt_tokens,
+                "completion_tokens": outcome.completion_tokens,
+            }
+        )
+
+    def snapshot(self, now: float) -> dict[str, Any]:
+        self._advance(now)
+        return {
+            "requests_total": self.requests_total,
+            "in_flight": self.in_flight,
+            "max_in_flight": self.max_in_flight,
+            "status_counts": dict(self.status_counts),
+            "busy_time_s": self.busy_time,
+            "in_flight_time_s": self.in_flight_time,
+            "time_at_level_s": {str(k): v for k, v in sorted(self.time_at_level.items())},
+            "uptime_s": now - self.t0,
+            "requests": list(self.records),
+            "completed_by_key": dict(self.completed_by_key),
+        }
+
+
+# -- HTTP layer --------------------------------------------------------------------------------
+
+
+class _BadRequest(Exception):
+    """A request the real API would reject with 400; the message goes back to the client."""
+
+
+def _error_response(
+    status: int, message: str, headers: dict[str, str] | None = None
+) -> web.Response:
+    kind, code = _ERROR_KINDS.get(status, ("server_error" if status >= 500 else "api_error", None))
+    body = {"error": {"message": message, "type": kind, "param": None, "code": code}}
+    return web.Response(
+        status=status,
+        body=json.dumps(body).encode(),
+        content_type="application/json",
+        headers=headers,
+    )
+
+
+def _json_response(payload: Any, status: int = 200) -> web.Response:
+    return web.Response(status=status, body=json.dumps(payload).encode(), headers=_JSON_HEADERS)
+
+
+def _content_text(content: Any) -> str:
+    """Plain text of a message's content, including the list-of-parts form."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            part["text"]
+            for part in content
+            if isinstance(part, dict) and isinstance(part.get("text"), str)
+        )
+    return ""
+
+
+class _Directives:
+    __slots__ = ("latency_ms", "reply", "status", "text")
+
+    def __init__(self, text: str) -> None:
+        self.status: int | None = None
+        self.latency_ms: float | None = None
+        self.reply: str | None = None
+        self.text = text
+        if "[[" not in text:
+            return
+        found = False
+        for match in _DIRECTIVE.finditer(text):
+            found = True
+            name, value = match.group(1), match.group(2)
+            if name == "status":
+                if not (value.isascii() and value.isdigit() and len(value) == 3):
+                    raise _BadRequest(f"invalid directive [[status:{value}]]")
+                status = int(value)
+                if status != 200 and not 400 <= status <= 599:
+                    raise _BadRequest("[[status:NNN]] supports 200 and 400-599")
+                self.status = status
+            elif name == "latency_ms":
+                try:
+                    latency = float(value)
+                except ValueError:
+                    raise _BadRequest(f"invalid directive [[latency_ms:{value}]]") from None
+                if not 0.0 <= latency < math.inf:
+                    raise _BadRequest("[[latency_ms:N]] needs a non-negative number")
+                self.latency_ms = latency
+            else:
+                self.reply = value
+        if found:
+            # Directives are usually appended to a prompt with a space; drop that padding too.
+            self.text = _DIRECTIVE.sub("", text).strip()
+
+
+class FakeOpenAIApp:
+    """The request handlers and the state they share; one instance per server process."""
+
+    def __init__(self, *, latency_ms: float = 0.0, api_key: str | None = None, seed: int = 0):
+        self.config = _Config(latency_ms=latency_ms, seed=seed)
+        self._rng = random.Random(seed)
+        self._auth = f"Bearer {api_key}".encode() if api_key else None
+        self._stats = _Stats(time.monotonic())
+        self._completions = 0
+
+    def make_app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/chat/completions", self.chat_completions)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/_stats", self.stats)
+        app.router.add_post("/_reset", self.reset)
+        app.router.add_get("/_config", self.get_config)
+        app.router.add_post("/_config", self.set_config)
+        return app
+
+    def _authorized(self, request: web.Request) -> bool:
+        if self._auth is None:
+            return True
+        given = request.headers.get("Authorization", "").encode()
+        return hmac.compare_digest(given, self._auth)
+
+    # -- control endpoints ---------------------------------------------------------------------
+
+    async def stats(self, request: web.Request) -> web.Response:
+        return _json_response(self._stats.snapshot(time.monotonic()))
+
+    async def reset(self, request: web.Request) -> web.Response:
+        self._stats.reset(time.monotonic())
+        return _json_response({"reset": True})
+
+    async def get_config(self, request: web.Request) -> web.Response:
+        return _json_response(self.config.as_dict())
+
+    async def set_config(self, request: web.Request) -> web.Response:
+        try:
+            body = json.loads(await request.read() or b"{}")
+        except ValueError:
+            return _error_response(400, "config body must be a JSON object")
+        if not isinstance(body, dict):
+            return _error_response(400, "config body must be a JSON object")
+        try:
+            changes = self.config.validate(body)
+        except ValueError as err:
+            return _error_response(400, str(err))
+        for key, value in changes.items():
+            setattr(self.config, key, value)
+        if "seed" in changes:
+            self._rng.seed(changes["seed"])
+        return _json_response(self.config.as_dict())
+
+    # -- OpenAI endpoints ----------------------------------------------------------------------
+
+    async def models(self, request: web.Request) -> web.Response:
+        if not self._authorized(request):
+            return _error_response(401, "Incorrect API key provided.")
+        return _json_response({"object": "list", "data": [{"id": MODEL_ID, "object": "model"}]})
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        # aiohttp calls the handler once the headers are parsed, which is where in-flight
+        # accounting starts; it ends once the response has been written (or the link is gone).
+        stats = self._stats
+        t_start = time.monotonic()
+        generation = stats.enter(t_start)
+        outcome = _Outcome()
+        try:
+            response = await self._complete(request, outcome)
+            if response is None:
+                outcome.status = 0
+                if request.transport is not None:
+                    request.transport.close()
+                # Never reaches the client: aiohttp notices the closed transport and gives up.
+                return web.Response(status=500)
+            outcome.status = response.status
+            try:
+                await response.prepare(request)
+                await response.write_eof()
+            except ConnectionError:
+                outcome.status = 499
+            return response
+        except asyncio.CancelledError:
+            outcome.status = 499
+            raise
+        except BaseException:
+            outcome.status = 500
+            raise
+        finally:
+            stats.leave(time.monotonic(), generation, t_start, outcome)
+
+    async def _complete(self, request: web.Request, outcome: _Outcome) -> web.Response | None:
+        """Decide the reply; ``None`` means drop the connection without answering."""
+        if not self._authorized(request):
+            has_key = "Authorization" in request.headers
+            message = "Incorrect API key provided." if has_key else "You didn't provide an API key."
+            return _error_response(401, message)
+        try:
+            plan = _parse_request(await request.read(), outcome)
+        except _BadRequest as err:
+            return _error_response(400, str(err))
+
+        # The same number of draws for every valid request keeps the random stream aligned
+        # with the request sequence, whichever faults happen to be enabled.
+        config, rng = self.config, self._rng
+        jitter = rng.random() * config.jitter_ms
+        drop = rng.random() < config.rate_drop
+        hang = rng.random() < config.rate_timeout
+        limited = rng.random() < config.rate_429
+        failed = rng.random() < config.rate_500
+
+        directives = plan.directives
+        if directives.status is not None:
+            drop = hang = limited = failed = False
+        if hang:
+            delay_s = config.timeout_hang_s
+        elif directives.latency_ms is not None:
+            delay_s = directives.latency_ms / 1000.0
+        else:
+            delay_s = (config.latency_ms + jitter) / 1000.0
+        if delay_s > 0.0:
+            await asyncio.sleep(delay_s)
+
+        if drop:
+            return None
+        if hang:
+            return _error_response(504, "The server timed out producing a reply.")
+        if directives.status is not None and directives.status != 200:
+            return self._fault(directives.status)
+        if limited:
+            return self._fault(429)
+        if failed:
+            return self._fault(500)
+
+        text, finish_reason = plan.reply()
+        completion_tokens = estimate_tokens(len(text))
+        outcome.completion_tokens = completion_tokens
+        self._completions += 1
+        payload = {
+            "id": f"chatcmpl-{self._completions}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": plan.model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text},
+                    "finish_reason": finish_reason,
+                }
+            ],
+            "usage": {
+                "prompt_tokens": outcome.prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": outcome.prompt_tokens + completion_tokens,
+            },
+        }
+        return _json_response(payload)
+
+    def _fault(self, status: int) -> web.Response:
+        if status == 429:
+            retry_after = self.config.retry_after_s
+            headers = {
+                "Retry-After": f"{retry_after:g}",
+                "retry-after-ms": str(round(retry_after * 1000)),
+            }
+            return _error_response(
+                429, "Rate limit reached (injected by the fake server).", headers
+            )
+        return _error_response(status, f"Injected failure with HTTP status {status}.")
+
+
+class _Plan:
+    """A validated chat request, reduced to what is needed to produce its reply."""
+
+    __slots__ = ("directives", "max_tokens", "model", "structured", "system")
+
+    def __init__(
+        self,
+        model: str,
+        system: str | None,
+        directives: _Directives,
+        structured: str | None,
+        max_tokens: int | None,
+    ) -> None:
+        self.model = model
+        self.system = system
+        self.directives = directives
+        self.structured = structured
+        self.max_tokens = max_tokens
+
+    def reply(self) -> tuple[str, str]:
+        if self.directives.reply is not None:
+            text = self.directives.reply
+        elif self.structured is not None:
+            text = self.structured
+        elif self.system is not None:
+            text = f"[{self.system}] {self.directives.text}"
+        else:
+            text = self.directives.text
+        if self.max_tokens is not None and estimate_tokens(len(text)) > self.max_tokens:
+            return text[: self.max_tokens * 4], "length"
+        return text, "stop"
+
+
+def _parse_request(raw: bytes, outcome: _Outcome) -> _Plan:
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        raise _BadRequest("request body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise _BadRequest("request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise _BadRequest("you must provide a model parameter")
+    outcome.model = model
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise _BadRequest("messages must be a non-empty array")
+    if body.get("stream"):
+        raise _BadRequest("stream=true is not supported by the fake server")
+
+    system: str | None = None
+    last_user = ""
+    chars = 0
+    for message in messages:
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise _BadRequest("each message must be an object with a role")
+        text = _content_text(message.get("content"))
+        chars += len(text)
+        role = message["role"]
+        if role == "user":
+            last_user = text
+        elif role == "system" and system is None:
+            system = text
+    outcome.key = request_key(model, messages)
+    outcome.prompt_tokens = estimate_tokens(chars)
+
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    if max_tokens is not None and (
+        not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1
+    ):
+        raise _BadRequest("max_tokens must be a positive integer")
+
+    directives = _Directives(last_user)
+    structured = None
+    if directives.reply is None:
+        structured = _structured_reply(body.get("response_format"))
+    return _Plan(model, system, directives, structured, max_tokens)
+
+
+def _structured_reply(response_format: Any) -> str | None:
+    if response_format is None:
+        return None
+    if not isinstance(response_format, dict):
+        raise _BadRequest("response_format must be an object")
+    kind = response_format.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_schema":
+        spec = response_format.get("json_schema")
+        if not isinstance(spec, dict):
+            raise _BadRequest("response_format.json_schema must be an object")
+        schema = spec.get("schema")
+    elif kind == "json_object":
+        schema = response_format.get("schema")
+    else:
+        raise _BadRequest(f"unsupported response_format type {kind!r}")
+    if schema is None:
+        return "{}"
+    try:
+        return json.dumps(schema_instance(schema))
+    except ValueError as err:
+        raise _BadRequest(f"invalid schema: {err}") from None
+
+
+# -- process entry point -----------------------------------------------------------------------
+
+
+def _loopback_host(host: str) -> str:
+    """Accept only loopback addresses: the server has no real auth and must not be reachable."""
+    if host == "localhost":
+        return "127.0.0.1"
+    try:
+        address = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        address = None
+    if address is None or not address.is_loopback:
+        raise ValueError(
+            f"refusing to bind to {host!r}: the fake OpenAI server only listens on loopback "
+            "addresses (127.0.0.0/8 or ::1)"
+        )
+    return str(address)
+
+
+async def _serve(host: str, port: int, app_state: FakeOpenAIApp) -> None:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    if os.name == "posix":
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+
+    # handler_cancellation: a client that gives up (e.g. on an injected hang) stops counting as
+    # in flight right away instead of when the hang ends.
+    runner = web.AppRunner(
+        app_state.make_app(), access_log=None, handler_cancellation=True, shutdown_timeout=1.0
+    )
+    await runner.setup()
+    site = web.SockSite(runner, sock, backlog=1024)
+    await site.start()
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(signum, stop.set)
+        except NotImplementedError:  # pragma: no cover - Windows
+            signal.signal(signum, lambda *_: loop.call_soon_threadsafe(stop.set))
+
+    print(f"{READY_PREFIX} port={sock.getsockname()[1]}", flush=True)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    try:
+        uvloop = importlib.import_module("uvloop")
+    except ImportError:
+        return None
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m plait.testing.fake_openai",
+        description="OpenAI-compatible fake server for tests and benchmarks (loopback only).",
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    parser.add_argument("--latency-ms", type=float, default=0.0)
+    parser.add_argument(
+        "--api-key",
+        default=None,
+        help=f"require this bearer token (default: ${API_KEY_ENV}, or no auth)",
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+
+    try:
+        host = _loopback_host(args.host)
+    except ValueError as err:
+        parser.error(str(err))
+    if not 0 <= args.port <= 65535:
+        parser.error(f"invalid port {args.port}")
+    if not 0.0 <= args.latency_ms < math.inf:
+        parser.error("--latency-ms must be a finite non-negative number")
+    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+
+    app_state = FakeOpenAIApp(latency_ms=args.latency_ms, api_key=api_key, seed=args.seed)
+    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        runner.run(_serve(host, args.port, app_state))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,164 @@
+"""The recorded graph: leaf-call nodes, and argument templates that name their inputs.
+
+Arguments are stored as they were passed, except that every place a traced output
+or a parameter appeared holds a reference (`NodeRef`, `ParamRef`), strings that
+embedded them (f-strings, ``+``, ``str.format``, ``str.join``) hold a `Template`,
+and containers that hold any of these become a `Struct`.  Plain constants stay
+as they are and are never walked again when the graph runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from plait.values import Value
+
+if TYPE_CHECKING:
+    from plait.module import Module
+    from plait.parameter import Parameter
+
+__all__ = ["Graph", "Node", "NodeRef", "ParamRef", "Resolvable", "Struct", "Template", "resolve"]
+
+Results = dict[int, Value]
+
+
+class Resolvable:
+    """Something in a recorded argument that becomes a real value when the graph runs."""
+
+    __slots__ = ()
+
+    def resolve(self, results: Results) -> Any:
+        raise NotImplementedError
+
+
+class NodeRef(Resolvable):
+    __slots__ = ("node",)
+
+    def __init__(self, node: int) -> None:
+        self.node = node
+
+    def resolve(self, results: Results) -> Any:
+        return results[self.node].payload
+
+    def __repr__(self) -> str:
+        return f"NodeRef({self.node})"
+
+
+class ParamRef(Resolvable):
+    __slots__ = ("param",)
+
+    def __init__(self, param: Parameter) -> None:
+        self.param = param
+
+    def resolve(self, results: Results) -> Any:
+        return self.param.value
+
+    def __repr__(self) -> str:
+        return f"ParamRef({self.param.qualified_name!r})"
+
+
+class Template(Resolvable):
+    """A string with holes: literal parts alternate with references."""
+
+    __slots__ = ("parts",)
+
+    def __init__(self, parts: list[str | NodeRef | ParamRef]) -> None:
+        self.parts = parts
+
+    def resolve(self, results: Results) -> str:
+        return "".join(
+            part if isinstance(part, str) else as_text(part.resolve(results)) for part in self.parts
+        )
+
+    def __repr__(self) -> str:
+        return f"Template({self.parts!r})"
+
+
+class Struct(Resolvable):
+    """A list, tuple or dict that contains references somewhere inside."""
+
+    __slots__ = ("items", "kind")
+
+    def __init__(self, kind: type, items: Any) -> None:
+        self.kind = kind
+        self.items = items
+
+    def resolve(self, results: Results) -> Any:
+        if self.kind is dict:
+            return {key: resolve(value, results) for key, value in self.items}
+        values = [resolve(value, results) for value in self.items]
+        if self.kind is list:
+            return values
+        if self.kind is tuple:
+            return tuple(values)
+        return self.kind(*values)  # named tuples
+
+    def __repr__(self) -> str:
+        return f"Struct({self.kind.__name__}, {self.items!r})"
+
+
+def resolve(obj: Any, results: Results) -> Any:
+    return obj.resolve(results) if isinstance(obj, Resolvable) else obj
+
+
+def as_text(payload: Any) -> str:
+    """How a value reads when it is spliced into a prompt."""
+    if isinstance(payload, str):
+        return payload
+    dump = getattr(payload, "model_dump_json", None)
+    if callable(dump):
+        return str(dump())
+    if isinstance(payload, dict | list):
+        import json
+
+        try:
+            return json.dumps(payload, ensure_ascii=False)
+        except TypeError:
+            return str(payload)
+    return str(payload)
+
+
+@dataclass(slots=True, eq=False)
+class Node:
+    """One leaf call (``kind="module"``) or a deferred operation on values (``"op"``)."""
+
+    id: int
+    kind: str
+    path: str
+    module: Module | None
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    deps: tuple[int, ...]
+    params: tuple[Parameter, ...] = ()
+    op: Callable[..., Any] | None = None
+    dependents: list[int] = field(default_factory=list)
+
+    @property
+    def key(self) -> str:
+        """Stable within a deterministic forward: what checkpoints key completed calls by."""
+        return f"{self.id}:{self.path}"
+
+
+@dataclass(slots=True, eq=False)
+class Graph:
+    """Every leaf call of one traced input, and where the output takes its values from."""
+
+    nodes: list[Node] = field(default_factory=list)
+    output: Any = None
+    params: dict[int, Parameter] = field(default_factory=dict)
+
+    def roots(self) -> list[Node]:
+        return [node for node in self.nodes if not node.deps]
+
+    def module_nodes(self) -> list[Node]:
+        return [node for node in self.nodes if node.kind == "module"]
+
+    def describe(self) -> str:
+        """A readable listing: one line per node with what it waits for."""
+        lines = []
+        for node in self.nodes:
+            deps = ", ".join(str(d) for d in node.deps) or "-"
+            lines.append(f"{node.id:>3} {node.kind:<6} {node.path:<40} <- {deps}")
+        return "\n".join(lines)

@@ -1,0 +1,155 @@
+"""Values: the data that flows between the nodes of a pipeline.
+
+A `Value` is a payload together with its kind, a `ref` naming where it came from
+(a node of the graph, or ``param:<dotted.path>`` for a lifted `Parameter`) and free
+`meta`.  Parameters are state, values are data (seed 002): a parameter enters the
+data flow only through `valueify`.
+"""
+
+from __future__ import annotations
+
+import enum
+import traceback as traceback_module
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from plait.parameter import Parameter
+
+__all__ = [
+    "ExecutionError",
+    "Value",
+    "ValueKind",
+    "error_value",
+    "kind_of",
+    "unwrap",
+    "valueify",
+]
+
+
+class ValueKind(enum.Enum):
+    """What a payload is, so consumers need not guess from its Python type."""
+
+    TEXT = "text"
+    STRUCTURED = "structured"
+    RESPONSE = "response"
+    ERROR = "error"
+    OTHER = "other"
+
+
+@dataclass(slots=True)
+class Value:
+    """A payload with provenance.
+
+    ``kind`` says how to read ``payload``; ``ref`` names its producer (``None`` for
+    literals); ``meta`` carries provenance such as the module path, parameter
+    versions and, in training mode, the tape ids that `backward()` walks.
+    """
+
+    kind: ValueKind
+    payload: Any
+    ref: str | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def is_error(self) -> bool:
+        return self.kind is ValueKind.ERROR
+
+    def __repr__(self) -> str:
+        shown = self.payload
+        if isinstance(shown, str) and len(shown) > 60:
+            shown = shown[:57] + "..."
+        ref = f", ref={self.ref!r}" if self.ref is not None else ""
+        return f"Value({self.kind.name}, {shown!r}{ref})"
+
+
+def kind_of(payload: Any) -> ValueKind:
+    """The natural kind of a raw payload."""
+    if isinstance(payload, str):
+        return ValueKind.TEXT
+    if isinstance(payload, BaseException):
+        return ValueKind.ERROR
+    if isinstance(payload, Mapping | list | tuple) or hasattr(payload, "model_dump"):
+        return ValueKind.STRUCTURED
+    return ValueKind.OTHER
+
+
+def unwrap(obj: Any) -> Any:
+    """Replace every `Value` inside a nested structure by its payload."""
+    if isinstance(obj, Value):
+        return unwrap(obj.payload)
+    if isinstance(obj, dict):
+        return {k: unwrap(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [unwrap(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(unwrap(v) for v in obj)
+    return obj
+
+
+def valueify(param: Parameter) -> Value:
+    """Lift a parameter into the data flow with a stable ``param:`` ref (seed 002)."""
+    name = param.qualified_name
+    payload = param.value
+    kind = ValueKind.TEXT if isinstance(payload, str) else ValueKind.STRUCTURED
+    return Value(
+        kind=kind,
+        payload=payload,
+        ref=f"param:{name}",
+        meta={
+            "param_name": name,
+            "param_id": param.param_id,
+            "module_state_version": param.module_state_version,
+            "requires_grad": param.requires_grad,
+        },
+    )
+
+
+def error_value(
+    exc: BaseException,
+    *,
+    module_path: str | None = None,
+    ref: str | None = None,
+    cause: Value | None = None,
+) -> Value:
+    """An ERROR value that keeps everything needed to understand the failure.
+
+    When ``cause`` is given the error is a short-circuit: this node never ran
+    because an input it needed had failed; the original failure stays reachable.
+    """
+    if cause is not None:
+        meta = dict(cause.meta)
+        meta["short_circuited"] = True
+        meta["skipped_module_path"] = module_path
+        return Value(ValueKind.ERROR, cause.payload, ref=ref, meta=meta)
+    tb = "".join(traceback_module.format_exception(type(exc), exc, exc.__traceback__))
+    return Value(
+        ValueKind.ERROR,
+        exc,
+        ref=ref,
+        meta={
+            "error_type": type(exc).__name__,
+            "message": str(exc),
+            "traceback": tb,
+            "module_path": module_path,
+        },
+    )
+
+
+class ExecutionError(RuntimeError):
+    """Raised by a single call whose pipeline failed; ``.value`` is the Value(ERROR).
+
+    The message names the module path, the exception type and its message, so the
+    cause is visible without digging; the original exception is ``__cause__``.
+    """
+
+    def __init__(self, value: Value) -> None:
+        self.value = value
+        meta = value.meta
+        where = meta.get("module_path") or "<pipeline>"
+        super().__init__(
+            f"{where} failed: {meta.get('error_type', 'Error')}: {meta.get('message')}"
+        )
+        if isinstance(value.payload, BaseException):
+            self.__cause__ = value.payload

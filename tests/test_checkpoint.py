@@ -1,0 +1,151 @@
+"""Checkpoints: a run killed with SIGKILL resumes with every output exactly once."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import plait
+from plait.testing import FakeOpenAIServer
+
+from .conftest import make_resources
+from .pipelines import FanOutFanIn, echo
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def expected(text: str) -> str:
+    return echo("C", f"{echo('L', text)} | {echo('R', text)}")
+
+
+def child(server: FakeOpenAIServer, directory: Path, count: int) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.checkpoint_child",
+            server.base_url,
+            str(directory),
+            str(count),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def count_records(directory: Path) -> dict[str, int]:
+    counts = {"call": 0, "out": 0}
+    for line in (directory / "log.jsonl").read_text().splitlines():
+        counts[json.loads(line)["t"]] += 1
+    return counts
+
+
+def test_a_killed_run_resumes_without_repeating_completed_calls(
+    server: FakeOpenAIServer, tmp_path: Path
+) -> None:
+    server.configure(latency_ms=20)
+    count = 120
+    proc = child(server, tmp_path, count)
+    assert proc.stdout is not None
+    for _ in range(40):  # wait until 40 inputs have finished, then kill -9 mid-run
+        line = proc.stdout.readline()
+        assert line.startswith("done"), line + proc.stderr.read()  # type: ignore[union-attr]
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    first_run_requests = server.stats()["requests_total"]
+    recorded = count_records(tmp_path)
+    assert 40 <= recorded["out"] < count
+    assert recorded["call"] <= first_run_requests
+
+    server.reset()
+    proc = child(server, tmp_path, count)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr
+    outputs = json.loads(stdout.strip().splitlines()[-1].removeprefix("OUTPUTS "))
+    assert outputs == [expected(f"item {i}") for i in range(count)]
+    second = server.stats()
+    # every call the first run completed and recorded is answered from the checkpoint
+    assert second["requests_total"] == 3 * count - recorded["call"]
+    assert all(n == 1 for n in second["completed_by_key"].values())
+    final = count_records(tmp_path)
+    assert final["out"] == count  # every output recorded exactly once
+
+
+def test_resume_in_process_pays_nothing_for_a_finished_batch(
+    server: FakeOpenAIServer, resources: plait.ResourceConfig, tmp_path: Path
+) -> None:
+    inputs = [f"x{i}" for i in range(10)]
+    pipeline = FanOutFanIn().bind(resources=resources, checkpoint_dir=tmp_path)
+    first = pipeline.run_sync(inputs)
+    assert server.stats()["requests_total"] == 30
+    server.reset()
+    assert pipeline.run_sync(inputs) == first
+    assert server.stats()["requests_total"] == 0
+
+
+def test_failed_inputs_are_retried_on_resume(server: FakeOpenAIServer, tmp_path: Path) -> None:
+    resources = make_resources(server, max_retries=0)
+    pipeline = FanOutFanIn().bind(resources=resources)
+    server.configure(rate_500=1.0)
+    with plait.ExecutionSettings(checkpoint_dir=tmp_path):
+        out = pipeline.run_sync(["a", "c"])
+    assert all(isinstance(o, plait.Value) and o.is_error for o in out)
+    assert count_records(tmp_path)["out"] == 0
+    server.configure(rate_500=0.0)
+    server.reset()
+    assert pipeline.run_sync(["a", "c"], checkpoint_dir=tmp_path) == [expected("a"), expected("c")]
+    assert server.stats()["requests_total"] == 6
+
+
+def test_changed_inputs_are_refused(resources: plait.ResourceConfig, tmp_path: Path) -> None:
+    pipeline = FanOutFanIn().bind(resources=resources, checkpoint_dir=tmp_path)
+    pipeline.run_sync(["a", "b"])
+    with pytest.raises(plait.CheckpointError, match="input #1 differs"):
+        pipeline.run_sync(["a", "changed"])
+
+
+def test_foreign_and_corrupt_checkpoints_are_clear_errors(
+    resources: plait.ResourceConfig, tmp_path: Path
+) -> None:
+    class Other(plait.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.llm = plait.LLMInference("fast")
+
+        def forward(self, x: str) -> object:
+            return self.llm(x)
+
+    FanOutFanIn().bind(resources=resources, checkpoint_dir=tmp_path).run_sync(["a"])
+    with pytest.raises(plait.CheckpointError, match="belongs to pipeline"):
+        Other().bind(resources=resources, checkpoint_dir=tmp_path).run_sync(["a"])
+
+    log = tmp_path / "log.jsonl"
+    log.write_text("{not json\n" + log.read_text())
+    with pytest.raises(plait.CheckpointError, match="line 1 is corrupt"):
+        FanOutFanIn().bind(resources=resources, checkpoint_dir=tmp_path).run_sync(["a"])
+
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "manifest.json").write_text('{"hello": 1}')
+    with pytest.raises(plait.CheckpointError, match="not a plait checkpoint"):
+        FanOutFanIn().bind(resources=resources, checkpoint_dir=foreign).run_sync(["a"])
+    (foreign / "manifest.json").write_text("garbage")
+    with pytest.raises(plait.CheckpointError, match="corrupt"):
+        FanOutFanIn().bind(resources=resources, checkpoint_dir=foreign).run_sync(["a"])
+
+
+def test_a_torn_last_line_is_dropped(resources: plait.ResourceConfig, tmp_path: Path) -> None:
+    pipeline = FanOutFanIn().bind(resources=resources, checkpoint_dir=tmp_path)
+    pipeline.run_sync(["a"])
+    with open(tmp_path / "log.jsonl", "a") as fh:
+        fh.write('{"t":"call","i":3,"n":"x"')  # what a kill mid-write leaves
+    assert pipeline.run_sync(["a"]) == [expected("a")]
+    assert (tmp_path / "log.jsonl").read_text().endswith("\n")

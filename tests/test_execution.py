@@ -1,0 +1,274 @@
+"""Execution against the real loopback server: modes, batches, streams, limits, settings."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import plait
+from plait.testing import FakeOpenAIServer
+
+from .conftest import make_resources
+from .pipelines import Assistant, DeepPipeline, Echo, FanOutFanIn, Synthesizer, echo
+
+
+def expected_fan(text: str) -> str:
+    return echo("C", f"{echo('L', text)} | {echo('R', text)}")
+
+
+def test_resource_config_as_seed_000_shows(server: FakeOpenAIServer) -> None:
+    resources = plait.ResourceConfig(
+        {
+            "fast": {
+                "provider": "openai",
+                "model": "m",
+                "base_url": server.base_url,
+                "api_key": "sk-test",
+                "max_concurrent": 8,
+            }
+        }
+    )
+    pipeline = FanOutFanIn().bind(resources=resources)
+    assert pipeline.run_sync("doc") == expected_fan("doc")
+    assert server.stats()["requests_total"] == 3
+
+
+async def test_await_single_batch_and_training_modes(resources: plait.ResourceConfig) -> None:
+    pipeline = FanOutFanIn().bind(resources=resources)
+    assert await pipeline("a") == expected_fan("a")
+    assert await pipeline(["a", "b"]) == [expected_fan("a"), expected_fan("b")]
+    pipeline.train()
+    value = await pipeline("a")
+    assert isinstance(value, plait.Value) and value.payload == expected_fan("a")
+    assert value.meta["_tape_ids"]
+    values = await pipeline(["a", "b"])
+    assert [v.payload for v in values] == [expected_fan("a"), expected_fan("b")]
+
+
+def test_run_sync_works_inside_a_running_event_loop(resources: plait.ResourceConfig) -> None:
+    pipeline = FanOutFanIn().bind(resources=resources)
+
+    async def notebook_cell() -> Any:
+        return pipeline.run_sync("jupyter")
+
+    assert asyncio.run(notebook_cell()) == expected_fan("jupyter")
+
+
+def test_deep_pipeline_output_is_exact(resources: plait.ResourceConfig) -> None:
+    out = DeepPipeline().bind(resources=resources).run_sync("doc")
+    stage1 = echo("ana", echo("sum", "doc"))
+    user = echo("user", stage1)
+    parts = "\n".join(
+        f"{k}: {echo(t, user)}"
+        for k, t in [("technical", "tech"), ("business", "biz"), ("user", "user")]
+    )
+    assert out == echo("syn", parts)
+
+
+def test_output_structure_and_constants_survive_execution(
+    resources: plait.ResourceConfig,
+) -> None:
+    class Shapes(plait.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = Echo("a")
+
+        def forward(self, x: str) -> Any:
+            a = self.a(x)
+            return {
+                "list": [a, 1],
+                "tuple": (a, "k"),
+                "nested": {"deep": [(a.upper(),)]},
+                "const": 3.5,
+                "piece": a[0:3],
+            }
+
+    out = Shapes().bind(resources=resources).run_sync("x")
+    assert out == {
+        "list": ["[a] x", 1],
+        "tuple": ("[a] x", "k"),
+        "nested": {"deep": [("[A] X",)]},
+        "const": 3.5,
+        "piece": "[a]",
+    }
+
+
+def test_parameters_reach_the_request(
+    resources: plait.ResourceConfig, server: FakeOpenAIServer
+) -> None:
+    assistant = Assistant("Be brief.").bind(resources=resources)
+    assert assistant.run_sync("hi") == "Be brief.\n\nUser: hi"
+    assistant.instructions.apply_update("Be warm.")
+    assert assistant.run_sync("hi") == "Be warm.\n\nUser: hi"
+
+
+def test_independent_leaves_anywhere_in_the_tree_run_concurrently(
+    server: FakeOpenAIServer,
+) -> None:
+    server.configure(latency_ms=300)
+    resources = make_resources(server, ("fast", "smart"), max_concurrent=16)
+    Synthesizer().bind(resources=resources).run_sync("t")
+    # the three nested analyzer calls were held by the server at the same time
+    assert server.stats()["max_in_flight"] == 3
+
+
+def test_alias_limit_holds_across_a_whole_batch(server: FakeOpenAIServer) -> None:
+    server.configure(latency_ms=10)
+    resources = make_resources(server, max_concurrent=4)
+    inputs = [f"doc {i}" for i in range(1000)]
+    outputs = Echo("e").bind(resources=resources, max_concurrent=64).run_sync(inputs)
+    assert outputs == [echo("e", x) for x in inputs]
+    stats = server.stats()
+    assert stats["requests_total"] == 1000
+    assert stats["max_in_flight"] == 4
+    at_limit = stats["time_at_level_s"].get("4", 0.0)
+    assert at_limit / stats["busy_time_s"] > 0.8  # the endpoint was kept saturated
+
+
+async def test_two_concurrent_batches_share_the_endpoint_limit(server: FakeOpenAIServer) -> None:
+    server.configure(latency_ms=5)
+    resources = make_resources(server, max_concurrent=3)
+    one, two = FanOutFanIn().bind(resources=resources), FanOutFanIn().bind(resources=resources)
+    a, b = await asyncio.gather(
+        one([f"a{i}" for i in range(40)]), two([f"b{i}" for i in range(40)])
+    )
+    assert len(a) == len(b) == 40
+    assert server.stats()["max_in_flight"] == 3
+
+
+def test_run_wide_max_concurrent_caps_llm_calls(server: FakeOpenAIServer) -> None:
+    server.configure(latency_ms=3)
+    resources = make_resources(server, max_concurrent=50)
+    FanOutFanIn().bind(resources=resources, max_concurrent=2).run_sync([str(i) for i in range(60)])
+    assert server.stats()["max_in_flight"] == 2
+
+
+def test_a_generator_batch_is_consumed_lazily(resources: plait.ResourceConfig) -> None:
+    pulled = 0
+
+    def inputs() -> Iterator[str]:
+        nonlocal pulled
+        for i in range(200):
+            pulled += 1
+            yield f"doc {i}"
+
+    pipeline = FanOutFanIn().bind(resources=resources, max_inputs_in_flight=5)
+
+    async def first_result() -> tuple[int, int]:
+        async with plait.ExecutionSettings(streaming=True):
+            stream = pipeline(inputs())
+            async for result in stream:
+                seen = pulled
+                await stream.aclose()  # type: ignore[attr-defined]
+                return result.index, seen
+        raise AssertionError("no result")
+
+    index, seen = asyncio.run(first_result())
+    assert index == 0
+    assert seen <= 6  # the window (5) plus the one waiting for a slot, not all 200
+
+
+def test_a_generator_batch_runs_to_completion(resources: plait.ResourceConfig) -> None:
+    pipeline = FanOutFanIn().bind(resources=resources)
+    out = pipeline.run_sync(f"g{i}" for i in range(30))
+    assert out == [expected_fan(f"g{i}") for i in range(30)]
+
+
+async def test_streaming_yields_batch_results(
+    server: FakeOpenAIServer, resources: plait.ResourceConfig
+) -> None:
+    pipeline = FanOutFanIn()
+    inputs = ["[[latency_ms:200]]slow", "fast1", "fast2"]
+    async with plait.ExecutionSettings(resources=resources, streaming=True):
+        results = [r async for r in pipeline(inputs)]
+    assert sorted(r.index for r in results) == [0, 1, 2]
+    assert results[-1].index == 0  # completion order: the slow one last
+    assert all(r.ok and r.output == expected_fan(r.input.split("]]")[-1]) for r in results)
+    async with plait.ExecutionSettings(resources=resources, streaming=True, preserve_order=True):
+        ordered = [r.index async for r in pipeline(inputs)]
+    assert ordered == [0, 1, 2]
+
+
+async def test_module_stream_method(resources: plait.ResourceConfig) -> None:
+    pipeline = FanOutFanIn().bind(resources=resources)
+    got = {r.index: r.output async for r in pipeline.stream(["a", "b"])}
+    assert got == {0: expected_fan("a"), 1: expected_fan("b")}
+
+
+async def test_plait_run_with_per_call_options(resources: plait.ResourceConfig) -> None:
+    out = await plait.run(FanOutFanIn(), "x", resources=resources, max_concurrent=5)
+    assert out == expected_fan("x")
+
+
+async def test_settings_precedence(server: FakeOpenAIServer) -> None:
+    from plait.execution.settings import get_execution_settings, resolve_options
+
+    server.configure(latency_ms=3)
+    resources = make_resources(server, max_concurrent=50)
+    with plait.ExecutionSettings(resources=resources, max_concurrent=7, preserve_order=True):  # noqa: SIM117
+        with plait.ExecutionSettings(max_concurrent=5):
+            inner = get_execution_settings()
+            assert inner is not None
+            assert inner.max_concurrent == 5 and inner.preserve_order is True  # inherited
+            assert inner.resources is resources
+            assert resolve_options({}, {}, None)["max_concurrent"] == 5  # context
+            assert resolve_options({}, {"max_concurrent": 3}, None)["max_concurrent"] == 3  # bind
+            assert (
+                resolve_options({"max_concurrent": 2}, {"max_concurrent": 3}, None)[
+                    "max_concurrent"
+                ]
+                == 2
+            )  # call
+            pipeline = FanOutFanIn()
+            await pipeline([str(i) for i in range(30)])
+            assert server.stats()["max_in_flight"] == 5
+            server.reset()
+            await pipeline.bind(None, max_concurrent=3)([str(i) for i in range(30)])
+            assert server.stats()["max_in_flight"] == 3
+            server.reset()
+            await pipeline([str(i) for i in range(30)], max_concurrent=2)
+            assert server.stats()["max_in_flight"] == 2
+    assert get_execution_settings() is None
+    assert resolve_options({}, {}, None)["max_concurrent"] == 100  # default
+
+
+async def test_async_forward_decides_on_real_values(
+    resources: plait.ResourceConfig, server: FakeOpenAIServer
+) -> None:
+    class Router(plait.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.classify = Echo("cls")
+            self.short = Echo("short")
+            self.long = Echo("long")
+
+        async def forward(self, text: str) -> Any:
+            label = await self.classify(text)
+            if "urgent" in label:
+                return await self.short(label)
+            return await self.long(label)
+
+    class Pipeline(plait.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.router = Router()
+            self.final = Echo("fin")
+
+        def forward(self, text: str) -> Any:
+            return self.final(self.router(text))
+
+    pipeline = Pipeline().bind(resources=resources)
+    assert pipeline.run_sync("urgent!") == echo("fin", echo("short", echo("cls", "urgent!")))
+    assert pipeline.run_sync("calm") == echo("fin", echo("long", echo("cls", "calm")))
+    assert server.stats()["requests_total"] == 6
+
+
+def test_missing_alias_is_a_clear_error_before_any_call(
+    resources: plait.ResourceConfig, server: FakeOpenAIServer
+) -> None:
+    with pytest.raises(plait.ConfigurationError, match="'nowhere'"):
+        plait.LLMInference("nowhere").bind(resources=resources).run_sync("x")
+    assert server.stats()["requests_total"] == 0

@@ -1,0 +1,142 @@
+"""The effect-handler stack of seed 004: order, stop, done, errors and isolation."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+import plait
+from plait.handlers import Handler, Message, apply_stack, apply_stack_sync, current_stack
+
+
+class Log(Handler):
+    def __init__(self, name: str, log: list[str]) -> None:
+        self.name, self.log = name, log
+
+    def process(self, msg: Message) -> None:
+        self.log.append(f"process {self.name}")
+
+    def postprocess(self, msg: Message) -> None:
+        self.log.append(f"post {self.name}")
+
+
+def test_process_runs_innermost_first_and_postprocess_as_the_seed_says() -> None:
+    log: list[str] = []
+    with Log("outer", log), Log("inner", log):
+        value = apply_stack_sync(Message("module", "m", fn=lambda: log.append("call") or 7))
+    assert value == 7
+    # seed 004: process bottom-to-top (innermost first), default, postprocess top-to-bottom
+    assert log == ["process inner", "process outer", "call", "post outer", "post inner"]
+
+
+def test_stop_hides_the_message_from_outer_handlers() -> None:
+    log: list[str] = []
+
+    class Stopper(Log):
+        def process(self, msg: Message) -> None:
+            super().process(msg)
+            msg.stop = True
+
+    with Log("outer", log), Stopper("inner", log):
+        apply_stack_sync(Message("module", "m", fn=lambda: log.append("call")))
+    assert log == ["process inner", "call", "post inner"]
+
+
+def test_done_skips_the_default_action() -> None:
+    class Answer(Handler):
+        def process(self, msg: Message) -> None:
+            msg.value, msg.done = "answered", True
+
+    calls: list[int] = []
+    with Answer():
+        assert apply_stack_sync(Message("module", "m", fn=lambda: calls.append(1))) == "answered"
+    assert calls == []
+
+
+def test_postprocess_sees_a_failure_and_may_recover() -> None:
+    class Recover(Handler):
+        def postprocess(self, msg: Message) -> None:
+            assert isinstance(msg.error, ZeroDivisionError)
+            msg.error, msg.value = None, "recovered"
+
+    with Recover():
+        assert apply_stack_sync(Message("module", "m", fn=lambda: 1 / 0)) == "recovered"
+    with pytest.raises(ZeroDivisionError):
+        apply_stack_sync(Message("module", "m", fn=lambda: 1 / 0))
+
+
+async def test_async_hooks_and_async_default() -> None:
+    class Slow(Handler):
+        async def process(self, msg: Message) -> None:
+            await asyncio.sleep(0)
+            msg.kwargs["x"] += 1
+
+    async def fn(x: int) -> int:
+        return x * 10
+
+    with Slow():
+        assert await apply_stack(Message("llm", "m", fn=fn, kwargs={"x": 1})) == 20
+
+
+async def test_the_stack_is_isolated_per_task() -> None:
+    seen: dict[str, tuple[Handler, ...]] = {}
+    entered = asyncio.Event()
+    release = asyncio.Event()
+
+    async def with_handler() -> None:
+        with Log("a", []):
+            entered.set()
+            await release.wait()
+            seen["a"] = current_stack()
+
+    async def without() -> None:
+        await entered.wait()
+        seen["b"] = current_stack()
+        release.set()
+
+    await asyncio.gather(with_handler(), without())
+    assert len(seen["a"]) == 1 and seen["b"] == ()
+
+
+def test_handler_as_decorator() -> None:
+    log: list[str] = []
+    handler = Log("deco", log)
+
+    @handler
+    def work() -> int:
+        return len(current_stack())
+
+    assert work() == 1 and current_stack() == ()
+
+
+def test_a_user_handler_sees_every_run_time_module_call() -> None:
+    class Upper(plait.Module):
+        def forward(self, text: str) -> str:
+            return text.upper()
+
+    class Exclaim(plait.Module):
+        async def forward(self, text: str) -> str:
+            return text + "!"
+
+    class Pipeline(plait.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.upper, self.exclaim = Upper(), Exclaim()
+
+        def forward(self, text: str) -> Any:
+            return self.exclaim(self.upper(text))
+
+    class Record(Handler):
+        def __init__(self) -> None:
+            self.calls: list[tuple[str, str]] = []
+
+        def postprocess(self, msg: Message) -> None:
+            self.calls.append((msg.type, msg.name))
+            msg.value = f"<{msg.value}>"
+
+    with Record() as record:
+        out = Pipeline().run_sync("hi")
+    assert record.calls == [("module", "upper"), ("module", "exclaim")]  # type: ignore[attr-defined]
+    assert out == "<<HI>!>"

@@ -1,0 +1,175 @@
+"""Tracing: nested modules flatten into one graph; text operations keep dependencies."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import plait
+from plait.tracing import trace
+from plait.tracing.graph import NodeRef, ParamRef, Struct, Template
+
+from .pipelines import Assistant, DeepPipeline, Echo, Synthesizer
+
+
+def module_nodes(graph: Any) -> list[Any]:
+    return [n for n in graph.nodes if n.kind == "module"]
+
+
+def test_nested_pipeline_flattens_into_one_graph_of_leaf_calls() -> None:
+    graph = trace(DeepPipeline(), ("doc",))
+    paths = [n.path for n in module_nodes(graph)]
+    assert paths == [
+        "stage1.summarizer",
+        "stage1.analyzer",
+        "stage2.technical",
+        "stage2.business",
+        "stage2.user",
+        "stage3.analyzer.technical",
+        "stage3.analyzer.business",
+        "stage3.analyzer.user",
+        "stage3.synthesizer",
+    ]
+    by_path = {n.path: n for n in graph.nodes}
+    assert by_path["stage1.analyzer"].deps == (by_path["stage1.summarizer"].id,)
+    # stage2's three calls all wait only for stage1's output: they run concurrently.
+    for name in ("technical", "business", "user"):
+        assert by_path[f"stage2.{name}"].deps == (by_path["stage1.analyzer"].id,)
+    synth = by_path["stage3.synthesizer"]
+    assert set(synth.deps) == {
+        by_path[f"stage3.analyzer.{n}"].id for n in ("technical", "business", "user")
+    }
+
+
+def test_fstring_plus_format_and_join_all_create_dependencies() -> None:
+    class Combine(plait.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = Echo("a"), Echo("b")
+            self.f, self.p, self.fmt, self.j = Echo("f"), Echo("p"), Echo("fmt"), Echo("j")
+
+        def forward(self, x: str) -> Any:
+            a, b = self.a(x), self.b(x)
+            return [
+                self.f(f"{a} and {b}"),
+                self.p("start " + a + " mid " + b),
+                self.fmt("{} vs {}".format(a, b)),  # noqa: UP032 (str.format is under test)
+                self.j(", ".join([a, b, "lit"])),
+            ]
+
+    graph = trace(Combine(), ("x",))
+    ids = {n.path: n.id for n in graph.nodes}
+    for consumer in ("f", "p", "fmt", "j"):
+        node = graph.nodes[ids[consumer]]
+        assert set(node.deps) == {ids["a"], ids["b"]}, consumer
+        assert isinstance(node.args[0], Template)
+    template = graph.nodes[ids["f"]].args[0]
+    assert [type(p) for p in template.parts] == [NodeRef, str, NodeRef]
+
+
+def test_output_keeps_its_exact_structure_with_constants() -> None:
+    class Shapes(plait.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = Echo("a")
+
+        def forward(self, x: str) -> Any:
+            a = self.a(x)
+            return {"list": [a, 1], "tuple": (a, "k"), "nested": {"deep": [(a,)]}, "const": 3.5}
+
+    out = trace(Shapes(), ("x",)).output
+    assert isinstance(out, Struct) and out.kind is dict
+    items = dict(out.items)
+    assert items["const"] == 3.5
+    assert items["tuple"].kind is tuple and items["list"].kind is list
+
+
+def test_parameters_used_in_forward_are_lifted_with_stable_refs() -> None:
+    graph = trace(Assistant(), ("hi",))
+    (node,) = module_nodes(graph)
+    template = node.args[0]
+    refs = [p for p in template.parts if isinstance(p, ParamRef)]
+    assert [r.param.qualified_name for r in refs] == ["instructions"]
+    assert "instructions" in {p.qualified_name for p in graph.params.values()}
+
+
+@pytest.mark.parametrize(
+    "decide",
+    [
+        lambda out: bool(out),
+        lambda out: out == "yes",
+        lambda out: len(out),
+        lambda out: "x" in out,
+        lambda out: [c for c in out],
+        lambda out: out < "b",
+    ],
+)
+def test_branching_on_a_traced_value_names_the_fix(decide: Any) -> None:
+    class Decider(plait.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.judge = Echo("judge")
+
+        def forward(self, x: str) -> Any:
+            return decide(self.judge(x))
+
+    with pytest.raises(plait.TracingError, match="async def forward") as info:
+        trace(Decider(), ("x",))
+    assert "judge" in str(info.value)
+
+
+def test_composite_forward_receives_real_inputs_so_it_can_iterate_them() -> None:
+    class PerDoc(plait.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.llm = Echo("d")
+
+        def forward(self, docs: list[str]) -> list[Any]:
+            return [self.llm(d) for d in docs if d]
+
+    graph = trace(PerDoc(), (["a", "", "b"],))
+    assert len(module_nodes(graph)) == 2
+
+
+def test_wrong_arguments_to_a_leaf_name_its_path() -> None:
+    class Bad(plait.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.llm = Echo("x")
+
+        def forward(self, x: str) -> Any:
+            return self.llm(x, "extra")
+
+    with pytest.raises(TypeError, match="llm"):
+        trace(Bad(), ("x",))
+
+
+def test_tracing_is_a_handler_on_the_stack() -> None:
+    seen: list[Any] = []
+
+    class Spy(plait.Module):
+        def forward(self, x: str) -> str:
+            return x
+
+    class Root(plait.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.spy = Spy()
+
+        def forward(self, x: str) -> Any:
+            from plait.handlers import current_stack
+
+            seen.extend(current_stack())
+            return self.spy(x)
+
+    trace(Root(), ("x",))
+    from plait.tracing import Tracer
+
+    assert len(seen) == 1 and isinstance(seen[0], Tracer)
+
+
+def test_synthesizer_graph_has_the_fan_in_shape() -> None:
+    graph = trace(Synthesizer(), ("t",))
+    assert len(module_nodes(graph)) == 4
+    assert len(graph.nodes[-1].deps) == 3
