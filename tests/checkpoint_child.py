@@ -1,4 +1,8 @@
-"""A batch run for the kill -9 test: prints each finished index, then all outputs as JSON."""
+"""A batch run for the interruption tests; prints progress, then all outputs as JSON.
+
+``stream`` mode prints ``done <index>`` per finished input; ``sync`` mode runs the
+batch with `run_sync` (the path Ctrl-C interrupts) and prints ``call`` per LLM call.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +11,17 @@ import json
 import sys
 
 import plait
+from plait.handlers import Handler, Message
 from tests.pipelines import FanOutFanIn
 
 
-async def main(base_url: str, checkpoint_dir: str, count: int) -> None:
+class Progress(Handler):
+    def postprocess(self, msg: Message) -> None:
+        if msg.type == "llm":
+            print("call", flush=True)
+
+
+def make_pipeline(base_url: str, checkpoint_dir: str) -> FanOutFanIn:
     resources = plait.ResourceConfig(
         {
             "fast": {
@@ -22,7 +33,11 @@ async def main(base_url: str, checkpoint_dir: str, count: int) -> None:
             }
         }
     )
-    pipeline = FanOutFanIn().bind(resources=resources, checkpoint_dir=checkpoint_dir)
+    return FanOutFanIn().bind(resources=resources, checkpoint_dir=checkpoint_dir)
+
+
+async def main(base_url: str, checkpoint_dir: str, count: int) -> None:
+    pipeline = make_pipeline(base_url, checkpoint_dir)
     outputs: dict[int, str] = {}
     async for result in pipeline.stream([f"item {i}" for i in range(count)]):
         if not result.ok:
@@ -32,5 +47,16 @@ async def main(base_url: str, checkpoint_dir: str, count: int) -> None:
     print("OUTPUTS " + json.dumps([outputs[i] for i in range(count)]), flush=True)
 
 
+def main_sync(base_url: str, checkpoint_dir: str, count: int) -> None:
+    pipeline = make_pipeline(base_url, checkpoint_dir)
+    with Progress():
+        outputs = pipeline.run_sync([f"item {i}" for i in range(count)])
+    print("OUTPUTS " + json.dumps(outputs), flush=True)
+
+
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3])))
+    url, directory, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    if len(sys.argv) > 4 and sys.argv[4] == "sync":
+        main_sync(url, directory, n)
+    else:
+        asyncio.run(main(url, directory, n))

@@ -24,7 +24,9 @@ def expected(text: str) -> str:
     return echo("C", f"{echo('L', text)} | {echo('R', text)}")
 
 
-def child(server: FakeOpenAIServer, directory: Path, count: int) -> subprocess.Popen[str]:
+def child(
+    server: FakeOpenAIServer, directory: Path, count: int, mode: str = "stream"
+) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [
             sys.executable,
@@ -33,6 +35,7 @@ def child(server: FakeOpenAIServer, directory: Path, count: int) -> subprocess.P
             server.base_url,
             str(directory),
             str(count),
+            mode,
         ],
         cwd=ROOT,
         stdout=subprocess.PIPE,
@@ -77,6 +80,33 @@ def test_a_killed_run_resumes_without_repeating_completed_calls(
     assert all(n == 1 for n in second["completed_by_key"].values())
     final = count_records(tmp_path)
     assert final["out"] == count  # every output recorded exactly once
+
+
+def test_ctrl_c_stops_run_sync_cleanly_and_the_run_resumes(
+    server: FakeOpenAIServer, tmp_path: Path
+) -> None:
+    server.configure(latency_ms=20)
+    count = 60
+    proc = child(server, tmp_path, count, mode="sync")
+    assert proc.stdout is not None
+    for _ in range(60):  # 60 LLM calls have completed: interrupt as Ctrl-C would
+        line = proc.stdout.readline()
+        assert line.startswith("call"), line + proc.stderr.read()  # type: ignore[union-attr]
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode != 0
+    assert "KeyboardInterrupt" in stderr
+    recorded = count_records(tmp_path)
+    assert recorded["call"] >= 60 and recorded["out"] < count
+
+    server.reset()
+    proc = child(server, tmp_path, count, mode="sync")
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr
+    outputs = json.loads(stdout.strip().splitlines()[-1].removeprefix("OUTPUTS "))
+    assert outputs == [expected(f"item {i}") for i in range(count)]
+    assert server.stats()["requests_total"] == 3 * count - recorded["call"]
+    assert count_records(tmp_path)["out"] == count
 
 
 def test_resume_in_process_pays_nothing_for_a_finished_batch(

@@ -5,7 +5,10 @@ traced into its own graph; nodes are started by completion callbacks (no task
 waits on another), LLM calls become ``"llm"`` messages on the handler stack, and
 their default action takes a slot from the endpoint's process-wide limiter and
 the run-wide limiter before it sends the request.  Waiters are served by input
-index, so the oldest inputs finish first and the window of inputs moves on.
+index, so the oldest inputs finish first and the window of inputs moves on; once
+the batch has no more inputs to admit, they are served tallest-first (longest
+chain of calls still ahead), which keeps the final wave from being stretched by
+a dependency chain.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from plait.handlers.stack import Message, apply_stack
 from plait.providers.base import LLMRequest, LLMResponse
-from plait.resources.limits import PriorityLimiter
+from plait.resources.limits import Priority, PriorityLimiter
 from plait.resources.manager import ResourceManager
 from plait.tracing.graph import Graph, Node, as_text, resolve
 from plait.tracing.tracer import module_paths, trace
@@ -39,14 +42,41 @@ _current_node: contextvars.ContextVar[tuple[int, str] | None] = contextvars.Cont
 )
 
 
+class _CallPriority(Priority):
+    """Input order while a batch is being admitted; critical path first once it drains."""
+
+    __slots__ = ("engine", "height", "index")
+
+    def __init__(self, engine: Engine, index: int, height: int) -> None:
+        self.engine = engine
+        self.index = index
+        self.height = height
+
+    def key(self) -> tuple[float, ...]:
+        return (-self.height if self.engine.draining else 0, self.index)
+
+
 class Engine:
-    def __init__(self, root: Module, resources: ResourceManager, max_concurrent: int) -> None:
+    def __init__(
+        self, root: Module, resources: ResourceManager, max_concurrent: int, draining: bool = True
+    ) -> None:
         self.root = root
         self.resources = resources
         self.paths = module_paths(root)
         self.limiter = PriorityLimiter(max_concurrent)
-        aliases = {m.alias for m in root.modules() if m._calls_llm}  # type: ignore[attr-defined]
-        resources.check_aliases(aliases)
+        #: False while a batch still has inputs to admit (see `_CallPriority`).
+        self.draining = draining
+        self.aliases = {m.alias for m in root.modules() if m._calls_llm}  # type: ignore[attr-defined]
+        resources.check_aliases(self.aliases)
+
+    def start_draining(self) -> None:
+        """The batch has no inputs left to admit: re-rank waiting calls tallest-first."""
+        if self.draining:
+            return
+        self.draining = True
+        self.limiter.reorder()
+        for alias in self.aliases:
+            self.resources.endpoint(alias).limiter.reorder()
 
     # -- one input -------------------------------------------------------------------
     async def run_input(
@@ -86,6 +116,7 @@ class Engine:
         loop = asyncio.get_running_loop()
         finished: asyncio.Future[None] = loop.create_future()
         waiting = [len(node.deps) for node in nodes]
+        heights = graph.heights()
         remaining = len(nodes)
         tasks: set[asyncio.Task[Value]] = set()
 
@@ -122,7 +153,9 @@ class Engine:
             if node.kind == "op":
                 complete(node, _apply_op(node, results))
                 return
-            task = loop.create_task(self._run_node(node, results, index, prefix))
+            task = loop.create_task(
+                self._run_node(node, results, _CallPriority(self, index, heights[node.id]), prefix)
+            )
             tasks.add(task)
             task.add_done_callback(functools.partial(on_done, node=node))
 
@@ -138,15 +171,16 @@ class Engine:
         return results
 
     async def _run_node(
-        self, node: Node, results: dict[int, Value], index: int, prefix: str
+        self, node: Node, results: dict[int, Value], priority: _CallPriority, prefix: str
     ) -> Value:
+        index = priority.index
         module = node.module
         assert module is not None
         try:
             args = tuple(resolve(a, results) for a in node.args)
             kwargs = {k: resolve(v, results) for k, v in node.kwargs.items()}
             if module._calls_llm:
-                return await self._run_llm(node, module, args, kwargs, index, prefix)
+                return await self._run_llm(node, module, args, kwargs, priority, prefix)
             token = _current_node.set((index, prefix + node.key + "/"))
             try:
                 msg = Message(
@@ -178,7 +212,7 @@ class Engine:
         module: Any,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
-        index: int,
+        priority: _CallPriority,
         prefix: str,
     ) -> Value:
         prompt = args[0] if args else kwargs["prompt"]
@@ -196,7 +230,7 @@ class Engine:
         )
 
         def send(request: LLMRequest) -> Coroutine[Any, Any, LLMResponse]:
-            return self._send(request, index)
+            return self._send(request, priority)
 
         msg = Message(
             type="llm",
@@ -205,7 +239,7 @@ class Engine:
             kwargs={"request": request},
             module=module,
             node_id=prefix + node.key,
-            input_index=index,
+            input_index=priority.index,
         )
         reply = await apply_stack(msg)
         meta: dict[str, Any] = {"module_path": node.path}
@@ -218,7 +252,7 @@ class Engine:
             kind = kind_of(payload)
         return Value(kind, payload, ref=f"node:{node.id}", meta=meta)
 
-    async def _send(self, request: LLMRequest, priority: int) -> LLMResponse:
+    async def _send(self, request: LLMRequest, priority: _CallPriority) -> LLMResponse:
         endpoint = self.resources.endpoint(request.alias)
         await endpoint.limiter.acquire(priority)
         try:

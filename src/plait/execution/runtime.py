@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
-import contextvars
 import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from plait.execution.batch import BatchResult
 from plait.execution.checkpoint import Checkpoint, CheckpointHandler
 from plait.execution.codec import fingerprint
 from plait.execution.engine import Engine, current_engine
+from plait.execution.loop import run_blocking
 from plait.execution.settings import SETTING_NAMES, resolve_options
 from plait.execution.tape import Tape
 from plait.resources.manager import ResourceManager
@@ -98,35 +97,18 @@ async def run(module: Module, *args: Any, **kwargs: Any) -> Any:
     return await result
 
 
-def run_blocking(awaitable: Awaitable[T]) -> T:
-    """Run to completion from sync code, also when an event loop is already running."""
-
-    async def main() -> T:
-        from plait.providers.http import close_session
-
-        try:
-            return await awaitable
-        finally:
-            await close_session()
-
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(main())
-    context = contextvars.copy_context()
-    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="plait-run-sync") as pool:
-        return pool.submit(context.run, asyncio.run, main()).result()
-
-
 # -- the drivers -------------------------------------------------------------------------
 class _Run:
     """Per-call state: the engine, optional checkpoint, and how to shape results."""
 
-    def __init__(self, module: Module, opts: dict[str, Any]) -> None:
+    def __init__(self, module: Module, opts: dict[str, Any], batch: bool = False) -> None:
         self.module = module
         self.training = module.training
         self.engine = Engine(
-            module, ResourceManager.coerce(opts["resources"]), opts["max_concurrent"]
+            module,
+            ResourceManager.coerce(opts["resources"]),
+            opts["max_concurrent"],
+            draining=not batch,
         )
         self.window = opts["max_inputs_in_flight"] or max(64, 2 * opts["max_concurrent"])
         self.checkpoint: Checkpoint | None = None
@@ -190,6 +172,11 @@ class _Run:
                 task = asyncio.create_task(one(index, item))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
+                # Let the new input trace and send its first requests before the next one
+                # is traced: the endpoint starts working at once instead of after the
+                # whole window has been traced.
+                await asyncio.sleep(0)
+            self.engine.start_draining()
             while tasks:
                 await asyncio.gather(*list(tasks))
         except BaseException:
@@ -225,7 +212,7 @@ async def _run_batch(
     kwargs: dict[str, Any],
     opts: dict[str, Any],
 ) -> list[Any]:
-    state = _Run(module, opts)
+    state = _Run(module, opts, batch=True)
     outputs: dict[int, Any] = {}
 
     def deliver(index: int, item: Any, value: Value) -> None:
@@ -245,7 +232,7 @@ async def _stream(
     kwargs: dict[str, Any],
     opts: dict[str, Any],
 ) -> AsyncIterator[BatchResult]:
-    state = _Run(module, opts)
+    state = _Run(module, opts, batch=True)
     preserve = bool(opts["preserve_order"])
     slots = asyncio.Semaphore(state.window)
     queue: asyncio.Queue[BatchResult | BaseException | None] = asyncio.Queue()

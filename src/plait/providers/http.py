@@ -1,8 +1,9 @@
 """One aiohttp session per event loop, closed when that loop shuts down.
 
 Keeping the session for the life of the loop reuses connections across calls
-(a TLS handshake per call would dominate latency against real APIs).  The loop
-has no close hook, but `asyncio.run` and plait's own `run_sync` both finalize
+(a TLS handshake per call would dominate latency against real APIs); `run_sync`
+uses plait's long-lived runtime loop, so its connections outlive each call.  A
+loop has no close hook, but `asyncio.run` and the runtime loop both finalize
 async generators on shutdown, so a parked generator closes the session then.
 """
 

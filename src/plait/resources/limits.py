@@ -2,10 +2,11 @@
 
 plait orders waiters by input index, so when a batch saturates an endpoint the
 oldest inputs finish first: the window of inputs in flight keeps moving and no
-input starves behind newer ones.  Slots are handed directly to the next waiter on
-release (no thundering herd), and the limiter works across event loops, because
-`run_sync` inside a running loop executes on a loop of its own thread while the
-limits stay shared by the whole process.
+input starves behind newer ones.  Once a batch has no inputs left to admit, the
+engine switches its waiters to critical-path order (see `Priority`) so the last
+wave is not stretched by a dependency chain.  Slots are handed directly to the
+next waiter on release (no thundering herd), and the limiter works across event
+loops and threads, since its limits are shared by the whole process.
 """
 
 from __future__ import annotations
@@ -15,7 +16,19 @@ import heapq
 import itertools
 import threading
 
-__all__ = ["PriorityLimiter"]
+__all__ = ["Priority", "PriorityLimiter"]
+
+#: A waiter's rank: lower goes first; compared as a plain tuple.
+Key = tuple[float, ...]
+
+
+class Priority:
+    """A waiter's rank that may change while it waits (see `PriorityLimiter.reorder`)."""
+
+    __slots__ = ()
+
+    def key(self) -> Key:
+        raise NotImplementedError
 
 
 class PriorityLimiter:
@@ -26,7 +39,7 @@ class PriorityLimiter:
             raise ValueError(f"a concurrency limit must be at least 1, got {limit}")
         self._limit = limit
         self._held = 0
-        self._waiters: list[tuple[float, int, asyncio.Future[None]]] = []
+        self._waiters: list[tuple[Key, int, asyncio.Future[None], Priority | None]] = []
         self._granted: set[asyncio.Future[None]] = set()
         self._seq = itertools.count()
         self._lock = threading.Lock()
@@ -52,13 +65,17 @@ class PriorityLimiter:
             woken = self._admit_locked()
         _wake(woken)
 
-    async def acquire(self, priority: float = 0.0) -> None:
+    async def acquire(self, priority: float | Priority = 0.0) -> None:
         with self._lock:
             if self._held < self._limit and not self._waiters:
                 self._held += 1
                 return
             fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            heapq.heappush(self._waiters, (priority, next(self._seq), fut))
+            if isinstance(priority, Priority):
+                key, ranked = priority.key(), priority
+            else:
+                key, ranked = (priority,), None
+            heapq.heappush(self._waiters, (key, next(self._seq), fut, ranked))
         try:
             await fut
         except asyncio.CancelledError:
@@ -77,6 +94,15 @@ class PriorityLimiter:
         with self._lock:
             self._granted.discard(fut)
 
+    def reorder(self) -> None:
+        """Re-rank waiters whose `Priority` has changed its key since they queued."""
+        with self._lock:
+            self._waiters = [
+                (p.key() if p is not None else key, seq, fut, p)
+                for key, seq, fut, p in self._waiters
+            ]
+            heapq.heapify(self._waiters)
+
     def release(self) -> None:
         with self._lock:
             self._held -= 1
@@ -86,7 +112,7 @@ class PriorityLimiter:
     def _admit_locked(self) -> list[asyncio.Future[None]]:
         woken = []
         while self._waiters and self._held < self._limit:
-            _, _, fut = heapq.heappop(self._waiters)
+            fut = heapq.heappop(self._waiters)[2]
             if fut.done():
                 continue
             self._held += 1

@@ -281,12 +281,13 @@ class _Config:
 class _Outcome:
     """What one chat request turned into, filled in as the request progresses."""
 
-    __slots__ = ("completion_tokens", "key", "model", "prompt_tokens", "status")
+    __slots__ = ("completion_tokens", "key", "model", "prompt_tokens", "status", "system")
 
     def __init__(self) -> None:
         self.status = 499
         self.model = ""
         self.key = ""
+        self.system: str | None = None
         self.prompt_tokens = 0
         self.completion_tokens = 0
 
@@ -351,6 +352,7 @@ class _Stats:
                 "model": outcome.model,
                 "status": outcome.status,
                 "key": outcome.key,
+                "system": outcome.system,
                 "prompt_tokens": outcome.prompt_tokens,
                 "completion_tokens": outcome.completion_tokens,
             }
@@ -367,6 +369,9 @@ class _Stats:
             "in_flight_time_s": self.in_flight_time,
             "time_at_level_s": {str(k): v for k, v in sorted(self.time_at_level.items())},
             "uptime_s": now - self.t0,
+            # `time.monotonic()` at the last reset: the same clock as the client's on one host,
+            # so request records can be lined up with client-side timestamps.
+            "t0_monotonic": self.t0,
             "requests": list(self.records),
             "completed_by_key": dict(self.completed_by_key),
         }
@@ -515,7 +520,7 @@ class FakeOpenAIApp:
         generation = stats.enter(t_start)
         outcome = _Outcome()
         try:
-            response = await self._complete(request, outcome)
+            response = await self._complete(request, outcome, t_start)
             if response is None:
                 outcome.status = 0
                 if request.transport is not None:
@@ -538,8 +543,14 @@ class FakeOpenAIApp:
         finally:
             stats.leave(time.monotonic(), generation, t_start, outcome)
 
-    async def _complete(self, request: web.Request, outcome: _Outcome) -> web.Response | None:
-        """Decide the reply; ``None`` means drop the connection without answering."""
+    async def _complete(
+        self, request: web.Request, outcome: _Outcome, t_start: float
+    ) -> web.Response | None:
+        """Decide the reply; ``None`` means drop the connection without answering.
+
+        The latency counts from the request's arrival, as a real endpoint's would, so the
+        server's own parsing time does not stretch it.
+        """
         if not self._authorized(request):
             has_key = "Authorization" in request.headers
             message = "Incorrect API key provided." if has_key else "You didn't provide an API key."
@@ -567,6 +578,7 @@ class FakeOpenAIApp:
             delay_s = directives.latency_ms / 1000.0
         else:
             delay_s = (config.latency_ms + jitter) / 1000.0
+        delay_s -= time.monotonic() - t_start
         if delay_s > 0.0:
             await asyncio.sleep(delay_s)
 
@@ -682,6 +694,7 @@ def _parse_request(raw: bytes, outcome: _Outcome) -> _Plan:
         elif role == "system" and system is None:
             system = text
     outcome.key = request_key(model, messages)
+    outcome.system = system
     outcome.prompt_tokens = estimate_tokens(chars)
 
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))

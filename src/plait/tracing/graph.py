@@ -149,6 +149,18 @@ class Graph:
     output: Any = None
     params: dict[int, Parameter] = field(default_factory=dict)
 
+    def heights(self) -> list[int]:
+        """Per node, the longest chain of calls from it to an output, itself included.
+
+        The engine runs tall nodes first once a batch is draining, so the critical
+        path is never left for last.  Ops cost nothing; ids are topological.
+        """
+        heights = [0] * len(self.nodes)
+        for node in reversed(self.nodes):
+            below = max((heights[d] for d in node.dependents), default=0)
+            heights[node.id] = below + (node.kind == "module")
+        return heights
+
     def roots(self) -> list[Node]:
         return [node for node in self.nodes if not node.deps]
 
