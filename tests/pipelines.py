@@ -90,3 +90,21 @@ class Assistant(plait.Module):
 def echo(tag: str, text: str) -> str:
     """What the fake server replies to ``text`` under system prompt ``tag``."""
     return f"[{tag}] {text}"
+
+
+class Shapes(plait.Module):
+    """An output with every structure: dict, list, tuple, nesting, constants, derived text."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = Echo("a")
+
+    def forward(self, x: str) -> Any:
+        a = self.a(x)
+        return {
+            "list": [a, 1],
+            "tuple": (a, "k"),
+            "nested": {"deep": [(a.upper(),)]},
+            "const": 3.5,
+            "piece": a[0:3],
+        }

@@ -12,7 +12,7 @@ import plait
 from plait.testing import FakeOpenAIServer
 
 from .conftest import make_resources
-from .pipelines import Assistant, DeepPipeline, Echo, FanOutFanIn, Synthesizer, echo
+from .pipelines import Assistant, DeepPipeline, Echo, FanOutFanIn, Shapes, Synthesizer, echo
 
 
 def expected_fan(text: str) -> str:
@@ -71,21 +71,6 @@ def test_deep_pipeline_output_is_exact(resources: plait.ResourceConfig) -> None:
 def test_output_structure_and_constants_survive_execution(
     resources: plait.ResourceConfig,
 ) -> None:
-    class Shapes(plait.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.a = Echo("a")
-
-        def forward(self, x: str) -> Any:
-            a = self.a(x)
-            return {
-                "list": [a, 1],
-                "tuple": (a, "k"),
-                "nested": {"deep": [(a.upper(),)]},
-                "const": 3.5,
-                "piece": a[0:3],
-            }
-
     out = Shapes().bind(resources=resources).run_sync("x")
     assert out == {
         "list": ["[a] x", 1],

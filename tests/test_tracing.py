@@ -10,7 +10,7 @@ import plait
 from plait.tracing import trace
 from plait.tracing.graph import NodeRef, ParamRef, Struct, Template
 
-from .pipelines import Assistant, DeepPipeline, Echo, Synthesizer
+from .pipelines import Assistant, DeepPipeline, Echo, Shapes, Synthesizer
 
 
 def module_nodes(graph: Any) -> list[Any]:
@@ -69,15 +69,6 @@ def test_fstring_plus_format_and_join_all_create_dependencies() -> None:
 
 
 def test_output_keeps_its_exact_structure_with_constants() -> None:
-    class Shapes(plait.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.a = Echo("a")
-
-        def forward(self, x: str) -> Any:
-            a = self.a(x)
-            return {"list": [a, 1], "tuple": (a, "k"), "nested": {"deep": [(a,)]}, "const": 3.5}
-
     out = trace(Shapes(), ("x",)).output
     assert isinstance(out, Struct) and out.kind is dict
     items = dict(out.items)

@@ -163,17 +163,7 @@ class Module:
         from plait.tracing.tracer import active_trace
 
         if active_trace.get() is not None:
-            return apply_stack_sync(
-                Message(
-                    type="module",
-                    name=type(self).__name__,
-                    fn=self.forward,
-                    args=args,
-                    kwargs=kwargs,
-                    phase="trace",
-                    module=self,
-                )
-            )
+            return apply_stack_sync(self._call_message(args, kwargs, "trace"))
         from plait.execution import runtime
 
         engine = runtime.current_engine.get()
@@ -182,17 +172,19 @@ class Module:
         if self._needs_runtime():
             return runtime.call_bound(self, args, kwargs)
         if current_stack():
-            return apply_stack_sync(
-                Message(
-                    type="module",
-                    name=type(self).__name__,
-                    fn=self.forward,
-                    args=args,
-                    kwargs=kwargs,
-                    module=self,
-                )
-            )
+            return apply_stack_sync(self._call_message(args, kwargs, "run"))
         return self.forward(*args, **kwargs)
+
+    def _call_message(self, args: tuple[Any, ...], kwargs: dict[str, Any], phase: str) -> Message:
+        return Message(
+            type="module",
+            name=type(self).__name__,
+            fn=self.forward,
+            args=args,
+            kwargs=kwargs,
+            phase=phase,
+            module=self,
+        )
 
     def _needs_runtime(self) -> bool:
         from plait.execution.settings import get_execution_settings
