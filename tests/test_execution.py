@@ -308,3 +308,32 @@ def test_consecutive_run_sync_calls_reuse_the_runtime(resources: plait.ResourceC
     first = runtime_loop()
     assert pipeline.run_sync("b") == echo("fast", "b")
     assert runtime_loop() is first and first.thread.is_alive()
+
+
+class _Tag(plait.Module):
+    async def forward(self, text: str) -> str:
+        return text[::-1]
+
+
+async def test_a_long_stream_runs_in_bounded_memory(resources: plait.ResourceConfig) -> None:
+    # Memory is held by the work in flight, not by the inputs seen so far: the peak over
+    # inputs 10,000-20,000 stays near the peak over the first 2,000.
+    import tracemalloc
+
+    pipeline = _Tag().bind(resources=resources, max_inputs_in_flight=64)
+    count = 0
+    tracemalloc.start()
+    try:
+        early_peak = 0
+        async for result in pipeline.stream(f"input {i}" for i in range(20_000)):
+            assert result.ok
+            count += 1
+            if count == 2_000:
+                early_peak = tracemalloc.get_traced_memory()[1]
+            elif count == 10_000:
+                tracemalloc.reset_peak()
+        late_peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert count == 20_000
+    assert late_peak < 1.5 * early_peak, (early_peak, late_peak)

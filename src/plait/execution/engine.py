@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import functools
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
@@ -109,66 +108,9 @@ class Engine:
 
     # -- a graph ---------------------------------------------------------------------
     async def execute(self, graph: Graph, index: int, prefix: str) -> dict[int, Value]:
-        nodes = graph.nodes
-        results: dict[int, Value] = {}
-        if not nodes:
-            return results
-        loop = asyncio.get_running_loop()
-        finished: asyncio.Future[None] = loop.create_future()
-        waiting = [len(node.deps) for node in nodes]
-        heights = graph.heights()
-        remaining = len(nodes)
-        tasks: set[asyncio.Task[Value]] = set()
-
-        def complete(node: Node, value: Value) -> None:
-            nonlocal remaining
-            results[node.id] = value
-            remaining -= 1
-            for dependent in node.dependents:
-                waiting[dependent] -= 1
-                if waiting[dependent] == 0:
-                    start(nodes[dependent])
-            if remaining == 0 and not finished.done():
-                finished.set_result(None)
-
-        def on_done(task: asyncio.Task[Value], node: Node) -> None:
-            tasks.discard(task)
-            if not task.cancelled():
-                complete(node, task.result())
-
-        def start(node: Node) -> None:
-            for dep in node.deps:
-                upstream = results[dep]
-                if upstream.kind is ValueKind.ERROR:
-                    complete(
-                        node,
-                        error_value(
-                            upstream.payload,
-                            module_path=node.path,
-                            ref=f"node:{node.id}",
-                            cause=upstream,
-                        ),
-                    )
-                    return
-            if node.kind == "op":
-                complete(node, _apply_op(node, results))
-                return
-            task = loop.create_task(
-                self._run_node(node, results, _CallPriority(self, index, heights[node.id]), prefix)
-            )
-            tasks.add(task)
-            task.add_done_callback(functools.partial(on_done, node=node))
-
-        for node in nodes:
-            if not node.deps:
-                start(node)
-        try:
-            await finished
-        except asyncio.CancelledError:
-            for task in tasks:
-                task.cancel()
-            raise
-        return results
+        """Run every node of ``graph``; returns each node's Value (errors included)."""
+        run = _GraphRun(self, graph, index, prefix)
+        return await run.wait()
 
     async def _run_node(
         self, node: Node, results: dict[int, Value], priority: _CallPriority, prefix: str
@@ -276,6 +218,90 @@ class Engine:
         if value.kind is ValueKind.ERROR:
             raise ExecutionError(value)
         return value.payload
+
+
+class _GraphRun:
+    """One graph in flight: starts each node as soon as its last input is in.
+
+    A node's own task completes it, so its dependents start in the same step of the
+    loop; nothing here refers back to itself once the graph has finished, so a
+    finished input is freed by reference counting rather than the cycle collector.
+    """
+
+    __slots__ = (
+        "engine",
+        "finished",
+        "graph",
+        "heights",
+        "index",
+        "prefix",
+        "remaining",
+        "results",
+        "tasks",
+        "waiting",
+    )
+
+    def __init__(self, engine: Engine, graph: Graph, index: int, prefix: str) -> None:
+        self.engine = engine
+        self.graph = graph
+        self.index = index
+        self.prefix = prefix
+        self.results: dict[int, Value] = {}
+        self.waiting = [len(node.deps) for node in graph.nodes]
+        self.heights = graph.heights()
+        self.remaining = len(graph.nodes)
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.finished: asyncio.Future[None] | None = None
+
+    async def wait(self) -> dict[int, Value]:
+        if self.remaining:
+            self.finished = asyncio.get_running_loop().create_future()
+            for node in self.graph.nodes:
+                if not node.deps:
+                    self.start(node)
+            try:
+                await self.finished
+            except asyncio.CancelledError:
+                for task in self.tasks:
+                    task.cancel()
+                raise
+            finally:
+                self.finished = None
+        return self.results
+
+    def start(self, node: Node) -> None:
+        results = self.results
+        for dep in node.deps:
+            upstream = results[dep]
+            if upstream.kind is ValueKind.ERROR:
+                failed = error_value(
+                    upstream.payload, module_path=node.path, ref=f"node:{node.id}", cause=upstream
+                )
+                self.complete(node, failed)
+                return
+        if node.kind == "op":
+            self.complete(node, _apply_op(node, results))
+            return
+        self.tasks.add(asyncio.get_running_loop().create_task(self.run(node)))
+
+    async def run(self, node: Node) -> None:
+        priority = _CallPriority(self.engine, self.index, self.heights[node.id])
+        value = await self.engine._run_node(node, self.results, priority, self.prefix)
+        task = asyncio.current_task()
+        if task is not None:
+            self.tasks.discard(task)
+        self.complete(node, value)
+
+    def complete(self, node: Node, value: Value) -> None:
+        self.results[node.id] = value
+        self.remaining -= 1
+        waiting, nodes = self.waiting, self.graph.nodes
+        for dependent in node.dependents:
+            waiting[dependent] -= 1
+            if waiting[dependent] == 0:
+                self.start(nodes[dependent])
+        if self.remaining == 0 and self.finished is not None and not self.finished.done():
+            self.finished.set_result(None)
 
 
 def _apply_op(node: Node, results: dict[int, Value]) -> Value:
