@@ -21,7 +21,15 @@ def server_process() -> Iterator[FakeOpenAIServer]:
 def server(server_process: FakeOpenAIServer) -> FakeOpenAIServer:
     """The session's server with its stats cleared and its faults and latency off."""
     server_process.configure(
-        latency_ms=0, jitter_ms=0, rate_429=0, rate_500=0, rate_drop=0, rate_timeout=0, seed=0
+        latency_ms=0,
+        jitter_ms=0,
+        rate_429=0,
+        rate_500=0,
+        rate_drop=0,
+        rate_timeout=0,
+        retry_after_s=1.0,
+        timeout_hang_s=30.0,
+        seed=0,
     )
     server_process.reset()
     return server_process

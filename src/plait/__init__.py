@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from plait.execution import BatchResult, CheckpointError, ExecutionSettings, run
     from plait.resources import EndpointConfig, ResourceConfig, ResourceManager
     from plait.resources.config import ConfigurationError
+    from plait.resources.usage import reset_usage, usage
 
 __version__ = "0.1.0"
 
@@ -36,6 +37,8 @@ _LAZY = {
     "ResourceConfig": "plait.resources",
     "ResourceManager": "plait.resources",
     "ConfigurationError": "plait.resources.config",
+    "usage": "plait.resources.usage",
+    "reset_usage": "plait.resources.usage",
 }
 
 
@@ -72,7 +75,9 @@ __all__ = [
     "ValueKind",
     "__version__",
     "handlers",
+    "reset_usage",
     "run",
     "unwrap",
+    "usage",
     "valueify",
 ]

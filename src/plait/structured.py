@@ -1,4 +1,11 @@
-"""Typed replies: JSON schemas for `response_format` types, and validation of replies."""
+"""Typed replies: JSON schemas for `response_format` types, and validation of replies.
+
+`response_format` may be a pydantic model, a dataclass, a TypedDict, or a typing
+expression such as ``list[str]`` or ``dict[str, int]``.  Providers want an object
+at the root of a schema (OpenAI's ``json_schema``, Anthropic's tool input), so a
+type whose schema is not an object travels wrapped as ``{"value": ...}``; the
+wrapping is undone when the reply is validated, and callers never see it.
+"""
 
 from __future__ import annotations
 
@@ -9,14 +16,46 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from pydantic import TypeAdapter
 
-__all__ = ["canonical_schema_json", "parse_reply", "schema_for", "schema_name"]
+__all__ = [
+    "WRAP_KEY",
+    "canonical_schema_json",
+    "is_wrapped",
+    "parse_reply",
+    "schema_for",
+    "schema_name",
+    "wire_schema",
+]
+
+#: The property a non-object schema is wrapped in on the wire.
+WRAP_KEY = "value"
 
 
 @functools.lru_cache(maxsize=256)
 def _adapter(tp: Any) -> TypeAdapter[Any]:
     from pydantic import TypeAdapter  # imported on first use: keeps `import plait` fast
 
-    return TypeAdapter(tp)
+    return TypeAdapter(_compatible(tp))
+
+
+def _compatible(tp: Any) -> Any:
+    """A `typing.TypedDict` rebuilt as `typing_extensions.TypedDict`, which pydantic needs
+    before Python 3.12; users should not have to know which of the two they imported."""
+    import sys
+    import typing
+
+    if sys.version_info >= (3, 12) or not typing.is_typeddict(tp):
+        return tp
+    import typing_extensions
+
+    if isinstance(tp, typing_extensions._TypedDictMeta):  # type: ignore[attr-defined]
+        return tp
+    hints = typing.get_type_hints(tp, include_extras=True)
+    required = getattr(tp, "__required_keys__", frozenset(hints))
+    fields = {
+        name: hint if name in required else typing_extensions.NotRequired[hint]
+        for name, hint in hints.items()
+    }
+    return typing_extensions.TypedDict(tp.__name__, fields)  # type: ignore[operator]
 
 
 def schema_for(tp: Any) -> dict[str, Any]:
@@ -30,17 +69,52 @@ def schema_for(tp: Any) -> dict[str, Any]:
         ) from exc
 
 
+def is_wrapped(tp: Any) -> bool:
+    """Whether ``tp``'s schema needs the ``{"value": ...}`` object around it on the wire."""
+    return schema_for(tp).get("type") != "object"
+
+
+@functools.lru_cache(maxsize=256)
+def _wire_schema(tp: Any) -> str:
+    schema = schema_for(tp)
+    if schema.get("type") != "object":
+        defs = schema.pop("$defs", None)
+        schema = {"type": "object", "properties": {WRAP_KEY: schema}, "required": [WRAP_KEY]}
+        if defs:
+            schema["$defs"] = defs
+    return json.dumps(schema)
+
+
+def wire_schema(tp: Any) -> dict[str, Any]:
+    """The schema to send: always an object at the root (a fresh copy each call)."""
+    result: dict[str, Any] = json.loads(_wire_schema(tp))
+    return result
+
+
 def schema_name(tp: Any) -> str:
     name = getattr(tp, "__name__", None) or "response"
     return "".join(ch if ch.isalnum() or ch in "_-" else "_" for ch in str(name))[:64]
 
 
 def parse_reply(tp: Any, text: str) -> Any:
-    """Validate a reply against ``tp``; raises ValueError with the validation problems."""
+    """Validate a reply (JSON text, wrapped as `wire_schema` asked) against ``tp``.
+
+    Raises ValueError naming the validation problems, which the endpoint quotes
+    back to the model when it re-asks.
+    """
     try:
+        if is_wrapped(tp):
+            data = json.loads(text)
+            if not isinstance(data, dict) or WRAP_KEY not in data:
+                raise ValueError(f'expected a JSON object with a "{WRAP_KEY}" property')
+            return _adapter(tp).validate_python(data[WRAP_KEY])
         return _adapter(tp).validate_json(text)
     except Exception as exc:
-        raise ValueError(f"reply does not match response_format {tp!r}: {exc}") from exc
+        raise ValueError(f"reply does not match response_format {_type_name(tp)}: {exc}") from exc
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or repr(tp)
 
 
 def canonical_schema_json(tp: Any) -> str:

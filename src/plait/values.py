@@ -8,6 +8,7 @@ data flow only through `valueify`.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import traceback as traceback_module
 from collections.abc import Mapping
@@ -70,7 +71,11 @@ def kind_of(payload: Any) -> ValueKind:
         return ValueKind.TEXT
     if isinstance(payload, BaseException):
         return ValueKind.ERROR
-    if isinstance(payload, Mapping | list | tuple) or hasattr(payload, "model_dump"):
+    if (
+        isinstance(payload, Mapping | list | tuple)
+        or hasattr(payload, "model_dump")  # a pydantic model
+        or (dataclasses.is_dataclass(payload) and not isinstance(payload, type))
+    ):
         return ValueKind.STRUCTURED
     return ValueKind.OTHER
 

@@ -195,16 +195,11 @@ class Engine:
         return Value(kind, payload, ref=f"node:{node.id}", meta=meta)
 
     async def _send(self, request: LLMRequest, priority: _CallPriority) -> LLMResponse:
-        endpoint = self.resources.endpoint(request.alias)
-        await endpoint.limiter.acquire(priority)
+        await self.limiter.acquire(priority)
         try:
-            await self.limiter.acquire(priority)
-            try:
-                return await endpoint.provider.complete(request)
-            finally:
-                self.limiter.release()
+            return await self.resources.endpoint(request.alias).complete(request, priority)
         finally:
-            endpoint.limiter.release()
+            self.limiter.release()
 
     # -- module calls made inside an async forward -------------------------------------
     async def call_module(

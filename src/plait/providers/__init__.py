@@ -1,5 +1,41 @@
-"""Wire protocols: one class per kind of endpoint. Request in, `LLMResponse` out."""
+"""Wire protocols: one class per kind of endpoint. Request in, `LLMResponse` out.
+
+A provider makes exactly one attempt per `send`; retries, rate limits, usage
+accounting and structured-output validation live in `plait.resources.endpoint`
+and are the same for every provider.  Providers are imported only when an alias
+uses them, so `import plait` never pays for an SDK it does not need.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
 
 from plait.providers.base import LLMRequest, LLMResponse, Provider, ProviderError, Usage
 
-__all__ = ["LLMRequest", "LLMResponse", "Provider", "ProviderError", "Usage"]
+if TYPE_CHECKING:
+    from plait.resources.config import EndpointConfig
+
+__all__ = [
+    "PROVIDERS",
+    "LLMRequest",
+    "LLMResponse",
+    "Provider",
+    "ProviderError",
+    "Usage",
+    "make_provider",
+]
+
+#: provider name -> "module:Class"
+PROVIDERS: dict[str, str] = {
+    "openai": "plait.providers.openai:OpenAIProvider",
+    "anthropic": "plait.providers.anthropic:AnthropicProvider",
+    "local": "plait.providers.local:LocalProvider",
+}
+
+
+def make_provider(config: EndpointConfig) -> Provider:
+    module_name, _, class_name = PROVIDERS[config.provider].partition(":")
+    cls = getattr(importlib.import_module(module_name), class_name)
+    provider: Provider = cls(config)
+    return provider

@@ -9,7 +9,18 @@ from typing import Any, Protocol
 
 from plait.structured import canonical_schema_json
 
-__all__ = ["LLMRequest", "LLMResponse", "Provider", "ProviderError", "Usage"]
+__all__ = [
+    "RETRYABLE_STATUS",
+    "LLMRequest",
+    "LLMResponse",
+    "Provider",
+    "ProviderError",
+    "Usage",
+    "status_error",
+]
+
+#: HTTP statuses worth another attempt; anything else (400, 401, 403, 404, 422) fails fast.
+RETRYABLE_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504, 529})
 
 
 @dataclass(slots=True)
@@ -100,5 +111,29 @@ class ProviderError(RuntimeError):
         self.retry_after = retry_after
 
 
+def status_error(status: int, message: str, retry_after: str | float | None) -> ProviderError:
+    """The error for an HTTP failure, quoting the server's own message."""
+    delay: float | None = None
+    if retry_after is not None:
+        try:
+            delay = max(0.0, float(retry_after))
+        except ValueError:
+            delay = None  # an HTTP date: fall back to our own backoff
+    return ProviderError(
+        f"HTTP {status}: {message}",
+        status=status,
+        retryable=status in RETRYABLE_STATUS,
+        retry_after=delay,
+    )
+
+
 class Provider(Protocol):
-    async def complete(self, request: LLMRequest) -> LLMResponse: ...
+    """One kind of endpoint.  ``send`` makes a single attempt.
+
+    It raises `ProviderError` (with ``status``, ``retryable`` and ``retry_after``) for
+    anything the endpoint refused or failed; for a request with ``response_format``
+    it sends `plait.structured.wire_schema` in the provider's own form and returns
+    the reply's JSON text unparsed (the endpoint layer validates and re-asks).
+    """
+
+    async def send(self, request: LLMRequest) -> LLMResponse: ...

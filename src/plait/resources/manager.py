@@ -9,41 +9,47 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from plait.providers.base import Provider
+from plait.providers import make_provider
 from plait.resources.config import ConfigurationError, EndpointConfig, ResourceConfig
+from plait.resources.endpoint import Endpoint
 from plait.resources.limits import PriorityLimiter
+from plait.resources.rate import RateGovernor
+from plait.resources.usage import record_for
 
-__all__ = ["Endpoint", "ResourceManager"]
+__all__ = ["LOCAL_DEFAULT", "Endpoint", "ResourceManager"]
+
+#: What every alias means when no resources are configured: the embedded model.
+LOCAL_DEFAULT = EndpointConfig(provider="local", max_concurrent=1)
 
 _registry_lock = threading.Lock()
-_limiters: dict[tuple[str, str, str], PriorityLimiter] = {}
+_governors: dict[tuple[str, str, str], RateGovernor] = {}
 
 
-def shared_limiter(config: EndpointConfig) -> PriorityLimiter:
-    """The process-wide limiter of ``config``'s endpoint, following its latest limit."""
+def shared_governor(config: EndpointConfig) -> RateGovernor:
+    """The process-wide limiter and pacing of ``config``'s endpoint, following its config."""
     key = config.endpoint_key()
     with _registry_lock:
-        limiter = _limiters.get(key)
-        if limiter is None:
-            limiter = _limiters[key] = PriorityLimiter(config.max_concurrent)
-    if limiter.limit != config.max_concurrent:
-        limiter.set_limit(config.max_concurrent)
-    return limiter
-
-
-@dataclass(slots=True)
-class Endpoint:
-    alias: str
-    config: EndpointConfig
-    limiter: PriorityLimiter
-    provider: Provider
+        governor = _governors.get(key)
+        if governor is None:
+            governor = _governors[key] = RateGovernor(
+                PriorityLimiter(config.max_concurrent),
+                config.max_concurrent,
+                config.requests_per_minute,
+                config.tokens_per_minute,
+            )
+            return governor
+    governor.configure(config.max_concurrent, config.requests_per_minute, config.tokens_per_minute)
+    return governor
 
 
 class ResourceManager:
-    """Turns a `ResourceConfig` into live endpoints (provider + shared limiter) by alias."""
+    """Turns a `ResourceConfig` into live endpoints (provider + shared limits) by alias.
+
+    With no configuration at all, every alias resolves to the embedded local model,
+    so a new user's pipeline runs with no key and no server.
+    """
 
     def __init__(self, config: ResourceConfig | Mapping[str, Any] | None = None) -> None:
         if config is None:
@@ -64,17 +70,29 @@ class ResourceManager:
             f"got {type(resources).__name__}"
         )
 
+    def config_for(self, alias: str) -> EndpointConfig:
+        if not self.config:
+            return LOCAL_DEFAULT
+        return self.config[alias]
+
     def endpoint(self, alias: str) -> Endpoint:
         found = self._endpoints.get(alias)
         if found is not None:
             return found
-        config = self.config[alias]
-        endpoint = Endpoint(alias, config, shared_limiter(config), _make_provider(config))
+        config = self.config_for(alias)
+        governor = shared_governor(config)
+        usage = record_for(alias)
+        usage.provider, usage.model = config.provider, config.model or "default"
+        usage.input_price_per_mtok = config.input_price_per_mtok
+        usage.output_price_per_mtok = config.output_price_per_mtok
+        endpoint = Endpoint(alias, config, governor.limiter, governor, make_provider(config), usage)
         self._endpoints[alias] = endpoint
         return endpoint
 
     def check_aliases(self, aliases: set[str]) -> None:
         """Fail before any work starts if the pipeline names an alias nobody configured."""
+        if not self.config:
+            return
         missing = sorted(a for a in aliases if a not in self.config)
         if missing:
             known = ", ".join(sorted(self.config)) or "none"
@@ -83,11 +101,3 @@ class ResourceManager:
                 f"configure only: {known}. Add them to the ResourceConfig passed to bind(), "
                 "run() or ExecutionSettings"
             )
-
-
-def _make_provider(config: EndpointConfig) -> Provider:
-    if config.provider == "openai":
-        from plait.providers.openai import OpenAIProvider
-
-        return OpenAIProvider(config)
-    raise ConfigurationError(f"no provider named {config.provider!r}")

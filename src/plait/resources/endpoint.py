@@ -1,0 +1,131 @@
+"""One alias, live: the path every LLM call takes to its provider.
+
+`Endpoint.complete` is the same for every provider: a concurrency slot from the
+endpoint's process-wide limiter, the rate governor (RPM, TPM, Retry-After),
+one attempt by the provider, and on failure a retry with exponential backoff
+and jitter (the slot is given back while waiting).  A retry re-sends this one
+request; it never re-runs upstream work.  For a structured request the reply is
+validated, and an invalid one is re-asked once with the validation error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass, replace
+
+from plait.providers.base import LLMRequest, LLMResponse, Provider, ProviderError
+from plait.resources.config import EndpointConfig
+from plait.resources.limits import Priority, PriorityLimiter
+from plait.resources.rate import RateGovernor
+from plait.resources.usage import AliasUsage
+from plait.structured import parse_reply
+
+__all__ = ["Endpoint", "backoff_delay", "estimate_tokens"]
+
+#: Completion tokens assumed for a request without ``max_tokens`` (corrected later).
+_DEFAULT_COMPLETION_ESTIMATE = 256
+_BACKOFF_BASE_S = 0.25
+_BACKOFF_CAP_S = 20.0
+
+
+def estimate_tokens(request: LLMRequest) -> int:
+    """Prompt characters / 4, plus the completion budget: an upper-leaning guess."""
+    chars = sum(len(str(m.get("content", ""))) for m in request.messages)
+    completion = request.max_tokens or _DEFAULT_COMPLETION_ESTIMATE
+    return chars // 4 + 1 + completion
+
+
+def backoff_delay(attempt: int, retry_after: float | None) -> float:
+    """Full-jitter exponential backoff, never shorter than the server's Retry-After."""
+    ceiling = min(_BACKOFF_CAP_S, _BACKOFF_BASE_S * 2.0 ** (attempt - 1))
+    delay = random.uniform(ceiling / 2, ceiling)
+    if retry_after is not None:
+        delay = max(delay, min(retry_after, 60.0))
+    return delay
+
+
+@dataclass(slots=True)
+class Endpoint:
+    alias: str
+    config: EndpointConfig
+    limiter: PriorityLimiter
+    governor: RateGovernor
+    provider: Provider
+    usage: AliasUsage
+
+    async def complete(self, request: LLMRequest, priority: float | Priority = 0.0) -> LLMResponse:
+        """Send ``request`` with limits, retries and (for structured output) one re-ask."""
+        response = await self._send_with_retries(request, priority)
+        if request.response_format is None:
+            return response
+        try:
+            response.parsed = parse_reply(request.response_format, response.text)
+            return response
+        except ValueError as first_error:
+            self.usage.reasks += 1
+            reask = replace(
+                request,
+                messages=[
+                    *request.messages,
+                    {"role": "assistant", "content": response.text},
+                    {
+                        "role": "user",
+                        "content": (
+                            f"That reply is not valid: {first_error}. Answer again with only "
+                            "JSON that matches the schema."
+                        ),
+                    },
+                ],
+            )
+        second = await self._send_with_retries(reask, priority)
+        second.attempts += response.attempts
+        try:
+            second.parsed = parse_reply(request.response_format, second.text)
+        except ValueError as exc:
+            raise ProviderError(f"{exc} (also after re-asking once with the error)") from exc
+        return second
+
+    async def _send_with_retries(
+        self, request: LLMRequest, priority: float | Priority
+    ) -> LLMResponse:
+        usage, governor = self.usage, self.governor
+        estimate = estimate_tokens(request)
+        attempt = 0
+        while True:
+            attempt += 1
+            await self.limiter.acquire(priority)
+            try:
+                await governor.admit(estimate)
+                usage.requests += 1
+                started = time.monotonic()
+                try:
+                    response = await self.provider.send(request)
+                except ProviderError as exc:
+                    failure: ProviderError = exc
+                else:
+                    usage.succeeded += 1
+                    usage.add_latency(time.monotonic() - started)
+                    usage.prompt_tokens += response.usage.prompt_tokens
+                    usage.completion_tokens += response.usage.completion_tokens
+                    reported = response.usage.total_tokens
+                    governor.settle(estimate, reported or None)
+                    response.attempts = attempt
+                    return response
+            finally:
+                self.limiter.release()
+            if failure.status == 429:
+                usage.rate_limited += 1
+                governor.rate_limited(failure.retry_after)
+            if not failure.retryable or attempt > self.config.max_retries:
+                usage.failed += 1
+                if failure.retryable:
+                    raise ProviderError(
+                        f"{failure} (gave up after {attempt} attempts)",
+                        status=failure.status,
+                        retryable=False,
+                    ) from failure
+                raise failure
+            usage.retries += 1
+            await asyncio.sleep(backoff_delay(attempt, failure.retry_after))

@@ -1,0 +1,143 @@
+"""Request and token rate limits, and backing off when an endpoint says 429.
+
+Limits are paced, not windowed: a limit of N per minute admits N/60 per second
+with a burst of one second's worth, which is how providers enforce them too
+(a 6,000 RPM key is throttled at ~100 per second).  Tokens are estimated before
+a call (prompt characters / 4 plus ``max_tokens``) and corrected with the reply's
+reported usage, so a run converges on the true rate without ever over-sending.
+
+On a 429 the endpoint pauses every sender until ``Retry-After`` has passed and
+halves its concurrency; each success gives a little back (additive increase,
+one slot per window of successes) until the configured limit is reached again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+from plait.resources.limits import PriorityLimiter
+
+__all__ = ["RateGovernor", "TokenBucket"]
+
+#: The least time a burst of 429s may halve concurrency again.
+_DECREASE_INTERVAL_S = 1.0
+
+
+class TokenBucket:
+    """``per_minute`` units a minute, paced per second; a draw may leave it in debt.
+
+    Letting one draw exceed the burst (and go into debt) means a request larger
+    than a second's worth of tokens still goes, and later ones wait it off.
+    """
+
+    def __init__(self, per_minute: float) -> None:
+        self.rate = per_minute / 60.0
+        self.burst = max(1.0, self.rate)
+        self.level = self.burst
+        self.stamp = time.monotonic()
+        self._lock = threading.Lock()
+
+    def _refill(self, now: float) -> None:
+        self.level = min(self.burst, self.level + (now - self.stamp) * self.rate)
+        self.stamp = now
+
+    def wait_time(self, amount: float) -> float:
+        """Seconds until ``amount`` (capped at the burst) is available; 0 takes it now."""
+        with self._lock:
+            now = time.monotonic()
+            self._refill(now)
+            need = min(amount, self.burst)
+            if self.level >= need:
+                self.level -= amount
+                return 0.0
+            return (need - self.level) / self.rate
+
+    def adjust(self, amount: float) -> None:
+        """Give back (positive) or charge (negative) units after the fact."""
+        with self._lock:
+            self._refill(time.monotonic())
+            self.level = min(self.burst, self.level + amount)
+
+
+class RateGovernor:
+    """Everything that paces one endpoint: RPM, TPM, Retry-After pauses and AIMD."""
+
+    def __init__(
+        self,
+        limiter: PriorityLimiter,
+        max_concurrent: int,
+        requests_per_minute: int | None,
+        tokens_per_minute: int | None,
+    ) -> None:
+        self.limiter = limiter
+        self.max_concurrent = max_concurrent
+        self.requests = TokenBucket(requests_per_minute) if requests_per_minute else None
+        self.tokens = TokenBucket(tokens_per_minute) if tokens_per_minute else None
+        self.paused_until = 0.0
+        self._last_decrease = 0.0
+        self._credit = 0.0
+        self._lock = threading.Lock()
+
+    def configure(
+        self, max_concurrent: int, requests_per_minute: int | None, tokens_per_minute: int | None
+    ) -> None:
+        """Follow a changed configuration of the same endpoint."""
+        if max_concurrent != self.max_concurrent:
+            self.max_concurrent = max_concurrent
+            self.limiter.set_limit(max_concurrent)
+        if (self.requests.rate * 60 if self.requests else None) != requests_per_minute:
+            self.requests = TokenBucket(requests_per_minute) if requests_per_minute else None
+        if (self.tokens.rate * 60 if self.tokens else None) != tokens_per_minute:
+            self.tokens = TokenBucket(tokens_per_minute) if tokens_per_minute else None
+
+    async def admit(self, estimated_tokens: int) -> None:
+        """Wait until a request of ``estimated_tokens`` may be sent, then account for it."""
+        while True:
+            delay = self.paused_until - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+                continue
+            if self.requests is not None:
+                wait = self.requests.wait_time(1)
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                    continue
+            if self.tokens is not None:
+                wait = self.tokens.wait_time(estimated_tokens)
+                if wait > 0:
+                    if self.requests is not None:
+                        self.requests.adjust(1)  # not sent after all
+                    await asyncio.sleep(wait)
+                    continue
+            return
+
+    def settle(self, estimated_tokens: int, actual_tokens: int | None) -> None:
+        """Correct the token estimate with the reply's usage, and recover concurrency."""
+        if self.tokens is not None and actual_tokens is not None:
+            self.tokens.adjust(estimated_tokens - actual_tokens)
+        with self._lock:
+            current = self.limiter.limit
+            if current >= self.max_concurrent:
+                return
+            self._credit += 1.0 / current
+            if self._credit >= 1.0:
+                self._credit = 0.0
+                self.limiter.set_limit(current + 1)
+
+    def refund(self, estimated_tokens: int) -> None:
+        """A request that never reached the endpoint gives its tokens back."""
+        if self.tokens is not None:
+            self.tokens.adjust(estimated_tokens)
+
+    def rate_limited(self, retry_after: float | None) -> None:
+        """A 429: pause all senders for ``Retry-After`` and halve concurrency (at most 1/s)."""
+        now = time.monotonic()
+        with self._lock:
+            if retry_after:
+                self.paused_until = max(self.paused_until, now + retry_after)
+            if now - self._last_decrease >= _DECREASE_INTERVAL_S:
+                self._last_decrease = now
+                self._credit = 0.0
+                self.limiter.set_limit(max(1, self.limiter.limit // 2))

@@ -1,0 +1,161 @@
+"""What each alias has cost: requests, retries, 429s, tokens, latency and dollars.
+
+Counters are process-wide per alias (every run that uses an alias adds to it),
+readable as data with `usage()` and as a `rich` table with `usage().table()`.
+Latencies are kept in full up to a cap, then as a uniform reservoir sample, so
+percentiles stay honest on long runs without unbounded memory.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+__all__ = ["AliasUsage", "UsageReport", "record_for", "reset_usage", "usage"]
+
+_RESERVOIR = 10_000
+
+
+@dataclass
+class AliasUsage:
+    """Counters for one alias."""
+
+    alias: str
+    provider: str = ""
+    model: str = ""
+    requests: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    retries: int = 0
+    rate_limited: int = 0
+    reasks: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    input_price_per_mtok: float | None = None
+    output_price_per_mtok: float | None = None
+    _latencies: list[float] = field(default_factory=list, repr=False)
+    _seen: int = field(default=0, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add_latency(self, seconds: float) -> None:
+        with self._lock:
+            self._seen += 1
+            if len(self._latencies) < _RESERVOIR:
+                self._latencies.append(seconds)
+            else:
+                slot = random.randrange(self._seen)
+                if slot < _RESERVOIR:
+                    self._latencies[slot] = seconds
+
+    def latency_percentile(self, q: float) -> float | None:
+        """The ``q`` quantile (0..1) of successful call latency, in seconds."""
+        with self._lock:
+            data = sorted(self._latencies)
+        if not data:
+            return None
+        index = min(len(data) - 1, max(0, round(q * (len(data) - 1))))
+        return data[index]
+
+    @property
+    def cost(self) -> float | None:
+        """Estimated dollars, when the endpoint's prices are configured."""
+        if self.input_price_per_mtok is None and self.output_price_per_mtok is None:
+            return None
+        return (
+            self.prompt_tokens * (self.input_price_per_mtok or 0.0)
+            + self.completion_tokens * (self.output_price_per_mtok or 0.0)
+        ) / 1_000_000
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "alias": self.alias,
+            "provider": self.provider,
+            "model": self.model,
+            "requests": self.requests,
+            "succeeded": self.succeeded,
+            "failed": self.failed,
+            "retries": self.retries,
+            "rate_limited": self.rate_limited,
+            "reasks": self.reasks,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "latency_p50_s": self.latency_percentile(0.5),
+            "latency_p90_s": self.latency_percentile(0.9),
+            "latency_p99_s": self.latency_percentile(0.99),
+            "cost_usd": self.cost,
+        }
+
+
+_records: dict[str, AliasUsage] = {}
+_records_lock = threading.Lock()
+
+
+def record_for(alias: str) -> AliasUsage:
+    with _records_lock:
+        found = _records.get(alias)
+        if found is None:
+            found = _records[alias] = AliasUsage(alias)
+        return found
+
+
+class UsageReport:
+    """A snapshot of every alias's counters."""
+
+    def __init__(self, rows: list[dict[str, Any]]) -> None:
+        self.rows = rows
+
+    def __getitem__(self, alias: str) -> dict[str, Any]:
+        for row in self.rows:
+            if row["alias"] == alias:
+                return row
+        known = ", ".join(r["alias"] for r in self.rows) or "none"
+        raise KeyError(f"no usage recorded for alias {alias!r} (aliases with usage: {known})")
+
+    def as_dict(self) -> dict[str, dict[str, Any]]:
+        return {row["alias"]: row for row in self.rows}
+
+    def table(self) -> Table:
+        from rich.table import Table
+
+        table = Table(title="plait usage")
+        columns = ("alias", "model", "requests", "retries", "429s", "tokens in", "tokens out")
+        for name in (*columns, "p50", "p90", "cost"):
+            table.add_column(name, justify="left" if name in ("alias", "model") else "right")
+        for row in self.rows:
+            table.add_row(
+                row["alias"],
+                f"{row['provider']}/{row['model']}",
+                str(row["requests"]),
+                str(row["retries"]),
+                str(row["rate_limited"]),
+                f"{row['prompt_tokens']:,}",
+                f"{row['completion_tokens']:,}",
+                _seconds(row["latency_p50_s"]),
+                _seconds(row["latency_p90_s"]),
+                "-" if row["cost_usd"] is None else f"${row['cost_usd']:.4f}",
+            )
+        return table
+
+    def __rich__(self) -> Table:
+        return self.table()
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1000:.0f} ms"
+
+
+def usage() -> UsageReport:
+    """Usage per alias since the process started (or since `reset_usage`)."""
+    with _records_lock:
+        records = list(_records.values())
+    return UsageReport([r.as_dict() for r in records])
+
+
+def reset_usage() -> None:
+    with _records_lock:
+        _records.clear()

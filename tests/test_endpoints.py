@@ -1,0 +1,217 @@
+"""Endpoints under stress: faults, retries, rate limits, structured output and usage."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+from pathlib import Path
+from typing import Any, TypedDict
+
+import pydantic
+import pytest
+
+import plait
+from plait.resources.usage import reset_usage, usage
+from plait.testing import FakeOpenAIServer
+
+from .conftest import make_resources
+from .pipelines import Echo, FanOutFanIn, echo
+
+
+def expected_fan(text: str) -> str:
+    return echo("C", f"{echo('L', text)} | {echo('R', text)}")
+
+
+def test_a_faulty_endpoint_still_returns_every_output_exactly_once(
+    server: FakeOpenAIServer,
+) -> None:
+    server.configure(
+        latency_ms=2,
+        rate_429=0.10,
+        rate_500=0.05,
+        rate_drop=0.02,
+        rate_timeout=0.01,
+        retry_after_s=0.01,
+        timeout_hang_s=2.0,
+        seed=7,
+    )
+    resources = make_resources(
+        server, model="faulty", max_concurrent=16, max_retries=10, timeout=0.5
+    )
+    inputs = [f"doc {i}" for i in range(1000)]
+    outputs = FanOutFanIn().bind(resources=resources).run_sync(inputs)
+    assert outputs == [expected_fan(x) for x in inputs]
+    stats = server.stats()
+    assert stats["max_in_flight"] <= 16
+    # every distinct call succeeded exactly once: a retry re-sent only the failed request
+    assert len(stats["completed_by_key"]) == 3000
+    assert set(stats["completed_by_key"].values()) == {1}
+    codes = stats["status_counts"]
+    assert codes.get("429", 0) > 100 and codes.get("500", 0) > 50  # the faults did happen
+
+
+def _starts(server: FakeOpenAIServer) -> list[dict[str, Any]]:
+    return sorted(server.stats()["requests"], key=lambda r: r["t_start"])
+
+
+def test_requests_per_minute_holds(server: FakeOpenAIServer) -> None:
+    rpm = 600  # 10 a second, a burst of one second's worth
+    resources = make_resources(server, model="rpm", max_concurrent=50, requests_per_minute=rpm)
+    Echo("fast").bind(resources=resources).run_sync([f"q{i}" for i in range(35)])
+    records = _starts(server)
+    assert len(records) == 35
+    rate, burst = rpm / 60, rpm / 60
+    for i, first in enumerate(records):
+        for j in range(i, len(records)):
+            span = records[j]["t_start"] - first["t_start"]
+            assert j - i + 1 <= burst + rate * span + 1, (i, j, span)
+    assert records[-1]["t_start"] - records[0]["t_start"] >= (35 - burst - 1) / rate * 0.9
+
+
+def test_tokens_per_minute_holds(server: FakeOpenAIServer) -> None:
+    tpm = 12_000  # 200 tokens a second
+    resources = make_resources(server, model="tpm", max_concurrent=50, tokens_per_minute=tpm)
+    pipeline = plait.LLMInference("fast", max_tokens=40)
+    pipeline.bind(resources=resources).run_sync([f"question number {i:03d}" for i in range(40)])
+    records = _starts(server)
+    assert len(records) == 40
+    used = [r["prompt_tokens"] + r["completion_tokens"] for r in records]
+    rate = burst = tpm / 60
+    largest = 40 + 10  # a request may overdraw by at most its own estimate
+    for i, first in enumerate(records):
+        total = 0
+        for j in range(i, len(records)):
+            total += used[j]
+            span = records[j]["t_start"] - first["t_start"]
+            assert total <= burst + rate * span + largest, (i, j, total, span)
+
+
+@pytest.mark.parametrize("status", [400, 401, 404])
+def test_non_retryable_errors_fail_fast_with_the_server_message(
+    server: FakeOpenAIServer, status: int
+) -> None:
+    resources = make_resources(server, model="strict", max_retries=5)
+    with pytest.raises(plait.ExecutionError) as info:
+        Echo("fast").bind(resources=resources).run_sync(f"[[status:{status}]]hello")
+    assert server.stats()["requests_total"] == 1
+    message = info.value.value.meta["message"]
+    assert f"HTTP {status}" in message
+    assert "sk-test" not in message
+
+
+def test_a_retryable_error_that_persists_reports_the_attempts(server: FakeOpenAIServer) -> None:
+    resources = make_resources(server, model="flaky", max_retries=2)
+    with pytest.raises(plait.ExecutionError) as info:
+        Echo("fast").bind(resources=resources).run_sync("[[status:503]]hello")
+    assert server.stats()["requests_total"] == 3
+    assert "gave up after 3 attempts" in info.value.value.meta["message"]
+
+
+class Person(pydantic.BaseModel):
+    name: str
+    age: int
+
+
+@dataclasses.dataclass
+class Point:
+    x: float
+    y: float
+
+
+class Movie(TypedDict):
+    title: str
+    year: int
+
+
+@pytest.mark.parametrize(
+    ("response_format", "check"),
+    [
+        (Person, lambda v: isinstance(v, Person)),
+        (Point, lambda v: isinstance(v, Point)),
+        (Movie, lambda v: isinstance(v, dict) and set(v) == {"title", "year"}),
+        (list[str], lambda v: isinstance(v, list) and all(isinstance(s, str) for s in v)),
+        (dict[str, int], lambda v: isinstance(v, dict)),
+    ],
+)
+def test_structured_output_returns_the_typed_object(
+    resources: plait.ResourceConfig, response_format: Any, check: Any
+) -> None:
+    module = plait.LLMInference("fast", response_format=response_format).bind(resources=resources)
+    module.train()
+    value = module.run_sync("describe it")
+    assert isinstance(value, plait.Value) and value.kind is plait.ValueKind.STRUCTURED
+    assert check(value.payload)
+
+
+def test_an_invalid_structured_reply_is_re_asked_once(
+    server: FakeOpenAIServer, resources: plait.ResourceConfig
+) -> None:
+    reset_usage()
+    module = plait.LLMInference("fast", response_format=Person).bind(resources=resources)
+    person = module.run_sync("[[reply:not json at all]]who?")
+    assert isinstance(person, Person)
+    assert server.stats()["requests_total"] == 2
+    assert usage()["fast"]["reasks"] == 1
+
+
+def test_usage_counts_tokens_retries_and_cost(server: FakeOpenAIServer) -> None:
+    reset_usage()
+    server.configure(rate_429=0.3, retry_after_s=0.01, seed=3)
+    resources = make_resources(
+        server,
+        model="priced",
+        max_retries=10,
+        input_price_per_mtok=1.0,
+        output_price_per_mtok=2.0,
+    )
+    Echo("p").bind(resources=resources).run_sync([f"u{i}" for i in range(40)])
+    stats = server.stats()
+    row = usage()["fast"]
+    assert row["requests"] == stats["requests_total"]
+    assert row["rate_limited"] == stats["status_counts"].get("429", 0) > 0
+    assert row["retries"] == row["rate_limited"]
+    served = [r for r in stats["requests"] if r["status"] == 200]
+    assert row["prompt_tokens"] == sum(r["prompt_tokens"] for r in served)
+    assert row["completion_tokens"] == sum(r["completion_tokens"] for r in served)
+    expected_cost = (row["prompt_tokens"] * 1.0 + row["completion_tokens"] * 2.0) / 1e6
+    assert row["cost_usd"] == pytest.approx(expected_cost)
+    assert 0 < row["latency_p50_s"] <= row["latency_p90_s"]
+
+    from rich.console import Console
+
+    out = io.StringIO()
+    Console(file=out, width=160).print(usage().table())
+    assert "openai/priced" in out.getvalue() and "$" in out.getvalue()
+
+
+def test_resource_config_loads_toml_and_yaml(tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.setenv("PLAIT_TEST_KEY", "sk-from-env")
+    toml = tmp_path / "resources.toml"
+    toml.write_text(
+        '[resources.fast]\nprovider = "openai"\nmodel = "m"\n'
+        'base_url = "http://127.0.0.1:9/v1"\napi_key_env = "PLAIT_TEST_KEY"\n'
+        "max_concurrent = 4\nrequests_per_minute = 100\n"
+    )
+    yaml = tmp_path / "resources.yaml"
+    yaml.write_text("smart:\n  model: big\n  api_key_env: PLAIT_TEST_KEY\n  max_concurrent: 2\n")
+    fast = plait.ResourceConfig.load(toml)["fast"]
+    assert fast.max_concurrent == 4 and fast.requests_per_minute == 100
+    assert fast.resolved_api_key() == "sk-from-env"
+    assert plait.ResourceConfig.load(yaml)["smart"].model == "big"
+    assert "sk-from-env" not in repr(plait.ResourceConfig.load(toml))
+
+
+def test_resource_file_errors_name_the_file_alias_and_variable(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    monkeypatch.delenv("PLAIT_MISSING_KEY", raising=False)
+    bad = tmp_path / "r.toml"
+    bad.write_text('[fast]\nmodel = "m"\napi_key_env = "PLAIT_MISSING_KEY"\n')
+    with pytest.raises(plait.ConfigurationError, match=r"r\.toml.*'fast'.*PLAIT_MISSING_KEY"):
+        plait.ResourceConfig.load(bad)
+    broken = tmp_path / "r.yaml"
+    broken.write_text("fast: [unclosed\n")
+    with pytest.raises(plait.ConfigurationError, match="not valid YAML"):
+        plait.ResourceConfig.load(broken)
+    with pytest.raises(plait.ConfigurationError, match=r"\.toml, \.yaml or \.yml"):
+        plait.ResourceConfig.load(tmp_path / "r.json")
