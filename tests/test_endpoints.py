@@ -215,3 +215,37 @@ def test_resource_file_errors_name_the_file_alias_and_variable(
         plait.ResourceConfig.load(broken)
     with pytest.raises(plait.ConfigurationError, match=r"\.toml, \.yaml or \.yml"):
         plait.ResourceConfig.load(tmp_path / "r.json")
+
+
+def test_a_429_halves_concurrency_and_successes_win_it_back() -> None:
+    from plait.resources.limits import PriorityLimiter
+    from plait.resources.rate import RateGovernor
+
+    limiter = PriorityLimiter(16)
+    governor = RateGovernor(limiter, 16, None, None)
+    governor.rate_limited(retry_after=None)
+    assert limiter.limit == 8
+    governor.rate_limited(retry_after=None)  # the same burst of 429s: no second cut
+    assert limiter.limit == 8
+    successes = 0
+    while limiter.limit < 16:
+        governor.settle(10, 10)
+        successes += 1
+        assert successes < 200
+    # additive increase: one slot per window of successes, so 8 -> 16 takes ~8+9+...+15
+    assert successes == sum(range(8, 16))
+
+
+def test_retry_after_pauses_every_sender(server: FakeOpenAIServer) -> None:
+    server.configure(retry_after_s=0.4)
+    resources = make_resources(server, model="pause", max_concurrent=4, max_retries=3)
+    inputs = ["[[status:429]]first"] + [f"later {i}" for i in range(6)]
+    pipeline = Echo("fast").bind(resources=resources, max_inputs_in_flight=1)
+    out = pipeline.run_sync(inputs)
+    assert isinstance(out[0], plait.Value) and out[0].is_error  # 429 every time: gave up
+    records = _starts(server)
+    first_429 = records[0]["t_end"]
+    later = [r for r in records if r["status"] == 200]
+    assert len(later) == 6
+    # after the first 429 nothing is sent until its Retry-After has passed
+    assert all(r["t_start"] >= first_429 + 0.4 * 0.95 for r in records[1:])

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import time
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 from plait.handlers.stack import Message, apply_stack
 from plait.providers.base import LLMRequest, LLMResponse
+from plait.resources.endpoint import CallTiming
 from plait.resources.limits import Priority, PriorityLimiter
 from plait.resources.manager import ResourceManager
 from plait.tracing.graph import Graph, Node, as_text, resolve
@@ -171,8 +173,10 @@ class Engine:
             response_format=module.response_format,
         )
 
+        timing = CallTiming()
+
         def send(request: LLMRequest) -> Coroutine[Any, Any, LLMResponse]:
-            return self._send(request, priority)
+            return self._send(request, priority, timing)
 
         msg = Message(
             type="llm",
@@ -182,6 +186,8 @@ class Engine:
             module=module,
             node_id=prefix + node.key,
             input_index=priority.index,
+            # For handlers: where each alias leads, and where this call's time went.
+            meta={"resources": self.resources, "timing": timing},
         )
         reply = await apply_stack(msg)
         meta: dict[str, Any] = {"module_path": node.path}
@@ -194,10 +200,15 @@ class Engine:
             kind = kind_of(payload)
         return Value(kind, payload, ref=f"node:{node.id}", meta=meta)
 
-    async def _send(self, request: LLMRequest, priority: _CallPriority) -> LLMResponse:
+    async def _send(
+        self, request: LLMRequest, priority: _CallPriority, timing: CallTiming
+    ) -> LLMResponse:
+        queued = time.monotonic()
         await self.limiter.acquire(priority)
         try:
-            return await self.resources.endpoint(request.alias).complete(request, priority)
+            timing.add("queue", queued, time.monotonic(), limit="run")
+            endpoint = self.resources.endpoint(request.alias)
+            return await endpoint.complete(request, priority, timing)
         finally:
             self.limiter.release()
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from plait.providers.base import LLMRequest, LLMResponse, Provider, ProviderError
 from plait.resources.config import EndpointConfig
@@ -22,7 +23,7 @@ from plait.resources.rate import RateGovernor
 from plait.resources.usage import AliasUsage
 from plait.structured import parse_reply
 
-__all__ = ["Endpoint", "backoff_delay", "estimate_tokens"]
+__all__ = ["CallTiming", "Endpoint", "Span", "backoff_delay", "estimate_tokens"]
 
 #: Completion tokens assumed for a request without ``max_tokens`` (corrected later).
 _DEFAULT_COMPLETION_ESTIMATE = 256
@@ -47,6 +48,28 @@ def backoff_delay(attempt: int, retry_after: float | None) -> float:
 
 
 @dataclass(slots=True)
+class Span:
+    """One stage of a call: ``queue`` (waiting for a concurrency slot), ``rate_wait``
+    (RPM/TPM pacing or a Retry-After pause), ``request`` (one attempt at the
+    provider) or ``backoff`` (sleeping before a retry); times are `time.monotonic`."""
+
+    kind: str
+    start: float
+    end: float
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class CallTiming:
+    """Where one call's time went, filled in as it happens; profilers read it."""
+
+    spans: list[Span] = field(default_factory=list)
+
+    def add(self, kind: str, start: float, end: float, **info: Any) -> None:
+        self.spans.append(Span(kind, start, end, info))
+
+
+@dataclass(slots=True)
 class Endpoint:
     alias: str
     config: EndpointConfig
@@ -55,9 +78,15 @@ class Endpoint:
     provider: Provider
     usage: AliasUsage
 
-    async def complete(self, request: LLMRequest, priority: float | Priority = 0.0) -> LLMResponse:
+    async def complete(
+        self,
+        request: LLMRequest,
+        priority: float | Priority = 0.0,
+        timing: CallTiming | None = None,
+    ) -> LLMResponse:
         """Send ``request`` with limits, retries and (for structured output) one re-ask."""
-        response = await self._send_with_retries(request, priority)
+        timing = timing if timing is not None else CallTiming()
+        response = await self._send_with_retries(request, priority, timing)
         if request.response_format is None:
             return response
         try:
@@ -79,7 +108,7 @@ class Endpoint:
                     },
                 ],
             )
-        second = await self._send_with_retries(reask, priority)
+        second = await self._send_with_retries(reask, priority, timing)
         second.attempts += response.attempts
         try:
             second.parsed = parse_reply(request.response_format, second.text)
@@ -88,25 +117,35 @@ class Endpoint:
         return second
 
     async def _send_with_retries(
-        self, request: LLMRequest, priority: float | Priority
+        self, request: LLMRequest, priority: float | Priority, timing: CallTiming
     ) -> LLMResponse:
         usage, governor = self.usage, self.governor
         estimate = estimate_tokens(request)
         attempt = 0
         while True:
             attempt += 1
+            queued = time.monotonic()
             await self.limiter.acquire(priority)
             try:
+                slot = time.monotonic()
+                timing.add("queue", queued, slot)
                 await governor.admit(estimate)
-                usage.requests += 1
                 started = time.monotonic()
+                if started - slot > 1e-4:
+                    timing.add("rate_wait", slot, started)
+                usage.requests += 1
                 try:
                     response = await self.provider.send(request)
                 except ProviderError as exc:
                     failure: ProviderError = exc
+                    timing.add(
+                        "request", started, time.monotonic(), attempt=attempt, error=str(exc)
+                    )
                 else:
+                    ended = time.monotonic()
+                    timing.add("request", started, ended, attempt=attempt, status="ok")
                     usage.succeeded += 1
-                    usage.add_latency(time.monotonic() - started)
+                    usage.add_latency(ended - started)
                     usage.prompt_tokens += response.usage.prompt_tokens
                     usage.completion_tokens += response.usage.completion_tokens
                     reported = response.usage.total_tokens
@@ -128,4 +167,6 @@ class Endpoint:
                     ) from failure
                 raise failure
             usage.retries += 1
+            pause = time.monotonic()
             await asyncio.sleep(backoff_delay(attempt, failure.retry_after))
+            timing.add("backoff", pause, time.monotonic(), attempt=attempt)

@@ -77,7 +77,7 @@ class RateGovernor:
         self.tokens = TokenBucket(tokens_per_minute) if tokens_per_minute else None
         self.paused_until = 0.0
         self._last_decrease = 0.0
-        self._credit = 0.0
+        self._successes = 0
         self._lock = threading.Lock()
 
     def configure(
@@ -121,9 +121,9 @@ class RateGovernor:
             current = self.limiter.limit
             if current >= self.max_concurrent:
                 return
-            self._credit += 1.0 / current
-            if self._credit >= 1.0:
-                self._credit = 0.0
+            self._successes += 1
+            if self._successes >= current:
+                self._successes = 0
                 self.limiter.set_limit(current + 1)
 
     def refund(self, estimated_tokens: int) -> None:
@@ -139,5 +139,5 @@ class RateGovernor:
                 self.paused_until = max(self.paused_until, now + retry_after)
             if now - self._last_decrease >= _DECREASE_INTERVAL_S:
                 self._last_decrease = now
-                self._credit = 0.0
+                self._successes = 0
                 self.limiter.set_limit(max(1, self.limiter.limit // 2))

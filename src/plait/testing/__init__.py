@@ -1,9 +1,10 @@
 """Test helpers for plait.
 
-The fake OpenAI-compatible server itself lives in :mod:`plait.testing.fake_openai` and runs in
-its own process. The controlling helper is defined here, and deliberately uses only the standard
-library, so that importing ``plait.testing`` stays cheap and so that running the server with
-``python -m plait.testing.fake_openai`` does not import the server module twice.
+The fake servers themselves live in :mod:`plait.testing.fake_openai` (OpenAI-compatible chat
+completions) and :mod:`plait.testing.fake_anthropic` (the Anthropic Messages API), and each runs
+in its own process. The controlling helpers are defined here, and deliberately use only the
+standard library, so that importing ``plait.testing`` stays cheap and so that running a server
+with ``python -m plait.testing.fake_...`` does not import the server module twice.
 """
 
 from __future__ import annotations
@@ -21,15 +22,28 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any, Final
+from typing import IO, Any, ClassVar, Final, Self
 
-__all__ = ["API_KEY_ENV", "READY_PREFIX", "FakeOpenAIServer"]
+__all__ = [
+    "ANTHROPIC_API_KEY_ENV",
+    "ANTHROPIC_READY_PREFIX",
+    "API_KEY_ENV",
+    "READY_PREFIX",
+    "FakeAnthropicServer",
+    "FakeOpenAIServer",
+]
 
 READY_PREFIX: Final = "PLAIT_FAKE_OPENAI_READY"
 """Start of the single stdout line the server prints once it accepts connections."""
 
 API_KEY_ENV: Final = "PLAIT_FAKE_OPENAI_API_KEY"
 """Environment variable the server reads its API key from; keeps the key out of ``ps`` output."""
+
+ANTHROPIC_READY_PREFIX: Final = "PLAIT_FAKE_ANTHROPIC_READY"
+"""The fake Anthropic server's counterpart of :data:`READY_PREFIX`."""
+
+ANTHROPIC_API_KEY_ENV: Final = "PLAIT_FAKE_ANTHROPIC_API_KEY"
+"""The fake Anthropic server's counterpart of :data:`API_KEY_ENV`."""
 
 _STARTUP_TIMEOUT_S: Final = 30.0
 _STOP_TIMEOUT_S: Final = 10.0
@@ -42,19 +56,22 @@ _SRC_DIR: Final = str(Path(__file__).resolve().parents[2])
 _OPENER: Final = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
-class FakeOpenAIServer:
-    """Runs the fake OpenAI server in a child process and talks to its control endpoints.
+class _FakeServerProcess:
+    """Runs one of the fake servers in a child process and talks to its control endpoints.
 
     A separate process keeps the server's event loop and CPU use apart from the code under test,
-    which matters when the server is used to measure client-side concurrency.
+    which matters when the server is used to measure client-side concurrency. Subclasses name
+    the module to run and the conventions it follows; the process handling is shared.
     """
 
-    def __init__(
-        self, *, latency_ms: float = 0.0, api_key: str | None = None, seed: int = 0
-    ) -> None:
-        self._latency_ms = latency_ms
+    _module: ClassVar[str]
+    _ready_prefix: ClassVar[str]
+    _api_key_env: ClassVar[str]
+    _label: ClassVar[str]
+    """How error messages name the server, e.g. ``"fake OpenAI server"``."""
+
+    def __init__(self, *, api_key: str | None = None) -> None:
         self._api_key = api_key
-        self._seed = seed
         self._proc: subprocess.Popen[bytes] | None = None
         self._port: int | None = None
         self._stdout_thread: threading.Thread | None = None
@@ -65,34 +82,27 @@ class FakeOpenAIServer:
 
     # -- lifecycle -------------------------------------------------------------------------
 
-    def start(self) -> FakeOpenAIServer:
+    def _extra_args(self) -> list[str]:
+        """Command-line options beyond ``--port``."""
+        return []
+
+    def start(self) -> Self:
         """Spawn the server and block until it reports the port it listens on."""
         if self._proc is not None:
             return self
-        cmd = [
-            sys.executable,
-            "-m",
-            "plait.testing.fake_openai",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-            "--latency-ms",
-            repr(float(self._latency_ms)),
-            "--seed",
-            str(int(self._seed)),
-        ]
+        cmd = [sys.executable, "-m", self._module, "--port", "0", *self._extra_args()]
         env = dict(os.environ)
-        env.pop(API_KEY_ENV, None)
+        env.pop(self._api_key_env, None)
         if self._api_key is not None:
-            env[API_KEY_ENV] = self._api_key
+            env[self._api_key_env] = self._api_key
         pythonpath = env.get("PYTHONPATH")
         env["PYTHONPATH"] = _SRC_DIR if not pythonpath else _SRC_DIR + os.pathsep + pythonpath
 
         # stderr goes to a file rather than a pipe: nobody drains it while tests run, and a pipe
         # that fills up would stall the server. The file is read by path (a fresh file offset),
         # so reading it never disturbs where the child appends.
-        fd, self._stderr_path = tempfile.mkstemp(prefix="plait-fake-openai-", suffix=".stderr")
+        slug = self._module.rpartition(".")[2].replace("_", "-")
+        fd, self._stderr_path = tempfile.mkstemp(prefix=f"plait-{slug}-", suffix=".stderr")
         try:
             proc = subprocess.Popen(
                 cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=fd, env=env
@@ -108,7 +118,10 @@ class FakeOpenAIServer:
         lines: queue.Queue[str | None] = queue.Queue()
         assert proc.stdout is not None
         self._stdout_thread = threading.Thread(
-            target=_pump_stdout, args=(proc.stdout, lines), name="fake-openai-stdout", daemon=True
+            target=_pump_stdout,
+            args=(proc.stdout, lines, self._ready_prefix),
+            name=f"{slug}-stdout",
+            daemon=True,
         )
         self._stdout_thread.start()
 
@@ -124,10 +137,10 @@ class FakeOpenAIServer:
                 self.stop()
                 reason = "exited" if exited else f"did not become ready in {_STARTUP_TIMEOUT_S}s"
                 raise RuntimeError(
-                    f"fake OpenAI server {reason} (exit status {self.returncode}); "
+                    f"{self._label} {reason} (exit status {self.returncode}); "
                     f"stderr:\n{self._final_stderr}"
                 )
-            if line.startswith(READY_PREFIX):
+            if line.startswith(self._ready_prefix):
                 self._port = int(line.split("port=", 1)[1])
                 return self
 
@@ -154,7 +167,7 @@ class FakeOpenAIServer:
         self._final_stderr = self.stderr_output()
         self._discard_stderr_file()
 
-    def __enter__(self) -> FakeOpenAIServer:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(
@@ -185,28 +198,16 @@ class FakeOpenAIServer:
     @property
     def port(self) -> int:
         if self._port is None:
-            raise RuntimeError("the fake OpenAI server is not running; call start() first")
+            raise RuntimeError(f"the {self._label} is not running; call start() first")
         return self._port
-
-    @property
-    def base_url(self) -> str:
-        """What an OpenAI client expects as ``base_url`` (includes the ``/v1`` prefix)."""
-        return f"http://127.0.0.1:{self.port}/v1"
 
     # -- control endpoints -----------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
-        return _as_dict(self._call("GET", "/_stats"))
+        return self._as_dict(self._call("GET", "/_stats"))
 
     def reset(self) -> None:
         self._call("POST", "/_reset", {})
-
-    def configure(self, **config: Any) -> dict[str, Any]:
-        """Change fault injection / latency settings; returns the server's whole config.
-
-        Raises ValueError when the server rejects the settings (e.g. an unknown key).
-        """
-        return _as_dict(self._call("POST", "/_config", config))
 
     def _call(self, method: str, path: str, body: Any = None) -> Any:
         data = None if body is None else json.dumps(body).encode()
@@ -223,22 +224,77 @@ class FakeOpenAIServer:
             detail = err.read().decode("utf-8", errors="replace")
             err.close()
             if err.code == 400:
-                raise ValueError(f"fake OpenAI server rejected {path}: {detail}") from None
-            raise RuntimeError(f"fake OpenAI server {path} failed ({err.code}): {detail}") from None
+                raise ValueError(f"{self._label} rejected {path}: {detail}") from None
+            raise RuntimeError(f"{self._label} {path} failed ({err.code}): {detail}") from None
+
+    def _as_dict(self, value: Any) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise RuntimeError(f"{self._label} returned {type(value).__name__}, expected object")
+        return value
 
 
-def _pump_stdout(stream: IO[bytes], lines: queue.Queue[str | None]) -> None:
+class FakeOpenAIServer(_FakeServerProcess):
+    """The fake OpenAI-compatible server (:mod:`plait.testing.fake_openai`) in a child process."""
+
+    _module = "plait.testing.fake_openai"
+    _ready_prefix = READY_PREFIX
+    _api_key_env = API_KEY_ENV
+    _label = "fake OpenAI server"
+
+    def __init__(
+        self, *, latency_ms: float = 0.0, api_key: str | None = None, seed: int = 0
+    ) -> None:
+        super().__init__(api_key=api_key)
+        self._latency_ms = latency_ms
+        self._seed = seed
+
+    def _extra_args(self) -> list[str]:
+        return [
+            "--host",
+            "127.0.0.1",
+            "--latency-ms",
+            repr(float(self._latency_ms)),
+            "--seed",
+            str(int(self._seed)),
+        ]
+
+    @property
+    def base_url(self) -> str:
+        """What an OpenAI client expects as ``base_url`` (includes the ``/v1`` prefix)."""
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def configure(self, **config: Any) -> dict[str, Any]:
+        """Change fault injection / latency settings; returns the server's whole config.
+
+        Raises ValueError when the server rejects the settings (e.g. an unknown key).
+        """
+        return self._as_dict(self._call("POST", "/_config", config))
+
+
+class FakeAnthropicServer(_FakeServerProcess):
+    """The fake Anthropic Messages API (:mod:`plait.testing.fake_anthropic`) in a child process.
+
+    Without ``api_key`` the server accepts any ``x-api-key``, but still requires one, as the
+    real API does.
+    """
+
+    _module = "plait.testing.fake_anthropic"
+    _ready_prefix = ANTHROPIC_READY_PREFIX
+    _api_key_env = ANTHROPIC_API_KEY_ENV
+    _label = "fake Anthropic server"
+
+    @property
+    def base_url(self) -> str:
+        """What the Anthropic SDK expects as ``base_url``: it appends ``/v1/messages`` itself."""
+        return f"http://127.0.0.1:{self.port}"
+
+
+def _pump_stdout(stream: IO[bytes], lines: queue.Queue[str | None], ready_prefix: str) -> None:
     """Forward stdout lines until READY, then keep draining so the child can never block."""
     ready = False
     for raw in iter(stream.readline, b""):
         if not ready:
             line = raw.decode("utf-8", errors="replace").strip()
             lines.put(line)
-            ready = line.startswith(READY_PREFIX)
+            ready = line.startswith(ready_prefix)
     lines.put(None)
-
-
-def _as_dict(value: Any) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise RuntimeError(f"fake OpenAI server returned {type(value).__name__}, expected object")
-    return value

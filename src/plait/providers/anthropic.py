@@ -1,0 +1,236 @@
+"""Anthropic's Messages API, through the official ``anthropic`` SDK.
+
+The SDK rather than raw aiohttp (as the OpenAI provider uses) because it keeps up
+with the API's version headers and credential sources (``ANTHROPIC_API_KEY``,
+profiles, workload identity); its extra client CPU matters less here than against
+a local OpenAI-compatible server, since one remote API's rate limits come first.
+It is an optional extra (``pip install plait[anthropic]``), imported only when an
+alias uses this provider, so ``import plait`` never loads it.
+
+Structured output travels as a single forced tool call whose input schema is the
+requested type's; the tool's input comes back as JSON text for the endpoint layer
+to validate, like any other provider's reply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import weakref
+from collections.abc import AsyncGenerator
+from typing import TYPE_CHECKING, Any
+
+from plait.providers.base import LLMRequest, LLMResponse, ProviderError, Usage, status_error
+from plait.resources.config import ConfigurationError, EndpointConfig
+from plait.structured import schema_name, wire_schema
+
+if TYPE_CHECKING:
+    import anthropic
+    from anthropic.types import Message
+
+__all__ = ["DEFAULT_MAX_TOKENS", "AnthropicProvider"]
+
+#: Anthropic requires ``max_tokens``; this is sent when a request leaves it unset.
+DEFAULT_MAX_TOKENS = 1024
+
+# plait's neutral finish reasons are OpenAI's, which the other providers already speak.
+# The forced tool call of a structured request is its normal end, hence "stop".
+_FINISH_REASONS = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "tool_use": "stop",
+    "max_tokens": "length",
+    "model_context_window_exceeded": "length",
+    "refusal": "content_filter",
+}
+
+
+async def _closer(client: anthropic.AsyncAnthropic) -> AsyncGenerator[None, None]:
+    """Parked for the life of an event loop; closes the client when the loop shuts down.
+
+    A loop has no close hook, but ``asyncio.run`` and plait's runtime loop finalize
+    async generators on shutdown, which runs the ``finally`` on that loop.
+    """
+    try:
+        yield
+    finally:
+        await client.close()
+
+
+class AnthropicProvider:
+    """Sends `LLMRequest`s to one Anthropic model (one attempt per `send`).
+
+    The SDK's HTTP client belongs to the event loop it first ran on, and a provider
+    may serve plait's runtime loop and a user's own loop in turn, so there is one
+    client per loop.  The key is read from the config (a `SecretStr`) only to make a
+    client, so the provider holds it nowhere but in the SDK clients, whose reprs do
+    not show it.
+    """
+
+    def __init__(self, config: EndpointConfig) -> None:
+        try:
+            import anthropic
+        except ImportError as exc:
+            raise ImportError(
+                "the 'anthropic' provider needs the Anthropic SDK: pip install plait[anthropic]"
+            ) from exc
+
+        self.config = config
+        self._clients: weakref.WeakKeyDictionary[
+            asyncio.AbstractEventLoop,
+            tuple[anthropic.AsyncAnthropic, AsyncGenerator[None, None]],
+        ] = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+        # Made now so that missing credentials fail when the configuration is loaded,
+        # not at the first call; the first loop to send adopts it.
+        try:
+            self._spare: anthropic.AsyncAnthropic | None = self._new_client()
+        except anthropic.AnthropicError as exc:  # e.g. a broken credentials profile
+            raise ConfigurationError(f"Anthropic model {config.model!r}: {exc}") from exc
+        if not (
+            self._spare.api_key
+            or self._spare.auth_token
+            or getattr(self._spare, "credentials", None)
+        ):
+            raise ConfigurationError(
+                f"Anthropic model {config.model!r} has no API key: set api_key or api_key_env "
+                "in its ResourceConfig entry, or export ANTHROPIC_API_KEY"
+            )
+
+    def __repr__(self) -> str:
+        where = f", base_url={self.config.base_url!r}" if self.config.base_url else ""
+        return f"AnthropicProvider(model={self.config.model!r}{where})"
+
+    def _new_client(self) -> anthropic.AsyncAnthropic:
+        import anthropic
+
+        options: dict[str, Any] = {"max_retries": 0, "timeout": self.config.timeout}
+        if self.config.base_url:
+            options["base_url"] = self.config.base_url
+        key = self.config.resolved_api_key()
+        if key:
+            options["api_key"] = key
+        # Without a key of our own the SDK looks in its usual places (ANTHROPIC_API_KEY ...).
+        return anthropic.AsyncAnthropic(**options)
+
+    async def _client(self) -> anthropic.AsyncAnthropic:
+        loop = asyncio.get_running_loop()
+        entry = self._clients.get(loop)
+        if entry is not None and not entry[0].is_closed():
+            return entry[0]
+        with self._lock:
+            client, self._spare = self._spare, None
+        if client is None:
+            client = self._new_client()
+        closer = _closer(client)
+        await closer.__anext__()
+        self._clients[loop] = (client, closer)
+        return client
+
+    def _params(self, request: LLMRequest) -> dict[str, Any]:
+        system: list[str] = []
+        turns: list[dict[str, Any]] = []
+        for message in request.messages:
+            role = message.get("role")
+            if role == "system":
+                system.append(_text(message.get("content")))
+            elif role in ("user", "assistant"):
+                turns.append({"role": role, "content": message.get("content", "")})
+            else:
+                raise ProviderError(
+                    f"Anthropic's Messages API has no {role!r} role (only system, user and "
+                    "assistant messages can be sent)"
+                )
+        params: dict[str, Any] = {
+            "model": self.config.model,
+            "messages": turns,
+            "max_tokens": DEFAULT_MAX_TOKENS if request.max_tokens is None else request.max_tokens,
+        }
+        if system:
+            params["system"] = "\n\n".join(system)
+        if request.response_format is not None:
+            name = schema_name(request.response_format)
+            params["tools"] = [
+                {
+                    "name": name,
+                    "description": "Give the answer by calling this tool.",
+                    "input_schema": wire_schema(request.response_format),
+                }
+            ]
+            params["tool_choice"] = {"type": "tool", "name": name}
+        # Sampling settings go in the raw body: newer SDKs dropped them from `create`'s
+        # signature, while the API still takes them.
+        body = dict(request.extra)
+        if request.temperature is not None:
+            body.setdefault("temperature", request.temperature)
+        if body:
+            params["extra_body"] = body
+        return params
+
+    async def send(self, request: LLMRequest) -> LLMResponse:
+        import anthropic
+
+        params = self._params(request)
+        client = await self._client()
+        try:
+            message = await client.messages.create(**params)
+        except anthropic.APIStatusError as exc:
+            raise _http_error(exc) from exc
+        except anthropic.APITimeoutError as exc:
+            raise ProviderError(
+                f"request to {client.base_url} timed out after {self.config.timeout} s",
+                retryable=True,
+            ) from exc
+        except anthropic.APIConnectionError as exc:
+            cause = exc.__cause__
+            detail = f"{type(cause).__name__}: {cause}" if cause is not None else exc.message
+            raise ProviderError(
+                f"connection to {client.base_url} failed: {detail}", retryable=True
+            ) from exc
+        except anthropic.APIError as exc:
+            raise ProviderError(f"unusable reply from {client.base_url}: {exc.message}") from exc
+        return self._response(message, request)
+
+    def _response(self, message: Message, request: LLMRequest) -> LLMResponse:
+        from anthropic.types import TextBlock, ToolUseBlock
+
+        text = "".join(block.text for block in message.content if isinstance(block, TextBlock))
+        if request.response_format is not None:
+            name = schema_name(request.response_format)
+            for block in message.content:
+                if isinstance(block, ToolUseBlock) and block.name == name:
+                    text = json.dumps(block.input)
+                    break
+            # Without the tool call the text goes back as it is: validating it fails, and
+            # the endpoint layer re-asks with the error, as for any malformed reply.
+        stop = message.stop_reason
+        return LLMResponse(
+            text=text,
+            usage=Usage(message.usage.input_tokens, message.usage.output_tokens),
+            model=message.model or self.config.model,
+            finish_reason=_FINISH_REASONS.get(stop, stop) if stop is not None else None,
+        )
+
+
+def _text(content: Any) -> str:
+    """A system message's text, from a string or a list of text parts."""
+    if isinstance(content, list):
+        return "".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+    return "" if content is None else str(content)
+
+
+def _http_error(exc: anthropic.APIStatusError) -> ProviderError:
+    """Quote the server's own error (``type: message``), whatever shape its body has."""
+    body = exc.body
+    message = ""
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        error = body["error"]
+        message = str(error.get("message") or "")
+        if message and error.get("type"):
+            message = f"{error['type']}: {message}"
+    elif isinstance(body, str):
+        message = body.strip()[:500]
+    if not message:
+        message = exc.response.reason_phrase or exc.message
+    return status_error(exc.status_code, message, exc.response.headers.get("retry-after"))
