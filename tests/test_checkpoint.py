@@ -25,7 +25,7 @@ def expected(text: str) -> str:
 
 
 def child(
-    server: FakeOpenAIServer, directory: Path, count: int, mode: str = "stream"
+    server: FakeOpenAIServer, directory: Path, count: int, mode: str = "stream", gate: int = 0
 ) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [
@@ -36,8 +36,10 @@ def child(
             str(directory),
             str(count),
             mode,
+            str(gate),
         ],
         cwd=ROOT,
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -56,9 +58,9 @@ def test_a_killed_run_resumes_without_repeating_completed_calls(
 ) -> None:
     server.configure(latency_ms=20)
     count = 120
-    proc = child(server, tmp_path, count)
+    proc = child(server, tmp_path, count, gate=40)
     assert proc.stdout is not None
-    for _ in range(40):  # wait until 40 inputs have finished, then kill -9 mid-run
+    for _ in range(40):  # the child holds after 40 finished inputs: kill -9 it there
         line = proc.stdout.readline()
         assert line.startswith("done"), line + proc.stderr.read()  # type: ignore[union-attr]
     os.kill(proc.pid, signal.SIGKILL)
@@ -87,13 +89,13 @@ def test_ctrl_c_stops_run_sync_cleanly_and_the_run_resumes(
 ) -> None:
     server.configure(latency_ms=20)
     count = 60
-    proc = child(server, tmp_path, count, mode="sync")
+    proc = child(server, tmp_path, count, mode="sync", gate=60)
     assert proc.stdout is not None
-    for _ in range(60):  # 60 LLM calls have completed: interrupt as Ctrl-C would
+    for _ in range(60):  # the child holds after 60 LLM calls: interrupt as Ctrl-C would
         line = proc.stdout.readline()
         assert line.startswith("call"), line + proc.stderr.read()  # type: ignore[union-attr]
     proc.send_signal(signal.SIGINT)
-    _, stderr = proc.communicate(timeout=60)
+    _, stderr = proc.communicate("go\n", timeout=60)
     assert proc.returncode != 0
     assert "KeyboardInterrupt" in stderr
     recorded = count_records(tmp_path)
