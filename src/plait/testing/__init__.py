@@ -196,6 +196,13 @@ class _FakeServerProcess:
     # -- addresses -------------------------------------------------------------------------
 
     @property
+    def pid(self) -> int:
+        """The server process's id (to pin it to a CPU, or watch its CPU time)."""
+        if self._proc is None:
+            raise RuntimeError("the server is not running; call start() first")
+        return self._proc.pid
+
+    @property
     def port(self) -> int:
         if self._port is None:
             raise RuntimeError(f"the {self._label} is not running; call start() first")
