@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from plait.execution.codec import decode, encode
+from plait.handlers.llm import response_from_json, response_to_json
 from plait.handlers.stack import Handler, Message
-from plait.providers.base import LLMRequest, LLMResponse, Usage
-from plait.structured import parse_reply
+from plait.providers.base import LLMRequest, LLMResponse
 
 __all__ = ["Checkpoint", "CheckpointError", "CheckpointHandler"]
 
@@ -184,11 +184,7 @@ class CheckpointHandler(Handler):
             return
         value = msg.value
         if isinstance(value, LLMResponse):
-            stored: Any = {
-                "text": value.text,
-                "usage": [value.usage.prompt_tokens, value.usage.completion_tokens],
-                "model": value.model,
-            }
+            stored: Any = response_to_json(value)
         else:
             stored = {"value": encode(value)}
         index, node, request_hash = key
@@ -198,10 +194,7 @@ class CheckpointHandler(Handler):
 def _restore(stored: dict[str, Any], request: LLMRequest) -> Any:
     if "text" not in stored:
         return decode(stored["value"])
-    text = stored["text"]
-    parsed = parse_reply(request.response_format, text) if request.response_format else None
-    prompt, completion = stored.get("usage", [0, 0])
-    return LLMResponse(text, parsed, Usage(prompt, completion), stored.get("model", ""))
+    return response_from_json(stored, request)
 
 
 def _write_atomic(path: Path, data: dict[str, Any]) -> None:

@@ -1,0 +1,110 @@
+"""What handlers need to work with ``"llm"`` messages, in one place.
+
+An ``"llm"`` message carries the `LLMRequest` in ``msg.kwargs["request"]`` (a
+handler may rewrite it before the call: a different alias, temperature 0), the
+run's `ResourceManager` in ``msg.meta["resources"]`` (where each alias leads),
+and a `CallTiming` in ``msg.meta["timing"]`` (queue, rate-wait, attempt and
+backoff spans, filled in by the default action).  After the call ``msg.value``
+is an `LLMResponse`.  A handler answers a call itself with `answer`: the default
+action is then skipped, and the engine treats the reply like any other.
+
+Caches, recordings and checkpoints all need a key that changes exactly when the
+reply could (`request_key`) and a JSON form of a reply (`response_to_json`,
+`response_from_json`); they share these so a reply stored by one reads back the
+same in the others.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import TYPE_CHECKING, Any
+
+from plait.providers.base import LLMRequest, LLMResponse, Usage
+from plait.structured import canonical_schema_json, parse_reply
+
+if TYPE_CHECKING:
+    from plait.handlers.stack import Message
+    from plait.resources.config import EndpointConfig
+
+__all__ = [
+    "answer",
+    "endpoint_config",
+    "request_key",
+    "request_of",
+    "response_from_json",
+    "response_to_json",
+]
+
+
+def request_of(msg: Message) -> LLMRequest:
+    request: LLMRequest = msg.kwargs["request"]
+    return request
+
+
+def endpoint_config(msg: Message) -> EndpointConfig:
+    """The endpoint the message's (possibly rewritten) alias leads to."""
+    return msg.meta["resources"].config_for(request_of(msg).alias)  # type: ignore[no-any-return]
+
+
+def request_key(msg: Message, namespace: str = "") -> str:
+    """A hash of everything that can change the reply, and nothing else.
+
+    Provider, base URL and model (not the alias, which is only a local name), the
+    messages (system prompt included), temperature, max_tokens, the response
+    schema, and every extra field sent as is (tools, seed, stop, ...).
+    """
+    request = request_of(msg)
+    config = endpoint_config(msg)
+    schema = (
+        canonical_schema_json(request.response_format)
+        if request.response_format is not None
+        else None
+    )
+    blob = json.dumps(
+        {
+            "namespace": namespace,
+            "provider": config.provider,
+            "base_url": config.base_url or "",
+            "model": config.model,
+            "messages": request.messages,
+            "temperature": request.temperature,
+            "max_tokens": request.max_tokens,
+            "schema": schema,
+            "extra": request.extra,
+        },
+        sort_keys=True,
+        separators=(",", ":"),
+        default=str,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def response_to_json(response: LLMResponse) -> dict[str, Any]:
+    """A reply as plain JSON data (the parsed object is rebuilt from the text on load)."""
+    return {
+        "text": response.text,
+        "usage": [response.usage.prompt_tokens, response.usage.completion_tokens],
+        "model": response.model,
+        "finish_reason": response.finish_reason,
+    }
+
+
+def response_from_json(data: dict[str, Any], request: LLMRequest) -> LLMResponse:
+    """The reply stored by `response_to_json`, validated again against the request's type."""
+    text = str(data["text"])
+    parsed = parse_reply(request.response_format, text) if request.response_format else None
+    prompt, completion = data.get("usage") or (0, 0)
+    return LLMResponse(
+        text,
+        parsed,
+        Usage(int(prompt), int(completion)),
+        str(data.get("model") or ""),
+        data.get("finish_reason"),
+    )
+
+
+def answer(msg: Message, response: LLMResponse) -> None:
+    """Reply to ``msg`` without calling the endpoint."""
+    msg.value = response
+    msg.done = True
