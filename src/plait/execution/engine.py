@@ -115,7 +115,12 @@ class Engine:
         return await run.wait()
 
     async def _run_node(
-        self, node: Node, results: dict[int, Value], priority: _CallPriority, prefix: str
+        self,
+        node: Node,
+        results: dict[int, Value],
+        priority: _CallPriority,
+        prefix: str,
+        upstream: list[str],
     ) -> Value:
         index = priority.index
         module = node.module
@@ -124,7 +129,7 @@ class Engine:
             args = tuple(resolve(a, results) for a in node.args)
             kwargs = {k: resolve(v, results) for k, v in node.kwargs.items()}
             if module._calls_llm:
-                return await self._run_llm(node, module, args, kwargs, priority, prefix)
+                return await self._run_llm(node, module, args, kwargs, priority, prefix, upstream)
             token = _current_node.set((index, prefix + node.key + "/"))
             try:
                 msg = Message(
@@ -136,6 +141,7 @@ class Engine:
                     module=module,
                     node_id=prefix + node.key,
                     input_index=index,
+                    meta={"upstream": upstream},
                 )
                 engine_token = current_engine.set(self)
                 try:
@@ -158,6 +164,7 @@ class Engine:
         kwargs: dict[str, Any],
         priority: _CallPriority,
         prefix: str,
+        upstream: list[str],
     ) -> Value:
         prompt = args[0] if args else kwargs["prompt"]
         messages: list[dict[str, Any]] = []
@@ -186,8 +193,9 @@ class Engine:
             module=module,
             node_id=prefix + node.key,
             input_index=priority.index,
-            # For handlers: where each alias leads, and where this call's time went.
-            meta={"resources": self.resources, "timing": timing},
+            # For handlers: where each alias leads, where this call's time went, and the
+            # calls it waited for (node ids), which is what a profiler's critical path needs.
+            meta={"resources": self.resources, "timing": timing, "upstream": upstream},
         )
         reply = await apply_stack(msg)
         meta: dict[str, Any] = {"module_path": node.path}
@@ -292,7 +300,8 @@ class _GraphRun:
 
     async def run(self, node: Node) -> None:
         priority = _CallPriority(self.engine, self.index, self.heights[node.id])
-        value = await self.engine._run_node(node, self.results, priority, self.prefix)
+        upstream = [self.prefix + self.graph.nodes[d].key for d in self.graph.call_deps(node.id)]
+        value = await self.engine._run_node(node, self.results, priority, self.prefix, upstream)
         task = asyncio.current_task()
         if task is not None:
             self.tasks.discard(task)

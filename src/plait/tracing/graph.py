@@ -161,6 +161,22 @@ class Graph:
             heights[node.id] = below + (node.kind == "module")
         return heights
 
+    def call_deps(self, node_id: int) -> list[int]:
+        """The calls (module nodes) a node waits on, looking through the ops between."""
+        found: list[int] = []
+        pending = list(self.nodes[node_id].deps)
+        seen: set[int] = set()
+        while pending:
+            dep = pending.pop()
+            if dep in seen:
+                continue
+            seen.add(dep)
+            if self.nodes[dep].kind == "module":
+                found.append(dep)
+            else:
+                pending.extend(self.nodes[dep].deps)
+        return sorted(found)
+
     def roots(self) -> list[Node]:
         return [node for node in self.nodes if not node.deps]
 
