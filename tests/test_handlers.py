@@ -10,6 +10,8 @@ import pytest
 import plait
 from plait.handlers import Handler, Message, apply_stack, apply_stack_sync, current_stack
 
+from .pipelines import FanOutFanIn
+
 
 class Log(Handler):
     def __init__(self, name: str, log: list[str]) -> None:
@@ -138,5 +140,26 @@ def test_a_user_handler_sees_every_run_time_module_call() -> None:
 
     with Record() as record:
         out = Pipeline().run_sync("hi")
-    assert record.calls == [("module", "upper"), ("module", "exclaim")]  # type: ignore[attr-defined]
+    assert record.calls == [("module", "upper"), ("module", "exclaim")]
     assert out == "<<HI>!>"
+
+
+class CountCalls(Handler):  # the example in plait.handlers' documentation, line for line
+    def __init__(self) -> None:
+        self.by_module: dict[str, int] = {}
+
+    def postprocess(self, msg: Message) -> None:
+        if msg.type == "llm" and msg.error is None:
+            self.by_module[msg.name] = self.by_module.get(msg.name, 0) + 1
+
+
+def test_the_documented_user_handler_counts_llm_calls_per_module(
+    resources: plait.ResourceConfig,
+) -> None:
+    import plait.handlers
+
+    assert "class CountCalls(Handler):" in (plait.handlers.__doc__ or "")
+    pipeline = FanOutFanIn().bind(resources=resources)
+    with CountCalls() as counts:
+        pipeline.run_sync(["a", "b", "c"])
+    assert counts.by_module == {"left": 3, "right": 3, "combine": 3}

@@ -1,12 +1,45 @@
 """The effect-handler stack every module call and LLM call passes through (seed 004).
 
-A call builds a `Message` and hands it to `apply_stack`: each active `Handler`
-sees it bottom-to-top in ``process`` (innermost ``with`` first), then, unless a
-handler marked it ``done``, the default action runs (the real call), then the
-handlers see it top-to-bottom in ``postprocess``.  A handler that sets ``stop``
-hides the message from the handlers outside it.  The stack lives in a ContextVar,
-so concurrent runs and tasks never see each other's handlers.
+A call builds a `Message` and hands it to `apply_stack`.  Each active `Handler`
+sees it in ``process`` from the innermost ``with`` block outwards; then, unless a
+handler marked it ``done``, the default action runs (the real call); then the
+handlers see it again in ``postprocess``, from the outermost inwards.  A handler
+that sets ``stop`` hides the message from the handlers outside it.  The stack
+lives in a ContextVar, so concurrent runs and tasks never see each other's
+handlers, and the handlers around ``pipeline.run_sync(...)`` follow the run onto
+plait's runtime loop.
+
+Order matters when handlers change a call: the innermost one acts first.  Put an
+`override` inside a `cache` so the cache keys on the overridden request, and a
+`budget` outside a `cache` so cache hits cost nothing::
+
+    with profile("trace.json"), budget(max_cost=5.0), cache("calls.db"):
+        pipeline.run_sync(inputs)
+
+A handler of your own is a subclass with one or two hooks::
+
+    class CountCalls(Handler):
+        def __init__(self) -> None:
+            self.by_module: dict[str, int] = {}
+
+        def postprocess(self, msg: Message) -> None:
+            if msg.type == "llm" and msg.error is None:
+                self.by_module[msg.name] = self.by_module.get(msg.name, 0) + 1
+
+    with CountCalls() as counts:
+        pipeline.run_sync(inputs)
+
+The catalogue: `cache` (persistent, content-addressed), `record`/`replay`
+(offline, deterministic runs), `mock` (substitute replies), `override` (change
+call parameters), `budget` (stop starting calls past a limit) and `profile`
+(a Perfetto trace and a summary).  See `plait.handlers.llm` for what an ``"llm"``
+message carries.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 from plait.handlers.stack import (
     Handler,
@@ -16,4 +49,54 @@ from plait.handlers.stack import (
     current_stack,
 )
 
-__all__ = ["Handler", "Message", "apply_stack", "apply_stack_sync", "current_stack"]
+#: The catalogue, imported on first use so `import plait` stays fast.
+_CATALOGUE = {
+    "cache": "plait.handlers.cache",
+    "Cache": "plait.handlers.cache",
+    "record": "plait.handlers.record",
+    "replay": "plait.handlers.record",
+    "Recorder": "plait.handlers.record",
+    "Replayer": "plait.handlers.record",
+    "mock": "plait.handlers.mock",
+    "Mock": "plait.handlers.mock",
+    "override": "plait.handlers.override",
+    "Override": "plait.handlers.override",
+    "budget": "plait.handlers.budget",
+    "Budget": "plait.handlers.budget",
+    "BudgetExceeded": "plait.handlers.budget",
+    "profile": "plait.handlers.profile",
+    "Profiler": "plait.handlers.profile",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _CATALOGUE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'plait.handlers' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+__all__ = [
+    "Budget",
+    "BudgetExceeded",
+    "Cache",
+    "Handler",
+    "Message",
+    "Mock",
+    "Override",
+    "Profiler",
+    "Recorder",
+    "Replayer",
+    "apply_stack",
+    "apply_stack_sync",
+    "budget",
+    "cache",
+    "current_stack",
+    "mock",
+    "override",
+    "profile",
+    "record",
+    "replay",
+]

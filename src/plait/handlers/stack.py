@@ -7,7 +7,7 @@ import inspect
 from collections.abc import Callable
 from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, Self, TypeVar
 
 __all__ = ["Handler", "Message", "apply_stack", "apply_stack_sync", "current_stack"]
 
@@ -69,7 +69,7 @@ class Handler:
         """Inspect or rewrite ``msg.value`` after the call."""
         return None
 
-    def __enter__(self) -> Handler:
+    def __enter__(self) -> Self:
         tokens = self.__dict__.setdefault("_tokens", [])
         tokens.append(_STACK.set((*_STACK.get(), self)))
         return self
@@ -77,7 +77,7 @@ class Handler:
     def __exit__(self, *exc: object) -> None:
         _STACK.reset(self._tokens.pop())
 
-    async def __aenter__(self) -> Handler:
+    async def __aenter__(self) -> Self:
         return self.__enter__()
 
     async def __aexit__(self, *exc: object) -> None:
