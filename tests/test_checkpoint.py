@@ -181,3 +181,26 @@ def test_a_torn_last_line_is_dropped(resources: plait.ResourceConfig, tmp_path: 
         fh.write('{"t":"call","i":3,"n":"x"')  # what a kill mid-write leaves
     assert pipeline.run_sync(["a"]) == [expected("a")]
     assert (tmp_path / "log.jsonl").read_text().endswith("\n")
+
+
+@pytest.mark.parametrize(("resume_temperature", "resumed_calls"), [(0.3, 1), (0.9, 3)])
+def test_checkpoints_key_on_the_request_as_handlers_left_it(
+    server: FakeOpenAIServer,
+    tmp_path: Path,
+    resume_temperature: float,
+    resumed_calls: int,
+) -> None:
+    # The checkpoint sits below every handler, so it records the overridden request:
+    # resuming under the same override reuses input 1's finished fan-out calls, and a
+    # different override does not pass its calls off as the new ones.
+    from plait.handlers import budget, override
+
+    resources = make_resources(server, max_concurrent=1)  # one call at a time: a fixed order
+    pipeline = FanOutFanIn().bind(resources=resources, checkpoint_dir=tmp_path)
+    with override(temperature=0.3), budget(max_calls=5):
+        first = pipeline.run_sync(["a", "b"])
+    assert first[0] == expected("a") and isinstance(first[1], plait.Value)
+    server.reset()
+    with override(temperature=resume_temperature):
+        assert pipeline.run_sync(["a", "b"]) == [expected("a"), expected("b")]
+    assert server.stats()["requests_total"] == resumed_calls

@@ -163,3 +163,10 @@ def test_the_documented_user_handler_counts_llm_calls_per_module(
     with CountCalls() as counts:
         pipeline.run_sync(["a", "b", "c"])
     assert counts.by_module == {"left": 3, "right": 3, "combine": 3}
+
+
+def test_outermost_enters_below_every_active_handler() -> None:
+    inner, bottom = Handler(), Handler()
+    with inner, bottom.outermost():
+        assert current_stack() == (bottom, inner)
+    assert current_stack() == ()

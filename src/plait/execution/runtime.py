@@ -164,9 +164,9 @@ class _Run:
                     slots.release()
             deliver(index, item, value)
 
+        scope = handler.outermost() if handler is not None else contextlib.nullcontext()
         try:
-            if handler is not None:
-                handler.__enter__()
+            scope.__enter__()
             for index, item in enumerate(items):
                 await slots.acquire()
                 task = asyncio.create_task(one(index, item))
@@ -184,8 +184,7 @@ class _Run:
                 task.cancel()
             raise
         finally:
-            if handler is not None:
-                handler.__exit__()
+            scope.__exit__(None, None, None)
 
 
 async def _run_single(
@@ -194,7 +193,7 @@ async def _run_single(
     state = _Run(module, opts)
     try:
         if state.checkpoint is not None:
-            with CheckpointHandler(state.checkpoint):
+            with CheckpointHandler(state.checkpoint).outermost():
                 value = await state.one(0, args, kwargs)
         else:
             value = await state.one(0, args, kwargs)

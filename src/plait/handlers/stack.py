@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec, Self, TypeVar
@@ -76,6 +77,17 @@ class Handler:
 
     def __exit__(self, *exc: object) -> None:
         _STACK.reset(self._tokens.pop())
+
+    @contextlib.contextmanager
+    def outermost(self) -> Iterator[Self]:
+        """Enter below every active handler: it processes each call last and
+        postprocesses it first, so it sees the call as the others left it (plait's
+        checkpoints use this to key on the request after any `override`)."""
+        token = _STACK.set((self, *_STACK.get()))
+        try:
+            yield self
+        finally:
+            _STACK.reset(token)
 
     async def __aenter__(self) -> Self:
         return self.__enter__()

@@ -1,0 +1,674 @@
+"""Where a run's time went: a handler that records every call and writes a Perfetto trace.
+
+``with profile("run.json") as prof: pipeline.run_sync(inputs)`` records each run-time
+``"llm"`` and ``"module"`` message from the moment the profiler's ``process`` sees it
+to the moment its ``postprocess`` does, together with the `CallTiming` spans the
+endpoint filled in (queue, rate wait, each attempt, backoff).  On leaving the block
+the trace is written in Chrome's Trace Event Format, which Perfetto and
+``chrome://tracing`` open; `Profiler.summary` and `Profiler.table` answer the usual
+questions without a viewer: how busy each endpoint was, which calls were slowest,
+and which chain of calls decided the wall time.
+
+The hooks run on plait's runtime loop thread while the ``with`` block is left on
+the caller's, so every read and write of the records holds one lock.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Self
+
+from rich.table import Table
+
+from plait.handlers.stack import Handler, Message
+from plait.resources.endpoint import CallTiming, Span
+
+__all__ = [
+    "AliasProfile",
+    "NodeProfile",
+    "PathLink",
+    "ProfileSummary",
+    "Profiler",
+    "profile",
+]
+
+#: Track group for calls that have no alias (plain and async-forward module calls).
+MODULES_TRACK = "modules"
+#: Track group for llm messages that carry no request (built by hand, not by the engine).
+_NO_ALIAS = "(no alias)"
+#: Queue spans shorter than this only took an uncontended lock: left out of the trace
+#: (they would bury the real waits), still counted in the totals.
+_MIN_QUEUE_S = 5e-5
+#: Tolerance when matching an upstream call that must have finished before its dependent.
+_EPSILON_S = 1e-6
+_PHASE_NAMES = {"rate_wait": "rate wait", "backoff": "backoff"}
+
+
+def profile(path: str | os.PathLike[str] | None = None) -> Profiler:
+    """A profiler that writes its trace to ``path`` (if given) when its block exits."""
+    return Profiler(path)
+
+
+@dataclass(slots=True, eq=False)
+class _Record:
+    type: str
+    name: str
+    node_id: str | None
+    input_index: int | None
+    alias: str | None
+    upstream: tuple[str, ...]
+    start: float
+    end: float | None = None
+    outcome: str = "unfinished"
+    error: str | None = None
+    spans: list[Span] = field(default_factory=list)
+    #: The call's live timing while it runs, so a trace taken meanwhile shows its phases.
+    timing: CallTiming | None = None
+
+    def finish_time(self) -> float:
+        """Where an unfinished call (cancelled, or still running) is drawn to end."""
+        if self.end is not None:
+            return self.end
+        return max([self.start, *(s.end for s in self.spans)])
+
+
+@dataclass(slots=True)
+class AliasProfile:
+    """One endpoint alias over the run.
+
+    ``busy_fraction`` is the share of the wall time in which at least one request
+    was at the provider (the union of request spans); ``mean_concurrency`` is the
+    total request time over the wall time, i.e. how many requests were in flight
+    on average.  Their ratio is how parallel the alias was while it was busy.
+    """
+
+    alias: str
+    calls: int = 0
+    errors: int = 0
+    answered: int = 0
+    attempts: int = 0
+    retries: int = 0
+    failed_attempts: int = 0
+    busy_s: float = 0.0
+    busy_fraction: float = 0.0
+    mean_concurrency: float = 0.0
+    queue_s: float = 0.0
+    rate_wait_s: float = 0.0
+    request_s: float = 0.0
+    backoff_s: float = 0.0
+
+
+@dataclass(slots=True)
+class NodeProfile:
+    """One recorded call; times are seconds from the first recorded call's start."""
+
+    type: str
+    name: str
+    node_id: str | None
+    input_index: int | None
+    alias: str | None
+    outcome: str
+    start_s: float
+    end_s: float
+    duration_s: float
+
+
+@dataclass(slots=True)
+class PathLink:
+    """One call on the critical path.
+
+    ``contributed_s`` runs from the previous link's end (or the run's start) to this
+    call's end, so the links add up to the last call's finish; ``waited_s`` is the
+    part of it spent before the call began (scheduling, ops, a module's own code).
+    """
+
+    node: NodeProfile
+    contributed_s: float
+    waited_s: float
+
+
+@dataclass(slots=True)
+class ProfileSummary:
+    """What `Profiler.summary` reports; `to_dict` gives it as plain JSON-ready data.
+
+    ``wall_s`` runs from the first recorded call's start to the last one's end, not
+    over the ``with`` block, so that setup, tracing or idle time around the run
+    doesn't dilute the busy fractions.
+    """
+
+    wall_s: float
+    calls: int
+    aliases: dict[str, AliasProfile]
+    slowest: list[NodeProfile]
+    critical_path: list[PathLink]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Profiler(Handler):
+    """Records calls as they pass through the handler stack; see the module docstring.
+
+    Only run-phase messages are recorded: trace-phase module calls are the graph
+    being built, not work being done.  A profiler kept across several ``with``
+    blocks or runs keeps adding to the same records.
+    """
+
+    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._records: list[_Record] = []
+        # Keyed by id(msg): the message is alive (in flight) for as long as it is here.
+        self._open: dict[int, _Record] = {}
+
+    # -- recording -----------------------------------------------------------------------
+    def process(self, msg: Message) -> None:
+        if msg.phase != "run" or msg.type not in ("llm", "module"):
+            return
+        timing = msg.meta.get("timing")
+        record = _Record(
+            type=msg.type,
+            name=msg.name,
+            node_id=msg.node_id,
+            input_index=msg.input_index,
+            alias=_alias_of(msg),
+            upstream=tuple(msg.meta.get("upstream") or ()),
+            start=time.monotonic(),
+            timing=timing if isinstance(timing, CallTiming) else None,
+        )
+        with self._lock:
+            if id(msg) in self._open:  # the same profiler entered twice: count the call once
+                return
+            self._open[id(msg)] = record
+            self._records.append(record)
+
+    def postprocess(self, msg: Message) -> None:
+        end = time.monotonic()
+        timing = msg.meta.get("timing")
+        spans = list(timing.spans) if isinstance(timing, CallTiming) else []
+        outcome = _outcome(msg, spans)
+        error = None if msg.error is None else f"{type(msg.error).__name__}: {msg.error}"
+        with self._lock:
+            record = self._open.pop(id(msg), None)
+            if record is None:
+                return
+            # The alias actually used: a handler inside this one may have rewritten it.
+            record.alias = _alias_of(msg)
+            record.spans, record.timing = spans, None
+            record.outcome, record.error, record.end = outcome, error, end
+
+    def __enter__(self) -> Self:
+        super().__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        super().__exit__(*exc)
+        # Written even when the block raised: a failed run is the one worth looking at.
+        if self.path is not None:
+            self.write(self.path)
+
+    def _snapshot(self) -> list[_Record]:
+        with self._lock:
+            return [_copy(r) for r in self._records]
+
+    # -- the trace -----------------------------------------------------------------------
+    def trace(self) -> dict[str, Any]:
+        """The recorded calls as a Trace Event Format document (a JSON object).
+
+        One process per alias (plus one for module calls), one thread per lane:
+        calls that overlap in time go to different lanes, because complete events
+        on one thread must nest.  A call's phases are drawn inside its own span.
+        """
+        records = self._snapshot()
+        origin = _origin(records)
+        events: list[dict[str, Any]] = []
+        groups = _groups(records)
+        for pid, (group, members) in enumerate(groups, start=1):
+            label = f"llm {group}" if group != MODULES_TRACK else "module calls"
+            events.append(_meta("process_name", pid, None, {"name": label}))
+            events.append(_meta("process_sort_index", pid, None, {"sort_index": pid}))
+            lanes = _assign_lanes(members, origin)
+            for lane in range(max(lanes.values(), default=-1) + 1):
+                tid = lane + 1
+                events.append(_meta("thread_name", pid, tid, {"name": f"{group} lane {tid}"}))
+                events.append(_meta("thread_sort_index", pid, tid, {"sort_index": tid}))
+            for record in members:
+                tid = lanes[id(record)] + 1
+                events.extend(_call_events(record, pid, tid, origin))
+        return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+    def write(self, path: str | os.PathLike[str]) -> Path:
+        """Write the trace as JSON to ``path`` and return it."""
+        target = Path(path)
+        target.write_text(json.dumps(self.trace(), separators=(",", ":")), encoding="utf-8")
+        return target
+
+    # -- the summary ---------------------------------------------------------------------
+    def summary(self, top: int = 10) -> ProfileSummary:
+        """Wall time, per-alias totals, the ``top`` slowest calls and the critical path."""
+        records = self._snapshot()
+        origin = _origin(records)
+        wall = max((r.finish_time() for r in records), default=origin) - origin
+        aliases: dict[str, AliasProfile] = {}
+        for record in records:
+            if record.type == "llm" and record.alias is not None:
+                _add_call(aliases.setdefault(record.alias, AliasProfile(record.alias)), record)
+        for alias, stats in aliases.items():
+            requests = [
+                (s.start, s.end)
+                for r in records
+                if r.type == "llm" and r.alias == alias
+                for s in r.spans
+                if s.kind == "request"
+            ]
+            stats.busy_s = _union_length(requests)
+            if wall > 0:
+                stats.busy_fraction = stats.busy_s / wall
+                stats.mean_concurrency = stats.request_s / wall
+        nodes = sorted(records, key=lambda r: r.finish_time() - r.start, reverse=True)
+        return ProfileSummary(
+            wall_s=wall,
+            calls=len(records),
+            aliases=dict(sorted(aliases.items())),
+            slowest=[_node(r, origin) for r in nodes[:top]],
+            critical_path=_critical_path(records, origin),
+        )
+
+    def table(self, top: int = 10) -> Table:
+        """The summary as one rich table (per alias, slowest calls, critical path)."""
+        summary = self.summary(top)
+        outer = Table(
+            title=f"plait profile: {summary.calls} calls in {summary.wall_s:.3f} s",
+            show_header=False,
+            box=None,
+        )
+        outer.add_column()
+
+        per_alias = Table(title="Endpoints", title_justify="left")
+        per_alias.add_column("alias")
+        for column in (
+            *("calls", "busy", "mean conc.", "queue s", "rate wait s", "request s"),
+            *("backoff s", "retries", "errors", "answered"),
+        ):
+            per_alias.add_column(column, justify="right")
+        for a in summary.aliases.values():
+            per_alias.add_row(
+                a.alias,
+                str(a.calls),
+                f"{a.busy_fraction:.0%}",
+                f"{a.mean_concurrency:.2f}",
+                f"{a.queue_s:.3f}",
+                f"{a.rate_wait_s:.3f}",
+                f"{a.request_s:.3f}",
+                f"{a.backoff_s:.3f}",
+                str(a.retries),
+                str(a.errors),
+                str(a.answered),
+            )
+
+        slowest = Table(title=f"Slowest calls (top {top})", title_justify="left")
+        for column in ("module", "input", "alias", "outcome", "start s", "duration s"):
+            slowest.add_column(column, justify="right" if column.endswith(" s") else "left")
+        for n in summary.slowest:
+            slowest.add_row(
+                n.name,
+                _text(n.input_index),
+                n.alias or "-",
+                n.outcome,
+                f"{n.start_s:.3f}",
+                f"{n.duration_s:.3f}",
+            )
+
+        path = Table(title="Critical path", title_justify="left")
+        for column in ("#", "module", "input", "alias", "start s", "end s", "waited s"):
+            path.add_column(column, justify="left" if column in ("module", "alias") else "right")
+        path.add_column("contributed s", justify="right")
+        for i, link in enumerate(summary.critical_path, start=1):
+            path.add_row(
+                str(i),
+                link.node.name,
+                _text(link.node.input_index),
+                link.node.alias or "-",
+                f"{link.node.start_s:.3f}",
+                f"{link.node.end_s:.3f}",
+                f"{link.waited_s:.3f}",
+                f"{link.contributed_s:.3f}",
+            )
+
+        outer.add_row(per_alias)
+        outer.add_row(slowest)
+        outer.add_row(path)
+        return outer
+
+
+# -- recording helpers ---------------------------------------------------------------------
+def _outcome(msg: Message, spans: list[Span]) -> str:
+    if msg.error is not None:
+        return "error"
+    if msg.meta.get("cache") == "hit":
+        return "cache hit"
+    if msg.meta.get("mock"):
+        return "mocked"
+    if msg.meta.get("replay") == "hit":
+        return "replayed"
+    if msg.meta.get("checkpoint") == "hit":
+        return "checkpoint"
+    # Every real send leaves at least a queue span, so none means a handler replied.
+    if msg.type == "llm" and not spans:
+        return "answered"
+    return "ok"
+
+
+def _alias_of(msg: Message) -> str | None:
+    """The request's alias; None for module calls (and llm messages built without one)."""
+    alias = getattr(msg.kwargs.get("request"), "alias", None)
+    return alias if isinstance(alias, str) else None
+
+
+def _copy(record: _Record) -> _Record:
+    """A record detached from the hooks: an open call may still gain spans meanwhile."""
+    spans = record.timing.spans if record.timing is not None else record.spans
+    return _Record(
+        record.type,
+        record.name,
+        record.node_id,
+        record.input_index,
+        record.alias,
+        record.upstream,
+        record.start,
+        record.end,
+        record.outcome,
+        record.error,
+        list(spans),
+    )
+
+
+def _origin(records: list[_Record]) -> float:
+    """The first call's start: what came before it (tracing, setup) is not the run's time."""
+    return min((r.start for r in records), default=0.0)
+
+
+# -- trace helpers -------------------------------------------------------------------------
+def _us(t: float, origin: float) -> int:
+    """Whole microseconds from the origin, rounded one way for every timestamp.
+
+    Durations are differences of rounded ends, never rounded themselves, and
+    integers add up exactly, so a span that nests (or touches) in real time still
+    does in the file, where viewers check it as ``ts + dur``.
+    """
+    return round(max(t - origin, 0.0) * 1e6)
+
+
+def _meta(name: str, pid: int, tid: int | None, args: dict[str, Any]) -> dict[str, Any]:
+    event: dict[str, Any] = {"name": name, "ph": "M", "pid": pid, "args": args}
+    if tid is not None:
+        event["tid"] = tid
+    return event
+
+
+def _groups(records: list[_Record]) -> list[tuple[str, list[_Record]]]:
+    by_group: dict[str, list[_Record]] = {}
+    for record in records:
+        group = record.alias or (MODULES_TRACK if record.type == "module" else _NO_ALIAS)
+        by_group.setdefault(group, []).append(record)
+    last = (_NO_ALIAS, MODULES_TRACK)
+    names = sorted(g for g in by_group if g not in last) + [g for g in last if g in by_group]
+    return [(name, by_group[name]) for name in names]
+
+
+def _assign_lanes(records: list[_Record], origin: float) -> dict[int, int]:
+    """Lane per record (by id), first fit in start order: overlapping calls never share one.
+
+    Compared in rounded microseconds, the units the viewer checks nesting in.
+    """
+    lane_ends: list[int] = []
+    lanes: dict[int, int] = {}
+    for record in sorted(records, key=lambda r: (r.start, -r.finish_time())):
+        start, end = _us(record.start, origin), _us(record.finish_time(), origin)
+        for lane, lane_end in enumerate(lane_ends):
+            if lane_end <= start:
+                lane_ends[lane] = end
+                lanes[id(record)] = lane
+                break
+        else:
+            lanes[id(record)] = len(lane_ends)
+            lane_ends.append(end)
+    return lanes
+
+
+def _call_events(record: _Record, pid: int, tid: int, origin: float) -> list[dict[str, Any]]:
+    start, end = record.start, record.finish_time()
+    ts = _us(start, origin)
+    args: dict[str, Any] = {
+        "node_id": record.node_id,
+        "input_index": record.input_index,
+        "outcome": record.outcome,
+        "upstream": list(record.upstream),
+    }
+    if record.alias is not None:
+        args["alias"] = record.alias
+    if record.error is not None:
+        args["error"] = record.error
+    call: dict[str, Any] = {
+        "name": record.name,
+        "cat": record.type,
+        "ph": "X",
+        "ts": ts,
+        "dur": _us(end, origin) - ts,
+        "pid": pid,
+        "tid": tid,
+        "args": args,
+    }
+    if record.outcome in ("error", "unfinished"):
+        call["cname"] = "terrible"
+    events = [call]
+    for span in record.spans:
+        # Clamped into the call, so a span reported by a handler inside this one can't
+        # break the nesting the format requires.
+        s_start, s_end = max(span.start, start), min(span.end, end)
+        if s_end < s_start or (span.kind == "queue" and s_end - s_start < _MIN_QUEUE_S):
+            continue
+        s_ts = _us(s_start, origin)
+        event: dict[str, Any] = {
+            "cat": span.kind,
+            "ph": "X",
+            "ts": s_ts,
+            "dur": _us(s_end, origin) - s_ts,
+            "pid": pid,
+            "tid": tid,
+            "args": {
+                "node_id": record.node_id,
+                "input_index": record.input_index,
+                **{k: _jsonable(v) for k, v in span.info.items()},
+            },
+        }
+        if span.kind == "request":
+            failed = "error" in span.info
+            event["name"] = "request failed" if failed else "request"
+            event["args"]["status"] = "error" if failed else span.info.get("status", "ok")
+            if failed:
+                event["cname"] = "bad"
+        elif span.kind == "queue":
+            run_limit = span.info.get("limit") == "run"
+            event["name"] = "queue (run limit)" if run_limit else "queue (endpoint)"
+        else:
+            event["name"] = _PHASE_NAMES.get(span.kind, span.kind)
+        events.append(event)
+    return events
+
+
+def _jsonable(value: Any) -> Any:
+    return value if isinstance(value, str | int | float | bool) or value is None else str(value)
+
+
+# -- summary helpers -----------------------------------------------------------------------
+def _add_call(stats: AliasProfile, record: _Record) -> None:
+    stats.calls += 1
+    if record.outcome == "error":
+        stats.errors += 1
+    elif record.outcome not in ("ok", "unfinished"):
+        stats.answered += 1
+    for span in record.spans:
+        length = max(span.end - span.start, 0.0)
+        if span.kind == "queue":
+            stats.queue_s += length
+        elif span.kind == "rate_wait":
+            stats.rate_wait_s += length
+        elif span.kind == "backoff":
+            stats.backoff_s += length
+        elif span.kind == "request":
+            stats.request_s += length
+            stats.attempts += 1
+            if "error" in span.info:
+                stats.failed_attempts += 1
+            # Attempt numbers restart for a structured re-ask, which is not a retry.
+            if int(span.info.get("attempt", 1)) > 1:
+                stats.retries += 1
+
+
+def _union_length(intervals: list[tuple[float, float]]) -> float:
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end <= reach:
+            continue
+        total += end - max(start, reach)
+        reach = end
+    return total
+
+
+def _node(record: _Record, origin: float) -> NodeProfile:
+    end = record.finish_time()
+    return NodeProfile(
+        type=record.type,
+        name=record.name,
+        node_id=record.node_id,
+        input_index=record.input_index,
+        alias=record.alias,
+        outcome=record.outcome,
+        start_s=record.start - origin,
+        end_s=end - origin,
+        duration_s=end - record.start,
+    )
+
+
+def _critical_path(records: list[_Record], origin: float) -> list[PathLink]:
+    """The chain of calls that ends at the last one to finish.
+
+    Each step goes back to the upstream call (same input, same node id) that
+    finished last; when several runs reused those ids, the one that finished
+    before this call started.  Calls made inside an ``async def forward`` know no
+    upstream within their own small graph, but they ran in program order: such a
+    call waited on the sibling that finished last before it began, or, if it was
+    the first, on whatever its enclosing module waited on.  A module whose forward
+    made calls of its own is replaced by the last of them, where its time went.
+    """
+    walk = _Walk([r for r in records if r.node_id is not None])
+    if not walk.located:
+        return []
+    chain: list[_Record] = []
+    seen: set[int] = set()
+    current: _Record | None = walk.innermost(max(walk.located, key=_Record.finish_time))
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        chain.append(current)
+        previous = walk.waited_on(current)
+        current = walk.innermost(previous) if previous is not None else None
+    chain.reverse()
+
+    links: list[PathLink] = []
+    previous_end = origin
+    for record in chain:
+        end = record.finish_time()
+        links.append(
+            PathLink(
+                node=_node(record, origin),
+                contributed_s=end - previous_end,
+                waited_s=max(record.start - previous_end, 0.0),
+            )
+        )
+        previous_end = end
+    return links
+
+
+class _Walk:
+    """Lookups for `_critical_path`, over the records that have a node id."""
+
+    def __init__(self, located: list[_Record]) -> None:
+        self.located = located
+        self.by_key: dict[tuple[int | None, str], list[_Record]] = {}
+        self.by_parent: dict[tuple[int | None, str], list[_Record]] = {}
+        for record in located:
+            assert record.node_id is not None
+            self.by_key.setdefault((record.input_index, record.node_id), []).append(record)
+            if "/" in record.node_id:
+                parent_id = record.node_id.rsplit("/", 1)[0]
+                self.by_parent.setdefault((record.input_index, parent_id), []).append(record)
+
+    def children(self, parent: _Record) -> list[_Record]:
+        """Calls made by ``parent``'s forward (its node id, this run: inside its span)."""
+        assert parent.node_id is not None
+        return [
+            r
+            for r in self.by_parent.get((parent.input_index, parent.node_id), [])
+            if r.start >= parent.start - _EPSILON_S
+            and r.finish_time() <= parent.finish_time() + _EPSILON_S
+        ]
+
+    def enclosing(self, record: _Record) -> _Record | None:
+        """The async-forward module call whose forward made ``record`` (None at top level)."""
+        assert record.node_id is not None
+        if "/" not in record.node_id:
+            return None
+        parent_id = record.node_id.rsplit("/", 1)[0]
+        around = [
+            r
+            for r in self.by_key.get((record.input_index, parent_id), [])
+            if r.start <= record.start + _EPSILON_S
+            and r.finish_time() >= record.finish_time() - _EPSILON_S
+        ]
+        return max(around, key=lambda r: r.start) if around else None
+
+    def innermost(self, record: _Record) -> _Record:
+        inner = self.children(record)
+        while inner:
+            record = max(inner, key=_Record.finish_time)
+            inner = self.children(record)
+        return record
+
+    def waited_on(self, record: _Record) -> _Record | None:
+        """The call ``record`` was last waiting for before it could start."""
+        current: _Record | None = record
+        while current is not None:
+            if current.upstream:
+                return _latest_before(
+                    [
+                        r
+                        for node_id in current.upstream
+                        for r in self.by_key.get((current.input_index, node_id), [])
+                    ],
+                    current.start,
+                )
+            parent = self.enclosing(current)
+            if parent is None:
+                return None
+            earlier = _latest_before(
+                [r for r in self.children(parent) if r is not current], current.start
+            )
+            if earlier is not None:
+                return earlier
+            current = parent
+        return None
+
+
+def _latest_before(candidates: list[_Record], start: float) -> _Record | None:
+    done = [r for r in candidates if r.finish_time() <= start + _EPSILON_S]
+    return max(done, key=_Record.finish_time) if done else None
+
+
+def _text(value: int | None) -> str:
+    return "-" if value is None else str(value)
