@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 import plait
-from plait.handlers.budget import Budget, BudgetExceeded, budget
-from plait.handlers.mock import mock
+from plait.handlers.budgeting import Budget, BudgetExceeded, budget
+from plait.handlers.mocking import mock
 from plait.testing import FakeOpenAIServer
 
 from .conftest import make_resources

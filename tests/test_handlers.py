@@ -170,3 +170,69 @@ def test_outermost_enters_below_every_active_handler() -> None:
     with inner, bottom.outermost():
         assert current_stack() == (bottom, inner)
     assert current_stack() == ()
+
+
+class Spy(Handler):
+    """Notes, for one module, what each layer of the stack saw and when."""
+
+    def __init__(self, name: str, log: list[tuple[str, str, bool]]) -> None:
+        self.name, self.log = name, log
+
+    def process(self, msg: Message) -> None:
+        if msg.type == "llm" and msg.name == "combine" and msg.input_index == 0:
+            self.log.append((self.name, "process", msg.done))
+
+    def postprocess(self, msg: Message) -> None:
+        if msg.type == "llm" and msg.name == "combine" and msg.input_index == 0:
+            self.log.append((self.name, "postprocess", msg.done))
+
+
+def test_cache_budget_and_profile_stack_in_order(
+    server: Any, resources: plait.ResourceConfig, tmp_path: Any
+) -> None:
+    from collections import Counter
+
+    from plait.handlers import budget, cache, profile
+
+    pipeline = FanOutFanIn().bind(resources=resources)
+    inputs = [f"s{i}" for i in range(10)]
+    log: list[tuple[str, str, bool]] = []
+    with (
+        profile() as prof,
+        Spy("outside budget", log),
+        budget(max_calls=30) as spent,
+        Spy("outside cache", log),
+        cache(tmp_path / "calls.db") as store,
+    ):
+        first = pipeline.run_sync(inputs)
+        assert server.stats()["requests_total"] == 30
+        log.clear()
+        second = pipeline.run_sync(inputs)  # every call a cache hit: nothing spent
+    assert first == second
+    assert server.stats()["requests_total"] == 30
+    assert spent.calls == 30 and spent.refused == 0
+    assert (store.hits, store.misses) == (30, 30)
+    # the cache (innermost) answers first; the layers outside it see the call done,
+    # and postprocess runs back from the outside in
+    assert log == [
+        ("outside cache", "process", True),
+        ("outside budget", "process", True),
+        ("outside budget", "postprocess", True),
+        ("outside cache", "postprocess", True),
+    ]
+    events = prof.trace()["traceEvents"]
+    outcomes = Counter(e["args"]["outcome"] for e in events if "outcome" in e.get("args", {}))
+    assert outcomes == {"ok": 30, "cache hit": 30}
+
+
+def test_a_budget_inside_a_cache_is_never_asked_about_hits(
+    server: Any, resources: plait.ResourceConfig, tmp_path: Any
+) -> None:
+    from plait.handlers import budget, cache
+
+    pipeline = FanOutFanIn().bind(resources=resources)
+    with cache(tmp_path / "calls.db"):
+        pipeline.run_sync(["x", "y"])  # warm the cache: 6 calls
+        with budget(max_calls=1) as spent:
+            assert pipeline.run_sync(["x", "y"]) == pipeline.run_sync(["x", "y"])
+    assert spent.calls == 0 and server.stats()["requests_total"] == 6

@@ -11,8 +11,8 @@ from pydantic import BaseModel
 
 import plait
 from plait.handlers import Handler, Message
-from plait.handlers.mock import Mock, UnmockedCallError, mock
-from plait.handlers.override import Override, override
+from plait.handlers.mocking import Mock, UnmockedCallError, mock
+from plait.handlers.overriding import Override, override
 from plait.providers.base import LLMRequest, LLMResponse
 from plait.structured import parse_reply
 from plait.testing import FakeOpenAIServer

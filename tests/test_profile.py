@@ -20,7 +20,7 @@ from rich.console import Console
 import plait
 from plait.handlers import Handler, Message
 from plait.handlers.llm import answer
-from plait.handlers.profile import Profiler, profile
+from plait.handlers.profiling import Profiler, profile
 from plait.providers.base import LLMResponse, Usage
 from plait.testing import FakeOpenAIServer
 from tests.conftest import make_resources

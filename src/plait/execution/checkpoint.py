@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from plait._jsonl import json_line, whole_lines
 from plait.execution.codec import decode, encode
 from plait.handlers.llm import response_from_json, response_to_json
 from plait.handlers.stack import Handler, Message
@@ -111,12 +112,7 @@ class Checkpoint:
     def _load_log(self) -> None:
         if not self.log_path.exists():
             return
-        raw = self.log_path.read_bytes()
-        end = raw.rfind(b"\n") + 1
-        if end < len(raw):  # a torn last record from a killed run: drop it
-            with open(self.log_path, "r+b") as fh:
-                fh.truncate(end)
-        for number, line in enumerate(raw[:end].splitlines(), start=1):
+        for number, line in enumerate(whole_lines(self.log_path).splitlines(), start=1):
             try:
                 record = json.loads(line)
                 kind = record["t"]
@@ -135,8 +131,7 @@ class Checkpoint:
     def _append(self, record: dict[str, Any]) -> None:
         if self._fd is None:
             raise CheckpointError("checkpoint is not open")
-        line = json.dumps(record, separators=(",", ":"), ensure_ascii=False) + "\n"
-        os.write(self._fd, line.encode())
+        os.write(self._fd, json_line(record))
 
     def record_call(self, index: int, node: str, request_hash: str, value: Any) -> None:
         self.calls[(index, node, request_hash)] = value

@@ -49,23 +49,29 @@ from plait.handlers.stack import (
     current_stack,
 )
 
-#: The catalogue, imported on first use so `import plait` stays fast.
+#: The catalogue, imported on first use so `import plait` stays fast.  The modules'
+#: names differ from the factories' (``caching`` holds ``cache``) so that importing a
+#: module never shadows a factory of the same name on this package.
 _CATALOGUE = {
-    "cache": "plait.handlers.cache",
-    "Cache": "plait.handlers.cache",
-    "record": "plait.handlers.record",
-    "replay": "plait.handlers.record",
-    "Recorder": "plait.handlers.record",
-    "Replayer": "plait.handlers.record",
-    "mock": "plait.handlers.mock",
-    "Mock": "plait.handlers.mock",
-    "override": "plait.handlers.override",
-    "Override": "plait.handlers.override",
-    "budget": "plait.handlers.budget",
-    "Budget": "plait.handlers.budget",
-    "BudgetExceeded": "plait.handlers.budget",
-    "profile": "plait.handlers.profile",
-    "Profiler": "plait.handlers.profile",
+    "cache": "plait.handlers.caching",
+    "Cache": "plait.handlers.caching",
+    "CacheError": "plait.handlers.caching",
+    "record": "plait.handlers.recording",
+    "replay": "plait.handlers.recording",
+    "Recorder": "plait.handlers.recording",
+    "Replayer": "plait.handlers.recording",
+    "RecordingError": "plait.handlers.recording",
+    "NotRecordedError": "plait.handlers.recording",
+    "mock": "plait.handlers.mocking",
+    "Mock": "plait.handlers.mocking",
+    "UnmockedCallError": "plait.handlers.mocking",
+    "override": "plait.handlers.overriding",
+    "Override": "plait.handlers.overriding",
+    "budget": "plait.handlers.budgeting",
+    "Budget": "plait.handlers.budgeting",
+    "BudgetExceeded": "plait.handlers.budgeting",
+    "profile": "plait.handlers.profiling",
+    "Profiler": "plait.handlers.profiling",
 }
 
 
@@ -82,13 +88,17 @@ __all__ = [
     "Budget",
     "BudgetExceeded",
     "Cache",
+    "CacheError",
     "Handler",
     "Message",
     "Mock",
+    "NotRecordedError",
     "Override",
     "Profiler",
     "Recorder",
+    "RecordingError",
     "Replayer",
+    "UnmockedCallError",
     "apply_stack",
     "apply_stack_sync",
     "budget",
