@@ -10,10 +10,10 @@ on first use, so ``import plait`` stays fast.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from plait import handlers
+from plait._lazy import lazy_exports
 from plait.containers import ModuleDict, ModuleList, ParameterDict, ParameterList, Sequential
 from plait.module import BackwardContext, BackwardResult, LLMInference, Module
 from plait.parameter import Parameter
@@ -42,13 +42,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'plait' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _LAZY)
 
 
 __all__ = [

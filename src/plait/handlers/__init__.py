@@ -38,9 +38,7 @@ message carries.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from plait._lazy import lazy_exports
 from plait.handlers.stack import (
     Handler,
     Message,
@@ -75,13 +73,7 @@ _CATALOGUE = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _CATALOGUE.get(name)
-    if module is None:
-        raise AttributeError(f"module 'plait.handlers' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _CATALOGUE)
 
 
 __all__ = [
