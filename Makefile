@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup test lint typecheck bench clean
+.PHONY: setup demo test lint typecheck bench clean
 
 # The embedded local model (plait.providers.local) runs on llama-cpp-python, which
 # PyPI has only as source: it compiles once per venv (~5 min on 2 cores; needs a C++
@@ -28,16 +28,23 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
+## demo: set up, then run the example pipeline over the bundled reviews on the
+## embedded local model (no key, no server): outputs, checkpoint and trace in runs/demo/.
+demo: $(STAMP)
+	$(VENV)/bin/plait run examples/extract_and_compare.py:ExtractAndCompare \
+		--input examples/data/reviews.jsonl --output runs/demo/outputs.jsonl \
+		--profile runs/demo/trace.json
+
 ## test: set up, then lint, type-check and run the whole test suite.
 test: $(STAMP)
-	$(VENV)/bin/ruff check src tests benchmarks
-	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks examples
+	$(VENV)/bin/ruff format --check src tests benchmarks examples
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -q
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests benchmarks
-	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks examples
+	$(VENV)/bin/ruff format --check src tests benchmarks examples
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
@@ -47,4 +54,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/run.py
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache runs

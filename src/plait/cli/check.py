@@ -1,0 +1,343 @@
+"""``plait check``: will each alias work?  Config, key, endpoint and model, in that order.
+
+A run finds a bad key or a wrong port at its first request, possibly hours into
+a batch; this finds it in a second.  Each alias is checked on its own, so one
+broken alias does not hide the state of the others, and a check stops at the
+first step that fails, since the later ones could only fail for the same reason.
+The API key is never printed: only where it comes from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ipaddress
+import os
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from plait.execution.loop import run_blocking
+from plait.providers import make_provider
+from plait.providers.base import LLMRequest, ProviderError
+from plait.resources.config import ConfigurationError, EndpointConfig, ResourceConfig
+from plait.resources.manager import LOCAL_DEFAULT, ResourceManager
+
+__all__ = ["AliasCheck", "build_parser", "check_alias", "main"]
+
+DEFAULT_URLS = {"openai": "https://api.openai.com/v1", "anthropic": "https://api.anthropic.com"}
+PROMPT = "Reply with the single word OK."
+
+DESCRIPTION = """\
+Check every alias of a resource file (or the embedded local model, without
+--resources), one row each:
+  config       the alias's settings are valid
+  key          the API key is there (api_key, or the variable api_key_env names)
+  endpoint     base_url accepts a connection (local: the model file and llama.cpp)
+  model        one tiny request (a few tokens) gets an answer; skipped with --no-call
+Exit status: 0 every alias ok, 1 any failed, 2 the file cannot be read.
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="plait check",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--resources", metavar="FILE", help="resource file (TOML or YAML)")
+    parser.add_argument(
+        "--alias", action="append", default=[], metavar="NAME", help="check only this alias"
+    )
+    parser.add_argument("--no-call", action="store_true", help="do not send the test request")
+    parser.add_argument(
+        "--timeout", type=float, default=20.0, metavar="S", help="per connection and request (20)"
+    )
+    return parser
+
+
+@dataclass
+class AliasCheck:
+    """One alias's row: each step's outcome, in order, until one fails."""
+
+    alias: str
+    endpoint: str = ""
+    steps: list[tuple[str, bool, str]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(passed for _, passed, _ in self.steps)
+
+    def passed(self, step: str, detail: str) -> None:
+        self.steps.append((step, True, detail))
+
+    def failed(self, step: str, detail: str) -> None:
+        self.steps.append((step, False, detail))
+
+    def problem(self) -> str:
+        for step, passed, detail in self.steps:
+            if not passed:
+                return f"{step}: {detail}"
+        return ""
+
+
+def main(argv: list[str]) -> int:
+    ns = build_parser().parse_args(argv)
+    if ns.timeout <= 0:
+        print("plait check: error: --timeout must be positive", file=sys.stderr)
+        return 2
+    try:
+        specs = _specs(ns.resources, ns.alias)
+    except ConfigurationError as exc:
+        print(f"plait check: error: {exc}", file=sys.stderr)
+        return 2
+
+    async def everything() -> list[AliasCheck]:
+        checks = [check_alias(alias, spec, ns.timeout, not ns.no_call) for alias, spec in specs]
+        return list(await asyncio.gather(*checks))
+
+    results = run_blocking(everything())
+    _report(results, ns.resources)
+    return 0 if all(r.ok for r in results) else 1
+
+
+def _specs(path: str | None, only: list[str]) -> list[tuple[str, Any]]:
+    """The aliases to check, as raw settings (validated per alias, not all at once)."""
+    if path is None:
+        return [("(every alias)", LOCAL_DEFAULT)]
+    aliases = _read(Path(path))
+    for name in only:
+        if name not in aliases:
+            known = ", ".join(aliases) or "none"
+            raise ConfigurationError(f"{path} has no alias {name!r} (its aliases: {known})")
+    names = only or list(aliases)
+    return [(name, aliases[name]) for name in names]
+
+
+def _read(file: Path) -> Mapping[str, Any]:
+    suffix = file.suffix.lower()
+    if suffix not in (".toml", ".yaml", ".yml"):
+        raise ConfigurationError(f"resource file {file} must end in .toml, .yaml or .yml")
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigurationError(f"cannot read resource file {file}: {exc.strerror}") from None
+    try:
+        if suffix == ".toml":
+            import tomllib
+
+            data: Any = tomllib.loads(text)
+        else:
+            import yaml
+
+            data = yaml.safe_load(text)
+    except Exception as exc:
+        raise ConfigurationError(f"{file} is not valid {suffix[1:].upper()}: {exc}") from None
+    if isinstance(data, Mapping) and isinstance(data.get("resources"), Mapping):
+        data = data["resources"]
+    if not isinstance(data, Mapping) or not data:
+        raise ConfigurationError(f"{file} defines no aliases (it should map alias -> settings)")
+    return data
+
+
+# -- the steps ----------------------------------------------------------------------------------
+async def check_alias(alias: str, spec: Any, timeout: float, call: bool) -> AliasCheck:
+    result = AliasCheck(alias)
+    config = _config(result, alias, spec)
+    if config is None:
+        return result
+    result.endpoint = _describe(config)
+    if not _key(result, config):
+        return result
+    provider_ok = await _reachable(result, config, timeout)
+    if not provider_ok:
+        return result
+    if not call:
+        result.passed("model", "not called (--no-call)")
+        return result
+    await _answers(result, alias, config, timeout)
+    return result
+
+
+def _config(result: AliasCheck, alias: str, spec: Any) -> EndpointConfig | None:
+    if isinstance(spec, EndpointConfig):
+        result.passed("config", "valid")
+        return spec
+    if not isinstance(spec, Mapping):
+        result.failed("config", f"expected a table of settings, got {type(spec).__name__}")
+        return None
+    settings = dict(spec)
+    # Whether the key variable is set is the next step's business: validate the rest here.
+    rest = {k: v for k, v in settings.items() if k != "api_key_env"}
+    try:
+        ResourceConfig({alias: rest})
+        config = EndpointConfig(**settings)
+    except ConfigurationError as exc:
+        result.failed("config", str(exc).removeprefix(f"alias {alias!r}: "))
+        return None
+    except Exception as exc:
+        result.failed("config", f"{type(exc).__name__}: {exc}")
+        return None
+    result.passed("config", "valid")
+    return config
+
+
+def _describe(config: EndpointConfig) -> str:
+    if config.provider == "local":
+        return f"local/{config.model or 'default'}"
+    url = config.base_url or DEFAULT_URLS.get(config.provider, "")
+    return f"{config.provider}/{config.model} @ {url}"
+
+
+def _key(result: AliasCheck, config: EndpointConfig) -> bool:
+    if config.provider == "local":
+        result.passed("key", "not needed")
+        return True
+    if config.api_key is not None:
+        result.passed("key", "set in the file (not shown)")
+        return True
+    if config.api_key_env is not None:
+        if os.environ.get(config.api_key_env):
+            result.passed("key", f"from ${config.api_key_env}")
+            return True
+        result.failed(
+            "key",
+            f"the environment variable {config.api_key_env} (api_key_env) is not set; export "
+            "it before running",
+        )
+        return False
+    if config.provider == "anthropic":
+        if os.environ.get("ANTHROPIC_API_KEY"):
+            result.passed("key", "from $ANTHROPIC_API_KEY")
+            return True
+        result.failed("key", "none: set api_key_env in the alias, or export ANTHROPIC_API_KEY")
+        return False
+    if config.base_url is None:
+        result.failed("key", "none: api.openai.com needs one; set api_key_env in the alias")
+        return False
+    if _is_local(config.base_url):
+        result.passed("key", "none (a server on this machine may need none)")
+        return True
+    result.passed("key", "none set (fine only if the server needs none)")
+    return True
+
+
+def _is_local(url: str) -> bool:
+    host = urlsplit(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return address.is_loopback or address.is_private
+
+
+async def _reachable(result: AliasCheck, config: EndpointConfig, timeout: float) -> bool:
+    try:
+        provider = make_provider(config)
+    except ConfigurationError as exc:
+        result.failed("endpoint", str(exc))
+        return False
+    except Exception as exc:  # a provider SDK that is missing or refuses the settings
+        result.failed("endpoint", f"{type(exc).__name__}: {exc}")
+        return False
+    if config.provider == "local":
+        result.passed("endpoint", f"model file {getattr(provider, 'model_path', '?')}")
+        return True
+    url = config.base_url or DEFAULT_URLS.get(config.provider, "")
+    parts = urlsplit(url)
+    host = parts.hostname
+    if not host or parts.scheme not in ("http", "https"):
+        result.failed("endpoint", f"base_url {url!r} is not an http(s) URL")
+        return False
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        result.failed("endpoint", f"base_url {url!r} has an invalid port")
+        return False
+    started = time.monotonic()
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+    except TimeoutError:
+        result.failed("endpoint", f"no answer from {host}:{port} within {timeout:g} s")
+        return False
+    except OSError as exc:
+        if isinstance(exc, ConnectionRefusedError):
+            reason = "connection refused"
+        else:
+            reason = exc.strerror or str(exc) or type(exc).__name__
+        result.failed(
+            "endpoint",
+            f"cannot connect to {host}:{port} ({reason}): is the server running, and is "
+            "base_url right?",
+        )
+        return False
+    elapsed = time.monotonic() - started
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+    result.passed("endpoint", f"{host}:{port} accepts connections ({elapsed * 1000:.0f} ms)")
+    return True
+
+
+_HINTS = {
+    401: "the key was refused: check api_key / api_key_env",
+    403: "the key may not use this model or endpoint",
+    404: "check the model name and base_url (OpenAI-compatible servers end it in /v1)",
+    429: "rate limited right now: the endpoint works, but lower the limits or wait",
+}
+
+
+async def _answers(result: AliasCheck, alias: str, config: EndpointConfig, timeout: float) -> None:
+    single = config.model_copy(update={"max_retries": 0, "timeout": min(config.timeout, timeout)})
+    request = LLMRequest(
+        alias=alias, messages=[{"role": "user", "content": PROMPT}], temperature=0, max_tokens=8
+    )
+    started = time.monotonic()
+    try:
+        endpoint = ResourceManager(ResourceConfig({alias: single})).endpoint(alias)
+        response = await endpoint.complete(request)
+    except ProviderError as exc:
+        hint = _HINTS.get(exc.status or 0, "")
+        result.failed("model", f"{exc}" + (f" ({hint})" if hint else ""))
+        return
+    except Exception as exc:
+        result.failed("model", f"{type(exc).__name__}: {exc}")
+        return
+    elapsed = time.monotonic() - started
+    reply = " ".join(response.text.split())
+    if len(reply) > 40:
+        reply = reply[:37] + "..."
+    result.passed("model", f"answered in {elapsed * 1000:.0f} ms: {reply!r}")
+
+
+# -- the report ---------------------------------------------------------------------------------
+def _report(results: list[AliasCheck], path: str | None) -> None:
+    from rich.table import Table
+
+    from plait.cli.progress import console
+
+    table = Table(title=f"plait check: {path or 'the embedded local model'}")
+    table.add_column("alias")
+    table.add_column("endpoint")
+    table.add_column("status")
+    table.add_column("details")
+    for row in results:
+        lines = []
+        for step, passed, detail in row.steps:
+            lines.append(f"{step}: {detail}" if passed else f"[red]{step}: {detail}[/red]")
+        status = "[green]ok[/green]" if row.ok else "[bold red]problem[/bold red]"
+        table.add_row(row.alias, row.endpoint or "-", status, "\n".join(lines))
+    console(sys.stdout).print(table)
+    failed = [row for row in results if not row.ok]
+    for row in failed:
+        print(f"plait check: alias {row.alias!r}: {row.problem()}", file=sys.stderr)
+    print(
+        f"plait check: {len(results) - len(failed)} of {len(results)} alias(es) ok", file=sys.stderr
+    )

@@ -1,0 +1,137 @@
+"""Writing a run's results: one JSON line per input, flushed as each one completes.
+
+A line is ``{"index": i, "input": ..., "output": ...}`` or, for a failed input,
+``{"index": i, "input": ..., "error": {"type": ..., "message": ..., "module_path": ...}}``.
+
+The file is rewritten from the start on every run.  A resumed run still delivers
+every input (the finished ones straight from the checkpoint, at no cost), so the
+file always ends up with each index exactly once, and no line of an earlier,
+interrupted run can be left behind or duplicated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+from plait.values import Value
+
+__all__ = ["OutputWriter", "error_record", "json_default"]
+
+
+def json_default(obj: Any) -> Any:
+    """JSON for what pipelines return besides plain data: models, dataclasses, sets."""
+    dump = getattr(obj, "model_dump", None)
+    if callable(dump):
+        return dump(mode="json")
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.asdict(obj)
+    if isinstance(obj, set | frozenset):
+        return sorted(obj, key=repr)
+    if isinstance(obj, Value):
+        return obj.payload
+    return str(obj)
+
+
+def _plain(obj: Any, depth: int = 0) -> Any:
+    """Data JSON accepts as it is: string keys, lists for tuples, text past a sane depth."""
+    if depth > 100:
+        return repr(obj)
+    if isinstance(obj, dict):
+        return {
+            key if isinstance(key, str) else str(key): _plain(value, depth + 1)
+            for key, value in obj.items()
+        }
+    if isinstance(obj, list | tuple):
+        return [_plain(item, depth + 1) for item in obj]
+    return obj
+
+
+def error_record(value: Value) -> dict[str, Any]:
+    meta = value.meta
+    payload = value.payload
+    return {
+        "type": meta.get("error_type") or type(payload).__name__,
+        "message": meta.get("message") if "message" in meta else str(payload),
+        "module_path": meta.get("module_path"),
+    }
+
+
+class OutputWriter:
+    """Writes result lines to a file or stdout, in completion or in input order.
+
+    In input order a finished result waits until every earlier one is written;
+    ``on_written`` is told of each line, so the caller frees a window slot only
+    when the line is out and the buffer of waiting results stays bounded.
+    """
+
+    def __init__(
+        self,
+        location: str,
+        preserve_order: bool = False,
+        on_written: Callable[[], None] | None = None,
+    ) -> None:
+        self.location = location
+        self.preserve_order = preserve_order
+        self.on_written = on_written
+        self.path: Path | None = None
+        if location == "-":
+            self._stream: IO[str] = sys.stdout
+            self._owned = False
+        else:
+            self.path = Path(location)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._stream = open(self.path, "w", encoding="utf-8")  # noqa: SIM115
+            self._owned = True
+        self._pending: dict[int, str] = {}
+        self._next = 0
+        self.written = 0
+
+    def write(self, index: int, raw: Any, value: Value) -> None:
+        record: dict[str, Any] = {"index": index, "input": raw}
+        if value.is_error:
+            record["error"] = error_record(value)
+        else:
+            record["output"] = value.payload
+        try:
+            line = json.dumps(record, ensure_ascii=False, default=json_default)
+        except (TypeError, ValueError):  # e.g. a dict keyed by tuples, or a cycle
+            line = json.dumps(_plain(record), ensure_ascii=False, default=json_default)
+        if not self.preserve_order:
+            self._emit(line)
+            return
+        self._pending[index] = line
+        while self._next in self._pending:
+            self._emit(self._pending.pop(self._next))
+            self._next += 1
+
+    def _emit(self, line: str) -> None:
+        self._stream.write(line + "\n")
+        self._stream.flush()
+        self.written += 1
+        if self.on_written is not None:
+            self.on_written()
+
+    def close(self) -> None:
+        if self._owned:
+            self._stream.close()
+        else:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                silence_stdout()
+
+
+def silence_stdout() -> None:
+    """The reader of stdout went away (``| head``): drop what is left instead of a traceback."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass

@@ -1,0 +1,505 @@
+"""``plait run``: a pipeline over a file of inputs, resumable, with progress and a bill.
+
+The run goes through the same runtime as ``module.stream()`` (its window of
+inputs, its checkpoints, its handlers); the CLI adds what a batch job at a
+terminal needs: inputs read lazily from a file, one JSON line out per input as it
+completes, a progress display, a usage table, and a clean stop on Ctrl-C that
+the same command resumes.
+
+Resume: the checkpoint lives next to the output (``out.jsonl.checkpoint/``)
+unless ``--checkpoint`` says otherwise.  Re-running the command answers every
+finished input from the checkpoint (no request, no cost) and runs only the rest;
+the output file is rewritten in full, so it holds each input exactly once.
+Output to stdout has no default checkpoint: pass ``--checkpoint DIR`` to make such
+a run resumable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import shutil
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from plait.cli.inputs import FORMATS, InputError, InputSource, Item, count_inputs, open_inputs
+from plait.cli.outputs import OutputWriter, error_record, silence_stdout
+from plait.cli.progress import Tally, console, duration, make_display
+from plait.cli.target import Target, TargetError
+from plait.execution.checkpoint import FORMAT as CHECKPOINT_FORMAT
+from plait.execution.checkpoint import Checkpoint, CheckpointError
+from plait.execution.loop import run_blocking
+from plait.execution.runtime import _Run
+from plait.execution.settings import resolve_options
+from plait.module import Module
+from plait.resources.config import ConfigurationError, ResourceConfig
+from plait.resources.manager import ResourceManager
+from plait.resources.usage import reset_usage, usage
+from plait.values import Value, error_value
+
+__all__ = ["build_parser", "main"]
+
+#: Where the CLI notes the command that wrote a checkpoint, beside the runtime's files.
+COMMAND_FILE = "cli.json"
+#: Failed inputs quoted in the end-of-run summary.
+FAILURES_SHOWN = 3
+
+DESCRIPTION = """\
+Run TARGET over every input and write one JSON line per input as it completes:
+  {"index": i, "input": ..., "output": ...}
+  {"index": i, "input": ..., "error": {"type": ..., "message": ..., "module_path": ...}}
+
+TARGET is file.py:Name or package.module:Name: a Module class, or a function
+that returns a Module.  key=value arguments configure it (blueprint arguments:
+`plait run TARGET --help` lists them with their types, values and layers).
+
+Inputs (--input FILE, or - for stdin; the format comes from the file's suffix,
+.jsonl/.json/.ndjson, .csv/.tsv, .txt, or is sniffed; --format overrides):
+  JSONL  one JSON value per line
+  CSV    a header row, then one input per row (an object of column -> text)
+  text   one input per non-empty line
+An object (JSON object or CSV row) with --field NAME passes that field.  Without
+--field, an object whose keys all name parameters of forward() (and include the
+required ones) is passed as keyword arguments; any other object is passed whole
+as the one argument.  Every other value is the one argument.
+
+Resume: the checkpoint defaults to OUTPUT.checkpoint/ beside the output file.
+Stop with Ctrl-C at any time, then re-run the same command: finished inputs are
+answered from the checkpoint (not re-run, not re-paid) and the output file is
+rewritten with every input exactly once.  Output to stdout is resumable only
+with --checkpoint DIR.  --fresh deletes the checkpoint and starts over.
+
+Exit status: 0 every input succeeded, 1 some failed, 2 usage or configuration
+error, 130 interrupted.
+"""
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="plait run",
+        usage="plait run TARGET [key=value ...] [options]",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        add_help=False,
+    )
+    parser.add_argument("target", nargs="?", metavar="TARGET", help="file.py:Name or module:Name")
+    parser.add_argument(
+        "assignments", nargs="*", metavar="key=value", help="arguments for TARGET (blueprint)"
+    )
+    parser.add_argument("-i", "--input", default="-", metavar="FILE", help="inputs (- is stdin)")
+    parser.add_argument(
+        "-o", "--output", default="-", metavar="FILE", help="JSONL outputs (default: - , stdout)"
+    )
+    parser.add_argument(
+        "--format", choices=FORMATS, default="auto", help="input format (default: by suffix)"
+    )
+    parser.add_argument("--field", metavar="NAME", help="pass this field of each input object")
+    parser.add_argument(
+        "--resources",
+        metavar="FILE",
+        help="aliases -> endpoints (TOML or YAML); default: the embedded local model",
+    )
+    parser.add_argument(
+        "--max-concurrent", type=_positive_int, metavar="N", help="LLM calls in flight (100)"
+    )
+    parser.add_argument(
+        "--checkpoint", metavar="DIR", help="checkpoint directory (default: OUTPUT.checkpoint)"
+    )
+    parser.add_argument("--no-checkpoint", action="store_true", help="do not checkpoint")
+    parser.add_argument("--fresh", action="store_true", help="delete the checkpoint; start over")
+    parser.add_argument("--profile", metavar="TRACE", help="write a Perfetto trace (JSON) here")
+    parser.add_argument(
+        "--preserve-order", action="store_true", help="write outputs in input order"
+    )
+    parser.add_argument("--limit", type=_positive_int, metavar="N", help="only the first N inputs")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress display")
+    parser.add_argument("-h", "--help", action="store_true", help="show this help and exit")
+    return parser
+
+
+class UsageError(Exception):
+    """A problem with the command line or configuration: exit status 2."""
+
+
+def _error(message: str) -> int:
+    print(f"plait run: error: {message}", file=sys.stderr)
+    return 2
+
+
+def main(argv: list[str]) -> int:
+    parser = build_parser()
+    ns = parser.parse_intermixed_args(argv)
+    if ns.help:
+        return _help(parser, ns)
+    if ns.target is None:
+        parser.print_usage(sys.stderr)
+        return _error("TARGET is missing: give file.py:Name or package.module:Name")
+    try:
+        return _Command(ns).run()
+    except (UsageError, TargetError, InputError, ConfigurationError) as exc:
+        return _error(str(exc))
+
+
+def _help(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> int:
+    if ns.target is not None:
+        try:
+            text = Target(ns.target, ns.assignments).help()
+        except (TargetError, ConfigurationError) as exc:
+            text = f"(cannot describe {ns.target}: {exc})"
+        print(f"Arguments of {ns.target}:\n{text.rstrip()}\n")
+    parser.print_help()
+    return 0
+
+
+# -- the command -------------------------------------------------------------------------------
+class _Command:
+    def __init__(self, ns: argparse.Namespace) -> None:
+        self.ns = ns
+        self.err: IO[str] = sys.stderr
+
+    def say(self, message: str) -> None:
+        print(f"plait run: {message}", file=self.err, flush=True)
+
+    def run(self) -> int:
+        ns = self.ns
+        if ns.no_checkpoint and ns.checkpoint:
+            raise UsageError("--checkpoint and --no-checkpoint contradict each other; drop one")
+        if ns.input == "-" and _interactive(sys.stdin):
+            raise UsageError("no inputs: give --input FILE, or pipe them to stdin (--input -)")
+        module = Target(ns.target, ns.assignments).make()
+        source = open_inputs(ns.input, ns.format, ns.field, module.forward)
+        try:
+            resources = self._resources(module)
+            checkpoint = self._checkpoint(module)
+            try:
+                return self._execute(module, resources, source, checkpoint)
+            finally:
+                if checkpoint is not None:
+                    checkpoint.close()
+        finally:
+            source.close()
+
+    def _resources(self, module: Module) -> ResourceManager:
+        """Resolve every alias before the first input, so a missing one is a usage error."""
+        reset_usage()  # the usage table reports this run alone
+        config: Any = module._bound_resources
+        if self.ns.resources is not None:
+            config = ResourceConfig.load(self.ns.resources)
+        manager = ResourceManager.coerce(config)
+        aliases = sorted({m.alias for m in module.modules() if m._calls_llm})  # type: ignore[attr-defined]
+        missing = [alias for alias in aliases if manager.config and alias not in manager.config]
+        if missing:
+            where = self.ns.resources or "the resources the target is bound to"
+            raise UsageError(
+                f"{self.ns.target} uses the alias(es) {', '.join(map(repr, missing))}, which "
+                f"{where} does not define (it defines: {', '.join(manager.config)}); add them "
+                "there, or change the module's alias"
+            )
+        for alias in aliases:
+            manager.endpoint(alias)
+        return manager
+
+    def _checkpoint_dir(self) -> Path | None:
+        ns = self.ns
+        if ns.no_checkpoint:
+            return None
+        if ns.checkpoint:
+            return Path(ns.checkpoint)
+        if ns.output == "-":
+            return None
+        return Path(ns.output + ".checkpoint")
+
+    def _checkpoint(self, module: Module) -> Checkpoint | None:
+        """Open (or start) the checkpoint before the output file is touched.
+
+        A checkpoint that belongs to another pipeline, or to this one with other
+        arguments, would answer inputs with someone else's outputs: refuse it.
+        """
+        directory = self._checkpoint_dir()
+        if directory is None:
+            return None
+        if self.ns.fresh:
+            _remove_checkpoint(directory)
+        pipeline = f"{type(module).__module__}.{type(module).__qualname__}"
+        command = {"arguments": sorted(self.ns.assignments)}
+        noted = directory / COMMAND_FILE
+        if noted.exists():
+            try:
+                before = json.loads(noted.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                before = None
+            if isinstance(before, dict) and before.get("arguments") is not None:
+                recorded = {k: before.get(k) for k in command}
+                if recorded != command:
+                    raise UsageError(
+                        f"the checkpoint {directory} was written with arguments "
+                        f"{_show(recorded)}, this command has {_show(command)}; finished inputs "
+                        "would keep their old outputs. Re-run with the original arguments, or "
+                        "add --fresh to delete the checkpoint and start over"
+                    )
+        try:
+            checkpoint = Checkpoint(directory, pipeline).open()
+        except CheckpointError as exc:
+            raise UsageError(f"{exc} (or add --fresh to delete it and start over)") from None
+        try:
+            noted.write_text(json.dumps(command), encoding="utf-8")
+        except OSError as exc:
+            checkpoint.close()
+            raise UsageError(f"cannot write to the checkpoint {directory}: {exc}") from None
+        if checkpoint.outputs:
+            self.say(
+                f"resuming from {directory}: {len(checkpoint.outputs)} finished input(s) will be "
+                "answered from the checkpoint"
+            )
+        return checkpoint
+
+    def _execute(
+        self,
+        module: Module,
+        resources: ResourceManager,
+        source: InputSource,
+        checkpoint: Checkpoint | None,
+    ) -> int:
+        ns = self.ns
+        tally = Tally()
+        if ns.limit is not None:
+            tally.total = ns.limit
+
+        def counted(count: int) -> None:
+            tally.total = min(count, ns.limit) if ns.limit is not None else count
+
+        count_inputs(source, counted)
+        items: Iterator[Item] = source.items()
+        if ns.limit is not None:
+            items = _first(items, ns.limit)
+        options: dict[str, Any] = {"resources": resources, "checkpoint_dir": None}
+        if ns.max_concurrent is not None:
+            options["max_concurrent"] = ns.max_concurrent
+        opts = resolve_options(options, module._bound_config, None)
+        # The command owns the checkpoint (opened above) and the order, whatever bind() said.
+        opts["checkpoint_dir"] = None
+        opts["preserve_order"] = bool(ns.preserve_order)
+
+        writer = OutputWriter(ns.output, preserve_order=opts["preserve_order"])
+        display = make_display(tally, self.err, quiet=ns.quiet)
+        profiler: Any = contextlib.nullcontext()
+        if ns.profile:
+            from plait.handlers.profiling import profile
+
+            Path(ns.profile).parent.mkdir(parents=True, exist_ok=True)
+            profiler = profile(ns.profile)
+        started = time.monotonic()
+        display.start()
+        try:
+            with profiler:
+                run_blocking(_drive(module, opts, checkpoint, items, writer, tally, display))
+        except KeyboardInterrupt:
+            display.stop()
+            writer.close()
+            return self._interrupted(tally, checkpoint)
+        except BrokenPipeError:
+            display.stop()
+            silence_stdout()
+            self.say("stopped: the reader of the output went away")
+            return 1
+        except CheckpointError as exc:
+            display.stop()
+            writer.close()
+            raise UsageError(f"{exc} (or add --fresh to delete the checkpoint)") from None
+        except OSError as exc:  # the output or the checkpoint could not be written
+            display.stop()
+            with contextlib.suppress(OSError):
+                writer.close()
+            self.say(f"error: stopped: {exc}")
+            return 1
+        except BaseException:
+            display.stop()
+            writer.close()
+            raise
+        display.stop()
+        writer.close()
+        return self._summary(tally, checkpoint, time.monotonic() - started)
+
+    # -- reporting -------------------------------------------------------------------------
+    def _where(self) -> str:
+        return "stdout" if self.ns.output == "-" else self.ns.output
+
+    def _interrupted(self, tally: Tally, checkpoint: Checkpoint | None) -> int:
+        total = f" of {tally.total}" if tally.total is not None else ""
+        self.say(
+            f"interrupted: {tally.succeeded}{total} input(s) finished, {tally.failed} failed; "
+            f"outputs so far in {self._where()}"
+        )
+        if checkpoint is not None:
+            self.say(
+                f"to resume, re-run the same command: finished inputs are answered from "
+                f"{checkpoint.directory} and not run again"
+            )
+        else:
+            self.say("this run had no checkpoint, so a re-run starts over (see --checkpoint)")
+        return 130
+
+    def _summary(self, tally: Tally, checkpoint: Checkpoint | None, elapsed: float) -> int:
+        resumed = f", {tally.resumed} from the checkpoint" if tally.resumed else ""
+        self.say(
+            f"{tally.finished} input(s): {tally.succeeded} succeeded, {tally.failed} failed"
+            f"{resumed}, in {duration(elapsed)}"
+        )
+        self.say(f"outputs: {self._where()}")
+        if checkpoint is not None:
+            self.say(f"checkpoint: {checkpoint.directory} (re-running resumes; --fresh restarts)")
+        elif self.ns.output == "-" and not self.ns.no_checkpoint:
+            self.say("checkpoint: none (output to stdout: add --checkpoint DIR to resume runs)")
+        if self.ns.profile:
+            self.say(f"trace: {self.ns.profile} (open it in ui.perfetto.dev)")
+        report = usage()
+        if report.rows:
+            console(self.err).print(report.table())
+        if tally.failed:
+            shown = "; ".join(
+                f"#{index} {error['type']}"
+                + (f" in {error['module_path']}" if error.get("module_path") else "")
+                + f": {_clip(str(error['message']))}"
+                for index, error in tally.failures[:FAILURES_SHOWN]
+            )
+            more = " ..." if tally.failed > FAILURES_SHOWN else ""
+            print(
+                f"plait run: {tally.failed} of {tally.finished} input(s) failed: {shown}{more}",
+                file=self.err,
+                flush=True,
+            )
+            return 1
+        return 0
+
+
+# -- the run itself, on plait's event loop ----------------------------------------------------
+class _CliRun(_Run):
+    """The runtime's batch driver, with inputs that carry their own keyword arguments.
+
+    A problem found while reading an input becomes that input's error; a problem
+    with the run as a whole (a changed input under a checkpoint, a broken output)
+    stops it at once rather than after the remaining inputs were fed.
+    """
+
+    def __init__(self, module: Module, opts: dict[str, Any], tally: Tally) -> None:
+        super().__init__(module, opts, batch=True)
+        self.tally = tally
+        self.fatal: BaseException | None = None
+        self.task: asyncio.Task[Any] | None = None
+
+    def stop(self, exc: BaseException) -> None:
+        if self.fatal is None:
+            self.fatal = exc
+            if self.task is not None:
+                self.task.cancel()
+
+    async def one(self, index: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+        item: Item = args[0]
+        if item.problem is not None:
+            return error_value(InputError(item.problem), module_path=None)
+        tally = self.tally
+        tally.in_flight += 1
+        try:
+            value = await super().one(index, item.args, item.kwargs)
+        except CheckpointError as exc:
+            self.stop(exc)
+            raise
+        finally:
+            tally.in_flight -= 1
+        if value.meta.get("checkpoint") == "hit":
+            tally.resumed += 1
+        return value
+
+
+async def _drive(
+    module: Module,
+    opts: dict[str, Any],
+    checkpoint: Checkpoint | None,
+    items: Iterator[Item],
+    writer: OutputWriter,
+    tally: Tally,
+    display: Any,
+) -> None:
+    state = _CliRun(module, opts, tally)
+    state.checkpoint = checkpoint  # opened (and vetted) by the command, closed by it too
+    state.task = asyncio.current_task()
+    preserve = bool(opts["preserve_order"])
+    slots = asyncio.Semaphore(state.window)
+    if preserve:
+        writer.on_written = slots.release  # a slot frees only once its line is out
+
+    def deliver(index: int, item: Any, value: Value) -> None:
+        if value.is_error:
+            tally.failed += 1
+            if len(tally.failures) < FAILURES_SHOWN:
+                tally.failures.append((index, error_record(value)))
+        else:
+            tally.succeeded += 1
+        try:
+            writer.write(index, item.raw, value)
+        except Exception as exc:
+            state.stop(exc)
+            raise
+        display.changed()
+
+    try:
+        await state.drive(items, (), {}, deliver, slots, not preserve)
+    except asyncio.CancelledError:
+        if state.fatal is not None:
+            raise state.fatal from None
+        raise
+
+
+def _first(items: Iterator[Item], limit: int) -> Iterator[Item]:
+    for count, item in enumerate(items, start=1):
+        yield item
+        if count >= limit:
+            return
+
+
+def _remove_checkpoint(directory: Path) -> None:
+    """Delete a checkpoint for --fresh, but only one plait wrote (never an arbitrary folder)."""
+    if not directory.exists():
+        return
+    manifest = directory / "manifest.json"
+    try:
+        ours = json.loads(manifest.read_text())["format"] == CHECKPOINT_FORMAT
+    except (OSError, ValueError, KeyError, TypeError):
+        ours = False
+    if not ours and (not directory.is_dir() or any(directory.iterdir())):
+        raise UsageError(
+            f"--fresh would delete {directory}, which is not a plait checkpoint; remove it "
+            "yourself or choose another --checkpoint"
+        )
+    shutil.rmtree(directory)
+
+
+def _show(command: dict[str, Any]) -> str:
+    return " ".join(command.get("arguments") or []) or "(none)"
+
+
+def _clip(text: str, limit: int = 160) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _interactive(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):
+        return False
