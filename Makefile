@@ -33,7 +33,7 @@ setup: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/plait run examples/extract_and_compare.py:ExtractAndCompare \
 		--input examples/data/reviews.jsonl --output runs/demo/outputs.jsonl \
-		--profile runs/demo/trace.json
+		--profile runs/demo/trace.json --show
 
 ## test: set up, then lint, type-check and run the whole test suite.
 test: $(STAMP)

@@ -127,6 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--preserve-order", action="store_true", help="write outputs in input order"
     )
     parser.add_argument("--limit", type=_positive_int, metavar="N", help="only the first N inputs")
+    parser.add_argument(
+        "--show", action="store_true", help="print a table of the results when done"
+    )
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress display")
     parser.add_argument("-h", "--help", action="store_true", help="show this help and exit")
     return parser
@@ -360,6 +363,8 @@ class _Command:
             f"{tally.finished} input(s): {tally.succeeded} succeeded, {tally.failed} failed"
             f"{resumed}, in {duration(elapsed)}"
         )
+        if self.ns.show and self.ns.output != "-":
+            _print_results(Path(self.ns.output))
         self.say(f"outputs: {self._where()}")
         if checkpoint is not None:
             self.say(f"checkpoint: {checkpoint.directory} (re-running resumes; --fresh restarts)")
@@ -463,6 +468,27 @@ async def _drive(
         if state.fatal is not None:
             raise state.fatal from None
         raise
+
+
+def _print_results(path: Path) -> None:
+    """The outputs file as a table on stdout, for a run someone is watching (the demo)."""
+    from rich.table import Table
+
+    table = Table(title=f"results ({path})", show_lines=True)
+    for column in ("#", "input", "output"):
+        table.add_column(column, overflow="fold")
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+    for row in sorted(rows, key=lambda r: int(r["index"])):
+        result = row.get("output", None)
+        shown = (
+            f"ERROR {row['error'].get('type')}: {row['error'].get('message')}"
+            if "error" in row
+            else json.dumps(result, ensure_ascii=False, indent=1)
+            if not isinstance(result, str)
+            else result
+        )
+        table.add_row(str(row["index"]), _clip(json.dumps(row["input"], ensure_ascii=False)), shown)
+    console(sys.stdout).print(table)
 
 
 def _first(items: Iterator[Item], limit: int) -> Iterator[Item]:
