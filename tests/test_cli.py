@@ -107,6 +107,21 @@ def test_run_over_jsonl_writes_each_input_once_with_progress_and_usage(
     assert server.stats()["requests_total"] == 3 * len(texts)
 
 
+def test_show_prints_every_result_in_a_table(
+    server: FakeOpenAIServer, res: Path, tmp_path: Path
+) -> None:
+    texts = ["alpha", "beta", "[[status:400]]gamma"]
+    out = tmp_path / "out.jsonl"
+    done = cli(
+        "run", FAN, "-i", jsonl(tmp_path / "in.jsonl", texts), "-o", out, "--resources", res,
+        "--show",
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert f"results ({out})" in done.stdout
+    assert "alpha" in done.stdout and "beta" in done.stdout
+    assert "ERROR" in done.stdout  # the failed input is shown as an error, not dropped
+
+
 def test_run_reads_stdin_and_writes_stdout(server: FakeOpenAIServer, res: Path) -> None:
     # JSON objects whose keys are forward's parameters are spread into keyword arguments
     lines = [{"question": "why", "context": "sky"}, {"question": "how"}]
