@@ -57,6 +57,13 @@ class Value:
     def is_error(self) -> bool:
         return self.kind is ValueKind.ERROR
 
+    async def backward(self, feedback: Any = None) -> None:
+        """Send this output's feedback (a loss's, by default) to every learnable
+        Parameter that shaped it; needs an output of a module in ``train()`` mode."""
+        from plait.learning.backward import backward
+
+        await backward(self, feedback)
+
     def __repr__(self) -> str:
         shown = self.payload
         if isinstance(shown, str) and len(shown) > 60:

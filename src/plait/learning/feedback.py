@@ -1,0 +1,32 @@
+"""What a loss says about one output: a score to track and text to learn from.
+
+Seed 000's losses return a `Value`; plait's carry a `Feedback` payload so the
+trainer can average scores while `backward()` sends the text upstream.  The
+text should name what went wrong ("the answer omits the date"), because every
+parameter that shaped the output receives it and an optimizer rewrites prompts
+from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Feedback"]
+
+
+@dataclass(slots=True)
+class Feedback:
+    """``score`` in [0, 1], higher is better; ``text`` is what to improve."""
+
+    score: float
+    text: str
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= float(self.score) <= 1.0:
+            raise ValueError(f"a Feedback score must lie in [0, 1], got {self.score!r}")
+        self.score = float(self.score)
+
+    def __str__(self) -> str:
+        return f"score {self.score:.2f}: {self.text}"

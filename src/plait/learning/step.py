@@ -1,0 +1,37 @@
+"""`TrainingStep`: a model and its loss, traced as one graph so backward can reach both.
+
+Seed 000 composes the two so the loss's feedback starts at the end of the same
+graph that produced the output: ``loss.backward()`` then walks back through the
+loss node into the model's nodes and parameters.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from plait.module import Module
+
+__all__ = ["TrainingStep"]
+
+
+class TrainingStep(Module):
+    """``forward(input, target)`` is ``loss_fn(model(input), target)``.
+
+    ``loss_fn`` is a loss module (see `plait.learning.losses`), which receives the
+    model's real output and the target at run time.  Put the step in ``train()``
+    mode and each call returns a `Value` whose payload is the loss's `Feedback`;
+    ``await value.backward()`` sends it to every learnable parameter.
+    """
+
+    def __init__(self, model: Module, loss_fn: Module) -> None:
+        super().__init__()
+        if not isinstance(model, Module) or not isinstance(loss_fn, Module):
+            raise TypeError(
+                "TrainingStep(model, loss_fn) takes two plait Modules; wrap a plain loss "
+                "function with plait.learning.FunctionLoss(fn)"
+            )
+        self.model = model
+        self.loss_fn = loss_fn
+
+    def forward(self, input: Any, target: Any = None) -> Any:
+        return self.loss_fn(self.model(input), target)
