@@ -337,3 +337,12 @@ async def test_a_long_stream_runs_in_bounded_memory(resources: plait.ResourceCon
         tracemalloc.stop()
     assert count == 20_000
     assert late_peak < 1.5 * early_peak, (early_peak, late_peak)
+
+
+def test_the_seeds_import_path_for_the_context_settings(resources: plait.ResourceConfig) -> None:
+    from plait.execution.context import get_execution_settings
+
+    assert get_execution_settings() is None
+    with plait.ExecutionSettings(resources=resources, max_concurrent=3):
+        settings = get_execution_settings()
+        assert settings is not None and settings.max_concurrent == 3
