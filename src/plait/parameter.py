@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import weakref
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from plait._tracing_hook import active_tracer
@@ -17,9 +18,18 @@ from plait._tracing_hook import active_tracer
 if TYPE_CHECKING:
     from plait.module import Module
 
-__all__ = ["Parameter"]
+__all__ = ["Parameter", "StructureLockedError"]
 
 _ids = itertools.count(1)
+
+# -- structure lock (seed 001; set by plait.learning.state.lock) -----------------------
+#: While set (to a description of who locked), creating a Parameter raises: once the
+#: parameter state is locked, the structure it describes must not grow behind its back.
+_structure_lock: ContextVar[str | None] = ContextVar("plait_structure_lock", default=None)
+
+
+class StructureLockedError(RuntimeError):
+    """A Parameter was created while the parameter structure was locked."""
 
 
 class Parameter:
@@ -48,6 +58,13 @@ class Parameter:
         description: str | None = None,
         requires_grad: bool = True,
     ) -> None:
+        locked_by = _structure_lock.get()
+        if locked_by is not None:
+            raise StructureLockedError(
+                f"cannot create Parameter({_short(value)}): the parameter structure is locked "
+                f"({locked_by}); create parameters (and modules that own them, such as "
+                "LLMInference with a system prompt) before locking, e.g. in Module.__init__"
+            )
         if isinstance(value, Parameter):
             raise TypeError(
                 "Parameter(value) got another Parameter; pass its .value, or reuse the "

@@ -1,13 +1,54 @@
-"""Learning: prompts as Parameters that improve from feedback (seeds 000 and 002).
+"""Learning: prompts as Parameters that improve from feedback (seeds 000, 001 and 002).
 
 ``TrainingStep(model, loss)`` in ``train()`` mode returns the loss as a `Value`;
 ``await loss.backward()`` walks the recorded graph back into every learnable
 `Parameter`; an optimizer's ``await step()`` rewrites each parameter from the
-feedback it accumulated.
+feedback it accumulated; ``snapshot(module)`` freezes every value so a step can
+be kept or rolled back.
 """
 
 from plait.learning.backward import backward
 from plait.learning.feedback import Feedback
+from plait.learning.losses import (
+    CompositeLoss,
+    Contains,
+    ExactMatch,
+    FunctionLoss,
+    LLMJudge,
+    Loss,
+    RubricJudge,
+    VerifierLoss,
+    aggregate,
+)
+from plait.learning.optimizers import (
+    Optimizer,
+    OptimizerStepError,
+    SFAOptimizer,
+    TextGradOptimizer,
+)
+from plait.learning.state import ParameterState, StructureLockedError, lock, merge, snapshot
 from plait.learning.step import TrainingStep
 
-__all__ = ["Feedback", "TrainingStep", "backward"]
+__all__ = [
+    "CompositeLoss",
+    "Contains",
+    "ExactMatch",
+    "Feedback",
+    "FunctionLoss",
+    "LLMJudge",
+    "Loss",
+    "Optimizer",
+    "OptimizerStepError",
+    "ParameterState",
+    "RubricJudge",
+    "SFAOptimizer",
+    "StructureLockedError",
+    "TextGradOptimizer",
+    "TrainingStep",
+    "VerifierLoss",
+    "aggregate",
+    "backward",
+    "lock",
+    "merge",
+    "snapshot",
+]

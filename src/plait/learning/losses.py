@@ -1,0 +1,711 @@
+"""Losses: modules that grade an output and say, in words, what to improve.
+
+Seed 000 trains prompts from textual feedback, so a loss here is a `Module` whose
+``forward(output, target=None)`` returns a `Feedback`: a score in [0, 1] the
+trainer can average, and a text naming what went wrong, which ``backward()``
+sends upstream to every parameter that shaped the output.
+
+A loss that only computes (`ExactMatch`, `Contains`, `FunctionLoss`) has a plain
+``forward`` and runs on the real output as a leaf of the traced graph.  A loss
+that asks an LLM (`LLMJudge`, `RubricJudge`) or calls other losses
+(`CompositeLoss`) has ``async def forward``: it too runs on real values, while the
+calls it makes go through plait's runtime, so limits, caches, budgets and mocks
+apply to a judge exactly as to the pipeline it grades.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from plait.learning.feedback import Feedback
+from plait.module import BackwardContext, BackwardResult, LLMInference, Module
+from plait.values import Value, ValueKind
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+__all__ = [
+    "CompositeLoss",
+    "Contains",
+    "ExactMatch",
+    "FunctionLoss",
+    "LLMJudge",
+    "Loss",
+    "RubricJudge",
+    "VerifierLoss",
+    "aggregate",
+    "as_feedback",
+]
+
+#: How much of an output or target a feedback text quotes: enough to recognise it,
+#: short enough that a batch of feedback still fits in an optimizer's prompt.
+CLIP = 200
+
+
+# -- helpers ---------------------------------------------------------------------------
+def _clip(text: str, limit: int = CLIP) -> str:
+    text = text.strip()
+    if len(text) <= limit:
+        return text
+    return text[: limit - 3].rstrip() + "..."
+
+
+def _payload(obj: Any) -> Any:
+    while isinstance(obj, Value):
+        obj = obj.payload
+    return obj
+
+
+def _render(obj: Any) -> str:
+    """An output as a judge or a comparison sees it: text as is, structures as JSON."""
+    obj = _payload(obj)
+    if isinstance(obj, str):
+        return obj
+    if hasattr(obj, "model_dump_json"):  # a pydantic model, without importing pydantic
+        return str(obj.model_dump_json())
+    try:
+        from pydantic_core import to_jsonable_python
+
+        return json.dumps(to_jsonable_python(obj), ensure_ascii=False)
+    except Exception:
+        return str(obj)
+
+
+def as_feedback(obj: Any) -> Feedback:
+    """The `Feedback` in ``obj``: a Feedback, or a `Value` (as train mode returns) holding one.
+
+    Raises ValueError for a failed call's error Value, TypeError for anything else,
+    so a trainer averaging a minibatch fails on the item at fault, not later.
+    """
+    if isinstance(obj, Value) and obj.kind is ValueKind.ERROR:
+        raise ValueError(
+            f"cannot read feedback from a failed call ({obj.payload!r}); "
+            "skip failed items before aggregating"
+        )
+    payload = _payload(obj)
+    if isinstance(payload, Feedback):
+        return payload
+    raise TypeError(
+        f"expected a Feedback (or a Value holding one, as a loss returns in train mode), "
+        f"got {type(payload).__name__}"
+    )
+
+
+def _feedback_text(feedback: Any) -> str:
+    payload = _payload(feedback)
+    if isinstance(payload, Feedback):
+        return payload.text
+    return payload if isinstance(payload, str) else str(payload)
+
+
+def _snake(name: str) -> str:
+    """``LLMJudge`` -> ``llm_judge``: child names for a composite's feedback labels."""
+    name = re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1_\2", name)
+    return re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name).lower()
+
+
+def _check_scale(scale: Any, who: str) -> tuple[float, float]:
+    ok = (
+        isinstance(scale, tuple | list)
+        and len(scale) == 2
+        and all(isinstance(x, int | float) and not isinstance(x, bool) for x in scale)
+        and all(math.isfinite(x) for x in scale)
+        and scale[0] < scale[1]
+    )
+    if not ok:
+        raise ValueError(
+            f"{who}(scale=...) must be a pair (low, high) with low < high, got {scale!r}"
+        )
+    return float(scale[0]), float(scale[1])
+
+
+def _normalize(score: float, scale: tuple[float, float]) -> float:
+    low, high = scale
+    return min(1.0, max(0.0, (float(score) - low) / (high - low)))
+
+
+def _field(reply: Any, name: str) -> Any:
+    return reply.get(name) if isinstance(reply, Mapping) else getattr(reply, name)
+
+
+def _fmt(x: float) -> str:
+    return f"{x:g}"
+
+
+# -- the base class --------------------------------------------------------------------
+class Loss(Module):
+    """Base class of losses: subclass it and implement ``forward(output, target=None)``.
+
+    ``forward`` returns a `Feedback`; make it ``async def`` when it calls an LLM or
+    other modules (``await self.judge(prompt)``).  Subclassing `Loss` rather than
+    `Module` gives the backward pass its rule for losses: the feedback text goes
+    to the graded output and nothing goes to the target, which is data, not
+    something training should change.
+    """
+
+    def backward(self, feedback: Value, ctx: BackwardContext) -> BackwardResult:
+        """Send the feedback text to the ``output`` input (or the first input, if renamed)."""
+        name = "output"
+        if ctx.inputs and name not in ctx.inputs:
+            name = next(iter(ctx.inputs))
+        return BackwardResult(input_feedback={name: _feedback_text(feedback)})
+
+
+# -- programmatic losses ---------------------------------------------------------------
+def _describe(fn: Callable[..., Any]) -> str:
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
+    return name if isinstance(name, str) else repr(fn)
+
+
+def _takes_target(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` accepts a second positional argument (so single-argument checks work)."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return True
+    positional = 0
+    for param in params:
+        if param.kind is inspect.Parameter.VAR_POSITIONAL:
+            return True
+        if param.kind in (
+            inspect.Parameter.POSITIONAL_ONLY,
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        ):
+            positional += 1
+    return positional >= 2
+
+
+class FunctionLoss(Loss):
+    """A loss from a plain function ``fn(output, target)`` returning a score and why.
+
+    ``fn`` returns a `Feedback`, a float in [0, 1], a bool, or ``(score, text)``.
+
+    Use it for checks code can decide (valid JSON, length limits, a unit test on
+    generated code).  A bool becomes 1.0 or 0.0 with a default text; a bare float
+    gets a text naming the function and its score, so prefer returning
+    ``(score, "what is wrong")``: the text is all an optimizer learns from.  A
+    function taking one argument is called with the output alone.
+    """
+
+    def __init__(self, fn: Callable[..., Any], name: str | None = None) -> None:
+        super().__init__()
+        if not callable(fn):
+            raise TypeError(f"{type(self).__name__}(fn) needs a callable, got {type(fn).__name__}")
+        if inspect.iscoroutinefunction(fn):
+            raise TypeError(
+                f"{type(self).__name__} wraps synchronous functions; {_describe(fn)} is async: "
+                "subclass plait.learning.Loss with `async def forward(self, output, target=None)`"
+            )
+        self.fn = fn
+        self.name = name or _describe(fn)
+        self._pass_target = _takes_target(fn)
+
+    def forward(self, output: Any, target: Any = None) -> Feedback:
+        result = self.fn(output, target) if self._pass_target else self.fn(output)
+        return self._to_feedback(result)
+
+    def _to_feedback(self, result: Any) -> Feedback:
+        if isinstance(result, Feedback):
+            return result
+        if isinstance(result, bool):
+            if result:
+                return Feedback(1.0, f"the output passed the check {self.name}")
+            return Feedback(0.0, f"the output failed the check {self.name}")
+        if isinstance(result, int | float):
+            score = self._score(result)
+            return Feedback(score, f"{self.name} scored the output {score:.2f} (1.0 is best)")
+        if (
+            isinstance(result, tuple)
+            and len(result) == 2
+            and isinstance(result[0], int | float)
+            and isinstance(result[1], str)
+        ):
+            return Feedback(self._score(result[0]), result[1])
+        raise TypeError(
+            f"loss function {self.name} returned {type(result).__name__} "
+            f"({_clip(repr(result), 80)}); "
+            "it must return a Feedback, a float score in [0, 1], a bool, or a (score, text) tuple"
+        )
+
+    def _score(self, score: float) -> float:
+        value = float(score)
+        if not 0.0 <= value <= 1.0:  # also rejects NaN
+            raise ValueError(f"loss function {self.name} returned score {score!r}, outside [0, 1]")
+        return value
+
+    def extra_repr(self) -> str:
+        return self.name
+
+
+class VerifierLoss(FunctionLoss):
+    """A pass/fail loss from a checker ``fn(output, target) -> bool | (bool, reason)``.
+
+    Use it for verifiable tasks (the answer parses, the code compiles, the number
+    matches).  ``failure_text`` says what a failed check means ("the reply is not
+    valid JSON"); a reason returned by the checker takes precedence, because it
+    can name the particular problem.  Anything but a bool is a TypeError: a
+    verifier that starts returning scores should be a `FunctionLoss`.
+    """
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        failure_text: str | None = None,
+        name: str | None = None,
+    ) -> None:
+        super().__init__(fn, name=name)
+        self.failure_text = failure_text
+
+    def _to_feedback(self, result: Any) -> Feedback:
+        reason: str | None = None
+        if isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], str):
+            result, reason = result
+        if not isinstance(result, bool):
+            raise TypeError(
+                f"verifier {self.name} returned {type(result).__name__}; a VerifierLoss check "
+                "must return a bool or a (bool, reason) tuple (use FunctionLoss for scores)"
+            )
+        if result:
+            return Feedback(1.0, reason or f"the output passed the check {self.name}")
+        text = reason or self.failure_text or f"the output failed the check {self.name}"
+        return Feedback(0.0, text)
+
+
+def _need_target(loss: Loss, target: Any) -> str:
+    target = _payload(target)
+    if target is None:
+        raise ValueError(
+            f"{type(loss).__name__} compares the output with a target, but target is None: "
+            "call it as loss(output, target)"
+        )
+    return _render(target)
+
+
+_SPACE = re.compile(r"\s+")
+
+
+class ExactMatch(Loss):
+    """Score 1.0 when the output equals the target, else 0.0.
+
+    Use it for short answers with one right form (a label, a number, a name).
+    With ``normalize`` (the default) both sides are trimmed, lower-cased and have
+    runs of whitespace collapsed first, so formatting noise is not punished.
+    The failure text quotes both, so an optimizer sees the gap.
+    """
+
+    def __init__(self, normalize: bool = True) -> None:
+        super().__init__()
+        self.normalize = normalize
+
+    def _norm(self, text: str) -> str:
+        return _SPACE.sub(" ", text).strip().casefold() if self.normalize else text
+
+    def forward(self, output: Any, target: Any = None) -> Feedback:
+        expected = _need_target(self, target)
+        actual = _render(output)
+        if self._norm(actual) == self._norm(expected):
+            return Feedback(1.0, "the output matches the expected answer")
+        how = " (compared ignoring case and surrounding whitespace)" if self.normalize else ""
+        return Feedback(
+            0.0,
+            f'expected exactly "{_clip(expected)}" but the output was "{_clip(actual)}"{how}',
+            {"expected": expected, "actual": actual},
+        )
+
+    def extra_repr(self) -> str:
+        return f"normalize={self.normalize}"
+
+
+class Contains(Loss):
+    """Score the fraction of required strings the output contains.
+
+    Use it when an answer must mention something (a fact, a keyword, a citation)
+    but may say more.  ``target`` is one string or a list of them; the failure
+    text names each missing one and quotes the output.
+    """
+
+    def __init__(self, case_sensitive: bool = False) -> None:
+        super().__init__()
+        self.case_sensitive = case_sensitive
+
+    def forward(self, output: Any, target: Any = None) -> Feedback:
+        raw = _payload(target)
+        if isinstance(raw, list | tuple):
+            if not raw:
+                raise ValueError("Contains needs at least one required string; target is empty")
+            required = [_render(item) for item in raw]
+        else:
+            required = [_need_target(self, raw)]
+        actual = _render(output)
+
+        def fold(text: str) -> str:
+            return text if self.case_sensitive else text.casefold()
+
+        haystack = fold(actual)
+        missing = [item for item in required if fold(item) not in haystack]
+        score = 1.0 - len(missing) / len(required)
+        if not missing:
+            return Feedback(score, "the output contains every required string")
+        names = ", ".join(f'"{_clip(item, 80)}"' for item in missing)
+        return Feedback(
+            score,
+            f'the output does not contain {names}; the output was "{_clip(actual)}"',
+            {"missing": missing},
+        )
+
+    def extra_repr(self) -> str:
+        return f"case_sensitive={self.case_sensitive}"
+
+
+# -- LLM judges ------------------------------------------------------------------------
+_JUDGE_SYSTEM = (
+    "You are a strict, fair grader. Judge the output only against the criteria given. "
+    "In the feedback, name concretely what is wrong or missing and how to fix it; if "
+    "nothing is, say so briefly. Then give the score."
+)
+
+
+def _criteria_list(criteria: str | Sequence[str]) -> list[str]:
+    items = [criteria] if isinstance(criteria, str) else list(criteria)
+    if not items or not all(isinstance(c, str) and c.strip() for c in items):
+        raise ValueError(
+            f"LLMJudge(criteria=...) must be a non-empty string or list of non-empty strings, "
+            f"got {criteria!r}"
+        )
+    return [c.strip() for c in items]
+
+
+class LLMJudge(Loss):
+    """An LLM grades the output against criteria (and the target, as a reference, if given).
+
+    Use it when quality is a matter of judgement (helpfulness, tone, faithfulness)
+    and no function can decide it.  One call with a typed reply: feedback first,
+    so the model reasons before it scores, then a score on ``scale`` (default 1
+    to 10, which models use more consistently than fractions), normalized to
+    [0, 1].  The judge's prompt is fixed, not a learnable parameter: training
+    should improve the pipeline, not the grader.
+    """
+
+    _reply_types: ClassVar[dict[tuple[float, float], type[BaseModel]]] = {}
+
+    def __init__(
+        self,
+        alias: str,
+        criteria: str | Sequence[str],
+        *,
+        scale: tuple[float, float] = (1, 10),
+        temperature: float | None = 0.0,
+        max_tokens: int | None = None,
+        system_prompt: str = _JUDGE_SYSTEM,
+    ) -> None:
+        super().__init__()
+        self.criteria = _criteria_list(criteria)
+        self.scale = _check_scale(scale, "LLMJudge")
+        self.judge = LLMInference(
+            alias,
+            system_prompt=system_prompt,
+            temperature=temperature,
+            max_tokens=max_tokens,
+            response_format=self._reply_type(self.scale),
+        )
+
+    @classmethod
+    def _reply_type(cls, scale: tuple[float, float]) -> type[BaseModel]:
+        # One class per scale: schemas are cached by type, so equal judges share one.
+        found = cls._reply_types.get(scale)
+        if found is None:
+            from pydantic import Field, create_model
+
+            low, high = scale
+            found = create_model(
+                "JudgeVerdict",
+                feedback=(str, Field(description="What is wrong or missing, and how to fix it.")),
+                score=(
+                    float,
+                    Field(ge=low, le=high, description=f"{_fmt(low)} (worst) to {_fmt(high)}"),
+                ),
+            )
+            cls._reply_types[scale] = found
+        return found
+
+    def prompt(self, output: Any, target: Any = None) -> str:
+        """The judge's user message (a method so a subclass can reword it)."""
+        low, high = self.scale
+        lines = ["Grade the output against these criteria:"]
+        lines += [f"- {c}" for c in self.criteria]
+        reference = _payload(target)
+        if reference is not None:
+            lines += [
+                "",
+                "Reference answer (what a good output should agree with):",
+                _render(reference),
+            ]
+        lines += [
+            "",
+            "Output to grade:",
+            _render(output),
+            "",
+            f"Score from {_fmt(low)} (fails the criteria) to {_fmt(high)} (fully meets them).",
+        ]
+        return "\n".join(lines)
+
+    async def forward(self, output: Any, target: Any = None) -> Feedback:
+        reply = await self.judge(self.prompt(output, target))
+        raw = float(_field(reply, "score"))
+        text = str(_field(reply, "feedback")).strip() or "the judge gave no feedback"
+        return Feedback(
+            _normalize(raw, self.scale),
+            text,
+            {"raw_score": raw, "scale": self.scale, "criteria": list(self.criteria)},
+        )
+
+    def extra_repr(self) -> str:
+        return f"criteria={self.criteria!r}, scale={self.scale}"
+
+
+def _rubric_items(rubric: Any) -> list[tuple[str, str]]:
+    items = list(rubric.items()) if isinstance(rubric, Mapping) else list(rubric)
+    ok = bool(items) and all(
+        isinstance(item, tuple)
+        and len(item) == 2
+        and all(isinstance(part, str) and part.strip() for part in item)
+        for item in items
+    )
+    if not ok:
+        raise ValueError(
+            "RubricJudge(rubric=...) must be a non-empty dict {criterion: description} or a "
+            f"list of (criterion, description) pairs of non-empty strings, got {rubric!r}"
+        )
+    names = [name.strip() for name, _ in items]
+    if len(set(names)) != len(names):
+        raise ValueError(f"RubricJudge criteria must be distinct, got {names!r}")
+    return [(name.strip(), text.strip()) for name, text in items]
+
+
+class RubricJudge(Loss):
+    """An LLM scores the output on each criterion of a rubric, in one structured call.
+
+    Use it when quality has several separable parts (accuracy, completeness,
+    clarity) and you want to see which one fails.  The reply holds a feedback and
+    a score (on ``scale``, default 1 to 5) per criterion; the loss's score is the
+    mean of the normalized scores, ``details["criteria"]`` keeps each one, and the
+    text leads with the weakest criteria so an optimizer fixes those first.
+    """
+
+    #: How many criteria below full marks the feedback text names.
+    weakest: ClassVar[int] = 3
+
+    def __init__(
+        self,
+        alias: str,
+        rubric: Mapping[str, str] | Sequence[tuple[str, str]],
+        *,
+        scale: tuple[float, float] = (1, 5),
+        temperature: float | None = 0.0,
+        max_tokens: int | None = None,
+        system_prompt: str = _JUDGE_SYSTEM,
+    ) -> None:
+        super().__init__()
+        self.rubric = _rubric_items(rubric)
+        self.scale = _check_scale(scale, "RubricJudge")
+        self.judge = LLMInference(
+            alias,
+            system_prompt=system_prompt,
+            temperature=temperature,
+            max_tokens=max_tokens,
+            response_format=self._reply_type(),
+        )
+
+    def _reply_type(self) -> type[BaseModel]:
+        from pydantic import Field, create_model
+
+        low, high = self.scale
+        grade = create_model(
+            "CriterionGrade",
+            feedback=(str, Field(description="What is wrong or missing for this criterion.")),
+            score=(float, Field(ge=low, le=high, description=f"{_fmt(low)} to {_fmt(high)}")),
+        )
+        # Field names are placeholders; the JSON keys are the criterion names (aliases),
+        # which need not be Python identifiers.
+        fields: dict[str, Any] = {
+            f"c{i}": (grade, Field(alias=name, description=text))
+            for i, (name, text) in enumerate(self.rubric)
+        }
+        model: type[BaseModel] = create_model("RubricGrades", **fields)
+        return model
+
+    def prompt(self, output: Any, target: Any = None) -> str:
+        """The judge's user message (a method so a subclass can reword it)."""
+        low, high = self.scale
+        lines = ["Grade the output on each criterion of this rubric:"]
+        lines += [f"- {name}: {text}" for name, text in self.rubric]
+        reference = _payload(target)
+        if reference is not None:
+            lines += [
+                "",
+                "Reference answer (what a good output should agree with):",
+                _render(reference),
+            ]
+        lines += [
+            "",
+            "Output to grade:",
+            _render(output),
+            "",
+            f"For each criterion give feedback, then a score from {_fmt(low)} (fails it) "
+            f"to {_fmt(high)} (fully meets it).",
+        ]
+        return "\n".join(lines)
+
+    async def forward(self, output: Any, target: Any = None) -> Feedback:
+        reply = await self.judge(self.prompt(output, target))
+        low, high = self.scale
+        grades: dict[str, dict[str, Any]] = {}
+        for i, (name, _) in enumerate(self.rubric):
+            grade = _field(reply, f"c{i}") if not isinstance(reply, Mapping) else reply[name]
+            raw = float(_field(grade, "score"))
+            grades[name] = {
+                "score": raw,
+                "normalized": _normalize(raw, self.scale),
+                "feedback": str(_field(grade, "feedback")).strip(),
+            }
+        total = sum(g["normalized"] for g in grades.values()) / len(grades)
+        short = [(name, g) for name, g in grades.items() if g["normalized"] < 1.0]
+        short.sort(key=lambda item: item[1]["normalized"])  # stable: rubric order on ties
+        if not short:
+            text = "every rubric criterion is fully met"
+        else:
+            parts = [
+                f"{name} ({_fmt(g['score'])}/{_fmt(high)}): {g['feedback'] or 'no feedback given'}"
+                for name, g in short[: self.weakest]
+            ]
+            text = "weakest criteria: " + "; ".join(parts)
+        return Feedback(total, text, {"criteria": grades, "scale": (low, high)})
+
+    def extra_repr(self) -> str:
+        return f"criteria={[name for name, _ in self.rubric]!r}, scale={self.scale}"
+
+
+# -- combining losses ------------------------------------------------------------------
+class CompositeLoss(Loss):
+    """A weighted average of several losses: ``CompositeLoss({ExactMatch(): 2, judge: 1})``.
+
+    Use it when an output must satisfy several things at once (right answer and
+    good explanation).  The children run concurrently through plait's runtime;
+    the score is ``sum(weight * score) / sum(weight)`` and the text gives each
+    child's feedback labelled by its name (``exact_match``, ``llm_judge`` ...), so
+    an optimizer can tell which requirement failed.
+    """
+
+    def __init__(self, losses: Mapping[Loss, float] | Sequence[tuple[Loss, float]]) -> None:
+        super().__init__()
+        pairs = list(losses.items()) if isinstance(losses, Mapping) else list(losses)
+        if not pairs:
+            raise ValueError("CompositeLoss needs at least one (loss, weight)")
+        self.weights: dict[str, float] = {}
+        for pair in pairs:
+            if not (isinstance(pair, tuple) and len(pair) == 2):
+                raise TypeError(
+                    f"CompositeLoss takes {{loss: weight}} or [(loss, weight), ...], got {pair!r}"
+                )
+            loss, weight = pair
+            if not isinstance(loss, Loss):
+                raise TypeError(
+                    f"CompositeLoss children must be Loss modules, got {type(loss).__name__} "
+                    "(wrap a function with FunctionLoss(fn))"
+                )
+            if (
+                isinstance(weight, bool)
+                or not isinstance(weight, int | float)
+                or not math.isfinite(weight)
+                or weight <= 0
+            ):
+                raise ValueError(
+                    f"CompositeLoss weight for {type(loss).__name__} must be a positive "
+                    f"number, got {weight!r}"
+                )
+            name = base = _snake(type(loss).__name__)
+            n = 1
+            while name in self.weights or hasattr(self, name):
+                n += 1
+                name = f"{base}_{n}"
+            setattr(self, name, loss)
+            self.weights[name] = float(weight)
+
+    async def forward(self, output: Any, target: Any = None) -> Feedback:
+        names = list(self.weights)
+
+        async def one(name: str) -> Feedback:
+            # Inside a run, calling a child returns an awaitable (the engine runs it);
+            # called outside one, a plain child just returns its Feedback.
+            result = getattr(self, name)(output, target)
+            if inspect.isawaitable(result):
+                result = await result
+            try:
+                return as_feedback(result)
+            except TypeError:
+                raise TypeError(
+                    f"CompositeLoss child {name} ({type(getattr(self, name)).__name__}) returned "
+                    f"{type(_payload(result)).__name__}, not a Feedback"
+                ) from None
+
+        results = await asyncio.gather(*(one(name) for name in names))
+        total = sum(self.weights.values())
+        score = sum(self.weights[n] * fb.score for n, fb in zip(names, results, strict=True))
+        parts = [
+            f"[{n}] (score {fb.score:.2f}, weight {_fmt(self.weights[n])}) {fb.text}"
+            for n, fb in zip(names, results, strict=True)
+        ]
+        details = {
+            "components": {
+                n: {
+                    "score": fb.score,
+                    "weight": self.weights[n],
+                    "text": fb.text,
+                    "details": fb.details,
+                }
+                for n, fb in zip(names, results, strict=True)
+            }
+        }
+        return Feedback(min(1.0, score / total), "\n".join(parts), details)
+
+    def extra_repr(self) -> str:
+        return ", ".join(f"{n}={_fmt(w)}" for n, w in self.weights.items())
+
+
+# -- batches -----------------------------------------------------------------------------
+def aggregate(feedbacks: Sequence[Feedback | Value], k: int = 3) -> Feedback:
+    """One `Feedback` for a minibatch: the mean score, and the ``k`` worst items' texts.
+
+    A trainer reports the mean; an optimizer reading one summary should see the
+    failures that matter most, so the text lists the lowest-scoring items (below
+    1.0) with their scores, worst first, instead of every item's feedback.
+    """
+    if isinstance(feedbacks, Feedback | Value | str):
+        raise TypeError("aggregate() takes a sequence of Feedback (or Values holding them)")
+    items = [as_feedback(fb) for fb in feedbacks]
+    if not items:
+        raise ValueError("aggregate() needs at least one Feedback; the batch is empty")
+    if k < 1:
+        raise ValueError(f"aggregate(k=...) must be at least 1, got {k!r}")
+    scores = [fb.score for fb in items]
+    mean = sum(scores) / len(scores)
+    worst = sorted(
+        (i for i, fb in enumerate(items) if fb.score < 1.0), key=lambda i: items[i].score
+    )[:k]
+    header = f"mean score {mean:.2f} over {len(items)} output{'s' if len(items) != 1 else ''}"
+    if not worst:
+        text = f"{header}; every output fully met the criteria"
+    else:
+        lines = [f"- (score {items[i].score:.2f}) {items[i].text}" for i in worst]
+        text = f"{header}; the {len(worst)} lowest:\n" + "\n".join(lines)
+    return Feedback(
+        min(1.0, mean),
+        text,
+        {"scores": scores, "count": len(items), "worst": worst},
+    )

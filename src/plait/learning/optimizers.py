@@ -1,0 +1,540 @@
+"""Optimizers: turn the feedback parameters accumulated into better values (seeds 000, 002).
+
+The lifecycle is torch's: ``backward()`` calls ``param.accumulate_feedback(text)``
+on every parameter that shaped an output; ``await optimizer.step()`` rewrites each
+trainable parameter that received feedback and installs the result with
+``apply_update`` (which clears its buffer and bumps its module's state version);
+``optimizer.zero_feedback()`` starts the next batch clean.
+
+A rewrite is an LLM call, made through plait like any other (so resources,
+limits, handlers such as ``mock``, ``cache`` and ``budget`` all apply).  The
+prompt always carries the parameter's ``description``: it is the contract of
+what the value is for, and a rewrite that satisfies the feedback but breaks the
+contract is worse than none.
+
+Order of updates.  By default parameters are rewritten one after another, in
+the optimizer's parameter order, and each rewrite is shown the updates already
+made in this step.  Pass parameters upstream first (closer to the pipeline's
+inputs), which ``module.parameters()`` usually does for a pipeline written top
+to bottom: a downstream prompt receives what the upstream one produces, so
+when both got the same complaint the downstream rewrite can see the upstream
+fix and avoid fixing it twice.  ``order=`` names the order explicitly, and an
+entry that is a list of names is a group rewritten concurrently; with
+``concurrent=True`` every parameter not named in ``order`` is treated as
+independent and all are rewritten at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Self
+
+from plait.module import LLMInference, Module
+from plait.parameter import Parameter
+
+if TYPE_CHECKING:
+    from plait.resources.config import ResourceConfig
+    from plait.resources.manager import ResourceManager
+
+__all__ = [
+    "Optimizer",
+    "OptimizerStepError",
+    "Proposal",
+    "SFAOptimizer",
+    "TextGradOptimizer",
+    "Update",
+    "aggregate_feedback",
+]
+
+OrderEntry = str | Sequence[str]
+"""A qualified parameter name, or a group of names rewritten concurrently."""
+
+
+@dataclass(frozen=True, slots=True)
+class Proposal:
+    """A new value for one parameter and the feedback text it was derived from."""
+
+    value: Any
+    feedback: str
+
+
+@dataclass(frozen=True, slots=True)
+class Update:
+    """An update made earlier in the same step, shown to later rewrites as context."""
+
+    name: str
+    description: str
+    old_value: Any
+    new_value: Any
+
+
+class OptimizerStepError(RuntimeError):
+    """Some rewrites of a step failed.
+
+    Updates that succeeded before the failure stay applied (``applied``); failed
+    parameters keep their old value and their feedback, so the next ``step()``
+    retries them.  Later stages of the step were not attempted.
+    """
+
+    def __init__(self, failures: dict[str, Exception], applied: dict[str, Any]) -> None:
+        self.failures = failures
+        self.applied = applied
+        detail = "; ".join(f"{name}: {type(e).__name__}: {e}" for name, e in failures.items())
+        super().__init__(
+            f"optimizer step failed for {len(failures)} parameter(s) ({detail}); "
+            f"{len(applied)} update(s) were applied and stay applied"
+        )
+        self.__cause__ = next(iter(failures.values()))
+
+
+class Optimizer:
+    """Base class: holds parameters, orders their updates, applies proposals.
+
+    Subclasses implement `_propose` (the new value for one parameter).  Only
+    parameters with ``requires_grad`` are ever updated, checked at each step so
+    freezing a parameter after building the optimizer takes effect; a parameter
+    given twice (shared between modules) is held once.
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Parameter],
+        *,
+        order: Sequence[OrderEntry] | None = None,
+        concurrent: bool = False,
+    ) -> None:
+        if isinstance(params, Module):
+            raise TypeError(
+                f"{type(self).__name__}() takes parameters, not a module: pass module.parameters()"
+            )
+        if isinstance(params, Parameter):
+            raise TypeError(f"{type(self).__name__}() takes an iterable of parameters: [param]")
+        held: dict[int, Parameter] = {}
+        for param in params:
+            if not isinstance(param, Parameter):
+                raise TypeError(
+                    f"{type(self).__name__}() takes Parameters, got {type(param).__name__}"
+                )
+            held.setdefault(id(param), param)
+        if not held:
+            raise ValueError(f"{type(self).__name__}() got no parameters to optimize")
+        self.params: list[Parameter] = list(held.values())
+        self.order: list[OrderEntry] = _check_order(order)
+        self.concurrent = concurrent
+        self.steps = 0
+        self.resources: ResourceConfig | ResourceManager | Any = None
+
+    # -- configuration -------------------------------------------------------------
+    def bind(self, resources: ResourceConfig | ResourceManager | Any) -> Self:
+        """Resources for the optimizer's own LLM calls; without them, `ExecutionSettings` must
+        provide them when `step` runs."""
+        self.resources = resources
+        for module in self._modules():
+            module.bind(resources=resources)
+        return self
+
+    def _modules(self) -> list[Module]:
+        """The modules that make this optimizer's LLM calls (bound by `bind`)."""
+        return []
+
+    # -- the loop ------------------------------------------------------------------
+    def zero_feedback(self) -> None:
+        """Clear every held parameter's feedback (``zero_grad``)."""
+        for param in self.params:
+            param.zero_feedback()
+
+    async def step(self) -> dict[str, Any]:
+        """Rewrite every trainable parameter that has feedback; new values by qualified name.
+
+        Parameters without feedback, and frozen ones, are left exactly as they are
+        (their module state version does not move).
+        """
+        names = self._names()
+        pending = [p for p in self.params if p.requires_grad and p.get_accumulated_feedback()]
+        applied: dict[str, Any] = {}
+        earlier: list[Update] = []
+        for stage in self._stages(pending, names):
+            results = await asyncio.gather(
+                *(self._propose(p, names[id(p)], tuple(earlier)) for p in stage),
+                return_exceptions=True,
+            )
+            failures: dict[str, Exception] = {}
+            for param, result in zip(stage, results, strict=True):
+                name = names[id(param)]
+                if isinstance(result, BaseException):
+                    if not isinstance(result, Exception):
+                        raise result
+                    failures[name] = result
+                    continue
+                old_value = param.value
+                param.apply_update(result.value)
+                self._updated(param, name, old_value, result)
+                earlier.append(Update(name, param.description or "", old_value, result.value))
+                applied[name] = result.value
+            if failures:
+                self.steps += 1
+                raise OptimizerStepError(failures, applied)
+        self.steps += 1
+        return applied
+
+    async def _propose(self, param: Parameter, name: str, earlier: tuple[Update, ...]) -> Proposal:
+        raise NotImplementedError(f"{type(self).__name__} must implement _propose()")
+
+    def _updated(self, param: Parameter, name: str, old_value: Any, proposal: Proposal) -> None:
+        """Hook run after a proposal is applied (optimizers with memory record it here)."""
+
+    # -- naming and ordering -------------------------------------------------------
+    def _names(self) -> dict[int, str]:
+        """Qualified name of each held parameter; two parameters may not share one.
+
+        Names are dotted paths from the root module that last ran them, so they are
+        only complete once the pipeline has run; before that two modules' parameters
+        can both be called ``system_prompt``.
+        """
+        names: dict[int, str] = {}
+        owners: dict[str, Parameter] = {}
+        for param in self.params:
+            name = param.qualified_name
+            if name in owners:
+                raise ValueError(
+                    f"two optimized parameters are both named {name!r}: names are dotted "
+                    "paths assigned when the pipeline runs, so run it (forward and backward) "
+                    "before step(), or give the optimizer parameters of one root module"
+                )
+            owners[name] = param
+            names[id(param)] = name
+        return names
+
+    def _stages(self, pending: list[Parameter], names: dict[int, str]) -> list[list[Parameter]]:
+        """Groups of parameters to rewrite: groups run in sequence, members concurrently."""
+        by_name = {names[id(p)]: p for p in self.params}
+        waiting = {id(p) for p in pending}
+        stages: list[list[Parameter]] = []
+        for entry in self.order:
+            group = [entry] if isinstance(entry, str) else list(entry)
+            unknown = [name for name in group if name not in by_name]
+            if unknown:
+                raise KeyError(
+                    f"order= names unknown parameter(s) {', '.join(map(repr, unknown))}; "
+                    f"the optimizer holds: {', '.join(by_name)}"
+                )
+            stage = [by_name[name] for name in group if id(by_name[name]) in waiting]
+            waiting.difference_update(id(p) for p in stage)
+            if stage:
+                stages.append(stage)
+        rest = [p for p in pending if id(p) in waiting]
+        if self.concurrent:
+            return [*stages, rest] if rest else stages
+        return stages + [[p] for p in rest]
+
+    # -- persistence ---------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The optimizer's own state as JSON-ready data (parameter values live in the module)."""
+        return {"type": type(self).__name__, "steps": self.steps}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what `state_dict` returned, from an optimizer of the same type."""
+        kind = state.get("type")
+        if kind != type(self).__name__:
+            raise ValueError(f"state_dict of a {kind} cannot be loaded into {type(self).__name__}")
+        self.steps = int(state.get("steps", 0))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({len(self.params)} parameters, steps={self.steps})"
+
+
+def _check_order(order: Sequence[OrderEntry] | None) -> list[OrderEntry]:
+    if order is None:
+        return []
+    if isinstance(order, str):
+        raise TypeError("order= takes a list of parameter names, not one string")
+    entries: list[OrderEntry] = []
+    seen: set[str] = set()
+    for entry in order:
+        group = [entry] if isinstance(entry, str) else list(entry)
+        for name in group:
+            if not isinstance(name, str):
+                raise TypeError(f"order= entries are names or lists of names, got {name!r}")
+            if name in seen:
+                raise ValueError(f"order= names {name!r} twice")
+            seen.add(name)
+        entries.append(entry if isinstance(entry, str) else tuple(group))
+    return entries
+
+
+# -- feedback ------------------------------------------------------------------------
+def aggregate_feedback(items: Iterable[Any]) -> list[str]:
+    """Distinct feedback texts in first-seen order, with a count where one repeats.
+
+    A batch often reports the same problem many times; repeating it verbatim wastes
+    the rewrite prompt, while the count keeps how widespread the problem was.
+    """
+    counts: dict[str, int] = {}
+    for item in items:
+        text = " ".join(str(item).split())
+        if text:
+            counts[text] = counts.get(text, 0) + 1
+    return [text if n == 1 else f"{text} (reported {n} times)" for text, n in counts.items()]
+
+
+_REWRITE_SYSTEM = (
+    "You improve one parameter of an LLM pipeline (a prompt or other setting that steers a "
+    "model) using feedback on the outputs it shaped. Keep to what the parameter is for. "
+    "Reply with ONLY the new value: no preamble, no explanation, no quotes or code fences."
+)
+
+_SUMMARY_SYSTEM = (
+    "You condense feedback about one parameter of an LLM pipeline into a short list of "
+    "distinct, actionable points. Keep every distinct point; drop repetition."
+)
+
+_FENCE = re.compile(r"^```[\w-]*\n(.*?)\n?```$", re.DOTALL)
+
+
+class _Call(Module):
+    """One named LLM call, run as its own root so mocks can match its path."""
+
+    def __init__(self, name: str, alias: str, system_prompt: str, temperature: float | None):
+        super().__init__()
+        self._call_name = name
+        setattr(self, name, LLMInference(alias, system_prompt, temperature=temperature))
+
+    @property
+    def llm(self) -> LLMInference:
+        module = getattr(self, self._call_name)
+        assert isinstance(module, LLMInference)
+        return module
+
+    def forward(self, prompt: str) -> Any:
+        return self.llm(prompt)
+
+
+class SFAOptimizer(Optimizer):
+    """Rewrites each parameter from its aggregated feedback with one LLM call (seed 000).
+
+    For each parameter the feedback is de-duplicated and, beyond
+    ``max_feedback_chars``, condensed by a second LLM call; then an LLM on
+    ``alias`` (default ``"optimizer"``) is shown the parameter's description,
+    its current value, that feedback and the updates made earlier in this step,
+    and asked for only the new value.  The two calls run as root modules with
+    paths ``"rewriter"`` and ``"summarizer"``, so ``mock({"rewriter": ...})`` or
+    ``mock({"optimizer": ...})`` (the alias) answers them in tests.
+
+    A structured (non-string) parameter is shown and requested as JSON.
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Parameter],
+        *,
+        alias: str = "optimizer",
+        temperature: float | None = 0.7,
+        max_feedback_chars: int = 4000,
+        order: Sequence[OrderEntry] | None = None,
+        concurrent: bool = False,
+    ) -> None:
+        super().__init__(params, order=order, concurrent=concurrent)
+        if max_feedback_chars < 1:
+            raise ValueError(f"max_feedback_chars must be positive, got {max_feedback_chars}")
+        self.alias = alias
+        self.max_feedback_chars = max_feedback_chars
+        self._rewriter = _Call("rewriter", alias, _REWRITE_SYSTEM, temperature)
+        self._summarizer = _Call("summarizer", alias, _SUMMARY_SYSTEM, temperature)
+
+    @property
+    def rewriter(self) -> LLMInference:
+        """The LLM call that proposes new values (adjust ``temperature``/``max_tokens`` here)."""
+        return self._rewriter.llm
+
+    def _modules(self) -> list[Module]:
+        return [self._rewriter, self._summarizer]
+
+    async def _propose(self, param: Parameter, name: str, earlier: tuple[Update, ...]) -> Proposal:
+        feedback = await self._feedback_text(param, name)
+        prompt = self.rewrite_prompt(param, name, feedback, earlier)
+        reply = await self._rewriter(prompt)
+        return Proposal(_parse_reply(reply, param, name), feedback)
+
+    async def _feedback_text(self, param: Parameter, name: str) -> str:
+        """The parameter's feedback as one block: de-duplicated, condensed if too long."""
+        text = "\n".join(
+            f"- {item}" for item in aggregate_feedback(param.get_accumulated_feedback())
+        )
+        if len(text) <= self.max_feedback_chars:
+            return text
+        summary = await self._summarizer(
+            f"Feedback on outputs shaped by the parameter `{name}`, whose role is:\n"
+            f"{param.description}\n\nFeedback:\n{text}\n\n"
+            "Condense this into a list of distinct, actionable points."
+        )
+        return str(summary).strip()
+
+    def rewrite_prompt(
+        self, param: Parameter, name: str, feedback: str, earlier: tuple[Update, ...] = ()
+    ) -> str:
+        """The prompt that asks for a new value; subclasses add sections via `_context`."""
+        structured = not isinstance(param.value, str)
+        sections = [
+            f"Rewrite the parameter `{name}` of an LLM pipeline.",
+            "## What the parameter is for (the new value must still serve this)\n"
+            f"{param.description}",
+            f"## Current value\n{_show(param.value, name)}",
+            f"## Feedback on outputs it shaped\n{feedback}",
+            *self._context(param),
+        ]
+        if earlier:
+            lines = [
+                f"- `{u.name}` ({u.description}) is now:\n{_show(u.new_value, u.name)}"
+                for u in earlier
+            ]
+            sections.append(
+                "## Updates already made in this step to parameters upstream of it\n"
+                "Take them into account; do not fix again what they already fix.\n"
+                + "\n".join(lines)
+            )
+        ask = (
+            "Write an improved value that addresses the feedback while keeping to what the "
+            "parameter is for. Change only what the feedback calls for. "
+        )
+        ask += (
+            "Reply with ONLY the new value as JSON of the same shape."
+            if structured
+            else "Reply with ONLY the new value."
+        )
+        sections.append(ask)
+        return "\n\n".join(sections)
+
+    def _context(self, param: Parameter) -> list[str]:
+        """Extra prompt sections for ``param`` (memory of earlier steps, in subclasses)."""
+        return []
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "alias": self.alias}
+
+
+class TextGradOptimizer(SFAOptimizer):
+    """`SFAOptimizer` with momentum: remembers the last ``momentum`` rewrites per parameter.
+
+    Feedback from one batch says what to fix now; a rewrite that forgets earlier
+    feedback tends to reintroduce what an earlier step fixed.  So each rewrite
+    also sees the parameter's previous values with the feedback that led away
+    from each ("past feedback that still applies"), as TextGrad's momentum does.
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Parameter],
+        *,
+        momentum: int = 3,
+        alias: str = "optimizer",
+        temperature: float | None = 0.7,
+        max_feedback_chars: int = 4000,
+        order: Sequence[OrderEntry] | None = None,
+        concurrent: bool = False,
+    ) -> None:
+        super().__init__(
+            params,
+            alias=alias,
+            temperature=temperature,
+            max_feedback_chars=max_feedback_chars,
+            order=order,
+            concurrent=concurrent,
+        )
+        if not isinstance(momentum, int) or momentum < 0:
+            raise ValueError(f"momentum must be a non-negative integer, got {momentum!r}")
+        self.momentum = momentum
+        self._history: dict[int, deque[dict[str, Any]]] = {}
+
+    def history(self, param: Parameter) -> list[dict[str, Any]]:
+        """``[{"value": old value, "feedback": feedback that replaced it}, ...]``, oldest first."""
+        return [dict(entry) for entry in self._history.get(id(param), ())]
+
+    def _updated(self, param: Parameter, name: str, old_value: Any, proposal: Proposal) -> None:
+        if self.momentum:
+            entries = self._history.setdefault(id(param), deque(maxlen=self.momentum))
+            entries.append({"value": old_value, "feedback": proposal.feedback})
+
+    def _context(self, param: Parameter) -> list[str]:
+        entries = self._history.get(id(param))
+        if not entries:
+            return []
+        name = param.qualified_name
+        lines = [
+            f"{i}. Value:\n{_show(entry['value'], name)}\nFeedback it received:\n"
+            f"{entry['feedback']}"
+            for i, entry in enumerate(entries, start=1)
+        ]
+        return [
+            "## Past feedback that still applies\n"
+            "Earlier values of this parameter and the feedback that led to rewriting each, "
+            "oldest first. Keep the fixes they asked for unless the new feedback says "
+            "otherwise.\n" + "\n".join(lines)
+        ]
+
+    def state_dict(self) -> dict[str, Any]:
+        names = self._names()
+        history = {
+            names[id(p)]: [dict(e) for e in self._history[id(p)]]
+            for p in self.params
+            if self._history.get(id(p))
+        }
+        return {**super().state_dict(), "momentum": self.momentum, "history": history}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore steps and history; a history entry for an unknown parameter is a KeyError."""
+        super().load_state_dict(state)
+        names = self._names()
+        by_name = {names[id(p)]: p for p in self.params}
+        history = state.get("history", {})
+        unknown = [name for name in history if name not in by_name]
+        if unknown:
+            raise KeyError(
+                f"optimizer state has history for unknown parameter(s) "
+                f"{', '.join(map(repr, unknown))}; the optimizer holds: {', '.join(by_name)}"
+            )
+        self._history = {
+            id(by_name[name]): deque(
+                ({"value": e["value"], "feedback": str(e["feedback"])} for e in entries),
+                maxlen=self.momentum,
+            )
+            for name, entries in history.items()
+            if self.momentum
+        }
+
+
+def _show(value: Any, name: str) -> str:
+    """A value as the prompt shows it: text as is, structures as JSON, fenced off."""
+    if isinstance(value, str):
+        return f"<<<\n{value}\n>>>"
+    try:
+        return f"<<<\n{json.dumps(value, indent=2, ensure_ascii=False)}\n>>>"
+    except (TypeError, ValueError) as exc:
+        raise TypeError(
+            f"parameter {name!r} holds a {type(value).__name__}, which the optimizer cannot "
+            f"show as JSON ({exc})"
+        ) from None
+
+
+def _parse_reply(reply: Any, param: Parameter, name: str) -> Any:
+    """The new value from the LLM's reply; an empty or unparseable reply is an error."""
+    text = str(reply).strip()
+    fenced = _FENCE.match(text)
+    if fenced:
+        text = fenced.group(1).strip()
+    if text.startswith("<<<") and text.endswith(">>>"):
+        text = text[3:-3].strip()
+    if not text:
+        raise ValueError(f"the optimizer LLM proposed an empty value for {name!r}")
+    if isinstance(param.value, str):
+        return text
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise ValueError(
+            f"the optimizer LLM's proposal for structured parameter {name!r} is not JSON: {exc}"
+        ) from None

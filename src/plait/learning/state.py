@@ -1,0 +1,271 @@
+"""Parameter state kept apart from structure (seed 001).
+
+A `Module` tree is structure: which parameters exist and where.  What training
+changes is state: the parameters' values.  Seed 001 keeps the two apart with an
+immutable container, and plait does the same with `ParameterState`: a frozen
+snapshot of every value by dotted name (plus each parameter's ``requires_grad``
+flag), which can be split into trainable and frozen halves, merged back, saved as
+JSON, and applied to any module of the same structure.  Because a snapshot never
+changes, "the state before this epoch" or "the best state so far" is just a value
+to keep, not a copy to remember to take.
+
+`lock()` is seed 001's ``locked()``: while the structure is locked, creating a
+`Parameter` raises, so a forward pass or training loop that accidentally builds new
+parameters (say an `LLMInference` constructed inside ``forward``) fails loudly
+instead of training state that no snapshot or optimizer knows about.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Final
+
+from plait.module import Module
+from plait.parameter import StructureLockedError, _structure_lock
+
+__all__ = [
+    "ParameterState",
+    "StructureLockedError",
+    "is_locked",
+    "lock",
+    "merge",
+    "snapshot",
+]
+
+_FORMAT: Final = "plait.parameter_state"
+_FORMAT_VERSION: Final = 1
+
+
+class ParameterState(Mapping[str, Any]):
+    """An immutable mapping of qualified parameter name to value, with trainable flags.
+
+    Values are deep-copied in and out, so neither the module the snapshot came from
+    nor a caller holding a value it returned can change it.  Every operation that
+    "changes" a state returns a new one.
+    """
+
+    __slots__ = ("_requires_grad", "_values")
+
+    _values: dict[str, Any]
+    _requires_grad: dict[str, bool]
+
+    def __init__(
+        self,
+        values: Mapping[str, Any] | None = None,
+        requires_grad: Mapping[str, bool] | None = None,
+    ) -> None:
+        values = dict(values or {})
+        for name in values:
+            if not isinstance(name, str) or not name:
+                raise TypeError(f"parameter names must be non-empty strings, got {name!r}")
+        flags = {name: True for name in values}
+        if requires_grad is not None:
+            extra = [name for name in requires_grad if name not in values]
+            if extra:
+                raise KeyError(
+                    f"requires_grad names parameter(s) with no value: {', '.join(map(repr, extra))}"
+                )
+            flags.update({name: bool(flag) for name, flag in requires_grad.items()})
+        object.__setattr__(self, "_values", copy.deepcopy(values))
+        object.__setattr__(self, "_requires_grad", flags)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("ParameterState is immutable; use updated(), split() or merge()")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError("ParameterState is immutable; use updated(), split() or merge()")
+
+    # -- Mapping ---------------------------------------------------------------------
+    def __getitem__(self, name: str) -> Any:
+        try:
+            value = self._values[name]
+        except KeyError:
+            known = ", ".join(self._values) or "none"
+            raise KeyError(f"no parameter {name!r} in this state (it has: {known})") from None
+        return copy.deepcopy(value)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ParameterState):
+            return NotImplemented
+        return self._values == other._values and self._requires_grad == other._requires_grad
+
+    __hash__ = None  # type: ignore[assignment]  # values may be unhashable (dicts, lists)
+
+    def __repr__(self) -> str:
+        trainable = sum(self._requires_grad.values())
+        return (
+            f"ParameterState({len(self)} parameters, {trainable} trainable: "
+            f"{', '.join(self._values)})"
+        )
+
+    @property
+    def requires_grad(self) -> Mapping[str, bool]:
+        """Each parameter's trainable flag at snapshot time (a copy)."""
+        return dict(self._requires_grad)
+
+    # -- functional updates ----------------------------------------------------------
+    def split(
+        self, predicate: Callable[[str], bool] | None = None
+    ) -> tuple[ParameterState, ParameterState]:
+        """``(matching, rest)``: by default ``(trainable, frozen)``, else by name predicate.
+
+        Training touches only the trainable half; keeping the frozen half aside makes
+        it obvious (and checkable) that it came back unchanged.
+        """
+        test = predicate if predicate is not None else self._requires_grad.__getitem__
+        inside = [name for name in self._values if test(name)]
+        chosen = set(inside)
+        outside = [name for name in self._values if name not in chosen]
+        return self._subset(inside), self._subset(outside)
+
+    def merge(self, other: ParameterState) -> ParameterState:
+        """Both states in one; a name present in both is an error, never a silent override."""
+        if not isinstance(other, ParameterState):
+            raise TypeError(f"can only merge a ParameterState, got {type(other).__name__}")
+        clash = [name for name in other._values if name in self._values]
+        if clash:
+            raise ValueError(
+                f"cannot merge parameter states: both hold {', '.join(map(repr, clash))}; "
+                "split() a state into disjoint parts, or drop the duplicates first"
+            )
+        return ParameterState(
+            {**self._values, **other._values},
+            {**self._requires_grad, **other._requires_grad},
+        )
+
+    def updated(self, values: Mapping[str, Any]) -> ParameterState:
+        """A copy with some values replaced; unknown names raise (structure is fixed)."""
+        unknown = [name for name in values if name not in self._values]
+        if unknown:
+            raise KeyError(
+                f"unknown parameter(s) {', '.join(map(repr, unknown))}; this state holds: "
+                f"{', '.join(self._values) or 'none'}"
+            )
+        return ParameterState({**self._values, **values}, self._requires_grad)
+
+    def _subset(self, names: list[str]) -> ParameterState:
+        return ParameterState(
+            {name: self._values[name] for name in names},
+            {name: self._requires_grad[name] for name in names},
+        )
+
+    # -- modules ---------------------------------------------------------------------
+    def apply_to(self, module: Module) -> None:
+        """Load these values into ``module`` (a partial state leaves other parameters alone).
+
+        Every name is checked before anything is written, so an unknown name
+        (KeyError, as `Module.load_state_dict` raises) leaves the module untouched.
+        Only values that differ are written: a parameter's module state version
+        records real changes, not reloads of what it already holds.  Trainable
+        flags are recorded for `split`, not applied: freezing is the caller's choice.
+        """
+        params = dict(module.named_parameters())
+        unknown = [name for name in self._values if name not in params]
+        if unknown:
+            raise KeyError(
+                f"unknown parameter(s) {', '.join(map(repr, unknown))} for "
+                f"{type(module).__name__} (its parameters: {', '.join(params) or 'none'})"
+            )
+        for name, value in self._values.items():
+            if params[name].value != value:
+                params[name].value = copy.deepcopy(value)
+
+    # -- persistence -----------------------------------------------------------------
+    def to_json(self, *, indent: int | None = 2) -> str:
+        """The state as JSON text; a value JSON cannot hold is an error naming its parameter."""
+        entries: dict[str, Any] = {}
+        for name, value in self._values.items():
+            try:
+                json.dumps(value)
+            except (TypeError, ValueError) as exc:
+                raise TypeError(
+                    f"parameter {name!r} holds a {type(value).__name__}, which JSON cannot "
+                    f"store ({exc}); keep parameter values to str, numbers, lists and dicts"
+                ) from None
+            entries[name] = {"value": value, "requires_grad": self._requires_grad[name]}
+        document = {"format": _FORMAT, "version": _FORMAT_VERSION, "parameters": entries}
+        return json.dumps(document, indent=indent, ensure_ascii=False)
+
+    @classmethod
+    def from_json(cls, text: str) -> ParameterState:
+        """Read what `to_json` wrote; anything else is a ValueError that says what is wrong."""
+        try:
+            document = json.loads(text)
+        except ValueError as exc:
+            raise ValueError(f"parameter state is not valid JSON: {exc}") from None
+        if not isinstance(document, dict) or document.get("format") != _FORMAT:
+            raise ValueError(f"not a plait parameter state (expected format {_FORMAT!r})")
+        if document.get("version") != _FORMAT_VERSION:
+            raise ValueError(
+                f"parameter state version {document.get('version')!r} is not supported "
+                f"(this plait reads version {_FORMAT_VERSION})"
+            )
+        entries = document.get("parameters")
+        if not isinstance(entries, dict):
+            raise ValueError("parameter state has no 'parameters' object")
+        values: dict[str, Any] = {}
+        flags: dict[str, bool] = {}
+        for name, entry in entries.items():
+            if not isinstance(entry, dict) or "value" not in entry:
+                raise ValueError(f"parameter state entry {name!r} has no 'value'")
+            values[name] = entry["value"]
+            flags[name] = bool(entry.get("requires_grad", True))
+        return cls(values, flags)
+
+    def save(self, path: str | Path) -> Path:
+        """Write the JSON form to ``path`` (atomically: a crash never leaves half a file)."""
+        target = Path(path)
+        text = self.to_json()
+        partial = target.with_name(target.name + ".partial")
+        partial.write_text(text + "\n", encoding="utf-8")
+        partial.replace(target)
+        return target
+
+    @classmethod
+    def load(cls, path: str | Path) -> ParameterState:
+        """Read a state written by `save`."""
+        return cls.from_json(Path(path).read_text(encoding="utf-8"))
+
+
+def snapshot(module: Module) -> ParameterState:
+    """The current value and trainable flag of every parameter of ``module``, by dotted name."""
+    named = list(module.named_parameters())
+    return ParameterState(
+        {name: param.value for name, param in named},
+        {name: param.requires_grad for name, param in named},
+    )
+
+
+def merge(first: ParameterState, second: ParameterState) -> ParameterState:
+    """``first.merge(second)``: disjoint states combined; a shared name is a ValueError."""
+    return first.merge(second)
+
+
+@contextmanager
+def lock(reason: str = "plait.learning.state.lock()") -> Iterator[None]:
+    """Fix the parameter structure for the ``with`` block: creating a `Parameter` raises.
+
+    The lock lives in a context variable, so it covers this task and the tasks it
+    starts (a pipeline run inside the block included) and nothing else; nested
+    locks are fine.  ``reason`` appears in the error to say who locked.
+    """
+    token = _structure_lock.set(reason)
+    try:
+        yield
+    finally:
+        _structure_lock.reset(token)
+
+
+def is_locked() -> bool:
+    """Whether the parameter structure is locked in the current context."""
+    return _structure_lock.get() is not None
