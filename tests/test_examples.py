@@ -172,6 +172,20 @@ def check_extract_and_compare(out: str) -> None:
         assert output == {"praise": praise, "complaints": complaints, "verdict": verdict}
 
 
+def check_train_classifier(out: str) -> None:
+    # Against the echoing fake server no reply names a label, so every score is 0.0 and
+    # every step keeps its (no worse) update; the echoed optimizer prompt becomes the new
+    # system prompt.  What matters here: three steps ran, validated and reported.
+    lines = out.splitlines()
+    steps = [line for line in lines if line.startswith("step ")]
+    assert [line.split(":")[0] for line in steps] == ["step 1/3", "step 2/3", "step 3/3"]
+    assert all("validation 0.00" in line for line in steps)
+    assert "prompt before: 'Classify the review.'" in lines
+    assert any(line.startswith("prompt after:") for line in lines)
+    assert "validation before: 0.00" in lines and "validation after:  0.00" in lines
+    assert lines[-1].startswith("(3 steps in ")  # its duration is not checked
+
+
 #: Every check_NAME above, by NAME: the example scripts this file knows how to check.
 CHECKS: dict[str, Callable[[str], None]] = {
     name.removeprefix("check_"): check

@@ -1,4 +1,4 @@
-"""The ``plait`` command: ``plait run``, ``plait graph`` and ``plait check``.
+"""The ``plait`` command: ``plait run``, ``plait graph``, ``plait check`` and ``plait train``.
 
 Each command lives in a module of its own and is imported only when used, so
 ``plait check`` does not pay for the tracer and ``plait --help`` pays for nothing.
@@ -19,6 +19,7 @@ COMMANDS = {
     "run": ("plait.cli.run", "run a pipeline over a file of inputs (resumable, with progress)"),
     "graph": ("plait.cli.graph", "draw a pipeline's call graph (Mermaid, DOT, HTML); no calls"),
     "check": ("plait.cli.check", "check each resource alias: config, key, endpoint, model"),
+    "train": ("plait.cli.train", "train a pipeline's prompts on a dataset (resumable, plotted)"),
 }
 
 USAGE = "usage: plait [--version] [--help] COMMAND [ARGS]"

@@ -1,0 +1,340 @@
+"""``plait train``: improve a pipeline's prompts from a dataset, resumably, with progress.
+
+The command is a thin shell around `plait.learning.trainer.Trainer`: it builds
+TARGET the way ``plait run`` does (blueprint ``key=value`` arguments), picks a
+loss and an optimizer by name, and writes what a training job leaves behind:
+the learned parameter values, the history as JSON and a plot of it.
+
+Resume: the checkpoint lives in ``OUT/checkpoint/`` unless ``--checkpoint`` says
+otherwise, and is written after every step.  Re-running the same command after
+Ctrl-C (or a crash, or a kill) continues from the last finished step with the
+same parameters, optimizer state and position in the data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import IO, Any
+
+from plait.cli.progress import Display, RichDisplay, Tally, is_terminal
+from plait.cli.target import Target, TargetError
+from plait.module import Module
+from plait.resources.config import ConfigurationError, ResourceConfig
+
+__all__ = ["build_parser", "main"]
+
+LOSSES = ("exact", "contains", "judge")
+OPTIMIZERS = ("sfa", "textgrad")
+#: Files the command writes into --out.
+PARAMETERS_FILE = "parameters.json"
+HISTORY_JSON = "history.json"
+HISTORY_PNG = "history.png"
+
+DESCRIPTION = """\
+Train TARGET's learnable Parameters (its prompts) on a dataset of examples.
+
+TARGET is file.py:Name or package.module:Name: a Module class, or a function
+that returns a Module.  key=value arguments configure it, as for `plait run`.
+
+Data (--data, --val): JSONL files, one object per line; --input-field (default
+"input") is passed to the pipeline and --target-field (default "target") to
+the loss.  Each step trains on a minibatch, lets the optimizer rewrite the
+prompts, then scores the validation set: the update is kept only if that score
+did not drop (otherwise the previous prompts are restored).  --patience N stops
+after N steps without a better validation score.
+
+Losses: exact (output equals target), contains (output contains the target
+text(s)), judge (an LLM grades the output against --criteria, with the target as
+a reference; its calls use the alias --judge-alias).
+Optimizers: sfa, textgrad (their LLM calls use the alias --optimizer-alias).
+
+Outputs in --out DIR: parameters.json (the learned values, for
+module.load_state_dict), history.json (scores per step, kept or rolled back)
+and history.png (the curves; needs matplotlib: pip install 'plait[plot]').
+
+Resume: the checkpoint (OUT/checkpoint unless --checkpoint) is written after
+every step; re-run the same command to continue.  --fresh starts over.
+
+Exit status: 0 done, 2 usage or configuration error, 130 interrupted.
+"""
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="plait train",
+        usage="plait train TARGET [key=value ...] --data FILE [--val FILE] [options]",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        add_help=False,
+    )
+    parser.add_argument("target", nargs="?", metavar="TARGET", help="file.py:Name or module:Name")
+    parser.add_argument(
+        "assignments", nargs="*", metavar="key=value", help="arguments for TARGET (blueprint)"
+    )
+    parser.add_argument("--data", metavar="FILE", help="training examples (JSONL)")
+    parser.add_argument("--val", metavar="FILE", help="validation examples (JSONL)")
+    parser.add_argument("--input-field", default="input", metavar="NAME", help="(input)")
+    parser.add_argument("--target-field", default="target", metavar="NAME", help="(target)")
+    parser.add_argument("--loss", choices=LOSSES, default="exact", help="(default: exact)")
+    parser.add_argument(
+        "--criteria", action="append", metavar="TEXT", help="what the judge grades (repeatable)"
+    )
+    parser.add_argument("--judge-alias", default="judge", metavar="ALIAS", help="(judge)")
+    parser.add_argument("--optimizer", choices=OPTIMIZERS, default="sfa", help="(default: sfa)")
+    parser.add_argument(
+        "--optimizer-alias", default="optimizer", metavar="ALIAS", help="(optimizer)"
+    )
+    parser.add_argument(
+        "--optimizer-max-tokens",
+        type=_positive_int,
+        metavar="N",
+        help="cap the length of a rewritten prompt (default: the endpoint's)",
+    )
+    parser.add_argument(
+        "--resources",
+        metavar="FILE",
+        help="aliases -> endpoints (TOML or YAML); default: the embedded local model",
+    )
+    parser.add_argument("--batch-size", type=_positive_int, default=4, metavar="N", help="(4)")
+    parser.add_argument("--epochs", type=_positive_int, default=1, metavar="N", help="(1)")
+    parser.add_argument("--patience", type=_positive_int, metavar="N", help="early stopping")
+    parser.add_argument("--max-steps", type=_positive_int, metavar="N", help="stop after N steps")
+    parser.add_argument("--seed", type=int, default=0, metavar="N", help="shuffling seed (0)")
+    parser.add_argument("--out", default="plait-train", metavar="DIR", help="(plait-train)")
+    parser.add_argument("--checkpoint", metavar="DIR", help="(default: OUT/checkpoint)")
+    parser.add_argument("--fresh", action="store_true", help="delete the checkpoint; start over")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress display")
+    parser.add_argument("-h", "--help", action="store_true", help="show this help and exit")
+    return parser
+
+
+class UsageError(Exception):
+    """A problem with the command line or configuration: exit status 2."""
+
+
+def _error(message: str) -> int:
+    print(f"plait train: error: {message}", file=sys.stderr)
+    return 2
+
+
+def main(argv: list[str]) -> int:
+    from plait.learning.trainer import TrainerError
+
+    parser = build_parser()
+    ns = parser.parse_intermixed_args(argv)
+    if ns.help:
+        if ns.target is not None:
+            try:
+                text = Target(ns.target, ns.assignments).help()
+            except (TargetError, ConfigurationError) as exc:
+                text = f"(cannot describe {ns.target}: {exc})"
+            print(f"Arguments of {ns.target}:\n{text.rstrip()}\n")
+        parser.print_help()
+        return 0
+    if ns.target is None:
+        parser.print_usage(sys.stderr)
+        return _error("TARGET is missing: give file.py:Name or package.module:Name")
+    if ns.data is None:
+        parser.print_usage(sys.stderr)
+        return _error("--data FILE is missing: the training examples (JSONL)")
+    try:
+        return _train(ns, sys.stderr)
+    except (UsageError, TargetError, ConfigurationError, TrainerError) as exc:
+        return _error(str(exc))
+
+
+def _train(ns: argparse.Namespace, err: IO[str]) -> int:
+    from plait.learning.trainer import Trainer
+
+    module = Target(ns.target, ns.assignments).make()
+    if not any(param.requires_grad for param in module.parameters()):
+        raise UsageError(
+            f"{ns.target} has no learnable Parameter: give it a plait.Parameter(..., "
+            "description=...) (for example as an LLMInference system_prompt) to train"
+        )
+    resources: Any = module._bound_resources
+    if ns.resources is not None:
+        resources = ResourceConfig.load(ns.resources)
+    out = Path(ns.out)
+    checkpoint = Path(ns.checkpoint) if ns.checkpoint else out / "checkpoint"
+    if ns.fresh:
+        _remove_checkpoint(checkpoint)
+    optimizer = _make_optimizer(ns, module, resources)
+    display = _Progress(err, ns.quiet)
+    trainer = Trainer(
+        module,
+        _make_loss(ns),
+        optimizer,
+        ns.data,
+        ns.val,
+        batch_size=ns.batch_size,
+        epochs=ns.epochs,
+        patience=ns.patience,
+        checkpoint_dir=checkpoint,
+        resources=resources,
+        seed=ns.seed,
+        max_steps=ns.max_steps,
+        input_field=ns.input_field,
+        target_field=ns.target_field,
+        on_event=display.event,
+    )
+    if trainer.resumed:
+        print(
+            f"plait train: resuming from {checkpoint} at step {trainer.global_step}",
+            file=err,
+            flush=True,
+        )
+    display.start(trainer.total_steps, trainer.global_step)
+    try:
+        history = trainer.fit_sync()
+    finally:
+        display.stop()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / PARAMETERS_FILE).write_text(
+        json.dumps(module.state_dict(), indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
+    )
+    history.save(out / HISTORY_JSON)
+    written = [PARAMETERS_FILE, HISTORY_JSON]
+    try:
+        history.plot(out / HISTORY_PNG)
+        written.append(HISTORY_PNG)
+    except Exception as exc:  # a missing matplotlib must not lose a finished training run
+        print(f"plait train: no plot: {exc}", file=err)
+    kept = sum(record.kept for record in history.steps)
+    print(
+        f"plait train: {history.stopped} after {len(history.steps)} step(s) "
+        f"({kept} kept); validation {_fmt(history.initial_val_score)} -> "
+        f"{_fmt(history.final_val_score)}; wrote {', '.join(written)} to {out}",
+        file=err,
+    )
+    return 0
+
+
+def _make_loss(ns: argparse.Namespace) -> Module:
+    from plait.learning import losses
+
+    if ns.loss == "exact":
+        return losses.ExactMatch()
+    if ns.loss == "contains":
+        return losses.Contains()
+    if not ns.criteria:
+        raise UsageError("--loss judge needs --criteria TEXT: what the judge should grade")
+    return losses.LLMJudge(ns.judge_alias, ns.criteria)
+
+
+def _make_optimizer(ns: argparse.Namespace, module: Module, resources: Any) -> Any:
+    from plait.learning import optimizers
+
+    cls = optimizers.SFAOptimizer if ns.optimizer == "sfa" else optimizers.TextGradOptimizer
+    optimizer = cls(module.parameters(), alias=ns.optimizer_alias)
+    if ns.optimizer_max_tokens is not None:
+        optimizer.rewriter.max_tokens = ns.optimizer_max_tokens
+    return optimizer.bind(resources)
+
+
+def _remove_checkpoint(directory: Path) -> None:
+    """Delete a trainer checkpoint for --fresh, but never a folder plait did not write."""
+    from plait.learning.trainer import CHECKPOINT_FILE
+
+    if not directory.exists():
+        return
+    if not (directory / CHECKPOINT_FILE).exists() and any(directory.iterdir()):
+        raise UsageError(
+            f"--fresh would delete {directory}, which is not a plait trainer checkpoint; "
+            "remove it yourself or choose another --checkpoint"
+        )
+    shutil.rmtree(directory)
+
+
+def _fmt(score: float | None) -> str:
+    return "n/a" if score is None else f"{score:.3f}"
+
+
+# -- progress ----------------------------------------------------------------------------------
+class _StepTally(Tally):
+    """`Tally` counting optimizer steps instead of inputs, so `RichDisplay` can draw it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kept = 0
+        self.rejected = 0
+        self.val: float | None = None
+        self.best: float | None = None
+
+    def headline(self) -> str:
+        total = self.total or 0
+        share = f" ({100 * self.finished // total}%)" if total else ""
+        return (
+            f"step {self.finished}/{total}{share} · val {_fmt(self.val)} (best {_fmt(self.best)})"
+        )
+
+    def details(self) -> str:
+        from plait.cli.progress import duration
+
+        tokens, cost = self.spend()
+        parts = [f"{self.kept} kept", f"{self.rejected} rolled back", f"{tokens:,} tokens"]
+        if cost is not None:
+            parts.append(f"${cost:.4f}")
+        parts.append(f"elapsed {duration(self.elapsed())}")
+        return " · ".join(parts)
+
+
+class _Progress:
+    """A live bar on a terminal; otherwise one line per step (steps are slow, lines are few)."""
+
+    def __init__(self, stream: IO[str], quiet: bool) -> None:
+        self.stream = stream
+        self.quiet = quiet
+        self.tally = _StepTally()
+        self.display: Display | None = None
+
+    def start(self, total: int, done: int) -> None:
+        self.tally.total = total
+        self.tally.succeeded = done
+        if not self.quiet and is_terminal(self.stream):
+            self.display = RichDisplay(self.tally, self.stream)
+            self.display.start()
+
+    def stop(self) -> None:
+        if self.display is not None:
+            self.display.stop()
+
+    def event(self, event: Any) -> None:
+        tally = self.tally
+        tally.total = event.total_steps
+        tally.succeeded = event.step
+        tally.best = event.history.best_val_score
+        record = event.record
+        if event.kind == "validated":
+            tally.val = event.history.initial_val_score
+        elif record is not None:
+            tally.val = record.val_score
+            if record.kept:
+                tally.kept += 1
+            else:
+                tally.rejected += 1
+        if self.quiet or self.display is not None or event.kind not in ("validated", "step"):
+            return
+        if record is None:
+            line = f"initial validation score {_fmt(tally.val)}"
+        else:
+            verdict = "kept" if record.kept else "rolled back"
+            line = (
+                f"{tally.headline()} · batch score {record.train_score:.3f} · {verdict}"
+                f" · changed: {', '.join(record.changed) or 'nothing'}"
+            )
+        print(f"plait train: {line}", file=self.stream, flush=True)

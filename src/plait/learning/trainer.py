@@ -1,0 +1,584 @@
+"""`Trainer`: minibatch prompt training that only keeps updates validation agrees with.
+
+A textual update is a guess: an optimizer rewrites a prompt from a handful of
+feedback texts, and the rewrite can as easily make the pipeline worse as better.
+So the trainer measures before it commits.  Each step it
+
+1. runs a minibatch through ``TrainingStep(model, loss_fn)`` in ``train()`` mode
+   and sends every loss's feedback back into the parameters;
+2. lets the optimizer rewrite them;
+3. scores the validation set (mean `Feedback` score, eval mode) and keeps the
+   update only if that score did not drop, restoring the previous values
+   otherwise;
+4. writes a checkpoint (parameters, optimizer state, history and the position in
+   the data) so a killed run resumes where it was, not from the start.
+
+Training stops early after ``patience`` steps without a strictly better
+validation score.  Without a validation set every update is kept and there is
+no early stopping: there is nothing to judge an update by.
+
+Data is a list of ``(input, target)`` pairs, a list of mappings with an input and
+a target field, or a path to a JSONL file of such mappings (`load_examples`).
+Minibatches are drawn from a permutation seeded by ``seed`` and the epoch, so a
+resumed run draws exactly the batches the killed one would have.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import math
+import os
+import random
+import tempfile
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from plait.learning.feedback import Feedback
+from plait.learning.step import TrainingStep
+from plait.module import Module
+from plait.values import Value
+
+__all__ = [
+    "CHECKPOINT_FILE",
+    "HISTORY_FILE",
+    "StepRecord",
+    "Trainer",
+    "TrainerError",
+    "TrainingEvent",
+    "TrainingHistory",
+    "load_examples",
+    "plot_history",
+]
+
+#: The trainer's state inside ``checkpoint_dir``.
+CHECKPOINT_FILE = "trainer.json"
+#: The scores so far, beside the checkpoint (the same history, readable on its own).
+HISTORY_FILE = "history.json"
+#: Bumped when the checkpoint's layout changes, so an old one is refused, not misread.
+CHECKPOINT_FORMAT = "plait-trainer/1"
+
+Example = tuple[Any, Any]
+
+
+class TrainerError(Exception):
+    """Training cannot start or continue; the message says what to change."""
+
+
+# -- data --------------------------------------------------------------------------------------
+def load_examples(
+    data: str | os.PathLike[str] | Iterable[Any],
+    input_field: str = "input",
+    target_field: str = "target",
+) -> list[Example]:
+    """``(input, target)`` pairs from pairs, mappings, or a JSONL file of mappings.
+
+    A mapping without the target field gives a target of None (a loss that needs
+    no reference, such as a judge, can still score it).  A mapping without the
+    input field is an error naming the fields it has, since silently passing the
+    whole record would train on the wrong text.
+    """
+    if isinstance(data, str | os.PathLike):
+        path = Path(data)
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except OSError as exc:
+            raise TrainerError(f"cannot read the dataset {path}: {exc}") from None
+        records: list[Any] = []
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except ValueError as exc:
+                raise TrainerError(f"{path}, line {number}: not JSON ({exc})") from None
+        where = str(path)
+    else:
+        records, where = list(data), "the dataset"
+    examples: list[Example] = []
+    for index, record in enumerate(records):
+        if isinstance(record, Mapping):
+            if input_field not in record:
+                raise TrainerError(
+                    f"{where}, record {index + 1} has no {input_field!r} field (it has: "
+                    f"{', '.join(map(str, record)) or 'none'}); name the input field "
+                    "(input_field=... or --input-field)"
+                )
+            examples.append((record[input_field], record.get(target_field)))
+        elif isinstance(record, tuple | list) and len(record) == 2:
+            examples.append((record[0], record[1]))
+        else:
+            raise TrainerError(
+                f"{where}, record {index + 1} is a {type(record).__name__}; expected an "
+                f"(input, target) pair or an object with {input_field!r} and {target_field!r}"
+            )
+    return examples
+
+
+# -- history -----------------------------------------------------------------------------------
+@dataclass(slots=True)
+class StepRecord:
+    """One optimizer step: what the batch scored, what validation said, what was kept."""
+
+    step: int
+    epoch: int
+    batch: int
+    #: Mean loss score of the minibatch before the update (higher is better)...
+    train_score: float
+    #: ...and the loss proper, ``1 - train_score``, for those who plot losses going down.
+    train_loss: float
+    #: Mean validation score after the update (None without a validation set).
+    val_score: float | None
+    #: Whether the update was kept (validation did not get worse) or rolled back.
+    kept: bool
+    #: Whether validation beat the best score so far (resets the patience count).
+    improved: bool
+    #: Names of the parameters the optimizer changed.
+    changed: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class TrainingHistory:
+    """Every step's scores, and how the run ended; saved as JSON, plotted to PNG."""
+
+    initial_val_score: float | None = None
+    best_val_score: float | None = None
+    steps: list[StepRecord] = field(default_factory=list)
+    #: "" while running; then "completed", "early_stopping" or "max_steps".
+    stopped: str = ""
+
+    @property
+    def final_val_score(self) -> float | None:
+        """The validation score of the parameters the run ends with (kept updates only)."""
+        return self.best_val_score
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "initial_val_score": self.initial_val_score,
+            "best_val_score": self.best_val_score,
+            "stopped": self.stopped,
+            "steps": [asdict(record) for record in self.steps],
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> TrainingHistory:
+        return cls(
+            initial_val_score=data.get("initial_val_score"),
+            best_val_score=data.get("best_val_score"),
+            steps=[StepRecord(**record) for record in data.get("steps", [])],
+            stopped=data.get("stopped", ""),
+        )
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write the history as JSON (atomically: a reader never sees half a file)."""
+        target = Path(path)
+        _write_atomic(target, json.dumps(self.to_json(), indent=2) + "\n")
+        return target
+
+    def plot(self, path: str | os.PathLike[str]) -> Path:
+        """Draw the curves to a PNG; see `plot_history`."""
+        return plot_history(self, path)
+
+
+def plot_history(history: TrainingHistory, path: str | os.PathLike[str]) -> Path:
+    """Train score per step and validation score per step (rolled-back steps marked) as a PNG.
+
+    matplotlib is imported here and only here: training itself must not need it,
+    and ``import plait`` must stay fast.
+    """
+    try:
+        import matplotlib
+    except ImportError:
+        raise TrainerError(
+            "plotting the training history needs matplotlib: pip install 'plait[plot]'"
+        ) from None
+    matplotlib.use("Agg")  # files only: no display, works on servers and in CI
+    import matplotlib.pyplot as plt
+
+    target = Path(path)
+    steps = [record.step for record in history.steps]
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    try:
+        ax.plot(steps, [r.train_score for r in history.steps], "o-", label="train (batch) score")
+        if history.initial_val_score is not None:
+            val_x = [0, *steps]
+            val_y = [history.initial_val_score, *(_or_nan(r.val_score) for r in history.steps)]
+            ax.plot(val_x, val_y, "s-", label="validation score")
+            rejected = [r for r in history.steps if not r.kept and r.val_score is not None]
+            if rejected:
+                ax.plot(
+                    [r.step for r in rejected],
+                    [_or_nan(r.val_score) for r in rejected],
+                    "x",
+                    color="red",
+                    markersize=10,
+                    label="rolled back",
+                )
+        ax.set_xlabel("step")
+        ax.set_ylabel("score (higher is better)")
+        ax.set_ylim(-0.05, 1.05)
+        ax.grid(True, alpha=0.3)
+        ax.legend(loc="lower right")
+        ax.set_title(f"training history ({history.stopped or 'in progress'})")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".png")
+        os.close(fd)
+        try:
+            fig.savefig(tmp, format="png")
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    finally:
+        plt.close(fig)
+    return target
+
+
+# -- progress ----------------------------------------------------------------------------------
+@dataclass(slots=True)
+class TrainingEvent:
+    """What the trainer tells a progress display: a kind and where the run is.
+
+    Kinds: ``"resumed"`` (state loaded from a checkpoint), ``"validated"`` (the
+    initial validation pass), ``"step"`` (a step finished; ``record`` says how),
+    ``"stopped"`` (the run ended; ``history.stopped`` says why).
+    """
+
+    kind: str
+    step: int
+    total_steps: int
+    history: TrainingHistory
+    record: StepRecord | None = None
+
+
+# -- the trainer -------------------------------------------------------------------------------
+class Trainer:
+    """Train ``model``'s learnable parameters on ``train_data`` with ``optimizer``.
+
+    ``loss_fn`` is a loss module (`plait.learning.losses`) returning `Feedback`;
+    ``optimizer`` was built over ``model.parameters()`` (and bound to the
+    resources its own LLM calls should use).  ``resources`` are where the model's
+    and the loss's calls go (default: what ``model`` is bound to, else the
+    embedded local model).  ``checkpoint_dir`` makes the run resumable: a new
+    Trainer over the same directory continues from its last finished step.
+    ``max_steps`` caps the total number of optimizer steps (across resumes).
+    ``on_event`` receives a `TrainingEvent` at each milestone, for progress bars.
+    """
+
+    def __init__(
+        self,
+        model: Module,
+        loss_fn: Module,
+        optimizer: Any,
+        train_data: str | os.PathLike[str] | Iterable[Any],
+        val_data: str | os.PathLike[str] | Iterable[Any] | None = None,
+        *,
+        batch_size: int = 4,
+        epochs: int = 1,
+        patience: int | None = None,
+        checkpoint_dir: str | os.PathLike[str] | None = None,
+        resources: Any = None,
+        seed: int = 0,
+        shuffle: bool = True,
+        max_steps: int | None = None,
+        input_field: str = "input",
+        target_field: str = "target",
+        on_event: Callable[[TrainingEvent], None] | None = None,
+    ) -> None:
+        for name, value in (("batch_size", batch_size), ("epochs", epochs)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        for name, limit in (("patience", patience), ("max_steps", max_steps)):
+            if limit is not None and (not isinstance(limit, int) or limit < 1):
+                raise ValueError(f"{name} must be a positive integer or None, got {limit!r}")
+        self.model = model
+        self.loss_fn = loss_fn
+        self.optimizer = optimizer
+        self.train_data = load_examples(train_data, input_field, target_field)
+        if not self.train_data:
+            raise TrainerError("the training set is empty: give at least one example")
+        self.val_data = (
+            load_examples(val_data, input_field, target_field) if val_data is not None else None
+        )
+        if self.val_data is not None and not self.val_data:
+            raise TrainerError("the validation set is empty: give examples, or val_data=None")
+        self.batch_size = batch_size
+        self.epochs = epochs
+        self.patience = patience
+        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
+        self.resources = resources if resources is not None else model._bound_resources
+        self.seed = seed
+        self.shuffle = shuffle
+        self.max_steps = max_steps
+        self.on_event = on_event
+        self.step_module = TrainingStep(model, loss_fn)
+        self.history = TrainingHistory()
+        #: Where the run is: the next batch to train on, and optimizer steps taken.
+        self.epoch = 0
+        self.batch_index = 0
+        self.global_step = 0
+        #: Steps since validation last improved (for ``patience``).
+        self.stale_steps = 0
+        self.resumed = self._load_checkpoint()
+
+    # -- sizes ---------------------------------------------------------------------------
+    @property
+    def batches_per_epoch(self) -> int:
+        return math.ceil(len(self.train_data) / self.batch_size)
+
+    @property
+    def total_steps(self) -> int:
+        """Steps a full run takes (fewer if it stops early)."""
+        total = self.epochs * self.batches_per_epoch
+        return min(total, self.max_steps) if self.max_steps is not None else total
+
+    def batches(self, epoch: int) -> list[list[Example]]:
+        """The epoch's minibatches: a permutation fixed by (seed, epoch), so resumes agree."""
+        order = list(range(len(self.train_data)))
+        if self.shuffle:
+            random.Random(f"{self.seed}:{epoch}").shuffle(order)
+        examples = [self.train_data[i] for i in order]
+        return [
+            examples[start : start + self.batch_size]
+            for start in range(0, len(examples), self.batch_size)
+        ]
+
+    # -- running -------------------------------------------------------------------------
+    def fit_sync(self) -> TrainingHistory:
+        """`fit` from synchronous code (a script, a notebook cell)."""
+        from plait.execution.loop import run_blocking
+
+        return run_blocking(self.fit())
+
+    async def fit(self) -> TrainingHistory:
+        """Train until the epochs are done, patience runs out, or ``max_steps`` is reached."""
+        from plait.execution.settings import ExecutionSettings
+        from plait.resources.manager import ResourceManager
+
+        # One manager for the whole run: every call shares its endpoints (and the
+        # embedded model is loaded once).
+        manager = ResourceManager.coerce(self.resources)
+        async with ExecutionSettings(resources=manager):
+            if self.resumed:
+                self._emit("resumed")
+                if self.history.stopped == "early_stopping":
+                    return self.history  # the run had finished; resuming changes nothing
+            if self.val_data is not None and self.history.initial_val_score is None:
+                score = await self.evaluate()
+                self.history.initial_val_score = self.history.best_val_score = score
+                self._emit("validated")
+                self._save_checkpoint()
+            self.history.stopped = ""
+            while self.epoch < self.epochs:
+                batches = self.batches(self.epoch)
+                if self.max_steps is not None and self.global_step >= self.max_steps:
+                    return self._stop("max_steps")
+                record = await self._train_step(batches[self.batch_index])
+                # The position saved is the next batch to train on, so a resume never
+                # repeats a step whose update was already kept or rolled back.
+                self.batch_index += 1
+                if self.batch_index >= len(batches):
+                    self.epoch, self.batch_index = self.epoch + 1, 0
+                self._save_checkpoint()
+                self._emit("step", record)
+                if self.patience is not None and self.stale_steps >= self.patience:
+                    return self._stop("early_stopping")
+            return self._stop("completed")
+
+    async def evaluate(self, data: Iterable[Any] | None = None) -> float:
+        """Mean loss score over ``data`` (default: the validation set), in eval mode."""
+        examples = self.val_data if data is None else load_examples(data)
+        if not examples:
+            raise TrainerError("nothing to evaluate: no validation set was given")
+        self.step_module.eval()
+        results = await asyncio.gather(
+            *(self.step_module(example, target=target) for example, target in examples)
+        )
+        return sum(_score(result) for result in results) / len(results)
+
+    async def _train_step(self, batch: list[Example]) -> StepRecord:
+        before = copy.deepcopy(self.model.state_dict())
+        self.optimizer.zero_feedback()
+        self.step_module.train()
+        try:
+            losses = await asyncio.gather(
+                *(self.step_module(example, target=target) for example, target in batch)
+            )
+            train_score = sum(_score(loss) for loss in losses) / len(losses)
+            await asyncio.gather(*(loss.backward() for loss in losses))
+        finally:
+            self.step_module.eval()
+        try:
+            await self.optimizer.step()
+        except BaseException:
+            # A step that failed part-way may have rewritten some parameters: put every
+            # value back so the checkpoint and the model agree on the last good state.
+            self.model.load_state_dict(before)
+            raise
+        finally:
+            self.optimizer.zero_feedback()
+        after = self.model.state_dict()
+        changed = [name for name, value in after.items() if before.get(name) != value]
+        val_score: float | None = None
+        kept, improved = True, False
+        if self.val_data is not None:
+            val_score = await self.evaluate()
+            best = self.history.best_val_score
+            kept = best is None or val_score >= best
+            improved = best is None or val_score > best
+            if kept:
+                self.history.best_val_score = val_score
+            else:
+                self.model.load_state_dict(before)
+        self.stale_steps = 0 if improved else self.stale_steps + 1
+        self.global_step += 1
+        record = StepRecord(
+            step=self.global_step,
+            epoch=self.epoch,
+            batch=self.batch_index,
+            train_score=train_score,
+            train_loss=1.0 - train_score,
+            val_score=val_score,
+            kept=kept,
+            improved=improved,
+            changed=changed,
+        )
+        self.history.steps.append(record)
+        return record
+
+    def _stop(self, reason: str) -> TrainingHistory:
+        self.history.stopped = reason
+        self._save_checkpoint()
+        self._emit("stopped")
+        return self.history
+
+    def _emit(self, kind: str, record: StepRecord | None = None) -> None:
+        if self.on_event is not None:
+            self.on_event(
+                TrainingEvent(kind, self.global_step, self.total_steps, self.history, record)
+            )
+
+    # -- checkpoints ---------------------------------------------------------------------
+    def _identity(self) -> dict[str, Any]:
+        """What must match for a checkpoint's position to mean the same batches."""
+        return {
+            "model": f"{type(self.model).__module__}.{type(self.model).__qualname__}",
+            "train_size": len(self.train_data),
+            "batch_size": self.batch_size,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a resumed run needs, as JSON-ready data."""
+        optimizer_state = (
+            self.optimizer.state_dict() if hasattr(self.optimizer, "state_dict") else None
+        )
+        return {
+            "format": CHECKPOINT_FORMAT,
+            **self._identity(),
+            "epoch": self.epoch,
+            "batch": self.batch_index,
+            "global_step": self.global_step,
+            "stale_steps": self.stale_steps,
+            "parameters": self.model.state_dict(),
+            "optimizer": optimizer_state,
+            "history": self.history.to_json(),
+        }
+
+    def _save_checkpoint(self) -> None:
+        if self.checkpoint_dir is None:
+            return
+        state = self.state_dict()
+        try:
+            text = json.dumps(state, indent=1, ensure_ascii=False)
+        except TypeError as exc:
+            raise TrainerError(
+                f"the training state cannot be saved as JSON ({exc}); checkpointing needs "
+                "parameter values and optimizer state made of strings, numbers, lists and dicts"
+            ) from None
+        self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        _write_atomic(self.checkpoint_dir / CHECKPOINT_FILE, text)
+        self.history.save(self.checkpoint_dir / HISTORY_FILE)
+
+    def _load_checkpoint(self) -> bool:
+        """Continue a run from ``checkpoint_dir`` if it holds one; True if it did."""
+        if self.checkpoint_dir is None:
+            return False
+        path = self.checkpoint_dir / CHECKPOINT_FILE
+        if not path.exists():
+            return False
+        try:
+            state = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise TrainerError(f"cannot read the checkpoint {path}: {exc}") from None
+        if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+            raise TrainerError(
+                f"{path} is not a plait trainer checkpoint ({CHECKPOINT_FORMAT}); choose "
+                "another checkpoint directory or delete it"
+            )
+        mismatched = {
+            key: (state.get(key), value)
+            for key, value in self._identity().items()
+            if state.get(key) != value
+        }
+        if mismatched:
+            shown = "; ".join(
+                f"{k}: checkpoint {a!r}, now {b!r}" for k, (a, b) in mismatched.items()
+            )
+            raise TrainerError(
+                f"the checkpoint in {self.checkpoint_dir} belongs to another run ({shown}); "
+                "resume with the same model, data, batch size and seed, or start fresh "
+                "(delete the directory or choose another)"
+            )
+        self.model.load_state_dict(state["parameters"])
+        if state.get("optimizer") is not None and hasattr(self.optimizer, "load_state_dict"):
+            self.optimizer.load_state_dict(state["optimizer"])
+        self.history = TrainingHistory.from_json(state["history"])
+        self.epoch = int(state["epoch"])
+        self.batch_index = int(state["batch"])
+        self.global_step = int(state["global_step"])
+        self.stale_steps = int(state["stale_steps"])
+        return True
+
+
+def _score(result: Any) -> float:
+    """The score of one loss result: a Feedback, or a Value (train mode) carrying one."""
+    payload = result.payload if isinstance(result, Value) else result
+    if isinstance(result, Value) and result.is_error:
+        raise TrainerError(
+            f"a training call failed ({result.meta.get('error_type', 'error')}: "
+            f"{result.meta.get('message', payload)}); the run stops so a broken endpoint "
+            "does not score as a bad prompt (resume from the checkpoint once fixed)"
+        )
+    if isinstance(payload, Feedback):
+        return payload.score
+    if isinstance(payload, int | float) and not isinstance(payload, bool):
+        return float(payload)
+    raise TrainerError(
+        f"the loss returned a {type(payload).__name__}, not a Feedback: a Trainer needs a "
+        "loss module whose output is plait.learning.Feedback (see plait.learning.losses)"
+    )
+
+
+def _or_nan(score: float | None) -> float:
+    """A gap in a plotted line where there is no score."""
+    return math.nan if score is None else score
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` so that a kill at any instant leaves the old or the new file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
