@@ -218,3 +218,38 @@ async def test_feedback_passes_through_getitem_on_a_structured_output(
     await loss.backward()
     assert model.extract.system_prompt is not None
     assert "upstream of shouting" in feedback_of(model.extract.system_prompt)
+
+
+class Diamond(plait.Module):
+    """One draft read by two critics, whose notes are merged: the draft hears both."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.draft = plait.LLMInference("fast", system_prompt=learnable("Draft it.", "draft"))
+        self.style = Rewriter()
+        self.facts = Critic()
+        self.merge = plait.LLMInference("fast", system_prompt="Merge.")
+
+    def forward(self, text: str) -> Any:
+        draft = self.draft(text)
+        return self.merge(f"{self.style(draft)} / {self.facts(draft)}")
+
+
+class Critic(plait.Module):
+    def forward(self, text: str) -> str:
+        return text[::-1]
+
+    def backward(self, feedback: plait.Value, ctx: BackwardContext) -> BackwardResult:
+        return BackwardResult(input_feedback={"text": f"check the facts: {feedback.payload}"})
+
+
+async def test_a_node_read_by_two_others_hears_both(resources: plait.ResourceConfig) -> None:
+    model = Diamond()
+    step = TrainingStep(model, Judge()).bind(resources=resources)
+    step.train()
+    loss = await step("t", target="w")
+    await loss.backward()
+    assert model.draft.system_prompt is not None
+    heard = feedback_of(model.draft.system_prompt)
+    assert "upstream of shouting: the answer must mention 'w'" in heard
+    assert "check the facts: the answer must mention 'w'" in heard

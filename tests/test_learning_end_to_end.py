@@ -96,3 +96,41 @@ async def test_both_branch_parameters_are_rewritten_from_feedback_naming_them(
     await step("review 9")
     systems = {r["system"] for r in server.stats()["requests"]}
     assert {model.tone.system_prompt.value, model.facts.system_prompt.value} <= systems
+
+
+class Chain(plait.Module):
+    """An upstream prompt whose output feeds a downstream one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = plait.LLMInference(
+            "fast", system_prompt=plait.Parameter("Outline.", description="upstream: outline")
+        )
+        self.second = plait.LLMInference(
+            "fast", system_prompt=plait.Parameter("Expand.", description="downstream: expand")
+        )
+
+    def forward(self, text: str) -> Any:
+        return self.second(self.first(text))
+
+
+async def test_the_optimizer_rewrites_upstream_parameters_first(server: Any) -> None:
+    resources = make_resources(server, ("fast", "optimizer"))
+    model = Chain()
+    step = TrainingStep(model, NamesBothBranches()).bind(resources=resources)
+    assert model.second.system_prompt is not None and model.first.system_prompt is not None
+    # given downstream first: the order comes from the graph, not from this list
+    optimizer = SFAOptimizer([model.second.system_prompt, model.first.system_prompt])
+    step.train()
+    loss = await step("x")
+    await loss.backward()
+    seen: list[str] = []
+
+    def rewrite_in_order(request: LLMRequest) -> str:
+        prompt = request.messages[-1]["content"]
+        seen.append("downstream" if "downstream: expand" in prompt else "upstream")
+        return f"new {seen[-1]}"
+
+    with mock({"rewriter": rewrite_in_order}):
+        await optimizer.bind(resources).step()
+    assert seen == ["upstream", "downstream"]

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import math
+import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +28,17 @@ from plait.values import Value, ValueKind
 if TYPE_CHECKING:
     from plait.execution.tape import Tape
 
-__all__ = ["backward", "feedback_text"]
+__all__ = ["backward", "feedback_text", "upstream_rank"]
+
+#: Where in its graph each parameter last received feedback, as a fraction of the
+#: graph (0 is the first call); optimizers rewrite upstream parameters first.
+_upstream_rank: weakref.WeakKeyDictionary[Parameter, float] = weakref.WeakKeyDictionary()
+
+
+def upstream_rank(param: Parameter) -> float:
+    """How close to the inputs ``param`` shapes the output (lower is further upstream);
+    infinite for a parameter no backward pass has reached."""
+    return _upstream_rank.get(param, math.inf)
 
 
 def feedback_text(payload: Any) -> str:
@@ -69,7 +81,7 @@ class _Walk:
         for node in _refs(self.graph.output):
             self._tell(node, text)
         for param in _params(self.graph.output):
-            param.accumulate_feedback(text)
+            self._learn(param, text, len(self.graph.nodes))
 
     def _tell(self, node: int, text: str) -> None:
         texts = self.heard.setdefault(node, [])
@@ -85,7 +97,7 @@ class _Walk:
         text = "\n".join(self.heard[node.id])
         if node.kind == "op" or node.module is None:
             for expr in (*node.args, *node.kwargs.values()):
-                self._send(expr, text)
+                self._send(expr, text, node.id)
             return
         module = node.module
         results = self.tape.results
@@ -114,7 +126,7 @@ class _Walk:
                     f"parameter {name!r}, which it does not have (its parameters: "
                     f"{', '.join(own) or 'none'})"
                 )
-            param.accumulate_feedback(feedback_text(feedback))
+            self._learn(param, feedback_text(feedback), node.id)
         for name, feedback in result.input_feedback.items():
             if name not in arguments:
                 raise KeyError(
@@ -122,13 +134,18 @@ class _Walk:
                     f"input {name!r}, which this call did not receive (its inputs: "
                     f"{', '.join(arguments) or 'none'})"
                 )
-            self._send(arguments[name], feedback_text(feedback))
+            self._send(arguments[name], feedback_text(feedback), node.id)
 
-    def _send(self, expr: Any, text: str) -> None:
+    def _send(self, expr: Any, text: str, at: int) -> None:
         for node in _refs(expr):
             self._tell(node, text)
         for param in _params(expr):
-            param.accumulate_feedback(text)
+            self._learn(param, text, at)
+
+    def _learn(self, param: Parameter, text: str, at: int) -> None:
+        param.accumulate_feedback(text)
+        rank = at / max(1, len(self.graph.nodes))
+        _upstream_rank[param] = min(rank, _upstream_rank.get(param, math.inf))
 
 
 def _context_types() -> tuple[Any, Any]:

@@ -12,13 +12,13 @@ prompt always carries the parameter's ``description``: it is the contract of
 what the value is for, and a rewrite that satisfies the feedback but breaks the
 contract is worse than none.
 
-Order of updates.  By default parameters are rewritten one after another, in
-the optimizer's parameter order, and each rewrite is shown the updates already
-made in this step.  Pass parameters upstream first (closer to the pipeline's
-inputs), which ``module.parameters()`` usually does for a pipeline written top
-to bottom: a downstream prompt receives what the upstream one produces, so
-when both got the same complaint the downstream rewrite can see the upstream
-fix and avoid fixing it twice.  ``order=`` names the order explicitly, and an
+Order of updates.  By default parameters are rewritten one after another in
+dependency order, upstream first (closer to the pipeline's inputs, as the last
+backward pass saw them; ties and parameters no backward pass reached keep the
+optimizer's parameter order), and each rewrite is shown the updates already
+made in this step: a downstream prompt receives what the upstream one
+produces, so when both got the same complaint the downstream rewrite can see
+the upstream fix and avoid fixing it twice.  ``order=`` names the order explicitly, and an
 entry that is a list of names is a group rewritten concurrently; with
 ``concurrent=True`` every parameter not named in ``order`` is treated as
 independent and all are rewritten at once.
@@ -34,6 +34,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Self
 
+from plait.learning.backward import upstream_rank
 from plait.module import LLMInference, Module
 from plait.parameter import Parameter
 
@@ -227,7 +228,7 @@ class Optimizer:
             waiting.difference_update(id(p) for p in stage)
             if stage:
                 stages.append(stage)
-        rest = [p for p in pending if id(p) in waiting]
+        rest = sorted((p for p in pending if id(p) in waiting), key=upstream_rank)
         if self.concurrent:
             return [*stages, rest] if rest else stages
         return stages + [[p] for p in rest]
