@@ -25,7 +25,12 @@ from urllib.parse import urlsplit
 from plait.execution.loop import run_blocking
 from plait.providers import make_provider
 from plait.providers.base import LLMRequest, ProviderError
-from plait.resources.config import ConfigurationError, EndpointConfig, ResourceConfig
+from plait.resources.config import (
+    ConfigurationError,
+    EndpointConfig,
+    ResourceConfig,
+    read_resource_file,
+)
 from plait.resources.manager import LOCAL_DEFAULT, ResourceManager
 
 __all__ = ["AliasCheck", "build_parser", "check_alias", "main"]
@@ -120,27 +125,8 @@ def _specs(path: str | None, only: list[str]) -> list[tuple[str, Any]]:
 
 
 def _read(file: Path) -> Mapping[str, Any]:
-    suffix = file.suffix.lower()
-    if suffix not in (".toml", ".yaml", ".yml"):
-        raise ConfigurationError(f"resource file {file} must end in .toml, .yaml or .yml")
-    try:
-        text = file.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigurationError(f"cannot read resource file {file}: {exc.strerror}") from None
-    try:
-        if suffix == ".toml":
-            import tomllib
-
-            data: Any = tomllib.loads(text)
-        else:
-            import yaml
-
-            data = yaml.safe_load(text)
-    except Exception as exc:
-        raise ConfigurationError(f"{file} is not valid {suffix[1:].upper()}: {exc}") from None
-    if isinstance(data, Mapping) and isinstance(data.get("resources"), Mapping):
-        data = data["resources"]
-    if not isinstance(data, Mapping) or not data:
+    data = read_resource_file(file)
+    if not data:
         raise ConfigurationError(f"{file} defines no aliases (it should map alias -> settings)")
     return data
 

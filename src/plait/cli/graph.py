@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from plait.cli.inputs import FORMATS, InputError, Item, first_item, open_inputs
+from plait.cli.options import target_parser
 from plait.cli.target import Target, TargetError
 from plait.module import Module
 from plait.resources.config import ConfigurationError
@@ -45,17 +46,7 @@ the Mermaid diagram (rendered by Mermaid from a CDN in your browser) and the DOT
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="plait graph",
-        usage="plait graph TARGET [key=value ...] [options]",
-        description=DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        add_help=False,
-    )
-    parser.add_argument("target", nargs="?", metavar="TARGET", help="file.py:Name or module:Name")
-    parser.add_argument(
-        "assignments", nargs="*", metavar="key=value", help="arguments for TARGET (blueprint)"
-    )
+    parser = target_parser("graph", "plait graph TARGET [key=value ...] [options]", DESCRIPTION)
     parser.add_argument(
         "-i", "--input", metavar="TEXT|FILE", help="sample input, or a file whose first one to use"
     )

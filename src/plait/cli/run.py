@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from plait.cli.inputs import FORMATS, InputError, InputSource, Item, count_inputs, open_inputs
+from plait.cli.options import positive_int, target_parser
 from plait.cli.outputs import OutputWriter, error_record, silence_stdout
 from plait.cli.progress import Tally, console, duration, make_display
 from plait.cli.target import Target, TargetError
@@ -79,28 +80,8 @@ error, 130 interrupted.
 """
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="plait run",
-        usage="plait run TARGET [key=value ...] [options]",
-        description=DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        add_help=False,
-    )
-    parser.add_argument("target", nargs="?", metavar="TARGET", help="file.py:Name or module:Name")
-    parser.add_argument(
-        "assignments", nargs="*", metavar="key=value", help="arguments for TARGET (blueprint)"
-    )
+    parser = target_parser("run", "plait run TARGET [key=value ...] [options]", DESCRIPTION)
     parser.add_argument("-i", "--input", default="-", metavar="FILE", help="inputs (- is stdin)")
     parser.add_argument(
         "-o", "--output", default="-", metavar="FILE", help="JSONL outputs (default: - , stdout)"
@@ -115,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="aliases -> endpoints (TOML or YAML); default: the embedded local model",
     )
     parser.add_argument(
-        "--max-concurrent", type=_positive_int, metavar="N", help="LLM calls in flight (100)"
+        "--max-concurrent", type=positive_int, metavar="N", help="LLM calls in flight (100)"
     )
     parser.add_argument(
         "--checkpoint", metavar="DIR", help="checkpoint directory (default: OUTPUT.checkpoint)"
@@ -126,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--preserve-order", action="store_true", help="write outputs in input order"
     )
-    parser.add_argument("--limit", type=_positive_int, metavar="N", help="only the first N inputs")
+    parser.add_argument("--limit", type=positive_int, metavar="N", help="only the first N inputs")
     parser.add_argument(
         "--show", action="store_true", help="print a table of the results when done"
     )

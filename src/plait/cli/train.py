@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import IO, Any
 
+from plait.cli.options import positive_int, target_parser
 from plait.cli.progress import Display, RichDisplay, Tally, is_terminal
 from plait.cli.target import Target, TargetError
 from plait.module import Module
@@ -63,27 +64,11 @@ Exit status: 0 done, 2 usage or configuration error, 130 interrupted.
 """
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="plait train",
-        usage="plait train TARGET [key=value ...] --data FILE [--val FILE] [options]",
-        description=DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        add_help=False,
-    )
-    parser.add_argument("target", nargs="?", metavar="TARGET", help="file.py:Name or module:Name")
-    parser.add_argument(
-        "assignments", nargs="*", metavar="key=value", help="arguments for TARGET (blueprint)"
+    parser = target_parser(
+        "train",
+        "plait train TARGET [key=value ...] --data FILE [--val FILE] [options]",
+        DESCRIPTION,
     )
     parser.add_argument("--data", metavar="FILE", help="training examples (JSONL)")
     parser.add_argument("--val", metavar="FILE", help="validation examples (JSONL)")
@@ -100,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--optimizer-max-tokens",
-        type=_positive_int,
+        type=positive_int,
         metavar="N",
         help="cap the length of a rewritten prompt (default: the endpoint's)",
     )
@@ -109,10 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="aliases -> endpoints (TOML or YAML); default: the embedded local model",
     )
-    parser.add_argument("--batch-size", type=_positive_int, default=4, metavar="N", help="(4)")
-    parser.add_argument("--epochs", type=_positive_int, default=1, metavar="N", help="(1)")
-    parser.add_argument("--patience", type=_positive_int, metavar="N", help="early stopping")
-    parser.add_argument("--max-steps", type=_positive_int, metavar="N", help="stop after N steps")
+    parser.add_argument("--batch-size", type=positive_int, default=4, metavar="N", help="(4)")
+    parser.add_argument("--epochs", type=positive_int, default=1, metavar="N", help="(1)")
+    parser.add_argument("--patience", type=positive_int, metavar="N", help="early stopping")
+    parser.add_argument("--max-steps", type=positive_int, metavar="N", help="stop after N steps")
     parser.add_argument("--seed", type=int, default=0, metavar="N", help="shuffling seed (0)")
     parser.add_argument("--out", default="plait-train", metavar="DIR", help="(plait-train)")
     parser.add_argument("--checkpoint", metavar="DIR", help="(default: OUT/checkpoint)")

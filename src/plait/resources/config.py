@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
-__all__ = ["ConfigurationError", "EndpointConfig", "ResourceConfig"]
+__all__ = ["ConfigurationError", "EndpointConfig", "ResourceConfig", "read_resource_file"]
 
 
 class ConfigurationError(ValueError):
@@ -72,6 +72,42 @@ class EndpointConfig(BaseModel):
         return (self.provider, self.base_url or "", self.model)
 
 
+def read_resource_file(file: Path) -> Mapping[str, Any]:
+    """The raw alias -> settings mapping of a TOML or YAML resource file.
+
+    The aliases sit at the file's top level, or under a ``resources`` table (so a
+    pipeline's blueprint file can hold its resources too).  Unvalidated, so a tool
+    such as ``plait check`` can judge each alias on its own.
+    """
+    suffix = file.suffix.lower()
+    if suffix not in (".toml", ".yaml", ".yml"):
+        raise ConfigurationError(
+            f"resource file {file} must end in .toml, .yaml or .yml (got {suffix!r})"
+        )
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigurationError(f"cannot read resource file {file}: {exc.strerror}") from None
+    try:
+        if suffix == ".toml":
+            import tomllib
+
+            data: Any = tomllib.loads(text)
+        else:
+            import yaml
+
+            data = yaml.safe_load(text)
+    except Exception as exc:
+        raise ConfigurationError(
+            f"resource file {file} is not valid {suffix[1:].upper()}: {exc}"
+        ) from None
+    if isinstance(data, Mapping) and isinstance(data.get("resources"), Mapping):
+        data = data["resources"]
+    if not isinstance(data, Mapping):
+        raise ConfigurationError(f"resource file {file} must map alias names to endpoint settings")
+    return data
+
+
 class ResourceConfig(Mapping[str, EndpointConfig]):
     """Aliases to endpoints, as seed 000 shows: ``ResourceConfig({"fast": {...}})``."""
 
@@ -106,40 +142,10 @@ class ResourceConfig(Mapping[str, EndpointConfig]):
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> ResourceConfig:
-        """Read aliases from a TOML (``.toml``) or YAML (``.yaml``/``.yml``) file.
-
-        The file maps alias -> settings at its top level, or under a ``resources``
-        table (so a pipeline's blueprint file can hold its resources too).
-        """
+        """Read aliases from a TOML (``.toml``) or YAML (``.yaml``/``.yml``) file
+        (see `read_resource_file` for its layout)."""
         file = Path(path)
-        suffix = file.suffix.lower()
-        if suffix not in (".toml", ".yaml", ".yml"):
-            raise ConfigurationError(
-                f"resource file {file} must end in .toml, .yaml or .yml (got {suffix!r})"
-            )
-        try:
-            text = file.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ConfigurationError(f"cannot read resource file {file}: {exc}") from None
-        try:
-            if suffix == ".toml":
-                import tomllib
-
-                data: Any = tomllib.loads(text)
-            else:
-                import yaml
-
-                data = yaml.safe_load(text)
-        except Exception as exc:
-            raise ConfigurationError(
-                f"resource file {file} is not valid {suffix[1:].upper()}: {exc}"
-            ) from None
-        if isinstance(data, Mapping) and isinstance(data.get("resources"), Mapping):
-            data = data["resources"]
-        if not isinstance(data, Mapping):
-            raise ConfigurationError(
-                f"resource file {file} must map alias names to endpoint settings"
-            )
+        data = read_resource_file(file)
         try:
             return cls(data)
         except ConfigurationError as exc:
