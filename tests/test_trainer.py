@@ -368,3 +368,46 @@ def test_plait_train_reports_usage_errors(
     assert "TARGET is missing" in capsys.readouterr().err
     assert cli_main(["train", "tests/pipelines.py:Echo"]) == 2
     assert "--data FILE is missing" in capsys.readouterr().err
+
+
+def test_a_killed_run_resumes_from_its_last_checkpoint(server: Any, tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    directory = tmp_path / "ckpt"
+
+    def child(gate: int) -> subprocess.Popen[str]:
+        command = [sys.executable, "-m", "tests.trainer_child", server.base_url, str(directory)]
+        return subprocess.Popen(
+            [*command, str(gate)],
+            cwd=root,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    first = child(gate=1)
+    try:
+        assert first.stdout is not None
+        line = first.stdout.readline()
+        assert line == "step 1\n", line + first.stderr.read()  # type: ignore[union-attr]
+        os.kill(first.pid, signal.SIGKILL)  # after step 1's checkpoint, mid-run
+        first.wait()
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+
+    second = child(gate=0)
+    stdout, stderr = second.communicate(timeout=120)
+    assert second.returncode == 0, stderr
+    result = json.loads(stdout.splitlines()[-1].removeprefix("RESULT "))
+    assert result["resumed_at"] == 1
+    assert result["steps"] == [1, 2, 3] and result["kept"] == [False, True, False]
+    # only the two remaining steps ran: two batches of two and two validations of four
+    assert result["classifier_calls"] == 2 * 2 + 2 * 4
+    assert result["prompt"] == "Answer GOOD."
