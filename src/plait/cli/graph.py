@@ -18,14 +18,13 @@ import html
 import inspect
 import sys
 from pathlib import Path
-from typing import Any
 
 from plait.cli.inputs import FORMATS, InputError, Item, first_item, open_inputs
 from plait.cli.options import target_parser
 from plait.cli.target import Target, TargetError
 from plait.module import Module
 from plait.resources.config import ConfigurationError
-from plait.tracing.graph import Graph, Node, NodeRef, Struct, Template
+from plait.tracing.graph import Graph, Node, NodeRef, references
 from plait.tracing.tracer import TracingError, trace
 
 __all__ = ["build_parser", "dot", "html_page", "main", "mermaid"]
@@ -158,21 +157,9 @@ class _View:
                 self.sources.append(node.id)
             self.edges += [(dep, node.id) for dep in deps]
         outputs: list[int] = []
-        for ref in _refs(graph.output):
+        for ref in (r.node for r in references(graph.output) if isinstance(r, NodeRef)):
             outputs += [ref] if ref in shown else _calls_behind(graph, ref)
         self.outputs = sorted(set(outputs))
-
-
-def _refs(obj: Any) -> list[int]:
-    """The nodes a recorded value takes something from (the pipeline's output, here)."""
-    if isinstance(obj, NodeRef):
-        return [obj.node]
-    if isinstance(obj, Template):
-        return [ref for part in obj.parts for ref in _refs(part)]
-    if isinstance(obj, Struct):
-        pairs = obj.items if obj.kind is dict else [(None, item) for item in obj.items]
-        return [ref for _, value in pairs for ref in _refs(value)]
-    return []
 
 
 def _calls_behind(graph: Graph, node_id: int) -> list[int]:

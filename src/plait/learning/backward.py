@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from plait.learning.feedback import Feedback
 from plait.parameter import Parameter
-from plait.tracing.graph import Graph, Node, NodeRef, ParamRef, Struct, Template, resolve
+from plait.tracing.graph import Graph, Node, NodeRef, ParamRef, references, resolve
 from plait.values import Value, ValueKind
 
 if TYPE_CHECKING:
@@ -175,32 +175,14 @@ def _bind(module: Any, node: Node) -> dict[str, Any]:
 
 def _refs(expr: Any) -> Iterator[int]:
     """Every node an argument expression was built from."""
-    if isinstance(expr, NodeRef):
-        yield expr.node
-    elif isinstance(expr, Template):
-        for part in expr.parts:
-            if isinstance(part, NodeRef):
-                yield part.node
-    elif isinstance(expr, Struct):
-        items = expr.items if expr.kind is not dict else (value for _, value in expr.items)
-        for item in items:
-            yield from _refs(item)
+    return (ref.node for ref in references(expr) if isinstance(ref, NodeRef))
 
 
 def _params(expr: Any) -> Iterator[Parameter]:
     """Every parameter spliced into an argument expression."""
-    if isinstance(expr, ParamRef):
-        yield expr.param
-    elif isinstance(expr, Template):
-        for part in expr.parts:
-            if isinstance(part, ParamRef):
-                yield part.param
-    elif isinstance(expr, Struct):
-        items = expr.items if expr.kind is not dict else (value for _, value in expr.items)
-        for item in items:
-            yield from _params(item)
-    elif isinstance(expr, Parameter):
+    if isinstance(expr, Parameter):
         yield expr
+    yield from (ref.param for ref in references(expr) if isinstance(ref, ParamRef))
 
 
 def _levels_from_output(graph: Graph) -> list[list[int]]:

@@ -9,7 +9,7 @@ as they are and are never walked again when the graph runs.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +19,17 @@ if TYPE_CHECKING:
     from plait.module import Module
     from plait.parameter import Parameter
 
-__all__ = ["Graph", "Node", "NodeRef", "ParamRef", "Resolvable", "Struct", "Template", "resolve"]
+__all__ = [
+    "Graph",
+    "Node",
+    "NodeRef",
+    "ParamRef",
+    "Resolvable",
+    "Struct",
+    "Template",
+    "references",
+    "resolve",
+]
 
 Results = dict[int, Value]
 
@@ -97,6 +107,20 @@ class Struct(Resolvable):
 
     def __repr__(self) -> str:
         return f"Struct({self.kind.__name__}, {self.items!r})"
+
+
+def references(obj: Any) -> Iterator[NodeRef | ParamRef]:
+    """Every reference inside a recorded argument: a template's holes, a container's items."""
+    if isinstance(obj, NodeRef | ParamRef):
+        yield obj
+    elif isinstance(obj, Template):
+        for part in obj.parts:
+            if not isinstance(part, str):
+                yield part
+    elif isinstance(obj, Struct):
+        items = (value for _, value in obj.items) if obj.kind is dict else obj.items
+        for item in items:
+            yield from references(item)
 
 
 def resolve(obj: Any, results: Results) -> Any:
