@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from plait.cli.inputs import FORMATS, InputError, Item, first_item, open_inputs
-from plait.cli.options import target_parser
+from plait.cli.options import parse_target_args, target_parser
 from plait.cli.target import Target, TargetError
 from plait.module import Module
 from plait.resources.config import ConfigurationError
@@ -71,19 +71,9 @@ def _error(message: str, status: int = 2) -> int:
 
 def main(argv: list[str]) -> int:
     parser = build_parser()
-    ns = parser.parse_intermixed_args(argv)
-    if ns.help:
-        if ns.target is not None:
-            try:
-                text = Target(ns.target, ns.assignments).help()
-            except (TargetError, ConfigurationError) as exc:
-                text = f"(cannot describe {ns.target}: {exc})"
-            print(f"Arguments of {ns.target}:\n{text.rstrip()}\n")
-        parser.print_help()
-        return 0
-    if ns.target is None:
-        parser.print_usage(sys.stderr)
-        return _error("TARGET is missing: give file.py:Name or package.module:Name")
+    ns = parse_target_args(parser, argv)
+    if isinstance(ns, int):
+        return ns
     try:
         module = Target(ns.target, ns.assignments).make()
         item = _sample(module, ns)

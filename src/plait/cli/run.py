@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from plait.cli.inputs import FORMATS, InputError, InputSource, Item, count_inputs, open_inputs
-from plait.cli.options import positive_int, target_parser
+from plait.cli.options import parse_target_args, positive_int, target_parser
 from plait.cli.outputs import OutputWriter, error_record, silence_stdout
 from plait.cli.progress import Tally, console, duration, make_display
 from plait.cli.target import Target, TargetError
@@ -126,28 +126,13 @@ def _error(message: str) -> int:
 
 
 def main(argv: list[str]) -> int:
-    parser = build_parser()
-    ns = parser.parse_intermixed_args(argv)
-    if ns.help:
-        return _help(parser, ns)
-    if ns.target is None:
-        parser.print_usage(sys.stderr)
-        return _error("TARGET is missing: give file.py:Name or package.module:Name")
+    ns = parse_target_args(build_parser(), argv)
+    if isinstance(ns, int):
+        return ns
     try:
         return _Command(ns).run()
     except (UsageError, TargetError, InputError, ConfigurationError) as exc:
         return _error(str(exc))
-
-
-def _help(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> int:
-    if ns.target is not None:
-        try:
-            text = Target(ns.target, ns.assignments).help()
-        except (TargetError, ConfigurationError) as exc:
-            text = f"(cannot describe {ns.target}: {exc})"
-        print(f"Arguments of {ns.target}:\n{text.rstrip()}\n")
-    parser.print_help()
-    return 0
 
 
 # -- the command -------------------------------------------------------------------------------

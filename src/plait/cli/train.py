@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import IO, Any
 
-from plait.cli.options import positive_int, target_parser
+from plait.cli.options import parse_target_args, positive_int, target_parser
 from plait.cli.progress import Display, RichDisplay, Tally, is_terminal
 from plait.cli.target import Target, TargetError
 from plait.module import Module
@@ -120,19 +120,9 @@ def main(argv: list[str]) -> int:
     from plait.learning.trainer import TrainerError
 
     parser = build_parser()
-    ns = parser.parse_intermixed_args(argv)
-    if ns.help:
-        if ns.target is not None:
-            try:
-                text = Target(ns.target, ns.assignments).help()
-            except (TargetError, ConfigurationError) as exc:
-                text = f"(cannot describe {ns.target}: {exc})"
-            print(f"Arguments of {ns.target}:\n{text.rstrip()}\n")
-        parser.print_help()
-        return 0
-    if ns.target is None:
-        parser.print_usage(sys.stderr)
-        return _error("TARGET is missing: give file.py:Name or package.module:Name")
+    ns = parse_target_args(parser, argv)
+    if isinstance(ns, int):
+        return ns
     if ns.data is None:
         parser.print_usage(sys.stderr)
         return _error("--data FILE is missing: the training examples (JSONL)")
