@@ -571,7 +571,7 @@ def test_graph_shows_or_collapses_ops_and_reads_a_sample_file(
         main(["graph", "tests.pipelines:Shapes", "--format", "mermaid", "--ops", "collapsed"]) == 0
     )
     collapsed = capsys.readouterr().out
-    assert "upper" not in collapsed and "n0 --> output" in collapsed
+    assert "upper" not in collapsed and "n1 --> output" in collapsed  # n0: the root's call
 
     sample = jsonl(tmp_path / "in.jsonl", [{"question": "q", "context": "c"}])
     assert main(["graph", "tests.cli_targets:Pair", "--input", str(sample)]) == 0

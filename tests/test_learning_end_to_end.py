@@ -76,15 +76,14 @@ async def test_both_branch_parameters_are_rewritten_from_feedback_naming_them(
     versions = {name: p.module_state_version for name, p in learnable.items()}
     with mock({"rewriter": rewrite}):
         updates = await optimizer.step()
-    # qualified names are paths from the root that ran: the TrainingStep holds the model
+    # names are the model's own state_dict keys (the TrainingStep wraps it, does not own it)
     assert updates == {
-        "model.tone.system_prompt": "Describe the tone and say whether the reviewer would buy "
-        "again.",
-        "model.facts.system_prompt": "List the facts, always including the price.",
+        "tone.system_prompt": "Describe the tone and say whether the reviewer would buy again.",
+        "facts.system_prompt": "List the facts, always including the price.",
     }
     assert model.tone.system_prompt is not None and model.facts.system_prompt is not None
-    assert model.tone.system_prompt.value == updates["model.tone.system_prompt"]
-    assert model.facts.system_prompt.value == updates["model.facts.system_prompt"]
+    assert model.tone.system_prompt.value == updates["tone.system_prompt"]
+    assert model.facts.system_prompt.value == updates["facts.system_prompt"]
     for name, p in learnable.items():
         assert p.get_accumulated_feedback() == []
         assert p.module_state_version > versions[name]

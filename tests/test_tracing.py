@@ -32,12 +32,13 @@ def test_nested_pipeline_flattens_into_one_graph_of_leaf_calls() -> None:
         "stage3.synthesizer",
     ]
     by_path = {n.path: n for n in graph.nodes}
-    assert by_path["stage1.analyzer"].deps == (by_path["stage1.summarizer"].id,)
+    calls = graph.call_deps  # what a node waits on, looking through ops and call brackets
+    assert calls(by_path["stage1.analyzer"].id) == [by_path["stage1.summarizer"].id]
     # stage2's three calls all wait only for stage1's output: they run concurrently.
     for name in ("technical", "business", "user"):
-        assert by_path[f"stage2.{name}"].deps == (by_path["stage1.analyzer"].id,)
+        assert calls(by_path[f"stage2.{name}"].id) == [by_path["stage1.analyzer"].id]
     synth = by_path["stage3.synthesizer"]
-    assert set(synth.deps) == {
+    assert set(calls(synth.id)) == {
         by_path[f"stage3.analyzer.{n}"].id for n in ("technical", "business", "user")
     }
 
@@ -62,7 +63,7 @@ def test_fstring_plus_format_and_join_all_create_dependencies() -> None:
     ids = {n.path: n.id for n in graph.nodes}
     for consumer in ("f", "p", "fmt", "j"):
         node = graph.nodes[ids[consumer]]
-        assert set(node.deps) == {ids["a"], ids["b"]}, consumer
+        assert set(graph.call_deps(node.id)) == {ids["a"], ids["b"]}, consumer
         assert isinstance(node.args[0], Template)
     template = graph.nodes[ids["f"]].args[0]
     assert [type(p) for p in template.parts] == [NodeRef, str, NodeRef]
@@ -163,4 +164,5 @@ def test_tracing_is_a_handler_on_the_stack() -> None:
 def test_synthesizer_graph_has_the_fan_in_shape() -> None:
     graph = trace(Synthesizer(), ("t",))
     assert len(module_nodes(graph)) == 4
-    assert len(graph.nodes[-1].deps) == 3
+    synthesizer = module_nodes(graph)[-1]
+    assert synthesizer.path == "synthesizer" and len(graph.call_deps(synthesizer.id)) == 3

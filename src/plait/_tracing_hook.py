@@ -14,6 +14,9 @@ __all__ = ["ActiveTracer", "active_tracer"]
 
 
 class ActiveTracer(Protocol):
+    #: False while code that has real values runs with its module calls recorded.
+    lift_parameters: bool
+
     def lift_parameter(self, param: Any) -> str:
         """A placeholder string that stands for ``param`` in the recorded graph."""
         ...

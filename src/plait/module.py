@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import weakref
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Self
@@ -65,11 +66,15 @@ class Module:
     _bound_config: dict[str, Any]
     _training: bool
     _state_version: int
+    _parent: weakref.ReferenceType[Module] | None
 
     #: LLMInference sets this; plait needs resources to run such a module.
     _calls_llm: ClassVar[bool] = False
     #: Parameter containers set this: owning one does not make a module composite.
     _holds_only_parameters: ClassVar[bool] = False
+    #: Wrappers that hold a user's pipeline without owning it (``TrainingStep``)
+    #: clear this, so the pipeline's parameters keep the names its own root gives them.
+    _adopts_children: ClassVar[bool] = True
 
     def __init__(self) -> None:
         object.__setattr__(self, "_children", {})
@@ -79,6 +84,7 @@ class Module:
         object.__setattr__(self, "_bound_config", {})
         object.__setattr__(self, "_training", False)
         object.__setattr__(self, "_state_version", 0)
+        object.__setattr__(self, "_parent", None)
 
     # -- registration --------------------------------------------------------------
     def __setattr__(self, name: str, value: Any) -> None:
@@ -90,30 +96,82 @@ class Module:
                 f"cannot assign {name!r} before Module.__init__() ran: call "
                 f"super().__init__() first in {type(self).__name__}.__init__"
             ) from None
+        self._release(name, keep=value)
         if isinstance(value, Module):
             if value is self:
                 raise ValueError(f"a module cannot be its own child ({name!r})")
-            params.pop(name, None)
             children[name] = value
-            if value._name is None:
-                object.__setattr__(value, "_name", name)
+            orphan = value._parent_module() is None
+            if value._name is None or (orphan and value._parent is not None):
+                object.__setattr__(value, "_name", name)  # never named, or its owner is gone
+            if orphan and self._adopts_children and not self._descends_from(value):
+                object.__setattr__(value, "_parent", weakref.ref(self))
         elif isinstance(value, Parameter):
-            children.pop(name, None)
             params[name] = value
-            if value._owner is None:
-                import weakref
-
+            if value.owner is None:
                 value._owner = weakref.ref(self)
                 value._name = name
-        else:
-            children.pop(name, None)
-            params.pop(name, None)
         object.__setattr__(self, name, value)
 
     def __delattr__(self, name: str) -> None:
-        self._children.pop(name, None)
-        self._parameters.pop(name, None)
+        self._release(name)
         object.__delattr__(self, name)
+
+    def _release(self, name: str, keep: Any = None) -> None:
+        """Unregister what ``name`` held; a child or parameter this module had adopted
+        forgets it, so it takes its name from wherever it is registered next."""
+        child = self._children.pop(name, None)
+        if child is not None and child is not keep and child._parent_module() is self:
+            object.__setattr__(child, "_parent", None)
+            object.__setattr__(child, "_name", None)
+        param = self._parameters.pop(name, None)
+        if param is not None and param is not keep and param.owner is self:
+            param._owner = None
+            param._name = None
+
+    def _parent_module(self) -> Module | None:
+        return self._parent() if self._parent is not None else None
+
+    def _descends_from(self, other: Module) -> bool:
+        node: Module | None = self
+        seen: set[int] = set()
+        while node is not None and id(node) not in seen:
+            if node is other:
+                return True
+            seen.add(id(node))
+            node = node._parent_module()
+        return False
+
+    @property
+    def qualified_path(self) -> str:
+        """Dotted path from the root that owns this module ('' for a root).
+
+        A module is owned by the first module it was assigned to; the path is the
+        chain of those assignments, so it is the same whichever module is run and
+        matches the owning root's ``named_modules()``/``state_dict()`` keys.
+        """
+        names: list[str] = []
+        node: Module | None = self
+        seen: set[int] = set()
+        while node is not None and id(node) not in seen:
+            seen.add(id(node))
+            parent = node._parent_module()
+            if parent is None:
+                break
+            names.append(node._name or "?")
+            node = parent
+        return ".".join(reversed(names))
+
+    def _binding(self) -> tuple[Any, dict[str, Any]]:
+        """Resources and options from `bind()`: this module's, else the nearest owner's."""
+        node: Module | None = self
+        seen: set[int] = set()
+        while node is not None and id(node) not in seen:
+            if node._bound_resources is not None or node._bound_config:
+                return node._bound_resources, node._bound_config
+            seen.add(id(node))
+            node = node._parent_module()
+        return None, {}
 
     def register_module(self, name: str, module: Module | None) -> None:
         """Register a child under ``name`` (what attribute assignment does)."""
@@ -146,7 +204,9 @@ class Module:
     ) -> Self:
         """Attach resources and execution options so the module can be awaited directly.
 
-        Bound options rank below per-call options and above `ExecutionSettings`.
+        Bound options rank below per-call options and above `ExecutionSettings`, and
+        reach every submodule this module owns: ``root.bind(resources=r)`` then
+        ``root.child.run_sync(x)`` runs on ``r`` (a submodule's own `bind` wins).
         ``max_concurrent`` caps the tasks this module runs at once (default 100).
         """
         from plait.execution.settings import check_setting_names
@@ -189,7 +249,8 @@ class Module:
     def _needs_runtime(self) -> bool:
         from plait.execution.settings import get_execution_settings
 
-        if self._bound_resources is not None or self._bound_config:
+        resources, config = self._binding()
+        if resources is not None or config:
             return True
         settings = get_execution_settings()
         if settings is not None and settings.resources is not None:

@@ -22,6 +22,20 @@ __all__ = ["Parameter", "StructureLockedError"]
 
 _ids = itertools.count(1)
 
+#: Per input being run: the value of every parameter as it was when the input
+#: started (id(param) -> value).  Reads of ``param.value`` inside that input see it,
+#: so an optimizer step during a batch never mixes old and new text within one input.
+_snapshot: ContextVar[dict[int, Any] | None] = ContextVar("plait_parameter_snapshot", default=None)
+
+
+def snapshot_values(params: Any) -> dict[int, Any]:
+    """The current value of each parameter, keyed for `use_snapshot`."""
+    return {id(param): param._value for param in params}
+
+
+use_snapshot = _snapshot.set
+release_snapshot = _snapshot.reset
+
 # -- structure lock (seed 001; set by plait.learning.state.lock) -----------------------
 #: While set (to a description of who locked), creating a Parameter raises: once the
 #: parameter state is locked, the structure it describes must not grow behind its back.
@@ -45,7 +59,6 @@ class Parameter:
         "_feedback_buffer",
         "_name",
         "_owner",
-        "_path",
         "_value",
         "description",
         "param_id",
@@ -81,7 +94,6 @@ class Parameter:
         self.description = description
         self.requires_grad = requires_grad
         self._name: str | None = None
-        self._path: str | None = None
         self._owner: weakref.ReferenceType[Module] | None = None
         self._feedback_buffer: list[str] = []
         self.param_id = f"p{next(_ids)}"
@@ -89,7 +101,17 @@ class Parameter:
     # -- value and versioning -------------------------------------------------
     @property
     def value(self) -> Any:
-        return self._value
+        """The value; inside a running input, as it was when that input started.
+
+        While a ``forward()`` is being traced this is a placeholder that keeps the
+        parameter in the graph: text use (f-strings, ``+``, ``join``), its ``str``
+        methods and indexing are recorded and applied to the value each input runs
+        with; questions about it (``len``, ``==``, truth tests) raise `TracingError`.
+        """
+        tracer = active_tracer.get()
+        if tracer is not None and tracer.lift_parameters:
+            return tracer.lift_parameter(self)
+        return self.current()
 
     @value.setter
     def value(self, new_value: Any) -> None:
@@ -97,6 +119,15 @@ class Parameter:
         owner = self.owner
         if owner is not None:
             owner._bump_state_version()
+
+    def current(self) -> Any:
+        """The value this input runs with (the live value outside a run), never a placeholder."""
+        snapshot = _snapshot.get()
+        if snapshot is not None:
+            found = snapshot.get(id(self), _UNSET)
+            if found is not _UNSET:
+                return found
+        return self._value
 
     @property
     def owner(self) -> Module | None:
@@ -111,8 +142,16 @@ class Parameter:
 
     @property
     def qualified_name(self) -> str:
-        """Dotted path from the root module (``param:<this>`` is the ref), else the local name."""
-        return self._path or self._name or self.param_id
+        """Dotted path from the root module that owns it (``param:<this>`` is the ref).
+
+        The same whichever module is run: it follows the chain of modules each was
+        first assigned to, so it equals the owning root's ``state_dict()`` key.
+        """
+        owner = self.owner
+        if owner is None or self._name is None:
+            return self._name or self.param_id
+        prefix = owner.qualified_path
+        return f"{prefix}.{self._name}" if prefix else self._name
 
     # -- feedback ----------------------------------------------------------------
     def accumulate_feedback(self, feedback: str) -> None:
@@ -132,28 +171,52 @@ class Parameter:
         """Clear accumulated feedback (the analogue of ``zero_grad``)."""
         self._feedback_buffer.clear()
 
+    # -- equality, as the seed's dataclass ----------------------------------------
+    def _fields(self) -> tuple[Any, ...]:
+        return (
+            self._value,
+            self.description,
+            self.requires_grad,
+            self._name,
+            self._feedback_buffer,
+        )
+
+    def __eq__(self, other: object) -> bool:
+        """Equal when every field is (seed 000 declares Parameter a dataclass)."""
+        if not isinstance(other, Parameter):
+            return NotImplemented
+        return self is other or self._fields() == other._fields()
+
+    #: Hashed by identity, as torch's parameters are, so they can key dicts and sets;
+    #: plait's own bookkeeping always keys them by identity.
+    __hash__ = object.__hash__
+
     # -- use inside forward() ----------------------------------------------------
     def __str__(self) -> str:
         tracer = active_tracer.get()
-        if tracer is not None:
+        if tracer is not None and tracer.lift_parameters:
             return tracer.lift_parameter(self)
-        return str(self._value)
+        return str(self.current())
 
     def __format__(self, spec: str) -> str:
         tracer = active_tracer.get()
-        if tracer is not None:
+        if tracer is not None and tracer.lift_parameters:
             if spec:
                 raise ValueError(
                     f"format spec {spec!r} on Parameter {self.qualified_name!r} cannot be "
                     "applied while tracing; format the text without a spec"
                 )
             return tracer.lift_parameter(self)
-        return format(str(self._value), spec)
+        return format(str(self.current()), spec)
 
     def __repr__(self) -> str:
-        name = f" name={self.qualified_name!r}" if self._name or self._path else ""
-        grad = "" if self.requires_grad else " requires_grad=False"
-        return f"Parameter({_short(self._value)}{name}{grad})"
+        return (
+            f"Parameter(value={self._value!r}, description={self.description!r}, "
+            f"requires_grad={self.requires_grad!r})"
+        )
+
+
+_UNSET = object()
 
 
 def _short(value: Any) -> str:

@@ -103,7 +103,7 @@ def unwrap(obj: Any) -> Any:
 def valueify(param: Parameter) -> Value:
     """Lift a parameter into the data flow with a stable ``param:`` ref (seed 002)."""
     name = param.qualified_name
-    payload = param.value
+    payload = param.current()
     kind = ValueKind.TEXT if isinstance(payload, str) else ValueKind.STRUCTURED
     return Value(
         kind=kind,

@@ -137,24 +137,24 @@ class _View:
 
     def __init__(self, graph: Graph, collapse: bool) -> None:
         self.graph = graph
-        self.nodes = [n for n in graph.nodes if n.kind == "module" or not collapse]
-        shown = {n.id for n in self.nodes}
+
+        # Composite calls' enter/exit nodes are structure, never drawn: edges look through them.
+        def drawn(node: Node) -> bool:
+            return node.kind == "module" or (node.kind == "op" and not collapse)
+
+        self.nodes = [n for n in graph.nodes if drawn(n)]
         self.edges: list[tuple[int, int]] = []
         self.sources: list[int] = []
         for node in self.nodes:
-            deps = graph.call_deps(node.id) if collapse else list(node.deps)
+            deps = graph.deps_through(node.id, drawn)
             if not deps:
                 self.sources.append(node.id)
             self.edges += [(dep, node.id) for dep in deps]
         outputs: list[int] = []
         for ref in (r.node for r in references(graph.output) if isinstance(r, NodeRef)):
-            outputs += [ref] if ref in shown else _calls_behind(graph, ref)
+            node = graph.nodes[ref]
+            outputs += [ref] if drawn(node) else graph.deps_through(ref, drawn)
         self.outputs = sorted(set(outputs))
-
-
-def _calls_behind(graph: Graph, node_id: int) -> list[int]:
-    node = graph.nodes[node_id]
-    return [node_id] if node.kind == "module" else graph.call_deps(node_id)
 
 
 def _caption(node: Node) -> tuple[str, str]:

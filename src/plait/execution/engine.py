@@ -16,16 +16,24 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
-from plait.handlers.stack import Message, apply_stack
+from plait.handlers.stack import (
+    Handler,
+    Message,
+    apply_stack,
+    current_stack,
+    postprocess_stack,
+    process_stack,
+)
+from plait.parameter import release_snapshot, snapshot_values, use_snapshot
 from plait.providers.base import LLMRequest, LLMResponse
 from plait.resources.endpoint import CallTiming
 from plait.resources.limits import Priority, PriorityLimiter
 from plait.resources.manager import ResourceManager
 from plait.tracing.graph import Graph, Node, as_text, resolve
-from plait.tracing.tracer import module_paths, trace
+from plait.tracing.tracer import Tracer, active_trace, module_paths, trace
 from plait.values import ExecutionError, Value, ValueKind, error_value, kind_of
 
 if TYPE_CHECKING:
@@ -64,6 +72,7 @@ class Engine:
         self.root = root
         self.resources = resources
         self.paths = module_paths(root)
+        self.params = list(root.parameters())
         self.limiter = PriorityLimiter(max_concurrent)
         #: False while a batch still has inputs to admit (see `_CallPriority`).
         self.draining = draining
@@ -83,16 +92,27 @@ class Engine:
     async def run_input(
         self, index: int, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[Value, Graph | None, dict[int, Value]]:
-        """Trace and execute one input; never raises for failures inside the pipeline."""
+        """Trace and execute one input; never raises for failures inside the pipeline.
+
+        Parameters are read as they are when the input starts: the whole input runs
+        with those values even if an optimizer updates them meanwhile (seed 002).
+        """
+        token = use_snapshot(snapshot_values(self.params))
         try:
-            graph = trace(self.root, args, kwargs, self.paths)
-        except Exception as exc:
-            return error_value(exc, module_path=f"{type(self.root).__name__}.forward"), None, {}
-        results = await self.execute(graph, index, "")
-        return self.output_of(graph, results), graph, results
+            try:
+                graph = trace(self.root, args, kwargs, self.paths)
+            except Exception as exc:
+                failed = error_value(exc, module_path=f"{type(self.root).__name__}.forward")
+                return failed, None, {}
+            results = await self.execute(graph, index, "")
+            return self.output_of(graph, results), graph, results
+        finally:
+            release_snapshot(token)
 
     def output_of(self, graph: Graph, results: dict[int, Value]) -> Value:
-        failures = [v for v in results.values() if v.kind is ValueKind.ERROR]
+        failures = [
+            v for v in results.values() if v.kind is ValueKind.ERROR and not v.meta.get("recovered")
+        ]
         if failures:
             original = [v for v in failures if not v.meta.get("short_circuited")] or failures
             first = original[0]
@@ -135,7 +155,7 @@ class Engine:
                 msg = Message(
                     type="module",
                     name=node.path,
-                    fn=module.forward,
+                    fn=module.forward if module._has_async_forward() else self._leaf(module),
                     args=args,
                     kwargs=kwargs,
                     module=module,
@@ -220,18 +240,46 @@ class Engine:
         finally:
             self.limiter.release()
 
-    # -- module calls made inside an async forward -------------------------------------
+    # -- module calls made from code that runs on real values -------------------------
     async def call_module(
         self, module: Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
+        """A module call inside an ``async def forward``: traced and run on this engine."""
+        return await self.run_recorded(trace(module, args, kwargs, self.paths))
+
+    async def run_recorded(self, graph: Graph) -> Any:
+        """Run calls recorded by code that had real values (an async forward, a leaf's
+        sync forward, a backward) where that code runs: same limits and handlers."""
         where = _current_node.get()
         index, prefix = where if where is not None else (0, "eager/")
-        graph = trace(module, args, kwargs, self.paths)
         results = await self.execute(graph, index, prefix)
         value = self.output_of(graph, results)
         if value.kind is ValueKind.ERROR:
             raise ExecutionError(value)
         return value.payload
+
+    def _leaf(self, module: Module) -> Callable[..., Any]:
+        """A leaf's sync forward, run on real values with its module calls recorded.
+
+        A module with no registered submodules is a leaf, yet its forward may still
+        call modules (kept in a plain list or dict, say): those calls are traced
+        and run here, so a sync forward never receives an un-awaited coroutine.
+        """
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            tracer = Tracer(self.paths, lift_parameters=False)
+            with tracer:
+                token = active_trace.set(tracer)
+                try:
+                    out = module.forward(*args, **kwargs)
+                finally:
+                    active_trace.reset(token)
+            if not tracer.graph.nodes:
+                return out
+            tracer.graph.output = tracer.capture(out, set(), {})
+            return self.run_recorded(tracer.graph)
+
+        return forward
 
 
 class _GraphRun:
@@ -243,6 +291,7 @@ class _GraphRun:
     """
 
     __slots__ = (
+        "calls",
         "engine",
         "finished",
         "graph",
@@ -266,6 +315,8 @@ class _GraphRun:
         self.remaining = len(graph.nodes)
         self.tasks: set[asyncio.Task[None]] = set()
         self.finished: asyncio.Future[None] | None = None
+        #: Composite calls between their enter and exit: message, stack, handlers seen.
+        self.calls: dict[int, tuple[Message, tuple[Handler, ...], int]] = {}
 
     async def wait(self) -> dict[int, Value]:
         if self.remaining:
@@ -285,18 +336,119 @@ class _GraphRun:
 
     def start(self, node: Node) -> None:
         results = self.results
+        if node.scope is not None and results[node.scope].meta.get("skip_inside"):
+            # A handler answered the composite call this node belongs to.
+            self.complete(node, Value(ValueKind.OTHER, None, meta=dict(_SKIPPED)))
+            return
+        if node.kind == "exit":
+            self.exit(node)
+            return
         for dep in node.deps:
             upstream = results[dep]
             if upstream.kind is ValueKind.ERROR:
-                failed = error_value(
-                    upstream.payload, module_path=node.path, ref=f"node:{node.id}", cause=upstream
-                )
-                self.complete(node, failed)
+                self.complete(node, _short_circuit(node, upstream))
                 return
         if node.kind == "op":
             self.complete(node, _apply_op(node, results))
             return
+        if node.kind == "enter":
+            self.enter(node)
+            return
         self.tasks.add(asyncio.get_running_loop().create_task(self.run(node)))
+
+    # -- composite calls: handlers process at enter, postprocess at exit ----------------
+    def enter(self, node: Node) -> None:
+        try:
+            args = tuple(resolve(a, self.results) for a in node.args)
+            kwargs = {k: resolve(v, self.results) for k, v in node.kwargs.items()}
+        except Exception as exc:
+            self.complete(node, error_value(exc, module_path=node.path, ref=f"node:{node.id}"))
+            return
+        stack = current_stack()
+        if not stack:
+            self.complete(node, Value(ValueKind.OTHER, (args, kwargs)))
+            return
+        msg = Message(
+            type="module",
+            name=node.path,
+            args=args,
+            kwargs=kwargs,
+            module=node.module,
+            node_id=self.prefix + node.key,
+            input_index=self.index,
+            meta={
+                "composite": True,
+                "upstream": [
+                    self.prefix + self.graph.nodes[d].key for d in self.graph.call_deps(node.id)
+                ],
+            },
+        )
+        self._spawn(node, self._process(node, msg, stack))
+
+    async def _process(self, node: Node, msg: Message, stack: tuple[Handler, ...]) -> Value:
+        try:
+            seen = await process_stack(msg, stack)
+        except Exception as exc:
+            return error_value(exc, module_path=node.path, ref=f"node:{node.id}")
+        self.calls[node.id] = (msg, stack, seen)
+        if msg.done:
+            return Value(ValueKind.OTHER, None, meta={"skip_inside": True})
+        return Value(ValueKind.OTHER, (msg.args, msg.kwargs))
+
+    def exit(self, node: Node) -> None:
+        assert node.pair is not None
+        results = self.results
+        failed = [results[d] for d in node.deps if results[d].kind is ValueKind.ERROR]
+        call = self.calls.pop(node.pair, None)
+        if call is None:
+            if failed:
+                self.complete(node, _short_circuit(node, failed[0]))
+                return
+            self.complete(node, _resolve_output(node, results))
+            return
+        self._spawn(node, self._postprocess(node, call, failed))
+
+    async def _postprocess(
+        self,
+        node: Node,
+        call: tuple[Message, tuple[Handler, ...], int],
+        failed: list[Value],
+    ) -> Value:
+        msg, stack, seen = call
+        if not msg.done:
+            if failed:
+                cause = failed[0].payload
+                msg.error = cause if isinstance(cause, Exception) else ExecutionError(failed[0])
+            else:
+                output = _resolve_output(node, self.results)
+                if output.kind is ValueKind.ERROR:
+                    msg.error = output.payload
+                else:
+                    msg.value = output.payload
+            msg.done = True
+        try:
+            payload = await postprocess_stack(msg, stack, seen)
+        except Exception as exc:
+            if failed and exc is failed[0].payload:
+                return _short_circuit(node, failed[0])
+            return error_value(exc, module_path=node.path, ref=f"node:{node.id}")
+        for inner in range(node.pair + 1 if node.pair is not None else 0, node.id):
+            value = self.results.get(inner)
+            if value is not None and value.kind is ValueKind.ERROR:
+                value.meta["recovered"] = True  # a handler answered for the failed call
+        return Value(
+            kind_of(payload), payload, ref=f"node:{node.id}", meta={"module_path": node.path}
+        )
+
+    def _spawn(self, node: Node, work: Coroutine[Any, Any, Value]) -> None:
+        async def run() -> None:
+            value = await work
+            task = asyncio.current_task()
+            if task is not None:
+                self.tasks.discard(task)
+            self.complete(node, value)
+
+        self.tasks.add(asyncio.get_running_loop().create_task(run()))
 
     async def run(self, node: Node) -> None:
         priority = _CallPriority(self.engine, self.index, self.heights[node.id])
@@ -317,6 +469,21 @@ class _GraphRun:
                 self.start(nodes[dependent])
         if self.remaining == 0 and self.finished is not None and not self.finished.done():
             self.finished.set_result(None)
+
+
+_SKIPPED = {"skipped": True, "skip_inside": True}
+
+
+def _short_circuit(node: Node, cause: Value) -> Value:
+    return error_value(cause.payload, module_path=node.path, ref=f"node:{node.id}", cause=cause)
+
+
+def _resolve_output(node: Node, results: dict[int, Value]) -> Value:
+    try:
+        payload = resolve(node.args[0], results)
+    except Exception as exc:
+        return error_value(exc, module_path=node.path, ref=f"node:{node.id}")
+    return Value(kind_of(payload), payload, ref=f"node:{node.id}")
 
 
 def _apply_op(node: Node, results: dict[int, Value]) -> Value:

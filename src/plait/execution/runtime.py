@@ -72,7 +72,8 @@ def call_bound(
     """What a module call returns when it must run: an awaitable, or an async iterator."""
     forward_kwargs, call_options = split_kwargs(module, kwargs)
     call_options.update(options or {})
-    opts = resolve_options(call_options, module._bound_config, module._bound_resources)
+    bound_resources, bound_config = module._binding()
+    opts = resolve_options(call_options, bound_config, bound_resources)
     if args and is_batch(args[0]):
         if streaming if streaming is not None else opts["streaming"]:
             return _stream(module, args[0], args[1:], forward_kwargs, opts)
@@ -83,7 +84,8 @@ def call_bound(
 def stream_bound(module: Module, inputs: Any, options: dict[str, Any]) -> AsyncIterator[Any]:
     if not is_batch(inputs) and not isinstance(inputs, Iterable):
         raise TypeError(f"stream() takes a list or iterable of inputs, got {type(inputs).__name__}")
-    opts = resolve_options(options, module._bound_config, module._bound_resources)
+    bound_resources, bound_config = module._binding()
+    opts = resolve_options(options, bound_config, bound_resources)
     return _stream(module, iter(inputs), (), {}, opts)
 
 

@@ -170,6 +170,8 @@ class Profiler(Handler):
     def process(self, msg: Message) -> None:
         if msg.phase != "run" or msg.type not in ("llm", "module"):
             return
+        if msg.meta.get("composite"):
+            return  # a composite call's time is its calls' time, drawn already
         timing = msg.meta.get("timing")
         record = _Record(
             type=msg.type,

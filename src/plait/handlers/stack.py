@@ -10,7 +10,15 @@ from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec, Self, TypeVar
 
-__all__ = ["Handler", "Message", "apply_stack", "apply_stack_sync", "current_stack"]
+__all__ = [
+    "Handler",
+    "Message",
+    "apply_stack",
+    "apply_stack_sync",
+    "current_stack",
+    "postprocess_stack",
+    "process_stack",
+]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -153,6 +161,25 @@ def apply_stack_sync(msg: Message) -> Any:
 async def apply_stack(msg: Message) -> Any:
     """Run ``msg`` through the active handlers; hooks and ``fn`` may be async."""
     stack = _STACK.get()
+    seen = await process_stack(msg, stack)
+    if not msg.done and msg.fn is not None:
+        try:
+            result = msg.fn(*msg.args, **msg.kwargs)
+            msg.value = await result if inspect.isawaitable(result) else result
+        except Exception as exc:
+            msg.error = exc
+        msg.done = True
+    return await postprocess_stack(msg, stack, seen)
+
+
+async def process_stack(msg: Message, stack: tuple[Handler, ...]) -> int:
+    """The first half of `apply_stack`: ``process`` innermost first, until one stops.
+
+    Returns how many handlers saw the message; `postprocess_stack` hands it back to
+    exactly those.  The engine splits a composite module's call this way: its
+    handlers process the call when its arguments exist and postprocess it when the
+    calls inside it have produced its output.
+    """
     seen = 0
     for handler in reversed(stack):
         seen += 1
@@ -161,13 +188,11 @@ async def apply_stack(msg: Message) -> Any:
             await out
         if msg.stop:
             break
-    if not msg.done and msg.fn is not None:
-        try:
-            result = msg.fn(*msg.args, **msg.kwargs)
-            msg.value = await result if inspect.isawaitable(result) else result
-        except Exception as exc:
-            msg.error = exc
-        msg.done = True
+    return seen
+
+
+async def postprocess_stack(msg: Message, stack: tuple[Handler, ...], seen: int) -> Any:
+    """The second half of `apply_stack`: ``postprocess`` outermost last, then the result."""
     for handler in stack[len(stack) - seen :]:
         out = handler.postprocess(msg)
         if inspect.isawaitable(out):

@@ -7,7 +7,7 @@ loss node into the model's nodes and parameters.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from plait.module import Module
 
@@ -22,6 +22,10 @@ class TrainingStep(Module):
     mode and each call returns a `Value` whose payload is the loss's `Feedback`;
     ``await value.backward()`` sends it to every learnable parameter.
     """
+
+    #: The step wraps the user's pipeline without owning it: the pipeline's
+    #: parameters keep the names ``pipeline.state_dict()`` gives them.
+    _adopts_children: ClassVar[bool] = False
 
     def __init__(self, model: Module, loss_fn: Module) -> None:
         super().__init__()

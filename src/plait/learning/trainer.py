@@ -309,7 +309,7 @@ class Trainer:
         self.epochs = epochs
         self.patience = patience
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
-        self.resources = resources if resources is not None else model._bound_resources
+        self.resources = resources if resources is not None else model._binding()[0]
         self.seed = seed
         self.shuffle = shuffle
         self.max_steps = max_steps

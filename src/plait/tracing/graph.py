@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from plait.parameter import Parameter
 
 __all__ = [
+    "Formatted",
     "Graph",
     "Node",
     "NodeRef",
@@ -63,10 +64,55 @@ class ParamRef(Resolvable):
         self.param = param
 
     def resolve(self, results: Results) -> Any:
-        return self.param.value
+        return self.param.current()
 
     def __repr__(self) -> str:
         return f"ParamRef({self.param.qualified_name!r})"
+
+
+class Formatted(Resolvable):
+    """A hole in a template whose value was formatted on the way in.
+
+    ``as_repr`` is True where Python called ``repr()`` on the traced output (``str()``
+    of a dict or list that holds it, ``f"{x!r}"``); ``json`` is ``"ascii"`` or
+    ``"unicode"`` where ``json.dumps`` then escaped it (with ``ensure_ascii`` on or
+    off), and ``quoted`` where the hole was a whole JSON string, quotes included.
+    Resolving reproduces what Python would have produced from the real value.
+    """
+
+    __slots__ = ("as_repr", "json", "quoted", "ref")
+
+    def __init__(
+        self, ref: NodeRef | ParamRef, *, as_repr: bool, json: str | None, quoted: bool
+    ) -> None:
+        self.ref = ref
+        self.as_repr = as_repr
+        self.json = json
+        self.quoted = quoted
+
+    def resolve(self, results: Results) -> str:
+        payload = self.ref.resolve(results)
+        if self.as_repr:
+            payload = repr(payload)
+        if self.json is None:
+            return as_text(payload)
+        import json
+
+        ascii_only = self.json == "ascii"
+        if self.quoted:
+            return json.dumps(_jsonable(payload), ensure_ascii=ascii_only)
+        return json.dumps(as_text(payload), ensure_ascii=ascii_only)[1:-1]
+
+    def __repr__(self) -> str:
+        how = "repr" if self.as_repr else "str"
+        return f"Formatted({self.ref!r}, {how}, json={self.json}, quoted={self.quoted})"
+
+
+def _jsonable(payload: Any) -> Any:
+    dump = getattr(payload, "model_dump", None)
+    if callable(dump):
+        return dump(mode="json")
+    return payload
 
 
 class Template(Resolvable):
@@ -74,7 +120,7 @@ class Template(Resolvable):
 
     __slots__ = ("parts",)
 
-    def __init__(self, parts: list[str | NodeRef | ParamRef]) -> None:
+    def __init__(self, parts: list[str | NodeRef | ParamRef | Formatted]) -> None:
         self.parts = parts
 
     def resolve(self, results: Results) -> str:
@@ -113,9 +159,13 @@ def references(obj: Any) -> Iterator[NodeRef | ParamRef]:
     """Every reference inside a recorded argument: a template's holes, a container's items."""
     if isinstance(obj, NodeRef | ParamRef):
         yield obj
+    elif isinstance(obj, Formatted):
+        yield obj.ref
     elif isinstance(obj, Template):
         for part in obj.parts:
-            if not isinstance(part, str):
+            if isinstance(part, Formatted):
+                yield part.ref
+            elif not isinstance(part, str):
                 yield part
     elif isinstance(obj, Struct):
         items = (value for _, value in obj.items) if obj.kind is dict else obj.items
@@ -146,7 +196,15 @@ def as_text(payload: Any) -> str:
 
 @dataclass(slots=True, eq=False)
 class Node:
-    """One leaf call (``kind="module"``) or a deferred operation on values (``"op"``)."""
+    """One node of a traced input.
+
+    ``"module"``: a leaf call (an LLM call, a module with no submodules, an async
+    forward).  ``"op"``: a deferred operation on values (``out["key"]``,
+    ``out.strip()``).  ``"enter"``/``"exit"``: a composite module's call, which is
+    traced through: ``enter`` holds its arguments and is where handlers process the
+    call, ``exit`` holds its output and is where they postprocess it; the calls
+    made inside sit between the two.
+    """
 
     id: int
     kind: str
@@ -158,6 +216,10 @@ class Node:
     params: tuple[Parameter, ...] = ()
     op: Callable[..., Any] | None = None
     dependents: list[int] = field(default_factory=list)
+    #: The ``enter`` node of the innermost composite call this node was recorded in.
+    scope: int | None = None
+    #: For an ``exit`` node, its call's ``enter`` node.
+    pair: int | None = None
 
     @property
     def key(self) -> str:
@@ -187,19 +249,29 @@ class Graph:
 
     def call_deps(self, node_id: int) -> list[int]:
         """The calls (module nodes) a node waits on, looking through the ops between."""
+        return self.deps_through(node_id, lambda node: node.kind == "module")
+
+    def deps_through(self, node_id: int, keep: Callable[[Node], bool]) -> list[int]:
+        """The nearest nodes ``keep`` accepts that a node takes data from, looking through
+        others (and past the ordering-only edges to a composite call's ``enter``)."""
         found: list[int] = []
-        pending = list(self.nodes[node_id].deps)
+        pending = self.data_deps(self.nodes[node_id])
         seen: set[int] = set()
         while pending:
             dep = pending.pop()
             if dep in seen:
                 continue
             seen.add(dep)
-            if self.nodes[dep].kind == "module":
+            if keep(self.nodes[dep]):
                 found.append(dep)
             else:
-                pending.extend(self.nodes[dep].deps)
+                pending.extend(self.data_deps(self.nodes[dep]))
         return sorted(found)
+
+    @staticmethod
+    def data_deps(node: Node) -> list[int]:
+        """A node's dependencies less the edges that only order it after its call's enter."""
+        return [d for d in node.deps if d != node.scope and d != node.pair]
 
     def roots(self) -> list[Node]:
         return [node for node in self.nodes if not node.deps]

@@ -18,22 +18,62 @@ from __future__ import annotations
 import inspect
 import itertools
 import operator
+import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from plait._tracing_hook import active_tracer
 from plait.handlers.stack import Handler, Message
 from plait.parameter import Parameter
-from plait.tracing.graph import Graph, Node, NodeRef, ParamRef, Resolvable, Struct, Template
+from plait.parameter import _snapshot as _parameter_snapshot
+from plait.tracing.graph import (
+    Formatted,
+    Graph,
+    Node,
+    NodeRef,
+    ParamRef,
+    Resolvable,
+    Struct,
+    Template,
+)
 
 if TYPE_CHECKING:
     from plait.module import Module
 
-__all__ = ["TracedValue", "Tracer", "TracingError", "active_trace", "module_paths", "trace"]
+__all__ = [
+    "LiftedParameter",
+    "TracedValue",
+    "Tracer",
+    "TracingError",
+    "active_trace",
+    "module_paths",
+    "trace",
+]
 
+# A placeholder is OPEN MARK "<serial>:<n|p><index>[r]" CLOSE.  OPEN and CLOSE are
+# private-use characters no real text contains; MARK is a control character, which
+# ``repr()`` and ``json.dumps`` escape in their own ways, so a placeholder that went
+# through either is still recognised, and the real value is formatted the same way.
 _OPEN = "\ue000"
 _CLOSE = "\ue001"
+_MARK = "\x1f"
 _serials = itertools.count(1)
+_BODY = r"(\d+):([np])(\d+)(r?)"
+_PLACEHOLDER = re.compile(
+    "|".join(
+        (
+            f"{_OPEN}{_MARK}(?P<raw>{_BODY}){_CLOSE}",
+            # json.dumps(..., ensure_ascii=True): every character escaped
+            rf'(?P<qa>"?)\\ue000\\u001f(?P<ascii>{_BODY})\\ue001(?P=qa)',
+            # json.dumps(..., ensure_ascii=False): only the control character escaped
+            rf'(?P<qu>"?){_OPEN}\\u001f(?P<unicode>{_BODY}){_CLOSE}(?P=qu)',
+            # repr() of a string that holds a placeholder
+            rf"\\ue000\\x1f(?P<repr>{_BODY})\\ue001",
+        )
+    )
+)
+_BODY_RE = re.compile(_BODY)
+_DEBRIS = re.compile(rf"[{_OPEN}{_CLOSE}]|\\ue00[01]|<traced output of ")
 
 #: The tracer recording right now, if any (the same variable parameters consult).
 active_trace = active_tracer
@@ -51,7 +91,7 @@ class TracedValue(str):
     _plait_path: str
 
     def __new__(cls, tracer: Tracer, node: int, path: str) -> TracedValue:
-        self = super().__new__(cls, f"{_OPEN}{tracer.serial}:n{node}{_CLOSE}")
+        self = super().__new__(cls, f"{_OPEN}{_MARK}{tracer.serial}:n{node}{_CLOSE}")
         self.__dict__["_plait_node"] = node
         self.__dict__["_plait_tracer"] = tracer
         self.__dict__["_plait_path"] = path
@@ -67,15 +107,17 @@ class TracedValue(str):
 
     # -- deferred operations: recorded as nodes, applied to the real value later ----
     def __getitem__(self, key: Any) -> TracedValue:
-        return self._plait_tracer.record_op(operator.getitem, (self, key), f"[{key!r}]", self)
+        return self._plait_tracer.record_op(
+            operator.getitem, (self, key), f"{self._plait_path}[{key!r}]"
+        )
 
     def __getattr__(self, name: str) -> TracedValue:
         if name.startswith("_"):
             raise AttributeError(name)
-        return self._plait_tracer.record_op(getattr, (self, name), f".{name}", self)
+        return self._plait_tracer.record_op(getattr, (self, name), f"{self._plait_path}.{name}")
 
     def __call__(self, *args: Any, **kwargs: Any) -> TracedValue:
-        return self._plait_tracer.record_op(_call, (self, *args), "()", self, kwargs)
+        return self._plait_tracer.record_op(_call, (self, *args), f"{self._plait_path}()", kwargs)
 
     # -- text: keep the token, so the dependency survives ------------------------------
     def __str__(self) -> str:
@@ -87,7 +129,9 @@ class TracedValue(str):
         return str.__str__(self)
 
     def __repr__(self) -> str:
-        return f"<traced output of {self._plait_path}>"
+        # str(dict_of_outputs), f"{x!r}", pprint: a placeholder that resolves to
+        # repr(real value), so the text is exactly what Python would have made of it.
+        return f"{_OPEN}{_MARK}{self._plait_tracer.serial}:n{self._plait_node}r{_CLOSE}"
 
     def __copy__(self) -> TracedValue:
         return self
@@ -138,13 +182,95 @@ class TracedValue(str):
         )
 
 
+def _select(value: Any, where: tuple[Any, ...]) -> Any:
+    for key in where:
+        value = value[key]
+    return value
+
+
+def _holds_placeholder(text: str) -> bool:
+    return _OPEN in text or "\\ue00" in text
+
+
+def _pin(param: Parameter) -> None:
+    """Fix the value this input runs with, for a parameter its root does not own."""
+    snapshot = _parameter_snapshot.get()
+    if snapshot is not None and id(param) not in snapshot:
+        snapshot[id(param)] = param._value
+
+
+class LiftedParameter(str):
+    """What ``param.value`` (or ``str(param)``) is while ``forward()`` is traced.
+
+    Its text is a placeholder, so f-strings, ``+``, ``str.format`` and ``join`` keep
+    the parameter in the graph (visible to backward and the optimizer), and its
+    ``str`` methods and indexing are recorded and applied to the value each input
+    runs with.  Questions whose answer would be read off the placeholder (``len``,
+    ``==``, truth tests) raise.
+    """
+
+    _plait_param: Parameter
+    _plait_tracer: Tracer
+
+    def __new__(cls, token: str, param: Parameter, tracer: Tracer) -> LiftedParameter:
+        self = super().__new__(cls, token)
+        self._plait_param = param
+        self._plait_tracer = tracer
+        return self
+
+    @property
+    def _plait_path(self) -> str:
+        return f"param:{self._plait_param.qualified_name}"
+
+    def __str__(self) -> str:
+        return str.__str__(self)
+
+    def __format__(self, spec: str) -> str:
+        if spec:
+            self._refuse(f"formatting with the spec {spec!r}")
+        return str.__str__(self)
+
+    __hash__ = str.__hash__
+
+    def __getitem__(self, key: Any) -> TracedValue:
+        path = f"{self._plait_path}[{key!r}]"
+        return self._plait_tracer.record_op(operator.getitem, (self, key), path)
+
+    def _refuse(self, what: str) -> NoReturn:
+        raise TracingError(
+            f"{self._plait_path!r} was used in {what} while tracing forward(); its value is "
+            "read when each input starts (so an optimizer step never changes an input "
+            "half-way), and here it is a placeholder. Use it in text (f-strings, +, "
+            "str.format, join), call its str methods, or pass it to a module; to branch "
+            "on its value, do so in an `async def forward`, or outside forward()"
+        )
+
+    def __bool__(self) -> NoReturn:
+        self._refuse("a truth test")
+
+    def __len__(self) -> NoReturn:
+        self._refuse("len()")
+
+    def __iter__(self) -> NoReturn:
+        self._refuse("iteration")
+
+    def __contains__(self, item: object) -> NoReturn:
+        self._refuse("'in'")
+
+    def __eq__(self, other: object) -> NoReturn:
+        self._refuse("a comparison (==)")
+
+    def __ne__(self, other: object) -> NoReturn:
+        self._refuse("a comparison (!=)")
+
+
 def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     return fn(*args, **kwargs)
 
 
 def _deferred_method(name: str) -> property:
-    def get(self: TracedValue) -> TracedValue:
-        return self._plait_tracer.record_op(getattr, (self, name), f".{name}", self)
+    def get(self: TracedValue | LiftedParameter) -> TracedValue:
+        return self._plait_tracer.record_op(getattr, (self, name), f"{self._plait_path}.{name}")
 
     return property(get)
 
@@ -153,6 +279,7 @@ def _deferred_method(name: str) -> property:
 for _name in dir(str):
     if not _name.startswith("_"):
         setattr(TracedValue, _name, _deferred_method(_name))
+        setattr(LiftedParameter, _name, _deferred_method(_name))
 del _name
 
 
@@ -161,8 +288,6 @@ def module_paths(root: Module) -> dict[int, str]:
     paths = {}
     for path, module in root.named_modules():
         paths[id(module)] = path or type(root).__name__
-    for name, param in root.named_parameters():
-        param._path = name
     return paths
 
 
@@ -212,23 +337,121 @@ class _Shape:
 class Tracer(Handler):
     """Records one forward pass; the innermost handler while it runs."""
 
-    def __init__(self, paths: dict[int, str] | None = None) -> None:
+    def __init__(
+        self, paths: dict[int, str] | None = None, *, lift_parameters: bool = True
+    ) -> None:
         self.serial = next(_serials)
         self.graph = Graph()
         self.paths = paths if paths is not None else {}
+        #: False where code runs on real values but its module calls are recorded (a
+        #: leaf's sync forward, a sync backward): parameters then read as values.
+        self.lift_parameters = lift_parameters
         self._params: list[Parameter] = []
         self._param_index: dict[int, int] = {}
         self._unnamed = itertools.count(1)
+        self._scopes: list[int] = []
 
-    # -- the handler: leaf calls become nodes; composites run their forward ------------
+    # -- the handler: leaf calls become nodes; composites are traced through -----------
     def process(self, msg: Message) -> None:
         if msg.phase != "trace":
             return
         msg.stop = True  # trace-time calls are the tracer's business alone
         module = msg.module
-        if module is not None and _is_node(module):
+        if module is None:
+            return
+        if _is_node(module):
             msg.value = self.record_module(module, msg.args, msg.kwargs)
-            msg.done = True
+        else:
+            msg.value = self.record_composite(module, msg.args, msg.kwargs)
+        msg.done = True
+
+    def record_composite(
+        self, module: Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        """Trace through a composite call, bracketed by ``enter`` and ``exit`` nodes.
+
+        Its forward sees its arguments as read from ``enter`` (so a handler that
+        rewrites them in ``process`` is obeyed) and its caller sees its output as
+        read from ``exit`` (so ``postprocess`` rewrites are too); both keep the
+        structure of what was passed and returned.
+        """
+        path = self.path_of(module)
+        deps: set[int] = set()
+        params: dict[int, Parameter] = {}
+        cargs = tuple(self.capture(a, deps, params) for a in args)
+        ckwargs = {k: self.capture(v, deps, params) for k, v in kwargs.items()}
+        enter = self._add(
+            Node(
+                len(self.graph.nodes),
+                "enter",
+                path,
+                module,
+                cargs,
+                ckwargs,
+                tuple(sorted(deps)),
+                tuple(params.values()),
+            )
+        )
+        label = f"{path} (argument)"
+        inner_args = tuple(self._substitute(a, enter.id, (0, i), label) for i, a in enumerate(args))
+        inner_kwargs = {k: self._substitute(v, enter.id, (1, k), label) for k, v in kwargs.items()}
+        self._scopes.append(enter.id)
+        try:
+            out = module.forward(*inner_args, **inner_kwargs)
+        finally:
+            self._scopes.pop()
+        if inspect.isawaitable(out):
+            if inspect.iscoroutine(out):
+                out.close()
+            raise TracingError(
+                f"{path} ({type(module).__name__}.forward) returned an awaitable while "
+                "tracing; declare it `async def forward` so plait runs it on real values"
+            )
+        odeps: set[int] = {enter.id}
+        oparams: dict[int, Parameter] = {}
+        cout = self.capture(out, odeps, oparams)
+        exit_node = self._add(
+            Node(
+                len(self.graph.nodes),
+                "exit",
+                path,
+                module,
+                (cout,),
+                {},
+                tuple(sorted(odeps)),
+                tuple(oparams.values()),
+                pair=enter.id,
+            )
+        )
+        return self._substitute(out, exit_node.id, (), path)
+
+    def _substitute(self, obj: Any, source: int, where: tuple[Any, ...], label: str) -> Any:
+        """``obj`` with every traced part replaced by a read of node ``source`` at ``where``."""
+        cls = type(obj)
+        if cls is TracedValue or cls is LiftedParameter or (cls is str and _holds_placeholder(obj)):
+            return self._projection(source, where, label)
+        if cls is list or cls is tuple or (isinstance(obj, tuple) and hasattr(obj, "_fields")):
+            items = [
+                self._substitute(item, source, (*where, i), label) for i, item in enumerate(obj)
+            ]
+            if all(new is old for new, old in zip(items, obj, strict=True)):
+                return obj
+            if cls is list:
+                return items
+            return tuple(items) if cls is tuple else cls(*items)
+        if cls is dict:
+            pairs = {k: self._substitute(v, source, (*where, k), label) for k, v in obj.items()}
+            if all(pairs[k] is v for k, v in obj.items()):
+                return obj
+            return pairs
+        return obj
+
+    def _projection(self, source: int, where: tuple[Any, ...], label: str) -> TracedValue:
+        whole = TracedValue(self, source, label)
+        if not where:
+            return whole
+        suffix = "".join(f"[{key!r}]" for key in where)
+        return self.record_op(_select, (whole, where), f"{label}{suffix}")
 
     def path_of(self, module: Module) -> str:
         path = self.paths.get(id(module))
@@ -265,15 +488,13 @@ class Tracer(Handler):
         self,
         fn: Callable[..., Any],
         args: tuple[Any, ...],
-        suffix: str,
-        source: TracedValue,
+        path: str,
         kwargs: dict[str, Any] | None = None,
     ) -> TracedValue:
         deps: set[int] = set()
         params: dict[int, Parameter] = {}
         cargs = tuple(self.capture(a, deps, params) for a in args)
         ckwargs = {k: self.capture(v, deps, params) for k, v in (kwargs or {}).items()}
-        path = source._plait_path + suffix
         node = self._add(
             Node(
                 len(self.graph.nodes),
@@ -290,6 +511,13 @@ class Tracer(Handler):
         return TracedValue(self, node.id, path)
 
     def _add(self, node: Node) -> Node:
+        if self._scopes:
+            # Everything recorded inside a composite call waits for its ``enter``, where
+            # handlers may answer the call themselves (then the inside is skipped).
+            scope = self._scopes[-1]
+            node.scope = scope
+            if scope not in node.deps:
+                node.deps = (*node.deps, scope)
         self.graph.nodes.append(node)
         for dep in node.deps:
             self.graph.nodes[dep].dependents.append(node.id)
@@ -302,7 +530,8 @@ class Tracer(Handler):
         if index is None:
             index = self._param_index[id(param)] = len(self._params)
             self._params.append(param)
-        return f"{_OPEN}{self.serial}:p{index}{_CLOSE}"
+            _pin(param)
+        return LiftedParameter(f"{_OPEN}{_MARK}{self.serial}:p{index}{_CLOSE}", param, self)
 
     # -- turning arguments into references -------------------------------------------
     def capture(self, obj: Any, deps: set[int], params: dict[int, Parameter]) -> Any:
@@ -313,9 +542,12 @@ class Tracer(Handler):
             deps.add(obj._plait_node)
             return NodeRef(obj._plait_node)
         if cls is str:
-            return self._capture_text(obj, deps, params) if _OPEN in obj else obj
+            if _holds_placeholder(obj) or "<traced output of " in obj:
+                return self._capture_text(obj, deps, params)
+            return obj
         if isinstance(obj, Parameter):
             params[id(obj)] = obj
+            _pin(obj)
             return ParamRef(obj)
         if cls is list or cls is tuple or (isinstance(obj, tuple) and hasattr(obj, "_fields")):
             items = [self.capture(item, deps, params) for item in obj]
@@ -332,33 +564,70 @@ class Tracer(Handler):
                 changed = changed or isinstance(captured, Resolvable)
                 pairs.append((key, captured))
             return Struct(dict, pairs) if changed else obj
-        if isinstance(obj, str) and _OPEN in obj:
-            return self._capture_text(str(obj), deps, params)
+        if isinstance(obj, str) and str.__contains__(obj, _OPEN):
+            return self._capture_text(str.__str__(obj), deps, params)
         return obj
 
     def _capture_text(self, text: str, deps: set[int], params: dict[int, Parameter]) -> Any:
-        pieces = text.split(_OPEN)
-        parts: list[str | NodeRef | ParamRef] = [pieces[0]] if pieces[0] else []
-        for piece in pieces[1:]:
-            token, _, rest = piece.partition(_CLOSE)
-            serial, _, ident = token.partition(":")
-            if serial != str(self.serial) or not ident:
+        parts: list[str | NodeRef | ParamRef | Formatted] = []
+        end = 0
+        for match in _PLACEHOLDER.finditer(text):
+            if match.start() > end:
+                parts.append(self._literal(text[end : match.start()]))
+            end = match.end()
+            group = next(g for g in ("raw", "ascii", "unicode", "repr") if match.group(g))
+            body = _BODY_RE.fullmatch(match.group(group))
+            assert body is not None
+            serial, kind, index, as_repr = body.groups()
+            if serial != str(self.serial):
                 raise TracingError(_foreign(text[:60]))
-            index = int(ident[1:])
-            if ident[0] == "n":
-                deps.add(index)
-                parts.append(NodeRef(index))
-            else:
-                param = self._params[index]
-                params[id(param)] = param
-                parts.append(ParamRef(param))
-            if rest:
-                parts.append(rest)
-        if len(parts) == 1 and not isinstance(parts[0], str):
-            only = parts[0]
-            if isinstance(only, NodeRef):
-                return only
+            ref = self._reference(kind, int(index), deps, params)
+            if group == "repr":
+                raise TracingError(
+                    "a string built from a traced output was itself formatted with repr() "
+                    "(for example str() or an f-string of a dict or list that holds "
+                    'f"...{output}..." strings); Python would quote the real text, which '
+                    "plait cannot know while tracing. Put the outputs themselves in the "
+                    "container (str({'a': out}) works), or join the text yourself"
+                )
+            if group == "raw" and not as_repr:
+                parts.append(ref)
+                continue
+            json_kind = {"ascii": "ascii", "unicode": "unicode"}.get(group)
+            quoted = bool(match.group("qa") or match.group("qu"))
+            parts.append(Formatted(ref, as_repr=bool(as_repr), json=json_kind, quoted=quoted))
+        if end < len(text):
+            parts.append(self._literal(text[end:]))
+        if len(parts) == 1 and isinstance(parts[0], NodeRef | ParamRef):
+            return parts[0]
         return Template(parts)
+
+    def _reference(
+        self, kind: str, index: int, deps: set[int], params: dict[int, Parameter]
+    ) -> NodeRef | ParamRef:
+        if kind == "n":
+            if index >= len(self.graph.nodes):
+                raise TracingError(_foreign(f"node {index}"))
+            deps.add(index)
+            return NodeRef(index)
+        param = self._params[index]
+        params[id(param)] = param
+        return ParamRef(param)
+
+    @staticmethod
+    def _literal(text: str) -> str:
+        """Text between placeholders; what is left of a broken one is an error, not text."""
+        debris = _DEBRIS.search(text)
+        if debris is not None:
+            start = max(0, debris.start() - 20)
+            raise TracingError(
+                "text built from a traced output was changed in a way plait cannot follow "
+                f"(near {text[start : debris.start() + 30]!r}): a placeholder for a value "
+                "that does not exist yet was cut, re-cased, escaped or replaced. Apply str "
+                "methods and slicing to the output itself (out.upper(), out[:100]) or to "
+                "text in an `async def forward`, where values are real"
+            )
+        return text
 
 
 def _foreign(what: str) -> str:
