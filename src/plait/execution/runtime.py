@@ -134,7 +134,7 @@ class _Run:
             if self.checkpoint is not None:
                 self.checkpoint.record_output(index, key, value.payload)
             if self.training and graph is not None:
-                tape = Tape(graph, results, self.module, index)
+                tape = Tape(graph, results, self.module, index, engine=self.engine)
                 value.meta["_tape_ids"] = [tape.id]
                 value.meta["_tape"] = tape
         return value

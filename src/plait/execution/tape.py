@@ -24,6 +24,9 @@ class Tape:
     results: dict[int, Value]
     root: Any
     input_index: int
+    #: The engine that ran the input: LLM calls a module's ``backward`` makes run on
+    #: it, under the same limits, resources and handlers.
+    engine: Any = None
     id: str = field(default_factory=lambda: f"tape-{next(_ids)}")
 
     def __post_init__(self) -> None:

@@ -95,13 +95,30 @@ class _Walk:
 
     async def _visit(self, node: Node) -> None:
         text = "\n".join(self.heard[node.id])
-        if node.kind == "op" or node.module is None:
+        module = node.module
+        if node.kind == "exit" and module is not None and _overrides_backward(module):
+            # A composite with its own backward speaks for everything inside it.
+            assert node.pair is not None
+            enter = self.graph.nodes[node.pair]
+            await self._call_backward(module, node, enter.args, enter.kwargs, text)
+            return
+        if node.kind != "module" or module is None:
+            # ops, and the brackets of composite calls, pass feedback to what they read
             for expr in (*node.args, *node.kwargs.values()):
                 self._send(expr, text, node.id)
             return
-        module = node.module
+        await self._call_backward(module, node, node.args, node.kwargs, text)
+
+    async def _call_backward(
+        self,
+        module: Any,
+        node: Node,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        text: str,
+    ) -> None:
         results = self.tape.results
-        arguments = _bind(module, node)
+        arguments = _bind(module, args, kwargs)
         ctx_type, result_type = _context_types()
         ctx = ctx_type(
             inputs={name: resolve(expr, results) for name, expr in arguments.items()},
@@ -109,9 +126,9 @@ class _Walk:
             node_id=node.key,
             module_path=node.path,
         )
-        result = module.backward(Value(ValueKind.TEXT, text, ref=f"node:{node.id}"), ctx)
-        if inspect.isawaitable(result):
-            result = await result
+        result = await self._run_backward(
+            module, Value(ValueKind.TEXT, text, ref=f"node:{node.id}"), ctx
+        )
         if not isinstance(result, result_type):
             raise TypeError(
                 f"{type(module).__name__}.backward() at {node.path!r} must return a "
@@ -136,6 +153,47 @@ class _Walk:
                 )
             self._send(arguments[name], feedback_text(feedback), node.id)
 
+    async def _run_backward(self, module: Any, feedback: Value, ctx: Any) -> Any:
+        """Call ``module.backward``; module calls it makes run as part of the backward pass.
+
+        In a sync ``backward`` they are recorded (as in a forward) and then run on the
+        engine that ran the input, so their replies, not placeholders, become the
+        feedback; in an ``async def backward`` they are awaited on that engine directly.
+        """
+        from plait.execution.engine import current_engine
+        from plait.tracing.tracer import Tracer, active_trace
+
+        engine = self.tape.engine
+        tracer = Tracer(engine.paths if engine is not None else None, lift_parameters=False)
+        with tracer:
+            token = active_trace.set(tracer)
+            try:
+                result = module.backward(feedback, ctx)
+            finally:
+                active_trace.reset(token)
+        engine_token = current_engine.set(engine)
+        try:
+            if inspect.isawaitable(result):
+                result = await result
+            if not tracer.graph.nodes or not hasattr(result, "input_feedback"):
+                return result
+            if engine is None:
+                raise RuntimeError(
+                    f"{type(module).__name__}.backward() calls modules, but this output's record "
+                    "has no engine to run them on; produce it with a module call in train() mode"
+                )
+            sent = {
+                "inputs": dict(result.input_feedback),
+                "params": dict(result.parameter_feedback),
+            }
+            tracer.graph.output = tracer.capture(sent, set(), {})
+            answered = await engine.run_recorded(tracer.graph)
+        finally:
+            current_engine.reset(engine_token)
+        result.input_feedback = answered["inputs"]
+        result.parameter_feedback = answered["params"]
+        return result
+
     def _send(self, expr: Any, text: str, at: int) -> None:
         for node in _refs(expr):
             self._tell(node, text)
@@ -154,16 +212,23 @@ def _context_types() -> tuple[Any, Any]:
     return BackwardContext, BackwardResult
 
 
-def _bind(module: Any, node: Node) -> dict[str, Any]:
+def _overrides_backward(module: Any) -> bool:
+    from plait.module import Module
+
+    return type(module).backward is not Module.backward
+
+
+def _bind(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
     """The recorded argument expressions by ``forward``'s parameter names."""
+    signature = inspect.signature(module.forward)
     try:
-        bound = inspect.signature(module.forward).bind(*node.args, **node.kwargs)
+        bound = signature.bind(*args, **kwargs)
     except TypeError:
-        names = {f"arg{i}": expr for i, expr in enumerate(node.args)}
-        return {**names, **node.kwargs}
+        names = {f"arg{i}": expr for i, expr in enumerate(args)}
+        return {**names, **kwargs}
     arguments: dict[str, Any] = {}
     for name, expr in bound.arguments.items():
-        kind = inspect.signature(module.forward).parameters[name].kind
+        kind = signature.parameters[name].kind
         if kind is inspect.Parameter.VAR_KEYWORD:
             arguments.update(expr)
         elif kind is inspect.Parameter.VAR_POSITIONAL:
