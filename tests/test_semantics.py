@@ -358,7 +358,7 @@ def test_param_value_in_forward_stays_in_the_graph_and_questions_raise(
                 return self.llm(x)
             return self.llm(x + "!")
 
-    with pytest.raises(plait.ExecutionError, match="param:instr.*len"):
+    with pytest.raises(plait.ExecutionError, match=r"param:instr.*len"):
         Asks().bind(resources=make_resources(server)).run_sync("x")
 
 
