@@ -9,6 +9,17 @@ lives in a ContextVar, so concurrent runs and tasks never see each other's
 handlers, and the handlers around ``pipeline.run_sync(...)`` follow the run onto
 plait's runtime loop.
 
+Every module call is a message: a leaf's call is a ``"module"`` message (an
+`LLMInference`'s is its ``"llm"`` message), and a composite's call (one traced
+through into the calls inside it, the root's included) is a ``"module"`` message
+with ``meta["composite"] = True`` whose ``process`` runs once its arguments exist
+and whose ``postprocess`` runs once its output does, with real values in
+``msg.args`` and ``msg.value``.  A handler may rewrite a composite's arguments in
+``process`` (the calls inside see them), answer it there by setting ``msg.value``
+and ``msg.done`` (the calls inside are then skipped), rewrite its output in
+``postprocess`` (its callers see that), or recover from a failure inside it by
+clearing ``msg.error`` and setting ``msg.value``.
+
 Order matters when handlers change a call: the innermost one acts first.  Put an
 `override` inside a `cache` so the cache keys on the overridden request, and a
 `budget` outside a `cache` so cache hits cost nothing::
