@@ -64,6 +64,7 @@ REAL = {"technical": f"[t] {TEXT}", "business": f"[b] {TEXT}"}
         ("json.dumps unicode", lambda d: json.dumps(d, ensure_ascii=False)),
         ("json.dumps in a sentence", lambda d: "data: " + json.dumps([d["business"], 1])),
         ("%r", lambda d: "%r and %s" % (d["technical"], d["business"])),  # noqa: UP031
+        ("pprint", lambda d: __import__("pprint").pformat(d, width=200)),
     ],
 )
 def test_text_made_from_outputs_through_a_container_is_exactly_pythons(
@@ -110,6 +111,22 @@ def test_text_plait_cannot_reproduce_is_a_tracing_error(
     assert isinstance(info.value.__cause__, TracingError), name
     assert says in str(info.value)
     assert [b["system"] for b in bodies(server)].count("s3") == 0
+
+
+def test_a_parameter_value_in_a_container_formats_as_python_would(
+    server: FakeOpenAIServer,
+) -> None:
+    class Listing(plait.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.rule = plait.Parameter("don't lie", description="a rule")
+            self.llm = Echo("e")
+
+        def forward(self, x: str) -> Any:
+            return self.llm(str({"rule": self.rule.value, "x": x}))
+
+    out = Listing().bind(resources=make_resources(server)).run_sync("q")
+    assert out == "[e] " + str({"rule": "don't lie", "x": "q"})
 
 
 # -- 2. any module call is traced -------------------------------------------------------

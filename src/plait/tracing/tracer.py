@@ -225,6 +225,10 @@ class LiftedParameter(str):
     def __str__(self) -> str:
         return str.__str__(self)
 
+    def __repr__(self) -> str:
+        # like a traced output's: resolves to repr() of the value the input runs with
+        return str.__str__(self)[:-1] + "r" + _CLOSE
+
     def __format__(self, spec: str) -> str:
         if spec:
             self._refuse(f"formatting with the spec {spec!r}")
