@@ -385,7 +385,8 @@ def test_max_in_flight_counts_concurrent_requests(server: FakeOpenAIServer) -> N
 
     def send(i: int) -> int:
         barrier.wait()
-        return chat(server, user(f"request {i} [[latency_ms:300]]")).status
+        # Held long enough for all eight to arrive, however loaded the machine.
+        return chat(server, user(f"request {i} [[latency_ms:1000]]")).status
 
     with ThreadPoolExecutor(max_workers=workers) as pool:
         statuses = list(pool.map(send, range(workers)))
