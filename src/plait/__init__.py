@@ -21,6 +21,7 @@ from plait.tracing import TracingError
 from plait.values import ExecutionError, Value, ValueKind, unwrap, valueify
 
 if TYPE_CHECKING:
+    from plait import functional
     from plait.execution import BatchResult, CheckpointError, ExecutionSettings, run
     from plait.resources import EndpointConfig, ResourceConfig, ResourceManager
     from plait.resources.config import ConfigurationError
@@ -39,6 +40,7 @@ _LAZY = {
     "ConfigurationError": "plait.resources.config",
     "usage": "plait.resources.usage",
     "reset_usage": "plait.resources.usage",
+    "functional": "plait.functional",
 }
 
 
@@ -68,6 +70,7 @@ __all__ = [
     "Value",
     "ValueKind",
     "__version__",
+    "functional",
     "handlers",
     "reset_usage",
     "run",

@@ -15,13 +15,19 @@ __all__ = ["lazy_exports"]
 
 
 def lazy_exports(package: str, table: Mapping[str, str]) -> Callable[[str], Any]:
-    """A module ``__getattr__`` that imports ``table[name]`` and caches the attribute."""
+    """A module ``__getattr__`` that imports ``table[name]`` and caches the attribute.
+
+    An entry naming the package's own submodule (``"functional": "plait.functional"``)
+    exports that module itself.
+    """
 
     def __getattr__(name: str) -> Any:
         module = table.get(name)
         if module is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module(module), name)
+        value = importlib.import_module(module)
+        if module != f"{package}.{name}":
+            value = getattr(value, name)
         setattr(sys.modules[package], name, value)
         return value
 

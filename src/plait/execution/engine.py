@@ -76,8 +76,9 @@ class Engine:
         self.limiter = PriorityLimiter(max_concurrent)
         #: False while a batch still has inputs to admit (see `_CallPriority`).
         self.draining = draining
-        self.aliases = {m.alias for m in root.modules() if m._calls_llm}  # type: ignore[attr-defined]
-        resources.check_aliases(self.aliases)
+        #: Aliases this run has sent requests to; endpoints are built at the first send.
+        self.aliases: set[str] = set()
+        resources.check_aliases({m.alias for m in root.modules() if m._calls_llm})  # type: ignore[attr-defined]
 
     def start_draining(self) -> None:
         """The batch has no inputs left to admit: re-rank waiting calls tallest-first."""
@@ -186,6 +187,10 @@ class Engine:
         prefix: str,
         upstream: list[str],
     ) -> Value:
+        """An `LLMInference` call: its request, made by the functional API's atomic op
+        (`plait.functional`), the one path every LLM call takes."""
+        from plait.functional import _invoke, _module_output
+
         prompt = args[0] if args else kwargs["prompt"]
         messages: list[dict[str, Any]] = []
         system = module.system_prompt
@@ -200,42 +205,34 @@ class Engine:
             response_format=module.response_format,
         )
 
-        timing = CallTiming()
-
-        def send(request: LLMRequest) -> Coroutine[Any, Any, LLMResponse]:
+        def send(request: LLMRequest, timing: CallTiming) -> Coroutine[Any, Any, LLMResponse]:
             return self._send(request, priority, timing)
 
-        msg = Message(
-            type="llm",
+        reply = await _invoke(
+            request,
+            self.resources,
+            send,
             name=node.path,
-            fn=send,
-            kwargs={"request": request},
             module=module,
             node_id=prefix + node.key,
             input_index=priority.index,
-            # For handlers: where each alias leads, where this call's time went, and the
-            # calls it waited for (node ids), which is what a profiler's critical path needs.
-            meta={"resources": self.resources, "timing": timing, "upstream": upstream},
+            upstream=upstream,
+            ref=f"node:{node.id}",
         )
-        reply = await apply_stack(msg)
-        meta: dict[str, Any] = {"module_path": node.path}
-        if isinstance(reply, LLMResponse):
-            meta["usage"] = reply.usage
-            payload = reply.payload
-            kind = ValueKind.STRUCTURED if reply.parsed is not None else ValueKind.TEXT
-        else:
-            payload = reply.payload if isinstance(reply, Value) else reply
-            kind = kind_of(payload)
-        return Value(kind, payload, ref=f"node:{node.id}", meta=meta)
+        return _module_output(reply)
 
     async def _send(
         self, request: LLMRequest, priority: _CallPriority, timing: CallTiming
     ) -> LLMResponse:
+        """The default action of this run's LLM calls: a slot of the run's limiter, then
+        the endpoint, which is built here at the first request really sent (a run that
+        handlers answer entirely never needs an endpoint, nor the local model)."""
         queued = time.monotonic()
         await self.limiter.acquire(priority)
         try:
             timing.add("queue", queued, time.monotonic(), limit="run")
             endpoint = self.resources.endpoint(request.alias)
+            self.aliases.add(request.alias)
             return await endpoint.complete(request, priority, timing)
         finally:
             self.limiter.release()
