@@ -1,4 +1,9 @@
-"""Shared fixtures: one real OpenAI-compatible server on 127.0.0.1 for the whole session."""
+"""Shared fixtures: one real OpenAI-compatible server on 127.0.0.1 for the whole session.
+
+Every test also runs under a guard (autouse, so no test can forget it): if any fake server
+received a request holding a tracing placeholder while the test ran, the test fails at
+teardown with the offending excerpt.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,30 @@ from typing import Any
 import pytest
 
 import plait
-from plait.testing import FakeOpenAIServer
+from plait.testing import FakeOpenAIServer, take_placeholder_requests
+
+PLACEHOLDER_GUARD_MESSAGE = "a fake server received a request holding a tracing placeholder"
+
+
+@pytest.fixture(autouse=True)
+def _fail_on_tracing_placeholder_requests() -> Iterator[None]:
+    """Fail the test if a fake server (of any scope, started anywhere) saw a placeholder.
+
+    A placeholder in a request means plait sent a stand-in for an output it had not
+    computed yet instead of the real text. Servers count these outside their resettable
+    statistics, and servers stopped during the test hand theirs over as they stop.
+    """
+    yield
+    hits = take_placeholder_requests()
+    if hits:
+        lines = [f"{PLACEHOLDER_GUARD_MESSAGE} ({len(hits)} request(s)):"]
+        for hit in hits:
+            excerpt = str(hit.get("excerpt")).replace("\n", "\\n")
+            lines.append(
+                f"  {hit.get('server')} {hit.get('endpoint')} model={hit.get('model')!r} "
+                f"at {hit.get('where')}: «{excerpt}»"
+            )
+        pytest.fail("\n".join(lines), pytrace=False)
 
 
 @pytest.fixture(scope="session")

@@ -10,9 +10,11 @@ with ``python -m plait.testing.fake_...`` does not import the server module twic
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import queue
+import re
 import subprocess
 import sys
 import tempfile
@@ -20,6 +22,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import weakref
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, ClassVar, Final, Self
@@ -28,9 +31,12 @@ __all__ = [
     "ANTHROPIC_API_KEY_ENV",
     "ANTHROPIC_READY_PREFIX",
     "API_KEY_ENV",
+    "PLACEHOLDER_PATTERN",
     "READY_PREFIX",
     "FakeAnthropicServer",
     "FakeOpenAIServer",
+    "find_placeholder",
+    "take_placeholder_requests",
 ]
 
 READY_PREFIX: Final = "PLAIT_FAKE_OPENAI_READY"
@@ -54,6 +60,103 @@ _SRC_DIR: Final = str(Path(__file__).resolve().parents[2])
 
 # Loopback traffic must never be routed through an HTTP proxy configured in the environment.
 _OPENER: Final = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+# Control calls made by the placeholder bookkeeping: short, because a test's teardown waits.
+_PLACEHOLDER_TIMEOUT_S: Final = 5.0
+
+
+# -- tracing placeholders --------------------------------------------------------------------
+
+PLACEHOLDER_PATTERN: Final = re.compile(
+    r"[\ue000\ue001]"  # the tracer's private-use delimiters, as characters
+    r"|\\u[eE]00[01]"  # ... or as the escape text json.dumps / repr() leave behind
+    r"|(?:<|\\u003[cC])traced output of "  # what older tracers rendered
+)
+"""Text that only a tracing placeholder produces: a request containing it was sent with a
+not-yet-computed output standing in for real text, which is always a bug in the client."""
+
+_EXCERPT_CHARS: Final = 80
+
+
+def find_placeholder(body: bytes | str) -> dict[str, str] | None:
+    """Where a tracing placeholder appears in a request body, or None if it has none.
+
+    The answer is ``{"where": ..., "excerpt": ...}``: ``where`` is the JSON path of the string
+    that holds it (``$.messages[1].content``, ``$.system``, a key, ...) or ``"body"`` when the body
+    is not JSON, and ``excerpt`` is the text around it, with the placeholder's invisible
+    characters spelled out as escapes.
+    """
+    text = body.decode("utf-8", errors="replace") if isinstance(body, bytes) else body
+    match = PLACEHOLDER_PATTERN.search(text)
+    if match is None:
+        return None
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        return {"where": "body", "excerpt": _excerpt(text, match.start())}
+    found = _find_in_json(parsed, "$")
+    if found is not None:
+        return found
+    # Only reachable when the match straddles JSON syntax; still a placeholder's debris.
+    return {"where": "body", "excerpt": _excerpt(text, match.start())}
+
+
+def _find_in_json(node: Any, path: str) -> dict[str, str] | None:
+    if isinstance(node, str):
+        match = PLACEHOLDER_PATTERN.search(node)
+        if match is not None:
+            return {"where": path, "excerpt": _excerpt(node, match.start())}
+        return None
+    if isinstance(node, dict):
+        for key, value in node.items():
+            found = _find_in_json(key, f"{path} (key {key!r})")
+            if found is None:
+                found = _find_in_json(value, f"{path}.{key}")
+            if found is not None:
+                return found
+    elif isinstance(node, list):
+        for index, item in enumerate(node):
+            found = _find_in_json(item, f"{path}[{index}]")
+            if found is not None:
+                return found
+    return None
+
+
+def _excerpt(text: str, at: int) -> str:
+    start = max(at - _EXCERPT_CHARS, 0)
+    piece = text[start : at + _EXCERPT_CHARS]
+    piece = piece.replace("\ue000", "\\ue000").replace("\ue001", "\\ue001")
+    piece = piece.replace("\x1f", "\\x1f")
+    prefix = "..." if start > 0 else ""
+    suffix = "..." if at + _EXCERPT_CHARS < len(text) else ""
+    return f"{prefix}{piece}{suffix}"
+
+
+#: Fake servers running now; a test harness asks each of them for placeholder requests.
+_live_servers: weakref.WeakSet[_FakeServerProcess] = weakref.WeakSet()
+#: Placeholder requests collected from servers as they stopped, not yet taken.
+_stopped_hits: list[dict[str, Any]] = []
+_hits_lock = threading.Lock()
+
+
+def take_placeholder_requests() -> list[dict[str, Any]]:
+    """Every request with a tracing placeholder that a fake server received and nobody has
+    taken yet, oldest server first; taking them marks them as reported.
+
+    Covers the servers running now and those stopped since the last call. Each entry is the
+    server's record (``where``, ``excerpt``, ``endpoint``, ``model``, ``seq``) plus ``server``,
+    naming the server that received it. ``reset()`` does not clear these, so a test cannot
+    hide one by resetting a server's statistics. The test suite calls this after every test
+    and fails the test when the list is not empty.
+    """
+    with _hits_lock:
+        hits = list(_stopped_hits)
+        _stopped_hits.clear()
+    for server in sorted(_live_servers, key=lambda s: s._started_seq):
+        hits.extend(server._take_new_placeholders())
+    return hits
+
+
+_start_counter = itertools.count(1)
 
 
 class _FakeServerProcess:
@@ -77,6 +180,10 @@ class _FakeServerProcess:
         self._stdout_thread: threading.Thread | None = None
         self._stderr_path: str | None = None
         self._final_stderr = ""
+        self._placeholders_taken = 0
+        """``seq`` of the last placeholder record handed out by `take_placeholder_requests`."""
+        self._final_placeholders: list[dict[str, Any]] = []
+        self._started_seq = 0
         self.returncode: int | None = None
         """Exit status of the child after :meth:`stop`; 0 means it shut down cleanly."""
 
@@ -142,6 +249,10 @@ class _FakeServerProcess:
                 )
             if line.startswith(self._ready_prefix):
                 self._port = int(line.split("port=", 1)[1])
+                self._placeholders_taken = 0
+                self._final_placeholders = []
+                self._started_seq = next(_start_counter)
+                _live_servers.add(self)
                 return self
 
     def stop(self) -> None:
@@ -149,6 +260,15 @@ class _FakeServerProcess:
         proc = self._proc
         if proc is None:
             return
+        if self._port is not None and proc.poll() is None:
+            # Ask for placeholder requests before the process (and its memory) is gone.
+            with contextlib.suppress(OSError, RuntimeError, ValueError):
+                self._final_placeholders = self._fetch_placeholders()
+            unreported = self._take_new_placeholders(self._final_placeholders)
+            if unreported:
+                with _hits_lock:
+                    _stopped_hits.extend(unreported)
+        _live_servers.discard(self)
         self._proc = None
         self._port = None
         if proc.poll() is None:
@@ -213,10 +333,50 @@ class _FakeServerProcess:
     def stats(self) -> dict[str, Any]:
         return self._as_dict(self._call("GET", "/_stats"))
 
+    def placeholder_requests(self) -> list[dict[str, Any]]:
+        """Every request since start whose body held a tracing placeholder (oldest first).
+
+        Unlike the statistics, ``reset()`` does not clear this list. After :meth:`stop` it
+        still answers, from what the server reported as it stopped.
+        """
+        if self._port is None:
+            return list(self._final_placeholders)
+        return self._fetch_placeholders()
+
+    def _fetch_placeholders(self) -> list[dict[str, Any]]:
+        answer = self._as_dict(self._call("GET", "/_placeholders", timeout=_PLACEHOLDER_TIMEOUT_S))
+        records = answer.get("requests")
+        if not isinstance(records, list):
+            raise RuntimeError(f"{self._label} /_placeholders returned no request list")
+        return [dict(record) for record in records if isinstance(record, dict)]
+
+    def _take_new_placeholders(
+        self, records: list[dict[str, Any]] | None = None
+    ) -> list[dict[str, Any]]:
+        """Placeholder requests not taken before (from ``records``, else asked of the
+        server), each labelled with this server."""
+        port = self._port
+        if records is None:
+            if port is None:
+                records = self._final_placeholders
+            else:
+                try:
+                    records = self._fetch_placeholders()
+                except (OSError, RuntimeError, ValueError):
+                    # A server that no longer answers cannot report; one that crashed shows
+                    # up in its own test through the failed requests.
+                    return []
+        new = [r for r in records if _seq(r) > self._placeholders_taken]
+        self._placeholders_taken = max([self._placeholders_taken, *map(_seq, new)])
+        where = f"{self._label} on port {port}" if port is not None else self._label
+        return [{"server": where, **record} for record in new]
+
     def reset(self) -> None:
         self._call("POST", "/_reset", {})
 
-    def _call(self, method: str, path: str, body: Any = None) -> Any:
+    def _call(
+        self, method: str, path: str, body: Any = None, timeout: float = _HTTP_TIMEOUT_S
+    ) -> Any:
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(
             f"http://127.0.0.1:{self.port}{path}",
@@ -225,7 +385,7 @@ class _FakeServerProcess:
             headers={"Content-Type": "application/json"},
         )
         try:
-            with _OPENER.open(req, timeout=_HTTP_TIMEOUT_S) as resp:
+            with _OPENER.open(req, timeout=timeout) as resp:
                 return json.loads(resp.read())
         except urllib.error.HTTPError as err:
             detail = err.read().decode("utf-8", errors="replace")
@@ -265,6 +425,12 @@ class FakeOpenAIServer(_FakeServerProcess):
             str(int(self._seed)),
         ]
 
+    def stats(self, *, bodies: bool = False) -> dict[str, Any]:
+        """The server's statistics; with ``bodies`` each request record also carries the
+        request's JSON body as ``"body"`` (what the client sent, messages and all)."""
+        path = "/_stats?bodies=1" if bodies else "/_stats"
+        return self._as_dict(self._call("GET", path))
+
     @property
     def base_url(self) -> str:
         """What an OpenAI client expects as ``base_url`` (includes the ``/v1`` prefix)."""
@@ -294,6 +460,12 @@ class FakeAnthropicServer(_FakeServerProcess):
     def base_url(self) -> str:
         """What the Anthropic SDK expects as ``base_url``: it appends ``/v1/messages`` itself."""
         return f"http://127.0.0.1:{self.port}"
+
+
+def _seq(record: dict[str, Any]) -> int:
+    """A placeholder record's number on its server (1 for the first)."""
+    seq = record.get("seq")
+    return seq if isinstance(seq, int) else 0
 
 
 def _pump_stdout(stream: IO[bytes], lines: queue.Queue[str | None], ready_prefix: str) -> None:

@@ -15,6 +15,11 @@ Replies are a pure function of the request, so tests can predict them:
 
 ``GET /_stats`` lists the requests received (bodies only: credentials are never kept) with the
 status each got, so tests can check how a client mapped its request; ``POST /_reset`` clears it.
+
+A request whose body holds a tracing placeholder (see :func:`plait.testing.find_placeholder`)
+is answered as usual but recorded; ``GET /_placeholders`` and the statistics'
+``placeholder_requests`` list them, and ``POST /_reset`` does not clear them, because the test
+harness fails any test that sent one.
 """
 
 from __future__ import annotations
@@ -32,8 +37,8 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from plait.testing import ANTHROPIC_API_KEY_ENV, ANTHROPIC_READY_PREFIX
-from plait.testing.fake_openai import estimate_tokens, schema_instance
+from plait.testing import ANTHROPIC_API_KEY_ENV, ANTHROPIC_READY_PREFIX, find_placeholder
+from plait.testing.fake_openai import MAX_PLACEHOLDER_RECORDS, estimate_tokens, schema_instance
 
 __all__ = ["RETRY_AFTER_S", "FakeAnthropicApp", "main"]
 
@@ -121,12 +126,16 @@ class FakeAnthropicApp:
         self._key = api_key.encode() if api_key else None
         self._records: list[dict[str, Any]] = []
         self._messages = 0
+        # Requests that carried a tracing placeholder: never cleared, not even by /_reset.
+        self._placeholders: list[dict[str, Any]] = []
+        self._placeholder_total = 0
 
     def make_app(self) -> web.Application:
         app = web.Application()
         app.router.add_post("/v1/messages", self.messages)
         app.router.add_get("/_stats", self.stats)
         app.router.add_post("/_reset", self.reset)
+        app.router.add_get("/_placeholders", self.placeholders)
         return app
 
     async def stats(self, request: web.Request) -> web.Response:
@@ -138,7 +147,35 @@ class FakeAnthropicApp:
                 "requests_total": len(self._records),
                 "status_counts": counts,
                 "requests": self._records,
+                "placeholder_requests": self._placeholders,
+                "placeholder_requests_total": self._placeholder_total,
             }
+        )
+
+    async def placeholders(self, request: web.Request) -> web.Response:
+        return web.json_response({"total": self._placeholder_total, "requests": self._placeholders})
+
+    def _check_placeholder(self, raw: bytes, endpoint: str) -> None:
+        """Record a request whose body holds a tracing placeholder (and say so on stderr)."""
+        found = find_placeholder(raw)
+        if found is None:
+            return
+        self._placeholder_total += 1
+        model = None
+        try:
+            parsed = json.loads(raw)
+        except ValueError:
+            parsed = None
+        if isinstance(parsed, dict) and isinstance(parsed.get("model"), str):
+            model = parsed["model"]
+        record = {"seq": self._placeholder_total, "endpoint": endpoint, "model": model, **found}
+        if len(self._placeholders) < MAX_PLACEHOLDER_RECORDS:
+            self._placeholders.append(record)
+        print(
+            f"fake Anthropic server: request {endpoint} holds a tracing placeholder at "
+            f"{found['where']}: {found['excerpt']!r}",
+            file=sys.stderr,
+            flush=True,
         )
 
     async def reset(self, request: web.Request) -> web.Response:
@@ -153,6 +190,8 @@ class FakeAnthropicApp:
         return response
 
     async def _answer(self, request: web.Request, record: dict[str, Any]) -> web.Response:
+        raw = await request.read()
+        self._check_placeholder(raw, request.path)
         # Older SDKs send the key as x-api-key, newer ones as a bearer token; the API takes both.
         given = request.headers.get("x-api-key")
         bearer = request.headers.get("Authorization", "")
@@ -165,7 +204,7 @@ class FakeAnthropicApp:
         if "anthropic-version" not in request.headers:
             return _error(400, "anthropic-version: header is required")
         try:
-            body = json.loads(await request.read())
+            body = json.loads(raw)
         except ValueError:
             return _error(400, "request body is not valid JSON")
         if not isinstance(body, dict):

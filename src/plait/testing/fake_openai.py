@@ -13,8 +13,14 @@ Replies are a pure function of the request so that tests can predict them:
 * a JSON-schema ``response_format`` yields a minimal instance of the schema.
 
 Server-wide behaviour (latency, jitter, random faults) is changed at runtime through
-``POST /_config`` and observed through ``GET /_stats``. The control endpoints never require the
-API key: they belong to the test harness, not to the client under test.
+``POST /_config`` and observed through ``GET /_stats`` (``GET /_stats?bodies=1`` adds each
+request's JSON body to its record). The control endpoints never require the API key: they
+belong to the test harness, not to the client under test.
+
+A request whose body holds a tracing placeholder (plait's stand-in for an output not computed
+yet, see :func:`plait.testing.find_placeholder`) is answered as usual but recorded, and listed
+by ``GET /_placeholders`` and in the statistics as ``placeholder_requests``. ``POST /_reset``
+does not clear that list: the test harness fails any test that sent one.
 
 Status codes in the statistics follow HTTP, with two additions: ``0`` is a connection the server
 dropped on purpose (``rate_drop``) and ``499`` is a request whose client went away first.
@@ -42,7 +48,7 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from plait.testing import API_KEY_ENV, READY_PREFIX
+from plait.testing import API_KEY_ENV, READY_PREFIX, find_placeholder
 
 __all__ = [
     "MODEL_ID",
@@ -54,6 +60,9 @@ __all__ = [
 ]
 
 MODEL_ID: Final = "fake-model"
+
+#: How many placeholder requests the server keeps (the count goes on beyond it).
+MAX_PLACEHOLDER_RECORDS: Final = 100
 
 _DIRECTIVE = re.compile(r"\[\[(status|latency_ms|reply):(.*?)\]\]", re.DOTALL)
 _JSON_HEADERS: Final = {"Content-Type": "application/json"}
@@ -281,9 +290,18 @@ class _Config:
 class _Outcome:
     """What one chat request turned into, filled in as the request progresses."""
 
-    __slots__ = ("completion_tokens", "key", "model", "prompt_tokens", "status", "system")
+    __slots__ = (
+        "body",
+        "completion_tokens",
+        "key",
+        "model",
+        "prompt_tokens",
+        "status",
+        "system",
+    )
 
     def __init__(self) -> None:
+        self.body = b""
         self.status = 499
         self.model = ""
         self.key = ""
@@ -318,6 +336,8 @@ class _Stats:
         self.status_counts: dict[str, int] = {}
         self.completed_by_key: dict[str, int] = {}
         self.records: list[dict[str, Any]] = []
+        # The raw body of each record, parsed only when asked for (GET /_stats?bodies=1).
+        self.bodies: list[bytes] = []
 
     def _advance(self, now: float) -> None:
         elapsed = now - self.last_change
@@ -357,9 +377,16 @@ class _Stats:
                 "completion_tokens": outcome.completion_tokens,
             }
         )
+        self.bodies.append(outcome.body)
 
-    def snapshot(self, now: float) -> dict[str, Any]:
+    def snapshot(self, now: float, *, bodies: bool = False) -> dict[str, Any]:
         self._advance(now)
+        records = list(self.records)
+        if bodies:
+            records = [
+                {**record, "body": _parsed_body(body)}
+                for record, body in zip(records, self.bodies, strict=True)
+            ]
         return {
             "requests_total": self.requests_total,
             "in_flight": self.in_flight,
@@ -372,9 +399,17 @@ class _Stats:
             # `time.monotonic()` at the last reset: the same clock as the client's on one host,
             # so request records can be lined up with client-side timestamps.
             "t0_monotonic": self.t0,
-            "requests": list(self.records),
+            "requests": records,
             "completed_by_key": dict(self.completed_by_key),
         }
+
+
+def _parsed_body(raw: bytes) -> Any:
+    """A recorded body as JSON, or as text when it was not JSON."""
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw.decode("utf-8", errors="replace")
 
 
 # -- HTTP layer --------------------------------------------------------------------------------
@@ -459,6 +494,9 @@ class FakeOpenAIApp:
         self._auth = f"Bearer {api_key}".encode() if api_key else None
         self._stats = _Stats(time.monotonic())
         self._completions = 0
+        # Requests that carried a tracing placeholder: never cleared, not even by /_reset.
+        self._placeholders: list[dict[str, Any]] = []
+        self._placeholder_total = 0
 
     def make_app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -466,6 +504,7 @@ class FakeOpenAIApp:
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/_stats", self.stats)
         app.router.add_post("/_reset", self.reset)
+        app.router.add_get("/_placeholders", self.placeholders)
         app.router.add_get("/_config", self.get_config)
         app.router.add_post("/_config", self.set_config)
         return app
@@ -479,7 +518,36 @@ class FakeOpenAIApp:
     # -- control endpoints ---------------------------------------------------------------------
 
     async def stats(self, request: web.Request) -> web.Response:
-        return _json_response(self._stats.snapshot(time.monotonic()))
+        bodies = request.query.get("bodies", "") not in ("", "0", "false")
+        snapshot = self._stats.snapshot(time.monotonic(), bodies=bodies)
+        snapshot["placeholder_requests"] = list(self._placeholders)
+        snapshot["placeholder_requests_total"] = self._placeholder_total
+        return _json_response(snapshot)
+
+    async def placeholders(self, request: web.Request) -> web.Response:
+        return _json_response(
+            {"total": self._placeholder_total, "requests": list(self._placeholders)}
+        )
+
+    def _check_placeholder(self, raw: bytes, endpoint: str) -> None:
+        """Record a request whose body holds a tracing placeholder (and say so on stderr)."""
+        found = find_placeholder(raw)
+        if found is None:
+            return
+        self._placeholder_total += 1
+        model = None
+        parsed = _parsed_body(raw)
+        if isinstance(parsed, dict) and isinstance(parsed.get("model"), str):
+            model = parsed["model"]
+        record = {"seq": self._placeholder_total, "endpoint": endpoint, "model": model, **found}
+        if len(self._placeholders) < MAX_PLACEHOLDER_RECORDS:
+            self._placeholders.append(record)
+        print(
+            f"fake OpenAI server: request {endpoint} holds a tracing placeholder at "
+            f"{found['where']}: {found['excerpt']!r}",
+            file=sys.stderr,
+            flush=True,
+        )
 
     async def reset(self, request: web.Request) -> web.Response:
         self._stats.reset(time.monotonic())
@@ -551,12 +619,15 @@ class FakeOpenAIApp:
         The latency counts from the request's arrival, as a real endpoint's would, so the
         server's own parsing time does not stretch it.
         """
+        raw = await request.read()
+        outcome.body = raw
+        self._check_placeholder(raw, request.path)
         if not self._authorized(request):
             has_key = "Authorization" in request.headers
             message = "Incorrect API key provided." if has_key else "You didn't provide an API key."
             return _error_response(401, message)
         try:
-            plan = _parse_request(await request.read(), outcome)
+            plan = _parse_request(raw, outcome)
         except _BadRequest as err:
             return _error_response(400, str(err))
 
