@@ -29,7 +29,9 @@ from plait.providers.base import LLMRequest, LLMResponse
 __all__ = ["Checkpoint", "CheckpointError", "CheckpointHandler"]
 
 FORMAT = "plait-checkpoint"
-VERSION = 1
+#: 2: calls are keyed by node ids that count composite calls' enter/exit nodes, so a
+#: version-1 log would match nothing and every call would be paid for again.
+VERSION = 2
 
 
 class CheckpointError(RuntimeError):
