@@ -419,3 +419,19 @@ def test_a_composites_own_backward_runs_and_its_llm_calls_go_to_the_server(
     # its own backward speaks for its inside: the inner prompt hears nothing
     assert model.llm.system_prompt is not None
     assert model.llm.system_prompt.get_accumulated_feedback() == []
+
+
+# -- 11. Parameter as the seed's dataclass ------------------------------------------------------
+def test_parameters_compare_like_the_seeds_dataclass_and_hash_by_identity() -> None:
+    a = plait.Parameter("Be brief.", description="tone")
+    b = plait.Parameter("Be brief.", description="tone")
+    assert a == b and a is not b
+    assert a != plait.Parameter("Be brief.", description="other")
+    assert a != plait.Parameter("Be brief.", requires_grad=False)
+    b.accumulate_feedback("shorter")
+    assert a != b  # the feedback buffer is a field too
+    assert len({a, b}) == 2 and {a: 1}[a] == 1  # as torch: usable as keys, by identity
+    assert repr(a) == "Parameter(value='Be brief.', description='tone', requires_grad=True)"
+    # plait's own bookkeeping never merges two equal parameters
+    optimizer = plait.learning.SFAOptimizer([a, plait.Parameter("Be brief.", description="tone")])
+    assert len(optimizer.params) == 2
