@@ -184,7 +184,7 @@ async def process_stack(msg: Message, stack: tuple[Handler, ...]) -> int:
     for handler in reversed(stack):
         seen += 1
         out = handler.process(msg)
-        if inspect.isawaitable(out):
+        if out is not None and inspect.isawaitable(out):
             await out
         if msg.stop:
             break
@@ -195,7 +195,7 @@ async def postprocess_stack(msg: Message, stack: tuple[Handler, ...], seen: int)
     """The second half of `apply_stack`: ``postprocess`` outermost last, then the result."""
     for handler in stack[len(stack) - seen :]:
         out = handler.postprocess(msg)
-        if inspect.isawaitable(out):
+        if out is not None and inspect.isawaitable(out):
             await out
     return _finish(msg)
 
