@@ -73,7 +73,7 @@ _PLACEHOLDER = re.compile(
     )
 )
 _BODY_RE = re.compile(_BODY)
-_DEBRIS = re.compile(rf"[{_OPEN}{_CLOSE}]|\\ue00[01]|<traced output of ")
+_DEBRIS = re.compile(rf"[{_OPEN}{_CLOSE}]|\\ue00[01]")
 
 #: The tracer recording right now, if any (the same variable parameters consult).
 active_trace = active_tracer
@@ -546,7 +546,7 @@ class Tracer(Handler):
             deps.add(obj._plait_node)
             return NodeRef(obj._plait_node)
         if cls is str:
-            if _holds_placeholder(obj) or "<traced output of " in obj:
+            if _holds_placeholder(obj):
                 return self._capture_text(obj, deps, params)
             return obj
         if isinstance(obj, Parameter):
