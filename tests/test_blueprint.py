@@ -119,11 +119,55 @@ def test_dotted_paths_build_nested_modules() -> None:
     assert isinstance(panel.extra, Judge) and panel.extra.llm.temperature == 0.5
 
 
-def test_only_constructor_arguments_are_configurable() -> None:
-    # SummarizeAndAnalyze builds its LLM calls inside __init__: nothing to reach, and
-    # a wildcard that reaches nothing is an error rather than a silent no-op.
-    with pytest.raises(BlueprintError, match="matches no argument"):
-        Blueprint(SummarizeAndAnalyze).apply({"...temperature": C("0")}).make()
+def test_knobs_of_submodules_built_in_init_are_reachable() -> None:
+    # SummarizeAndAnalyze builds its LLM calls inside __init__: their alias, temperature,
+    # max_tokens and system prompt are reachable by path and by wildcard all the same.
+    built = (
+        Blueprint(SummarizeAndAnalyze)
+        .apply({"...temperature": C("0"), "analyzer.max_tokens": C("7")})
+        .apply({"summarizer.system_prompt": C("Be terse."), "analyzer.alias": C("big")}, "cli")
+        .make()
+    )
+    assert (built.summarizer.temperature, built.analyzer.temperature) == (0.0, 0.0)
+    assert (built.summarizer.max_tokens, built.analyzer.max_tokens) == (None, 7)
+    assert built.summarizer.system_prompt is not None
+    assert built.summarizer.system_prompt.value == "Be terse."
+    assert built.analyzer.alias == "big"
+    # a wildcard that reaches nothing is still an error rather than a silent no-op
+    with pytest.raises(BlueprintError, match=r"matches no argument; did you mean '...temperature'"):
+        Blueprint(SummarizeAndAnalyze).apply({"...temprature": C("0")}).make()
+    # bad values are errors naming the path and the layer, all of them at once
+    with pytest.raises(BlueprintError) as info:
+        Blueprint(SummarizeAndAnalyze).apply(
+            {"summarizer.max_tokens": C("0"), "analyzer.temperature": C("hot")}
+        ).make()
+    message = str(info.value)
+    assert "2 problems" in message
+    assert "summarizer.max_tokens (from command line): expected a positive whole number" in message
+    assert "analyzer.temperature (from command line): expected a number" in message
+
+
+def test_knobs_show_in_help_with_where_each_value_came_from() -> None:
+    text = Blueprint(SummarizeAndAnalyze).apply({"analyzer.temperature": C("0.2")}).help()
+    rows = {line.split()[0]: line for line in text.splitlines() if line.startswith("  ")}
+    assert "built by __init__" in rows["summarizer.temperature"]
+    assert "0.2" in rows["analyzer.temperature"] and "command line" in rows["analyzer.temperature"]
+    assert "'sum'" in rows["summarizer.system_prompt"]
+
+
+def test_a_learnable_system_prompt_keeps_its_parameter() -> None:
+    class Learner(plait.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.prompt = plait.Parameter("old", description="the prompt")
+            self.llm = plait.LLMInference("fast", system_prompt=self.prompt)
+
+        def forward(self, x: str) -> Any:
+            return self.llm(x)
+
+    built = Blueprint(Learner).apply({"llm.system_prompt": C("new")}).make()
+    assert built.llm.system_prompt is built.prompt and built.prompt.value == "new"
+    assert built.prompt.requires_grad
 
 
 def test_wildcard_sets_every_temperature_at_any_depth() -> None:

@@ -630,3 +630,71 @@ def test_top_level_help() -> None:
     done = cli("--help")
     assert done.returncode == 0
     assert all(name in done.stdout for name in ("run", "graph", "check"))
+
+
+# -- blueprint knobs of built submodules, as the README spells them --------------------------
+EXTRACT = "examples/extract_and_compare.py:ExtractAndCompare"
+
+
+def test_readme_paths_and_wildcards_reach_the_llm_calls_a_pipeline_builds(
+    server: FakeOpenAIServer, res: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "out.jsonl"
+    done = cli(
+        "run", EXTRACT, "-i", jsonl(tmp_path / "in.jsonl", ["great but loud"]), "-o", out,
+        "--resources", res, "...temperature=0", "praise.temperature=0.3", "max_tokens=9",
+        "compare.max_tokens=5", "compare.system_prompt=Answer in one word.",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    sent = {}
+    for record in server._call("GET", "/_stats?bodies=1")["requests"]:
+        body = record["body"]
+        question = body["messages"][-1]["content"]
+        which = "complaints" if "dislike?" in question else "praise" if "like?" in question else ""
+        sent[which or "compare"] = body
+    assert sent["praise"]["temperature"] == 0.3  # exact beats the wildcard
+    assert sent["complaints"]["temperature"] == 0 and sent["compare"]["temperature"] == 0
+    assert sent["praise"]["max_tokens"] == 9 and sent["compare"]["max_tokens"] == 5
+    assert sent["compare"]["messages"][0] == {"role": "system", "content": "Answer in one word."}
+
+
+def test_run_help_lists_built_submodules_knobs_with_values_and_provenance() -> None:
+    done = cli("run", EXTRACT, "praise.temperature=0.3", "--help")
+    assert done.returncode == 0, done.stderr
+    rows = {line.split()[0]: line for line in done.stdout.splitlines() if line.startswith("  ")}
+    assert "0.3" in rows["praise.temperature"] and "command line" in rows["praise.temperature"]
+    compare = rows["compare.temperature"].split()
+    assert compare[-4:] == ["0", "built", "by", "__init__"]
+    assert "'smart'" in rows["compare.alias"]
+    assert "32" in rows["max_tokens"] and "default" in rows["max_tokens"]
+
+
+def test_a_knob_typo_is_refused_with_a_suggestion(tmp_path: Path) -> None:
+    done = cli("run", EXTRACT, "-i", jsonl(tmp_path / "in.jsonl", ["x"]), "praise.temprature=0")
+    assert done.returncode == 2
+    assert "praise.temprature (from command line): unknown argument" in done.stderr
+    assert "did you mean 'praise.temperature'" in done.stderr
+
+
+def test_make_from_argv_builds_from_a_scripts_arguments_and_answers_help(tmp_path: Path) -> None:
+    script = tmp_path / "script.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(ROOT / 'examples')!r})\n"
+        "import plait\n"
+        "from extract_and_compare import ExtractAndCompare\n"
+        "built = plait.make_from_argv(ExtractAndCompare)\n"
+        "print(built.praise.temperature, built.compare.max_tokens, built.praise.max_tokens)\n"
+    )
+    run = [sys.executable, str(script)]
+    done = subprocess.run(
+        [*run, "...temperature=0.5", "max_tokens=3", "compare.max_tokens=8"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["0.5", "8", "3"]
+    shown = subprocess.run([*run, "--help"], capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0 and "praise.temperature" in shown.stdout
+    bad = subprocess.run([*run, "compare.max_tokens=0"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2
+    assert "compare.max_tokens (from command line): expected a positive whole number" in bad.stderr

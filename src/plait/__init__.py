@@ -22,6 +22,7 @@ from plait.values import ExecutionError, Value, ValueKind, unwrap, valueify
 
 if TYPE_CHECKING:
     from plait import functional
+    from plait.blueprint import Blueprint, make_from_argv
     from plait.execution import BatchResult, CheckpointError, ExecutionSettings, run
     from plait.resources import EndpointConfig, ResourceConfig, ResourceManager
     from plait.resources.config import ConfigurationError
@@ -41,6 +42,8 @@ _LAZY = {
     "usage": "plait.resources.usage",
     "reset_usage": "plait.resources.usage",
     "functional": "plait.functional",
+    "Blueprint": "plait.blueprint",
+    "make_from_argv": "plait.blueprint",
 }
 
 
@@ -51,6 +54,7 @@ __all__ = [
     "BackwardContext",
     "BackwardResult",
     "BatchResult",
+    "Blueprint",
     "CheckpointError",
     "ConfigurationError",
     "EndpointConfig",
@@ -72,6 +76,7 @@ __all__ = [
     "__version__",
     "functional",
     "handlers",
+    "make_from_argv",
     "reset_usage",
     "run",
     "unwrap",

@@ -35,12 +35,33 @@ How a parameter at dotted path ``p`` gets its value:
    ``default``).  A required parameter annotated with a buildable class is built
    from it; any other required parameter is reported missing.
 
+7. Once a plait `Module` target is built, the settings of the `LLMInference`
+   calls its ``__init__`` built are arguments too, under each call's module path:
+   ``praise.temperature``, ``compare.alias``, ``...max_tokens``,
+   ``judge.llm.system_prompt`` (setting a learnable system prompt sets its
+   `Parameter`'s value).  ``--help`` lists them, with ``built by __init__`` as the
+   layer of those nobody set.  A constructor argument at the same path wins, and
+   where a module above takes a constructor argument of that name
+   (``Judge(temperature=...)``), wildcards stop at it: only a key naming the
+   call's own path (``judge.llm.temperature``) reaches past it.
+
+`make_from_argv(target)` (or ``blueprint.make_from_argv(argv)``) builds from a
+script's ``key=value`` arguments as the ``command line`` layer; ``--help`` prints
+the table of every argument, its value and where that came from.
+
 A ``**kwargs`` parameter accepts names the signature does not list, at its own
 level only (converted by the ``**kwargs`` annotation); ``*args`` is not
 addressable.  Unannotated parameters take strings as they are, unless their
 default is a bool, number, string or enum, whose type is then used.
 """
 
-from plait.blueprint._core import ArgInfo, Blueprint, BlueprintError, Castable, parse_cli_args
+from plait.blueprint._core import (
+    ArgInfo,
+    Blueprint,
+    BlueprintError,
+    Castable,
+    make_from_argv,
+    parse_cli_args,
+)
 
-__all__ = ["ArgInfo", "Blueprint", "BlueprintError", "Castable", "parse_cli_args"]
+__all__ = ["ArgInfo", "Blueprint", "BlueprintError", "Castable", "make_from_argv", "parse_cli_args"]

@@ -7,11 +7,12 @@ import enum
 import inspect
 import sys
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeAlias, TypeVar, overload
 
 from plait.blueprint._keys import Found, Layer
+from plait.blueprint._knobs import BUILT, KNOB_NAMES, Knob, knobs_of
 from plait.blueprint._types import (
     EMPTY,
     CastError,
@@ -32,7 +33,14 @@ from plait.blueprint._types import (
     type_text,
 )
 
-__all__ = ["ArgInfo", "Blueprint", "BlueprintError", "Castable", "parse_cli_args"]
+__all__ = [
+    "ArgInfo",
+    "Blueprint",
+    "BlueprintError",
+    "Castable",
+    "make_from_argv",
+    "parse_cli_args",
+]
 
 T = TypeVar("T")
 
@@ -131,6 +139,10 @@ class _Plan:
     root: _Node | None
     infos: list[ArgInfo]
     problems: list[str]
+    #: The target, when the plan had to build it to find its submodules' knobs.
+    built: Any = None
+    failures: list[tuple[str, Any, BaseException]] | None = None
+    knobs: list[tuple[Knob, Any]] | None = None
 
 
 def _join(path: str, name: str) -> str:
@@ -178,6 +190,7 @@ class _Planner:
         self.built: dict[str, tuple[Any, str]] = {}  # path -> (factory, layer)
         self.problems: list[str] = []
         self.building: list[Any] = []
+        self.knob_paths: set[str] = set()
 
     # -- reading layers ---------------------------------------------------------------
     def lookup(self, path: str) -> Found | None:
@@ -187,6 +200,14 @@ class _Planner:
                 key, value = hit
                 self.used.add((index, key))
                 return Found(value, self.layers[index].name, index, key)
+        return None
+
+    def lookup_exact(self, path: str) -> Found | None:
+        for index in range(len(self.layers) - 1, -1, -1):
+            layer = self.layers[index]
+            if path in layer.exact:
+                self.used.add((index, path))
+                return Found(layer.exact[path], layer.name, index, path)
         return None
 
     def below(self, path: str) -> list[str]:
@@ -451,14 +472,60 @@ class _Planner:
             self.used.add((index, key))
             self.problems.append(f"{key} (from {layer.name}): cannot apply, {why}")
 
+    # -- submodules' knobs, once the target is built ------------------------------------
+    def knobs(self, root: Any) -> list[tuple[Knob, Any]]:
+        """Read every knob of ``root``'s submodules from the layers; what to set, converted.
+
+        A constructor argument at the same path wins (it built that module already), and
+        where a module above the knob takes a constructor argument of the knob's name
+        (``Judge(temperature=...)`` building ``judge.llm``), that argument is the
+        module's interface for it: wildcards stop there, and only a key naming the
+        knob's own path reaches past it.
+        """
+        settings: list[tuple[Knob, Any]] = []
+        arguments = set(self.infos)
+        for knob in knobs_of(root):
+            if knob.path in arguments:
+                continue
+            self.knob_paths.add(knob.path)
+            parts = knob.path.split(".")[:-1]
+            shadowed = any(
+                _join(".".join(parts[:i]), knob.name) in arguments for i in range(len(parts))
+            )
+            found = self.lookup_exact(knob.path) if shadowed else self.lookup(knob.path)
+            if found is None:
+                self.infos[knob.path] = ArgInfo(
+                    knob.path, knob.type, _value_text(knob.current()), BUILT, False
+                )
+                continue
+            raw = str(found.value) if isinstance(found.value, Castable) else found.value
+            key = found.key if found.key != knob.path else None
+            try:
+                value = knob.convert(raw)
+            except CastError as exc:
+                self.infos[knob.path] = ArgInfo(
+                    knob.path, knob.type, _value_text(found.value), found.layer, False, key=key
+                )
+                self.problem(knob.path, str(exc), found)
+                continue
+            self.infos[knob.path] = ArgInfo(
+                knob.path, knob.type, _value_text(value), found.layer, False, key=key
+            )
+            settings.append((knob, value))
+        return settings
+
     # -- after the walk ---------------------------------------------------------------
-    def unused(self) -> None:
+    def unused(self, knobs_unknown: bool = False) -> None:
+        """Report keys nothing used.  ``knobs_unknown``: the target could not be built, so
+        keys that may name a submodule's knob are left unjudged rather than called unknown."""
         known = list(self.infos)
         for index, layer in enumerate(self.layers):
             for message in layer.invalid:
                 self.problems.append(f"{message} (from {layer.name})")
             for key in layer.exact:
                 if (index, key) in self.used or key in self.infos or key in self.reported:
+                    continue
+                if knobs_unknown and key.rsplit(".", 1)[-1] in KNOB_NAMES:
                     continue
                 self.problems.append(
                     f"{key} (from {layer.name}): unknown argument{self.suggest(key, known)}"
@@ -467,6 +534,8 @@ class _Planner:
                 if (index, pattern.key) in self.used:
                     continue
                 if any(pattern.matches(p) for p in known):
+                    continue
+                if knobs_unknown and pattern.last_name in KNOB_NAMES:
                     continue
                 close = difflib.get_close_matches(
                     pattern.last_name, {p.rsplit(".", 1)[-1] for p in known}, n=1
@@ -479,10 +548,11 @@ class _Planner:
                 )
 
     def suggest(self, key: str, known: list[str]) -> str:
-        close = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
+        arguments = [p for p in known if p not in self.knob_paths]
+        close = difflib.get_close_matches(key, arguments, n=1, cutoff=0.75)
         if close:
             return f"; did you mean {close[0]!r}?"
-        nested = [p for p in known if p.endswith("." + key)]
+        nested = [p for p in arguments if p.endswith("." + key)]
         if nested:
             return f"; did you mean {nested[0]!r}?"
         parts = key.split(".")
@@ -490,21 +560,36 @@ class _Planner:
             ancestor = ".".join(parts[:cut])
             if ancestor in self.built:
                 factory, layer = self.built[ancestor]
-                siblings = [p.rsplit(".", 1)[-1] for p in known if p.startswith(ancestor + ".")]
+                inside = [p for p in known if p.startswith(ancestor + ".")]
+                siblings = [p[len(ancestor) + 1 :] for p in inside]
                 siblings = [p for p in siblings if "." not in p]
                 close = difflib.get_close_matches(parts[cut], siblings, n=1)
-                tip = f"; did you mean {ancestor + '.' + close[0]!r}?" if close else ""
+                if close:
+                    tip = f"; did you mean {ancestor + '.' + close[0]!r}?"
+                else:  # a knob of a submodule it builds, say
+                    deeper = [p for p in inside if p.rsplit(".", 1)[-1] == parts[-1]]
+                    deeper += difflib.get_close_matches(key, inside, n=1, cutoff=0.6)
+                    tip = f"; did you mean {deeper[0]!r}?" if deeper else ""
                 return (
                     f": {ancestor!r} is {object_text(factory)} (from {layer}), which has no "
                     f"parameter {parts[cut]!r}{tip}"
                 )
             if ancestor in self.infos:
                 return f": {ancestor!r} is not built from arguments"
+        close = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
+        if close:
+            return f"; did you mean {close[0]!r}?"
         last = difflib.get_close_matches(parts[-1], {p.rsplit(".", 1)[-1] for p in known}, n=1)
         if last:
             matches = [p for p in known if p.rsplit(".", 1)[-1] == last[0]]
             return f"; did you mean {matches[0]!r}?"
         return ""
+
+
+def _module_class() -> type:
+    from plait.module import Module
+
+    return Module
 
 
 def _wants_factory(annotation: Any) -> bool:
@@ -621,7 +706,14 @@ class Blueprint(Generic[T]):
         twin._pending = list(self._pending)
         return twin
 
+    def _builds_module(self) -> bool:
+        from plait.module import Module
+
+        return inspect.isclass(self._target) and issubclass(self._target, Module)
+
     def _plan(self) -> _Plan:
+        """Plan the constructor call; for a plait Module, also build it and read the knobs
+        of the submodules it builds (only then are all of its arguments known)."""
         planner = _Planner(self._target, self._layers)
         root: _Node | None
         if is_factory(self._target):
@@ -630,27 +722,72 @@ class Blueprint(Generic[T]):
             # An object that is merely callable (a module instance, say) is already
             # built: calling it would run it, so it is the result, and takes no arguments.
             root = _Const(self._target)
-        planner.unused()
-        return _Plan(root, list(planner.infos.values()), self._pending + planner.problems)
+        plan = _Plan(root, [], [])
+        builds_module = self._builds_module() or isinstance(self._target, _module_class())
+        if builds_module and root is not None and not planner.problems and not self._pending:
+            failures: list[tuple[str, Any, BaseException]] = []
+            built = _evaluate(root, failures)
+            if failures:
+                plan.failures = failures
+            else:
+                plan.built = built
+                plan.knobs = planner.knobs(built)
+        planner.unused(knobs_unknown=builds_module and plan.knobs is None)
+        plan.infos = list(planner.infos.values())
+        plan.problems = self._pending + planner.problems
+        return plan
 
     def make(self) -> T:
         """Build the target; every problem found is raised together as a `BlueprintError`."""
         plan = self._plan()
         name = object_text(self._target)
-        if plan.problems or plan.root is None:
-            raise BlueprintError(plan.problems or ["nothing to build"], name)
-        failures: list[tuple[str, Any, BaseException]] = []
-        result = _evaluate(plan.root, failures)
+        failures = plan.failures or []
+        result = plan.built
+        if not plan.problems and plan.root is not None and plan.knobs is None and not failures:
+            result = _evaluate(plan.root, failures)
+        problems = list(plan.problems)
         if failures:
             infos = {info.path: info for info in plan.infos}
-            problems = [
+            problems += [
                 line
                 for path, factory, exc in failures
                 for line in _explain(path, name, factory, exc, infos)
             ]
-            raise BlueprintError(problems, name) from failures[0][2]
+        if problems or plan.root is None:
+            cause = failures[0][2] if failures else None
+            raise BlueprintError(problems or ["nothing to build"], name) from cause
+        for knob, setting in plan.knobs or ():
+            knob.set(setting)
         value: T = result
         return value
+
+    def make_from_argv(self, argv: Sequence[str] | None = None) -> T:
+        """Build from ``key=value`` command-line arguments (default ``sys.argv[1:]``).
+
+        They are applied as the ``"command line"`` layer, on top of this blueprint's
+        layers, to a copy (this blueprint is left as it was).  ``--help`` or ``-h``
+        prints every argument with its value and the layer it came from, then
+        exits with status 0; any problem exits with status 2 and every message.
+        """
+        args = list(sys.argv[1:] if argv is None else argv)
+        wants_help = any(a in ("--help", "-h") for a in args)
+        args = [a for a in args if a not in ("--help", "-h")]
+        blueprint = self.clone()
+        try:
+            blueprint.apply(parse_cli_args(args), layer=COMMAND_LINE)
+        except BlueprintError as exc:
+            if not wants_help:
+                print(f"error: {exc}", file=sys.stderr)
+                raise SystemExit(2) from None
+            blueprint._pending.extend(exc.problems)
+        if wants_help:
+            print(blueprint.help(), end="")
+            raise SystemExit(0)
+        try:
+            return blueprint.make()
+        except BlueprintError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            raise SystemExit(2) from None
 
     def describe(self) -> list[ArgInfo]:
         """Every argument ``make()`` would pass or leave at its default, in signature order."""
@@ -691,3 +828,12 @@ class Blueprint(Generic[T]):
     def __repr__(self) -> str:
         layers = ", ".join(repr(layer.name) for layer in self._layers)
         return f"Blueprint({object_text(self._target)}, layers=[{layers}])"
+
+
+def make_from_argv(target: Callable[..., T] | str, argv: Sequence[str] | None = None) -> T:
+    """``Blueprint(target).make_from_argv(argv)``: a script's whole command line in one call.
+
+    ``python train.py judge=StrictJudge ...temperature=0 --help``
+    """
+    blueprint: Blueprint[T] = Blueprint(target)
+    return blueprint.make_from_argv(argv)

@@ -1,0 +1,129 @@
+"""Knobs: settings of submodules a module builds itself, reachable by dotted path.
+
+A pipeline usually builds its `LLMInference` calls inside ``__init__``, so their
+alias, temperature, max_tokens and system prompt are not constructor arguments of
+anything a blueprint builds.  They are still configuration a user wants to set
+from a command line (``praise.temperature=0.3``, ``...max_tokens=512``), so after
+the target is built its module tree is walked and each such setting is offered
+under the module's dotted path, read from the same layers with the same
+precedence as constructor arguments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from plait.blueprint._types import CastError
+
+if TYPE_CHECKING:
+    from plait.module import Module
+
+__all__ = ["BUILT", "KNOB_NAMES", "Knob", "knobs_of"]
+
+#: The layer name shown for a knob nobody set: the value the module's ``__init__`` chose.
+BUILT = "built by __init__"
+
+
+def _alias(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise CastError(f"an alias is a non-empty string, got {value!r}")
+    return value.strip()
+
+
+def _temperature(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in ("none", "null", ""):
+            return None
+        try:
+            value = float(text)
+        except ValueError:
+            raise CastError(f"expected a number or none, got {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise CastError(f"expected a number or none, got {value!r}")
+    if value < 0:
+        raise CastError(f"a temperature is not negative, got {value!r}")
+    return float(value)
+
+
+def _max_tokens(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in ("none", "null", ""):
+            return None
+        try:
+            value = int(text)
+        except ValueError:
+            raise CastError(f"expected a positive whole number or none, got {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise CastError(f"expected a positive whole number or none, got {value!r}")
+    return value
+
+
+def _system_prompt(value: Any) -> str:
+    from plait.parameter import Parameter
+
+    if isinstance(value, Parameter):
+        value = value.value
+    if not isinstance(value, str):
+        raise CastError(f"a system prompt is text, got {type(value).__name__}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class Knob:
+    """One setting of one module: where it lives, its type, and how to read and set it."""
+
+    path: str
+    module: Module
+    name: str
+    type: str
+    convert: Callable[[Any], Any]
+
+    def current(self) -> Any:
+        value = getattr(self.module, self.name)
+        if self.name == "system_prompt":
+            return "" if value is None else value.value
+        return value
+
+    def set(self, value: Any) -> None:
+        """Install a converted value; a learnable system prompt keeps its Parameter."""
+        if self.name != "system_prompt":
+            setattr(self.module, self.name, value)
+            return
+        from plait.parameter import Parameter
+
+        param = getattr(self.module, "system_prompt", None)
+        if isinstance(param, Parameter):
+            param.value = value
+        elif value:
+            self.module.system_prompt = Parameter(value, requires_grad=False)
+
+
+_LLM_KNOBS: tuple[tuple[str, str, Callable[[Any], Any]], ...] = (
+    ("alias", "str", _alias),
+    ("temperature", "float | None", _temperature),
+    ("max_tokens", "int | None", _max_tokens),
+    ("system_prompt", "str", _system_prompt),
+)
+
+KNOB_NAMES = frozenset(name for name, _, _ in _LLM_KNOBS)
+
+
+def knobs_of(root: Module) -> list[Knob]:
+    """Every knob in ``root``'s tree, in module order, each module once."""
+    from plait.module import LLMInference
+
+    found: list[Knob] = []
+    for path, module in root.named_modules():
+        if isinstance(module, LLMInference):
+            for name, type_name, convert in _LLM_KNOBS:
+                full = f"{path}.{name}" if path else name
+                found.append(Knob(full, module, name, type_name, convert))
+    return found
