@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from typing import Any
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 import pytest
 
@@ -14,36 +16,51 @@ from plait.testing import FakeOpenAIServer
 from .conftest import make_resources
 from .pipelines import Assistant, DeepPipeline, Echo, FanOutFanIn, Shapes, Synthesizer, echo
 
+T = TypeVar("T")
+
 
 def expected_fan(text: str) -> str:
     return echo("C", f"{echo('L', text)} | {echo('R', text)}")
 
 
-# How long the server holds a call that a test needs to overlap with others.  It only has
-# to outlast the client sending a few requests back to back, so the overlap happens on a
-# machine as loaded as you like; what is asserted is counts and orderings, never a duration.
-HOLD_MS = 500
+def gated(text: str, gate: str = "g") -> str:
+    """``text`` with a directive that parks its call at the server until the test opens
+    ``gate``.  The server strips the directive: the reply is the one ``text`` alone gets."""
+    return f"[[gate:{gate}]]{text}"
 
 
-def held(text: str, ms: int = HOLD_MS) -> str:
-    """``text`` with a directive that makes the server hold the call it reaches first.
+def run_gated(call: Callable[[], T], server: FakeOpenAIServer, waits: dict[str, int]) -> T:
+    """Run ``call`` in a thread; once ``waits[gate]`` calls are parked at each gate, open
+    them all and return its result.  Only states are waited for, never durations."""
+    with ThreadPoolExecutor(1) as pool:
+        future = pool.submit(call)
+        try:
+            for gate, count in waits.items():
+                server.wait_parked(gate, count)
+        finally:
+            for gate in waits:
+                server.open_gate(gate)
+        return future.result(timeout=120)
 
-    The server strips the directive, so the reply is the one ``text`` alone would get.
-    """
-    return f"[[latency_ms:{ms}]]{text}"
+
+async def await_gated(call: Awaitable[T], server: FakeOpenAIServer, waits: dict[str, int]) -> T:
+    """`run_gated` for a coroutine on this test's own loop."""
+    task = asyncio.ensure_future(call)
+    try:
+        for gate, count in waits.items():
+            await asyncio.to_thread(server.wait_parked, gate, count)
+    finally:
+        for gate in waits:
+            await asyncio.to_thread(server.open_gate, gate)
+    return await task
 
 
-def sent_while_the_first_wave_was_held(records: list[dict[str, Any]]) -> int:
-    """Requests that started after some reply but before the whole first wave had ended.
-
-    The first wave is every request that started before the first reply.  A scheduler that
-    refills a slot as soon as it frees sends into it while the rest of the wave is still
-    held; one that works in waves sends nothing until every request of the wave is back,
-    so this is 0.  Only the order of the server's own events is compared.
-    """
-    first_reply = min(r["t_end"] for r in records)
-    wave_done = max(r["t_end"] for r in records if r["t_start"] < first_reply)
-    return sum(first_reply <= r["t_start"] < wave_done for r in records)
+def wait_until(condition: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+    """Poll ``condition``; the timeout only turns a hang into a failure naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"never happened: {what}"
+        time.sleep(0.005)
 
 
 def test_resource_config_as_seed_000_shows(server: FakeOpenAIServer) -> None:
@@ -121,40 +138,62 @@ def test_independent_leaves_anywhere_in_the_tree_run_concurrently(
     server: FakeOpenAIServer,
 ) -> None:
     resources = make_resources(server, ("fast", "smart"), max_concurrent=16)
-    out = Synthesizer().bind(resources=resources).run_sync(held("t"))
+    pipeline = Synthesizer().bind(resources=resources)
+    # the three nested analyzer calls all reach the server before any of them is answered
+    out = run_gated(lambda: pipeline.run_sync(gated("t")), server, {"g": 3})
     tags = {"technical": "tech", "business": "biz", "user": "user"}
     assert out == echo("syn", "\n".join(f"{k}: {echo(tag, 't')}" for k, tag in tags.items()))
-    # the three nested analyzer calls (each held by the server) were in flight together
     assert server.stats()["max_in_flight"] == 3
 
 
 def test_alias_limit_holds_across_a_whole_batch(server: FakeOpenAIServer) -> None:
-    # The first four inputs take the alias's four slots and the server holds them (input 0
-    # twice as long); the other 196 are answered at once.  How fully the slots are kept
-    # busy is a speed question, measured by benchmarks/run.py ("time at limit").
+    # Inputs 0-3 take the alias's four slots and park at the server: input 0 at gate
+    # "first", 1-3 at gate "rest".  How fully the slots are kept busy is a speed
+    # question, measured by benchmarks/run.py ("time at limit").
     resources = make_resources(server, max_concurrent=4)
     texts = [f"doc {i}" for i in range(200)]
-    inputs = [held(texts[0], 4 * HOLD_MS), *(held(t, 2 * HOLD_MS) for t in texts[1:4])]
-    inputs += texts[4:]
-    outputs = Echo("e").bind(resources=resources, max_concurrent=64).run_sync(inputs)
+    inputs = [gated(texts[0], "first"), *(gated(t, "rest") for t in texts[1:4]), *texts[4:]]
+    pipeline = Echo("e").bind(resources=resources, max_concurrent=64)
+
+    def scenario() -> None:
+        server.wait_parked("first", 1)
+        server.wait_parked("rest", 3)
+        # all four slots taken: nothing more can be in flight, though the run allows 64
+        assert server.stats()["in_flight"] == 4
+        server.open_gate("rest")
+        # the slots inputs 1-3 free are refilled while input 0 still waits: all 199
+        # others finish before it (a scheduler working in waves of four would stall here)
+        wait_until(
+            lambda: server.stats()["status_counts"].get("200", 0) == 199,
+            "199 replies while input 0 was parked",
+        )
+        assert server.parked("first") == 1
+        server.open_gate("first")
+
+    with ThreadPoolExecutor(1) as pool:
+        checks = pool.submit(scenario)
+        try:
+            outputs = pipeline.run_sync(inputs)
+        finally:
+            server.open_gate("first")
+            server.open_gate("rest")
+        checks.result(timeout=120)
     assert outputs == [echo("e", x) for x in texts]
     stats = server.stats()
     assert stats["requests_total"] == 200
-    # never more than the alias allows, although the run allows 64; and the limit is reached
-    assert stats["max_in_flight"] == 4
-    # the slots freed by inputs 1-3 were refilled while input 0 was still held
-    assert sent_while_the_first_wave_was_held(stats["requests"]) >= 3
+    assert stats["max_in_flight"] == 4  # never more than the alias allows
 
 
 async def test_two_concurrent_batches_share_the_endpoint_limit(server: FakeOpenAIServer) -> None:
     resources = make_resources(server, max_concurrent=3)
     one, two = FanOutFanIn().bind(resources=resources), FanOutFanIn().bind(resources=resources)
-    # each batch's first input is held: four held calls that two separate limits of 3
-    # would let through together with more, and one shared limit caps at 3
+    # each batch's first input parks its two calls: four parked calls that two separate
+    # limits of 3 would let through together, and one shared limit caps at 3
     a_texts, b_texts = [f"a{i}" for i in range(40)], [f"b{i}" for i in range(40)]
-    a, b = await asyncio.gather(
-        one([held(a_texts[0]), *a_texts[1:]]), two([held(b_texts[0]), *b_texts[1:]])
+    both = asyncio.gather(
+        one([gated(a_texts[0]), *a_texts[1:]]), two([gated(b_texts[0]), *b_texts[1:]])
     )
+    a, b = await await_gated(both, server, {"g": 3})
     assert a == [expected_fan(x) for x in a_texts]
     assert b == [expected_fan(x) for x in b_texts]
     assert server.stats()["max_in_flight"] == 3
@@ -164,8 +203,9 @@ def test_run_wide_max_concurrent_caps_llm_calls(server: FakeOpenAIServer) -> Non
     resources = make_resources(server, max_concurrent=50)
     texts = [str(i) for i in range(60)]
     pipeline = FanOutFanIn().bind(resources=resources, max_concurrent=2)
-    # input 0's two calls are held: the cap is reached however slowly the client sends
-    assert pipeline.run_sync([held(texts[0]), *texts[1:]]) == [expected_fan(x) for x in texts]
+    # input 0's two parallel calls park: the run's cap of 2 is reached, whatever the load
+    outputs = run_gated(lambda: pipeline.run_sync([gated(texts[0]), *texts[1:]]), server, {"g": 2})
+    assert outputs == [expected_fan(x) for x in texts]
     assert server.stats()["max_in_flight"] == 2
 
 
@@ -204,14 +244,19 @@ async def test_streaming_yields_batch_results(
     server: FakeOpenAIServer, resources: plait.ResourceConfig
 ) -> None:
     pipeline = FanOutFanIn()
-    inputs = [held("slow"), "fast1", "fast2"]
+    inputs = [gated("slow"), "fast1", "fast2"]
+    results = []
     async with plait.ExecutionSettings(resources=resources, streaming=True):
-        results = [r async for r in pipeline(inputs)]
-    assert sorted(r.index for r in results) == [0, 1, 2]
-    assert results[-1].index == 0  # completion order: the slow one last
+        async for result in pipeline(inputs):
+            results.append(result)
+            if len(results) == 2:  # both fast ones are out while "slow" still waits
+                await asyncio.to_thread(server.open_gate, "g")
+    assert sorted(r.index for r in results[:2]) == [1, 2]
+    assert results[-1].index == 0  # completion order: the parked one last
     assert all(r.ok and r.output == expected_fan(r.input.split("]]")[-1]) for r in results)
+    server.reset()  # closes the gate again for the ordered run
     async with plait.ExecutionSettings(resources=resources, streaming=True, preserve_order=True):
-        ordered = [r.index async for r in pipeline(inputs)]
+        ordered = [r.index async for r in pipeline(["first", "second", "third"])]
     assert ordered == [0, 1, 2]
 
 
@@ -230,8 +275,8 @@ async def test_settings_precedence(server: FakeOpenAIServer) -> None:
     from plait.execution.settings import get_execution_settings, resolve_options
 
     def batch(limit: int) -> list[str]:
-        # enough held inputs (two calls each) to fill ``limit`` slots at once
-        return [held(str(i)) if 2 * i < limit else str(i) for i in range(30)]
+        # enough parked inputs (two calls each) to fill ``limit`` slots at once
+        return [gated(str(i)) if 2 * i < limit else str(i) for i in range(30)]
 
     resources = make_resources(server, max_concurrent=50)
     with plait.ExecutionSettings(resources=resources, max_concurrent=7, preserve_order=True):  # noqa: SIM117
@@ -250,13 +295,15 @@ async def test_settings_precedence(server: FakeOpenAIServer) -> None:
             )  # call
             pipeline = FanOutFanIn()
             expected = [expected_fan(str(i)) for i in range(30)]
-            assert await pipeline(batch(5)) == expected
+            assert await await_gated(pipeline(batch(5)), server, {"g": 5}) == expected
             assert server.stats()["max_in_flight"] == 5
             server.reset()
-            assert await pipeline.bind(None, max_concurrent=3)(batch(3)) == expected
+            bound = pipeline.bind(None, max_concurrent=3)
+            assert await await_gated(bound(batch(3)), server, {"g": 3}) == expected
             assert server.stats()["max_in_flight"] == 3
             server.reset()
-            assert await pipeline(batch(2), max_concurrent=2) == expected
+            capped = pipeline(batch(2), max_concurrent=2)
+            assert await await_gated(capped, server, {"g": 2}) == expected
             assert server.stats()["max_in_flight"] == 2
     assert get_execution_settings() is None
     assert resolve_options({}, {}, None)["max_concurrent"] == 100  # default

@@ -6,7 +6,7 @@ import http.client
 import json
 import subprocess
 import sys
-import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -381,15 +381,19 @@ def test_stats_count_requests_statuses_and_keys(server: FakeOpenAIServer) -> Non
 
 def test_max_in_flight_counts_concurrent_requests(server: FakeOpenAIServer) -> None:
     workers = 8
-    barrier = threading.Barrier(workers)
 
     def send(i: int) -> int:
-        barrier.wait()
-        # Held long enough for all eight to arrive, however loaded the machine.
-        return chat(server, user(f"request {i} [[latency_ms:1000]]")).status
+        # Parked at the gate until all eight have arrived, however loaded the machine.
+        return chat(server, user(f"request {i} [[gate:all]]")).status
 
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        statuses = list(pool.map(send, range(workers)))
+        sent = [pool.submit(send, i) for i in range(workers)]
+        try:
+            server.wait_parked("all", workers)
+            assert server.stats()["in_flight"] == workers
+        finally:
+            server.open_gate("all")
+        statuses = [future.result(timeout=60) for future in sent]
 
     stats = server.stats()
     assert statuses == [200] * workers
@@ -448,3 +452,52 @@ def test_start_reports_child_failure_with_stderr() -> None:
     with pytest.raises(RuntimeError, match="latency-ms"):
         server.start()
     server.stop()  # idempotent after a failed start
+
+
+def test_a_gate_parks_requests_until_opened_and_reset_opens_every_gate(
+    server: FakeOpenAIServer,
+) -> None:
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        first = [pool.submit(chat, server, user(f"q{i} [[gate:a]]")) for i in range(2)]
+        other = pool.submit(chat, server, user("r [[gate:b]]"))
+        server.wait_parked("a", 2)
+        server.wait_parked("b", 1)
+        assert server.stats()["gated"] == {"a": 2, "b": 1}
+        assert not any(f.done() for f in first) and not other.done()
+        server.open_gate("a")
+        replies = [f.result(timeout=60) for f in first]
+        assert [r.body["choices"][0]["message"]["content"] for r in replies] == ["q0", "q1"]
+        assert chat(server, user("late [[gate:a]]")).status == 200  # an open gate stays open
+        server.close_gate("a")
+        again = pool.submit(chat, server, user("again [[gate:a]]"))
+        server.wait_parked("a", 1)
+        server.reset()  # opens every gate: a failed test never leaves requests parked
+        assert again.result(timeout=60).status == 200 and other.result(timeout=60).status == 200
+    assert server.stats()["gated"] == {}
+
+
+def test_a_client_that_leaves_while_parked_is_counted_and_not_leaked(
+    server: FakeOpenAIServer,
+) -> None:
+    import socket
+
+    body = json.dumps({"model": "m", "messages": user("gone [[gate:x]]")}).encode()
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        "Authorization: Bearer sk-test\r\n\r\n"
+    ).encode()
+    with socket.create_connection(("127.0.0.1", server.port)) as conn:
+        conn.sendall(head + body)
+        server.wait_parked("x", 1)
+    server.open_gate("x")
+    deadline = time.monotonic() + 60
+    while server.stats()["in_flight"]:
+        assert time.monotonic() < deadline, "the abandoned request never left"
+        time.sleep(0.005)
+    stats = server.stats()
+    assert stats["gated"] == {} and "200" not in stats["status_counts"]
+
+
+def test_a_gate_needs_a_name(server: FakeOpenAIServer) -> None:
+    assert chat(server, user("x [[gate: ]]")).status == 400

@@ -7,10 +7,12 @@ dependency chains) that the profile is then checked to show.
 
 from __future__ import annotations
 
+import contextvars
 import io
 import itertools
 import json
 import math
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -192,13 +194,18 @@ def test_each_alias_gets_its_own_named_track_and_the_file_is_written_on_exit(
 def test_concurrent_calls_on_one_alias_go_to_separate_lanes(
     server: FakeOpenAIServer, resources: plait.ResourceConfig
 ) -> None:
-    with profile() as prof:
-        MultiPerspective().bind(resources=resources).run_sync("[[latency_ms:500]]x")
+    pipeline = MultiPerspective().bind(resources=resources)
+    with profile() as prof, ThreadPoolExecutor(1) as pool:
+        # the run's thread sees the profiler: handlers live in the context
+        done = pool.submit(contextvars.copy_context().run, pipeline.run_sync, "[[gate:g]]x")
+        try:
+            server.wait_parked("g", 3)  # all three calls are in flight together
+        finally:
+            server.open_gate("g")
+        done.result(timeout=120)
     events = validate_trace(prof.trace())
     calls = calls_of(events)
     assert len(calls) == 3
-    # The three calls start together and the server holds each far longer than it takes
-    # to send the others, so all three overlap.
     assert len({(c["pid"], c["tid"]) for c in calls}) == 3
     assert len({c["pid"] for c in calls}) == 1
 
@@ -373,19 +380,27 @@ def test_calls_inside_an_async_forward_are_chained_in_program_order(
 
 
 def test_the_slowest_calls_come_first_with_their_place_in_the_batch(
-    resources: plait.ResourceConfig,
+    server: FakeOpenAIServer, resources: plait.ResourceConfig
 ) -> None:
-    with profile() as prof:
-        Echo("s").bind(resources=resources).run_sync(
-            ["[[latency_ms:1]]a", "[[latency_ms:500]]b", "[[latency_ms:1]]c"]
-        )
+    class OpenWhenOthersAreBack(Handler):
+        """Opens the gate once the client has both other replies: input 0's call then
+        started first (inputs start in order) and ends last, so it is the longest."""
+
+        def __init__(self) -> None:
+            self.back = 0
+
+        def postprocess(self, msg: Message) -> None:
+            if msg.type == "llm" and msg.input_index != 0:
+                self.back += 1
+                if self.back == 2:
+                    server.open_gate("g")
+
+    with profile() as prof, OpenWhenOthersAreBack():
+        Echo("s").bind(resources=resources).run_sync(["[[gate:g]]b", "a", "c"])
     slowest = prof.summary(top=2).slowest
     assert len(slowest) == 2
-    assert slowest[0].duration_s >= slowest[1].duration_s  # sorted, whatever the times
-    # b is held 500 ms by the server while a and c are answered at once: only a client
-    # stalled for about that long between sending a and reading its reply could make a
-    # look slower, so the order is the server's, not the machine's.
-    assert (slowest[0].name, slowest[0].input_index, slowest[0].node_id) == ("Echo", 1, "0:Echo")
+    assert slowest[0].duration_s >= slowest[1].duration_s  # sorted
+    assert (slowest[0].name, slowest[0].input_index, slowest[0].node_id) == ("Echo", 0, "0:Echo")
 
 
 def test_the_table_renders(resources: plait.ResourceConfig) -> None:

@@ -757,9 +757,13 @@ async def test_s000_streaming_order_completion_first_or_preserved(
     fake: FakeOpenAIServer, resources: Any
 ) -> None:
     pipeline = DeepPipeline().bind(resources=resources)
-    batch = ["slow [[latency_ms:600]]", "fast one", "fast two"]
+    batch = ["slow [[gate:slow]]", "fast one", "fast two"]
+    order = []
     async with ExecutionSettings(resources=resources, streaming=True):
-        order = [r.index async for r in pipeline(batch)]
+        async for r in pipeline(batch):
+            order.append(r.index)
+            if len(order) == 2:  # both fast ones are out while the slow one's call waits
+                await asyncio.to_thread(fake.open_gate, "slow")
     assert order[-1] == 0  # "as completed (fastest first)"
     async with ExecutionSettings(resources=resources, streaming=True, preserve_order=True):
         results = [r async for r in pipeline(batch)]

@@ -443,6 +443,37 @@ class FakeOpenAIServer(_FakeServerProcess):
         """
         return self._as_dict(self._call("POST", "/_config", config))
 
+    # -- gates: hold requests in flight until the test says so ----------------------------
+    def open_gate(self, name: str) -> None:
+        """Release every request parked at ``[[gate:NAME]]``, and let later ones through."""
+        self._call("POST", "/_gate", {"open": name})
+
+    def close_gate(self, name: str) -> None:
+        """Make later ``[[gate:NAME]]`` requests park again (an opened gate stays open)."""
+        self._call("POST", "/_gate", {"close": name})
+
+    def parked(self, name: str) -> int:
+        """How many requests wait at gate ``name`` right now."""
+        parked = self._as_dict(self._call("GET", "/_gate")).get("parked", {})
+        return int(parked.get(name, 0))
+
+    def wait_parked(self, name: str, count: int, timeout: float = 60.0) -> None:
+        """Return once ``count`` requests wait at gate ``name``.
+
+        The timeout only turns a hang into a failure: the state itself is what a test
+        waits for, so a slow machine only makes the wait longer.
+        """
+        deadline = time.monotonic() + timeout
+        seen = self.parked(name)
+        while seen < count:
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"{count} request(s) never waited at gate {name!r} of the {self._label} "
+                    f"(still {seen} after {timeout:g} s)"
+                )
+            time.sleep(0.005)
+            seen = self.parked(name)
+
 
 class FakeAnthropicServer(_FakeServerProcess):
     """The fake Anthropic Messages API (:mod:`plait.testing.fake_anthropic`) in a child process.

@@ -9,7 +9,9 @@ Replies are a pure function of the request so that tests can predict them:
 * the reply echoes the last user message, prefixed with ``[<system prompt>] `` when a system
   message is present;
 * directives in the last user message steer a single request: ``[[status:429]]``,
-  ``[[latency_ms:250]]`` and ``[[reply:any text]]``;
+  ``[[latency_ms:250]]``, ``[[reply:any text]]`` and ``[[gate:NAME]]``, which parks the
+  request (it counts as in flight) until ``POST /_gate {"open": "NAME"}``; ``/_stats``
+  counts the requests parked at each gate, so a test waits for a state, never for time;
 * a JSON-schema ``response_format`` yields a minimal instance of the schema.
 
 Server-wide behaviour (latency, jitter, random faults) is changed at runtime through
@@ -64,7 +66,7 @@ MODEL_ID: Final = "fake-model"
 #: How many placeholder requests the server keeps (the count goes on beyond it).
 MAX_PLACEHOLDER_RECORDS: Final = 100
 
-_DIRECTIVE = re.compile(r"\[\[(status|latency_ms|reply):(.*?)\]\]", re.DOTALL)
+_DIRECTIVE = re.compile(r"\[\[(status|latency_ms|reply|gate):(.*?)\]\]", re.DOTALL)
 _JSON_HEADERS: Final = {"Content-Type": "application/json"}
 _MAX_SCHEMA_DEPTH: Final = 64
 # Values for string formats that pydantic validates, so structured replies parse as models.
@@ -450,9 +452,10 @@ def _content_text(content: Any) -> str:
 
 
 class _Directives:
-    __slots__ = ("latency_ms", "reply", "status", "text")
+    __slots__ = ("gate", "latency_ms", "reply", "status", "text")
 
     def __init__(self, text: str) -> None:
+        self.gate: str | None = None
         self.status: int | None = None
         self.latency_ms: float | None = None
         self.reply: str | None = None
@@ -478,6 +481,10 @@ class _Directives:
                 if not 0.0 <= latency < math.inf:
                     raise _BadRequest("[[latency_ms:N]] needs a non-negative number")
                 self.latency_ms = latency
+            elif name == "gate":
+                if not value.strip():
+                    raise _BadRequest("[[gate:NAME]] needs a name")
+                self.gate = value.strip()
             else:
                 self.reply = value
         if found:
@@ -497,6 +504,9 @@ class FakeOpenAIApp:
         # Requests that carried a tracing placeholder: never cleared, not even by /_reset.
         self._placeholders: list[dict[str, Any]] = []
         self._placeholder_total = 0
+        # Gates: requests carrying [[gate:NAME]] wait on gates[NAME] until it is opened.
+        self._gates: dict[str, asyncio.Event] = {}
+        self._parked: dict[str, int] = {}
 
     def make_app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -505,6 +515,8 @@ class FakeOpenAIApp:
         app.router.add_get("/_stats", self.stats)
         app.router.add_post("/_reset", self.reset)
         app.router.add_get("/_placeholders", self.placeholders)
+        app.router.add_get("/_gate", self.get_gates)
+        app.router.add_post("/_gate", self.set_gate)
         app.router.add_get("/_config", self.get_config)
         app.router.add_post("/_config", self.set_config)
         return app
@@ -520,6 +532,7 @@ class FakeOpenAIApp:
     async def stats(self, request: web.Request) -> web.Response:
         bodies = request.query.get("bodies", "") not in ("", "0", "false")
         snapshot = self._stats.snapshot(time.monotonic(), bodies=bodies)
+        snapshot["gated"] = dict(self._parked)
         snapshot["placeholder_requests"] = list(self._placeholders)
         snapshot["placeholder_requests_total"] = self._placeholder_total
         return _json_response(snapshot)
@@ -551,7 +564,40 @@ class FakeOpenAIApp:
 
     async def reset(self, request: web.Request) -> web.Response:
         self._stats.reset(time.monotonic())
+        # Open every gate, so a test that failed half-way never leaves requests parked for
+        # the next one; later requests on the same names find closed gates again.
+        for event in self._gates.values():
+            event.set()
+        self._gates.clear()
         return _json_response({"reset": True})
+
+    def _gate(self, name: str) -> asyncio.Event:
+        event = self._gates.get(name)
+        if event is None:
+            event = self._gates[name] = asyncio.Event()
+        return event
+
+    async def get_gates(self, request: web.Request) -> web.Response:
+        opened = sorted(name for name, event in self._gates.items() if event.is_set())
+        return _json_response({"parked": dict(self._parked), "open": opened})
+
+    async def set_gate(self, request: web.Request) -> web.Response:
+        try:
+            body = json.loads(await request.read())
+        except ValueError:
+            return _error_response(400, 'expected {"open": NAME} or {"close": NAME}')
+        if not isinstance(body, dict) or len(body) != 1 or not body.keys() <= {"open", "close"}:
+            return _error_response(400, 'expected {"open": NAME} or {"close": NAME}')
+        action, name = next(iter(body.items()))
+        if not isinstance(name, str) or not name:
+            return _error_response(400, "a gate's name is a non-empty string")
+        if action == "open":
+            self._gate(name).set()
+        else:  # close: later requests park again; those parked keep waiting for an open
+            event = self._gates.get(name)
+            if event is None or event.is_set():
+                self._gates[name] = asyncio.Event()
+        return _json_response({"parked": self._parked.get(name, 0), action: name})
 
     async def get_config(self, request: web.Request) -> web.Response:
         return _json_response(self.config.as_dict())
@@ -652,6 +698,17 @@ class FakeOpenAIApp:
         delay_s -= time.monotonic() - t_start
         if delay_s > 0.0:
             await asyncio.sleep(delay_s)
+        if directives.gate is not None:
+            gate = self._gate(directives.gate)
+            if not gate.is_set():
+                name = directives.gate
+                self._parked[name] = self._parked.get(name, 0) + 1
+                try:
+                    await gate.wait()
+                finally:
+                    self._parked[name] -= 1
+                    if not self._parked[name]:
+                        del self._parked[name]
 
         if drop:
             return None
