@@ -586,9 +586,14 @@ async def test_s000_sequential_summarize_and_analyze(
 async def test_s000_parallel_multi_perspective_analysis(
     fake: FakeOpenAIServer, resources: Any
 ) -> None:
-    fake.configure(latency_ms=200)
     pipeline = MultiPerspectiveAnalysis().bind(resources=resources)
-    result = await pipeline("A new billing page.")
+    # the three calls park at the server's gate: all three reach it before any reply
+    running = asyncio.ensure_future(pipeline("A new billing page. [[gate:three]]"))
+    try:
+        await asyncio.to_thread(fake.wait_parked, "three", 3)
+    finally:
+        await asyncio.to_thread(fake.open_gate, "three")
+    result = await running
     assert result == expected_perspectives("A new billing page.")
     assert sorted(s.system or "" for s in sent(fake)) == sorted(STAGE2)
     assert all(s.model == "llm-model" for s in sent(fake))
@@ -688,21 +693,28 @@ DOCS = ["Document 1 text...", "Document 2 text...", "Document 3 text..."]
 async def test_s000_bound_async_single_and_concurrent_batch(
     fake: FakeOpenAIServer, resources: Any
 ) -> None:
-    fake.configure(latency_ms=100)
     # Bind resources to the module
     pipeline = DeepPipeline().bind(resources=resources)
     # Async execution
     result = await pipeline("Analyze this document...")
     assert result == expected_deep("Analyze this document...")
     fake.reset()
-    # Batch execution - runs CONCURRENTLY, returns list
-    results = await pipeline(
-        [
-            "Document 1 text...",
-            "Document 2 text...",
-            "Document 3 text...",
-        ]
+    # Batch execution - runs CONCURRENTLY, returns list: each document's first call
+    # parks at the server's gate, and all three get there before any is answered
+    batch = asyncio.ensure_future(
+        pipeline(
+            [
+                "Document 1 text... [[gate:docs]]",
+                "Document 2 text... [[gate:docs]]",
+                "Document 3 text... [[gate:docs]]",
+            ]
+        )
     )
+    try:
+        await asyncio.to_thread(fake.wait_parked, "docs", 3)
+    finally:
+        await asyncio.to_thread(fake.open_gate, "docs")
+    results = await batch
     assert results == [expected_deep(doc) for doc in DOCS]
     assert fake.stats()["max_in_flight"] >= 3
 
@@ -910,13 +922,18 @@ async def test_s000_run_with_max_concurrent_and_checkpoint_dir(
 async def test_s000_run_max_concurrent_caps_calls_in_flight(
     fake: FakeOpenAIServer, resources: Any
 ) -> None:
-    fake.configure(latency_ms=100)
     result = await run(MultiPerspectiveAnalysis(), "x", resources=resources, max_concurrent=1)
     assert result == expected_perspectives("x")
     assert fake.stats()["max_in_flight"] == 1
     fake.reset()
     bound = MultiPerspectiveAnalysis().bind(resources=resources, max_concurrent=2)
-    assert await bound("y") == expected_perspectives("y")
+    running = asyncio.ensure_future(bound("y [[gate:two]]"))
+    try:
+        await asyncio.to_thread(fake.wait_parked, "two", 2)  # two of the three, no more
+        assert fake.stats()["in_flight"] == 2
+    finally:
+        await asyncio.to_thread(fake.open_gate, "two")
+    assert await running == expected_perspectives("y")
     assert fake.stats()["max_in_flight"] == 2
 
 
