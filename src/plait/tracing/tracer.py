@@ -83,41 +83,30 @@ class TracingError(TypeError):
     """Something in ``forward()`` needs a value that only exists when the graph runs."""
 
 
-class TracedValue(str):
-    """Placeholder for a leaf call's output while ``forward()`` is being traced."""
+class _Placeholder(str):
+    """A stand-in, while tracing, for a value that is only read when the graph runs.
 
-    _plait_node: int
+    Its text is a placeholder token, so text use (f-strings, ``+``, ``%``,
+    ``str.format``, ``join``, ``repr``) carries it into strings the tracer parses
+    back into dependencies; indexing and ``str`` methods are recorded and applied
+    to the real value later.  Questions whose answer would be read off the token
+    (truth tests, ``len``, comparisons, iteration) raise `TracingError`.
+    """
+
     _plait_tracer: Tracer
-    _plait_path: str
-
-    def __new__(cls, tracer: Tracer, node: int, path: str) -> TracedValue:
-        self = super().__new__(cls, f"{_OPEN}{_MARK}{tracer.serial}:n{node}{_CLOSE}")
-        self.__dict__["_plait_node"] = node
-        self.__dict__["_plait_tracer"] = tracer
-        self.__dict__["_plait_path"] = path
-        return self
+    _iteration = "iteration"
 
     @property
-    def ref(self) -> str:
-        return f"node:{self._plait_node}"
+    def _plait_path(self) -> str:
+        raise NotImplementedError
 
-    @property
-    def payload(self) -> NoReturn:
-        self._refuse("reading .payload")
+    def _refuse(self, what: str) -> NoReturn:
+        raise NotImplementedError
 
     # -- deferred operations: recorded as nodes, applied to the real value later ----
     def __getitem__(self, key: Any) -> TracedValue:
-        return self._plait_tracer.record_op(
-            operator.getitem, (self, key), f"{self._plait_path}[{key!r}]"
-        )
-
-    def __getattr__(self, name: str) -> TracedValue:
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return self._plait_tracer.record_op(getattr, (self, name), f"{self._plait_path}.{name}")
-
-    def __call__(self, *args: Any, **kwargs: Any) -> TracedValue:
-        return self._plait_tracer.record_op(_call, (self, *args), f"{self._plait_path}()", kwargs)
+        path = f"{self._plait_path}[{key!r}]"
+        return self._plait_tracer.record_op(operator.getitem, (self, key), path)
 
     # -- text: keep the token, so the dependency survives ------------------------------
     def __str__(self) -> str:
@@ -129,17 +118,9 @@ class TracedValue(str):
         return str.__str__(self)
 
     def __repr__(self) -> str:
-        # str(dict_of_outputs), f"{x!r}", pprint: a placeholder that resolves to
-        # repr(real value), so the text is exactly what Python would have made of it.
-        return f"{_OPEN}{_MARK}{self._plait_tracer.serial}:n{self._plait_node}r{_CLOSE}"
-
-    def __copy__(self) -> TracedValue:
-        return self
-
-    def __deepcopy__(self, memo: Any) -> TracedValue:
-        return self
-
-    __hash__ = object.__hash__
+        # str(dict_of_outputs), f"{x!r}": a token that resolves to repr(real value), so
+        # the text is exactly what Python would have made of the real value.
+        return str.__str__(self)[:-1] + "r" + _CLOSE
 
     # -- questions about the value: not answerable while tracing -----------------------
     def __bool__(self) -> NoReturn:
@@ -149,7 +130,7 @@ class TracedValue(str):
         self._refuse("len()")
 
     def __iter__(self) -> NoReturn:
-        self._refuse("iteration or unpacking (index it instead: out[0], out['key'])")
+        self._refuse(self._iteration)
 
     def __contains__(self, item: object) -> NoReturn:
         self._refuse("'in'")
@@ -172,6 +153,48 @@ class TracedValue(str):
     def __ge__(self, other: object) -> NoReturn:
         self._refuse("a comparison (>=)")
 
+
+class TracedValue(_Placeholder):
+    """Placeholder for a leaf call's output while ``forward()`` is being traced."""
+
+    _plait_node: int
+    _iteration = "iteration or unpacking (index it instead: out[0], out['key'])"
+
+    def __new__(cls, tracer: Tracer, node: int, path: str) -> TracedValue:
+        self = super().__new__(cls, f"{_OPEN}{_MARK}{tracer.serial}:n{node}{_CLOSE}")
+        self.__dict__["_plait_node"] = node
+        self.__dict__["_plait_tracer"] = tracer
+        self.__dict__["_plait_label"] = path
+        return self
+
+    @property
+    def _plait_path(self) -> str:
+        return str(self.__dict__["_plait_label"])
+
+    @property
+    def ref(self) -> str:
+        return f"node:{self._plait_node}"
+
+    @property
+    def payload(self) -> NoReturn:
+        self._refuse("reading .payload")
+
+    def __getattr__(self, name: str) -> TracedValue:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return self._plait_tracer.record_op(getattr, (self, name), f"{self._plait_path}.{name}")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> TracedValue:
+        return self._plait_tracer.record_op(_call, (self, *args), f"{self._plait_path}()", kwargs)
+
+    def __copy__(self) -> TracedValue:
+        return self
+
+    def __deepcopy__(self, memo: Any) -> TracedValue:
+        return self
+
+    __hash__ = object.__hash__
+
     def _refuse(self, what: str) -> NoReturn:
         raise TracingError(
             f"the output of {self._plait_path!r} was used in {what} while tracing, but it has "
@@ -180,6 +203,53 @@ class TracedValue(str):
             "(await self.llm(x)) still go through plait's runtime, limits and handlers. "
             "Plain text use (f-strings, +, str.format, str.join) and indexing are fine"
         )
+
+
+class LiftedParameter(_Placeholder):
+    """What ``param.value`` (or ``str(param)``) is while ``forward()`` is traced: the
+    parameter stays in the graph (visible to backward and the optimizer), read as it
+    is when each input starts."""
+
+    _plait_param: Parameter
+
+    def __new__(cls, token: str, param: Parameter, tracer: Tracer) -> LiftedParameter:
+        self = super().__new__(cls, token)
+        self._plait_param = param
+        self._plait_tracer = tracer
+        return self
+
+    @property
+    def _plait_path(self) -> str:
+        return f"param:{self._plait_param.qualified_name}"
+
+    __hash__ = str.__hash__
+
+    def _refuse(self, what: str) -> NoReturn:
+        raise TracingError(
+            f"{self._plait_path!r} was used in {what} while tracing forward(); its value is "
+            "read when each input starts (so an optimizer step never changes an input "
+            "half-way), and here it is a placeholder. Use it in text (f-strings, +, "
+            "str.format, join), call its str methods, or pass it to a module; to branch "
+            "on its value, do so in an `async def forward`, or outside forward()"
+        )
+
+
+def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    return fn(*args, **kwargs)
+
+
+def _deferred_method(name: str) -> property:
+    def get(self: _Placeholder) -> TracedValue:
+        return self._plait_tracer.record_op(getattr, (self, name), f"{self._plait_path}.{name}")
+
+    return property(get)
+
+
+# str's own methods would act on the token; make them deferred operations instead.
+for _name in dir(str):
+    if not _name.startswith("_"):
+        setattr(_Placeholder, _name, _deferred_method(_name))
+del _name
 
 
 def _select(value: Any, where: tuple[Any, ...]) -> Any:
@@ -197,94 +267,6 @@ def _pin(param: Parameter) -> None:
     snapshot = _parameter_snapshot.get()
     if snapshot is not None and id(param) not in snapshot:
         snapshot[id(param)] = param._value
-
-
-class LiftedParameter(str):
-    """What ``param.value`` (or ``str(param)``) is while ``forward()`` is traced.
-
-    Its text is a placeholder, so f-strings, ``+``, ``str.format`` and ``join`` keep
-    the parameter in the graph (visible to backward and the optimizer), and its
-    ``str`` methods and indexing are recorded and applied to the value each input
-    runs with.  Questions whose answer would be read off the placeholder (``len``,
-    ``==``, truth tests) raise.
-    """
-
-    _plait_param: Parameter
-    _plait_tracer: Tracer
-
-    def __new__(cls, token: str, param: Parameter, tracer: Tracer) -> LiftedParameter:
-        self = super().__new__(cls, token)
-        self._plait_param = param
-        self._plait_tracer = tracer
-        return self
-
-    @property
-    def _plait_path(self) -> str:
-        return f"param:{self._plait_param.qualified_name}"
-
-    def __str__(self) -> str:
-        return str.__str__(self)
-
-    def __repr__(self) -> str:
-        # like a traced output's: resolves to repr() of the value the input runs with
-        return str.__str__(self)[:-1] + "r" + _CLOSE
-
-    def __format__(self, spec: str) -> str:
-        if spec:
-            self._refuse(f"formatting with the spec {spec!r}")
-        return str.__str__(self)
-
-    __hash__ = str.__hash__
-
-    def __getitem__(self, key: Any) -> TracedValue:
-        path = f"{self._plait_path}[{key!r}]"
-        return self._plait_tracer.record_op(operator.getitem, (self, key), path)
-
-    def _refuse(self, what: str) -> NoReturn:
-        raise TracingError(
-            f"{self._plait_path!r} was used in {what} while tracing forward(); its value is "
-            "read when each input starts (so an optimizer step never changes an input "
-            "half-way), and here it is a placeholder. Use it in text (f-strings, +, "
-            "str.format, join), call its str methods, or pass it to a module; to branch "
-            "on its value, do so in an `async def forward`, or outside forward()"
-        )
-
-    def __bool__(self) -> NoReturn:
-        self._refuse("a truth test")
-
-    def __len__(self) -> NoReturn:
-        self._refuse("len()")
-
-    def __iter__(self) -> NoReturn:
-        self._refuse("iteration")
-
-    def __contains__(self, item: object) -> NoReturn:
-        self._refuse("'in'")
-
-    def __eq__(self, other: object) -> NoReturn:
-        self._refuse("a comparison (==)")
-
-    def __ne__(self, other: object) -> NoReturn:
-        self._refuse("a comparison (!=)")
-
-
-def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    return fn(*args, **kwargs)
-
-
-def _deferred_method(name: str) -> property:
-    def get(self: TracedValue | LiftedParameter) -> TracedValue:
-        return self._plait_tracer.record_op(getattr, (self, name), f"{self._plait_path}.{name}")
-
-    return property(get)
-
-
-# str's own methods would act on the token; make them deferred operations instead.
-for _name in dir(str):
-    if not _name.startswith("_"):
-        setattr(TracedValue, _name, _deferred_method(_name))
-        setattr(LiftedParameter, _name, _deferred_method(_name))
-del _name
 
 
 def module_paths(root: Module) -> dict[int, str]:
