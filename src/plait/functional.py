@@ -187,20 +187,10 @@ async def chat_complete(
     provider as it is.
     """
     _check_call(alias, temperature, max_tokens, response_format, name, extra)
-    checked, failed = _checked_messages(messages)
     site = _CallSite(resources, name, "chat_complete")
-    site.check_alias(alias)
-    if failed is not None:
-        return error_value(failed.payload, module_path=site.name, cause=failed)
-    request = LLMRequest(
-        alias=alias,
-        messages=checked,
-        temperature=temperature,
-        max_tokens=max_tokens,
-        response_format=response_format,
-        extra=dict(extra),
+    return await _send_messages(
+        site, alias, messages, temperature, max_tokens, response_format, extra
     )
-    return await site.invoke(request)
 
 
 async def complete(
@@ -230,8 +220,23 @@ async def complete(
     if system is not None and system != "":
         messages.append({"role": "system", "content": _prompt_content(system, "system")})
     messages.append({"role": "user", "content": _prompt_content(prompt, "prompt")})
-    checked, failed = _checked_messages(messages)
     site = _CallSite(resources, name, "complete")
+    return await _send_messages(
+        site, alias, messages, temperature, max_tokens, response_format, extra
+    )
+
+
+async def _send_messages(
+    site: _CallSite,
+    alias: str,
+    messages: Any,
+    temperature: float | None,
+    max_tokens: int | None,
+    response_format: Any,
+    extra: dict[str, Any],
+) -> Value:
+    """Check the messages and the alias, then make the one request both calls describe."""
+    checked, failed = _checked_messages(messages)
     site.check_alias(alias)
     if failed is not None:
         return error_value(failed.payload, module_path=site.name, cause=failed)
