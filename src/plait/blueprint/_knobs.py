@@ -32,38 +32,34 @@ def _alias(value: Any) -> str:
     return value.strip()
 
 
-def _temperature(value: Any) -> float | None:
-    if value is None:
-        return None
+def _optional_number(value: Any, kind: type, ok: Callable[[Any], bool], expected: str) -> Any:
+    """``value`` (or its text, as a command line gives it) as ``kind``, or None."""
     if isinstance(value, str):
         text = value.strip().lower()
         if text in ("none", "null", ""):
             return None
         try:
-            value = float(text)
+            value = kind(text)
         except ValueError:
-            raise CastError(f"expected a number or none, got {value!r}") from None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise CastError(f"expected a number or none, got {value!r}")
-    if value < 0:
-        raise CastError(f"a temperature is not negative, got {value!r}")
-    return float(value)
+            raise CastError(f"expected {expected} or none, got {value!r}") from None
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not ok(value):
+        raise CastError(f"expected {expected} or none, got {value!r}")
+    return kind(value)
+
+
+def _temperature(value: Any) -> float | None:
+    result: float | None = _optional_number(value, float, lambda t: t >= 0, "a number >= 0")
+    return result
 
 
 def _max_tokens(value: Any) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, str):
-        text = value.strip().lower()
-        if text in ("none", "null", ""):
-            return None
-        try:
-            value = int(text)
-        except ValueError:
-            raise CastError(f"expected a positive whole number or none, got {value!r}") from None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise CastError(f"expected a positive whole number or none, got {value!r}")
-    return value
+    def whole(n: Any) -> bool:
+        return isinstance(n, int) and n >= 1
+
+    result: int | None = _optional_number(value, int, whole, "a positive whole number")
+    return result
 
 
 def _system_prompt(value: Any) -> str:
