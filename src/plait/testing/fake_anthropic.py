@@ -37,8 +37,8 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from plait.testing import ANTHROPIC_API_KEY_ENV, ANTHROPIC_READY_PREFIX, find_placeholder
-from plait.testing.fake_openai import MAX_PLACEHOLDER_RECORDS, estimate_tokens, schema_instance
+from plait.testing import ANTHROPIC_API_KEY_ENV, ANTHROPIC_READY_PREFIX
+from plait.testing.fake_openai import PlaceholderLog, estimate_tokens, schema_instance
 
 __all__ = ["RETRY_AFTER_S", "FakeAnthropicApp", "main"]
 
@@ -127,8 +127,7 @@ class FakeAnthropicApp:
         self._records: list[dict[str, Any]] = []
         self._messages = 0
         # Requests that carried a tracing placeholder: never cleared, not even by /_reset.
-        self._placeholders: list[dict[str, Any]] = []
-        self._placeholder_total = 0
+        self.placeholders_seen = PlaceholderLog("fake Anthropic server")
 
     def make_app(self) -> web.Application:
         app = web.Application()
@@ -147,36 +146,13 @@ class FakeAnthropicApp:
                 "requests_total": len(self._records),
                 "status_counts": counts,
                 "requests": self._records,
-                "placeholder_requests": self._placeholders,
-                "placeholder_requests_total": self._placeholder_total,
+                "placeholder_requests": list(self.placeholders_seen.records),
+                "placeholder_requests_total": self.placeholders_seen.total,
             }
         )
 
     async def placeholders(self, request: web.Request) -> web.Response:
-        return web.json_response({"total": self._placeholder_total, "requests": self._placeholders})
-
-    def _check_placeholder(self, raw: bytes, endpoint: str) -> None:
-        """Record a request whose body holds a tracing placeholder (and say so on stderr)."""
-        found = find_placeholder(raw)
-        if found is None:
-            return
-        self._placeholder_total += 1
-        model = None
-        try:
-            parsed = json.loads(raw)
-        except ValueError:
-            parsed = None
-        if isinstance(parsed, dict) and isinstance(parsed.get("model"), str):
-            model = parsed["model"]
-        record = {"seq": self._placeholder_total, "endpoint": endpoint, "model": model, **found}
-        if len(self._placeholders) < MAX_PLACEHOLDER_RECORDS:
-            self._placeholders.append(record)
-        print(
-            f"fake Anthropic server: request {endpoint} holds a tracing placeholder at "
-            f"{found['where']}: {found['excerpt']!r}",
-            file=sys.stderr,
-            flush=True,
-        )
+        return web.json_response(self.placeholders_seen.as_dict())
 
     async def reset(self, request: web.Request) -> web.Response:
         self._records = []
@@ -191,7 +167,7 @@ class FakeAnthropicApp:
 
     async def _answer(self, request: web.Request, record: dict[str, Any]) -> web.Response:
         raw = await request.read()
-        self._check_placeholder(raw, request.path)
+        self.placeholders_seen.check(raw, request.path)
         # Older SDKs send the key as x-api-key, newer ones as a bearer token; the API takes both.
         given = request.headers.get("x-api-key")
         bearer = request.headers.get("Authorization", "")

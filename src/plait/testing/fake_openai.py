@@ -66,6 +66,45 @@ MODEL_ID: Final = "fake-model"
 #: How many placeholder requests the server keeps (the count goes on beyond it).
 MAX_PLACEHOLDER_RECORDS: Final = 100
 
+
+class PlaceholderLog:
+    """Requests whose body held a tracing placeholder, kept for the test harness.
+
+    Never cleared (not even by ``/_reset``), so a test cannot hide one; both fake
+    servers keep one and say so on stderr as each arrives.
+    """
+
+    def __init__(self, server: str) -> None:
+        self.server = server
+        self.total = 0
+        self.records: list[dict[str, Any]] = []
+
+    def check(self, raw: bytes, endpoint: str) -> None:
+        found = find_placeholder(raw)
+        if found is None:
+            return
+        self.total += 1
+        parsed = _parsed_body(raw)
+        model = parsed.get("model") if isinstance(parsed, dict) else None
+        record = {
+            "seq": self.total,
+            "endpoint": endpoint,
+            "model": model if isinstance(model, str) else None,
+            **found,
+        }
+        if len(self.records) < MAX_PLACEHOLDER_RECORDS:
+            self.records.append(record)
+        print(
+            f"{self.server}: request {endpoint} holds a tracing placeholder at "
+            f"{found['where']}: {found['excerpt']!r}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"total": self.total, "requests": list(self.records)}
+
+
 _DIRECTIVE = re.compile(r"\[\[(status|latency_ms|reply|gate):(.*?)\]\]", re.DOTALL)
 _JSON_HEADERS: Final = {"Content-Type": "application/json"}
 _MAX_SCHEMA_DEPTH: Final = 64
@@ -501,9 +540,7 @@ class FakeOpenAIApp:
         self._auth = f"Bearer {api_key}".encode() if api_key else None
         self._stats = _Stats(time.monotonic())
         self._completions = 0
-        # Requests that carried a tracing placeholder: never cleared, not even by /_reset.
-        self._placeholders: list[dict[str, Any]] = []
-        self._placeholder_total = 0
+        self.placeholders_seen = PlaceholderLog("fake OpenAI server")
         # Gates: requests carrying [[gate:NAME]] wait on gates[NAME] until it is opened.
         self._gates: dict[str, asyncio.Event] = {}
         self._parked: dict[str, int] = {}
@@ -533,34 +570,12 @@ class FakeOpenAIApp:
         bodies = request.query.get("bodies", "") not in ("", "0", "false")
         snapshot = self._stats.snapshot(time.monotonic(), bodies=bodies)
         snapshot["gated"] = dict(self._parked)
-        snapshot["placeholder_requests"] = list(self._placeholders)
-        snapshot["placeholder_requests_total"] = self._placeholder_total
+        snapshot["placeholder_requests"] = list(self.placeholders_seen.records)
+        snapshot["placeholder_requests_total"] = self.placeholders_seen.total
         return _json_response(snapshot)
 
     async def placeholders(self, request: web.Request) -> web.Response:
-        return _json_response(
-            {"total": self._placeholder_total, "requests": list(self._placeholders)}
-        )
-
-    def _check_placeholder(self, raw: bytes, endpoint: str) -> None:
-        """Record a request whose body holds a tracing placeholder (and say so on stderr)."""
-        found = find_placeholder(raw)
-        if found is None:
-            return
-        self._placeholder_total += 1
-        model = None
-        parsed = _parsed_body(raw)
-        if isinstance(parsed, dict) and isinstance(parsed.get("model"), str):
-            model = parsed["model"]
-        record = {"seq": self._placeholder_total, "endpoint": endpoint, "model": model, **found}
-        if len(self._placeholders) < MAX_PLACEHOLDER_RECORDS:
-            self._placeholders.append(record)
-        print(
-            f"fake OpenAI server: request {endpoint} holds a tracing placeholder at "
-            f"{found['where']}: {found['excerpt']!r}",
-            file=sys.stderr,
-            flush=True,
-        )
+        return _json_response(self.placeholders_seen.as_dict())
 
     async def reset(self, request: web.Request) -> web.Response:
         self._stats.reset(time.monotonic())
@@ -667,7 +682,7 @@ class FakeOpenAIApp:
         """
         raw = await request.read()
         outcome.body = raw
-        self._check_placeholder(raw, request.path)
+        self.placeholders_seen.check(raw, request.path)
         if not self._authorized(request):
             has_key = "Authorization" in request.headers
             message = "Incorrect API key provided." if has_key else "You didn't provide an API key."
