@@ -48,6 +48,19 @@ class Two(plait.Module):
 
 
 # -- 1. no placeholder ever reaches a model --------------------------------------------
+class Converting(plait.Module):
+    """Seed 000's DeepPipeline shape: stage3 reads stage2's dict of outputs as text."""
+
+    def __init__(self, convert: Any) -> None:
+        super().__init__()
+        self.convert = convert
+        self.stage2 = Two()
+        self.stage3 = Echo("s3")
+
+    def forward(self, text: str) -> Any:
+        return self.stage3(self.convert(self.stage2(text)))
+
+
 TEXT = 'he said "hi"\n'
 REAL = {"technical": f"[t] {TEXT}", "business": f"[b] {TEXT}"}
 
@@ -70,16 +83,7 @@ REAL = {"technical": f"[t] {TEXT}", "business": f"[b] {TEXT}"}
 def test_text_made_from_outputs_through_a_container_is_exactly_pythons(
     server: FakeOpenAIServer, name: str, convert: Any
 ) -> None:
-    class Deep(plait.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.stage2 = Two()
-            self.stage3 = Echo("s3")
-
-        def forward(self, text: str) -> Any:
-            return self.stage3(convert(self.stage2(text)))
-
-    out = Deep().bind(resources=make_resources(server)).run_sync(TEXT)
+    out = Converting(convert).bind(resources=make_resources(server)).run_sync(TEXT)
     assert out == f"[s3] {convert(REAL)}", name
     seen = bodies(server)
     assert [b["system"] for b in seen][-1] == "s3"  # stage3 waited for both of stage2's calls
@@ -97,17 +101,8 @@ def test_text_made_from_outputs_through_a_container_is_exactly_pythons(
 def test_text_plait_cannot_reproduce_is_a_tracing_error(
     server: FakeOpenAIServer, name: str, convert: Any, says: str
 ) -> None:
-    class Bad(plait.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.stage2 = Two()
-            self.stage3 = Echo("s3")
-
-        def forward(self, text: str) -> Any:
-            return self.stage3(convert(self.stage2(text)))
-
     with pytest.raises(plait.ExecutionError) as info:
-        Bad().bind(resources=make_resources(server)).run_sync("x")
+        Converting(convert).bind(resources=make_resources(server)).run_sync("x")
     assert isinstance(info.value.__cause__, TracingError), name
     assert says in str(info.value)
     assert [b["system"] for b in bodies(server)].count("s3") == 0
