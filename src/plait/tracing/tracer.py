@@ -359,7 +359,8 @@ class Tracer(Handler):
         Its forward sees its arguments as read from ``enter`` (so a handler that
         rewrites them in ``process`` is obeyed) and its caller sees its output as
         read from ``exit`` (so ``postprocess`` rewrites are too); both keep the
-        structure of what was passed and returned.
+        structure of what was passed and returned.  Only the traced parts are read
+        through the brackets: constants in the arguments or output stay as written.
         """
         path = self.path_of(module)
         deps: set[int] = set()
