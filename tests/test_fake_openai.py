@@ -501,3 +501,19 @@ def test_a_client_that_leaves_while_parked_is_counted_and_not_leaked(
 
 def test_a_gate_needs_a_name(server: FakeOpenAIServer) -> None:
     assert chat(server, user("x [[gate: ]]")).status == 400
+
+
+def test_a_lone_surrogate_is_answered_not_a_server_error(server: FakeOpenAIServer) -> None:
+    # JSON may carry a lone surrogate as an escape; UTF-8 cannot encode it
+    raw = b'{"model": "m", "messages": [{"role": "user", "content": "bad \\ud800 text"}]}'
+    request = urllib.request.Request(
+        f"{server.base_url}/chat/completions",
+        data=raw,
+        method="POST",
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        assert response.status == 200
+        reply = json.loads(response.read())
+    assert reply["choices"][0]["message"]["content"] == "bad \ud800 text"
+    assert server.stats()["status_counts"] == {"200": 1}

@@ -145,12 +145,13 @@ def request_key(model: str, messages: Any) -> str:
     """Identity of a request in ``/_stats``: lets tests count repeats of the same prompt.
 
     It is the first 16 hex digits of the SHA-256 of the canonical JSON (sorted keys, no
-    whitespace, UTF-8) of ``[model, messages]``.
+    whitespace, UTF-8) of ``[model, messages]``.  A lone surrogate (which JSON can
+    carry as ``\\ud800`` but UTF-8 cannot) is hashed by its code point, not refused.
     """
     canonical = json.dumps(
         [model, messages], sort_keys=True, separators=(",", ":"), ensure_ascii=False
     )
-    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
+    return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
 def schema_instance(schema: Any) -> Any:
