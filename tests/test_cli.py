@@ -698,3 +698,20 @@ def test_make_from_argv_builds_from_a_scripts_arguments_and_answers_help(tmp_pat
     bad = subprocess.run([*run, "compare.max_tokens=0"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2
     assert "compare.max_tokens (from command line): expected a positive whole number" in bad.stderr
+
+
+@pytest.mark.parametrize("flag", ["--output", "--profile"])
+def test_a_run_never_writes_over_its_input(
+    server: FakeOpenAIServer, res: Path, tmp_path: Path, flag: str
+) -> None:
+    inputs = jsonl(tmp_path / "in.jsonl", ["a", "b"])
+    before = inputs.read_bytes()
+    link = tmp_path / "same.jsonl"
+    link.symlink_to(inputs)
+    for target in (inputs, link, tmp_path / "." / "in.jsonl"):
+        others = ["-o", str(tmp_path / "out.jsonl")] if flag == "--profile" else []
+        done = cli("run", FAN, "-i", inputs, flag, target, *others, "--resources", res)
+        assert done.returncode == 2, done.stderr
+        assert f"{flag} {target} is the input file" in done.stderr
+        assert inputs.read_bytes() == before
+    assert server.stats()["requests_total"] == 0

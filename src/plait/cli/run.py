@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import shutil
 import sys
 import time
@@ -150,6 +151,7 @@ class _Command:
             raise UsageError("--checkpoint and --no-checkpoint contradict each other; drop one")
         if ns.input == "-" and _interactive(sys.stdin):
             raise UsageError("no inputs: give --input FILE, or pipe them to stdin (--input -)")
+        _refuse_to_clobber(ns)
         module = Target(ns.target, ns.assignments).make()
         source = open_inputs(ns.input, ns.format, ns.field, module.forward)
         try:
@@ -488,6 +490,29 @@ def _show(command: dict[str, Any]) -> str:
 def _clip(text: str, limit: int = 160) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _refuse_to_clobber(ns: argparse.Namespace) -> None:
+    """Refuse, before anything is opened for writing, a file the run writes that is its
+    input: truncating it would destroy the inputs before they are read."""
+    if ns.input == "-":
+        return
+    source = Path(ns.input)
+    for flag, target in (("--output", ns.output), ("--profile", ns.profile)):
+        if target in (None, "-"):
+            continue
+        if _same_file(source, Path(target)):
+            raise UsageError(
+                f"{flag} {target} is the input file {ns.input}: writing it would destroy "
+                f"the inputs before they are read; give {flag} another path"
+            )
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)  # links and hard links too
+    except OSError:  # one of them does not exist yet
+        return a.resolve() == b.resolve()
 
 
 def _interactive(stream: Any) -> bool:
