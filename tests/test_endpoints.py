@@ -265,3 +265,30 @@ def test_retry_after_pauses_every_sender(server: FakeOpenAIServer) -> None:
     assert len(later) == 6
     # after the first 429 nothing is sent until its Retry-After has passed
     assert all(r["t_start"] >= first_429 + 0.4 * 0.95 for r in records[1:])
+
+
+async def test_an_hour_long_retry_after_never_stalls_the_endpoint(
+    server: FakeOpenAIServer,
+) -> None:
+    import asyncio
+
+    server.configure(retry_after_s=3600.0)  # every 429 asks for an hour
+    resources = make_resources(server, model="hour-long-429", max_retries=2, max_retry_after_s=0.05)
+    pipeline = Echo("e").bind(resources=resources)
+    # the guard only turns an hour's stall into a failure; nothing here is timed
+    outs = await asyncio.wait_for(pipeline(["[[status:429]]stuck", "b", "c"]), 120)
+    assert outs[1:] == ["[e] b", "[e] c"]  # the others went on
+    failed = outs[0]
+    assert isinstance(failed, plait.Value) and failed.is_error
+    message = failed.meta["message"]
+    assert "gave up after 3 attempts" in message
+    assert (
+        "asked to wait 3600 s (Retry-After), more than this alias's max_retry_after_s=0.05"
+        in message
+    )
+    assert server.stats()["status_counts"] == {"429": 3, "200": 2}
+
+
+def test_max_retry_after_must_be_positive() -> None:
+    with pytest.raises(plait.ConfigurationError, match="max_retry_after_s"):
+        plait.ResourceConfig({"a": {"model": "m", "max_retry_after_s": 0}})

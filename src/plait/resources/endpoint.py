@@ -38,13 +38,25 @@ def estimate_tokens(request: LLMRequest) -> int:
     return chars // 4 + 1 + completion
 
 
-def backoff_delay(attempt: int, retry_after: float | None) -> float:
-    """Full-jitter exponential backoff, never shorter than the server's Retry-After."""
-    ceiling = min(_BACKOFF_CAP_S, _BACKOFF_BASE_S * 2.0 ** (attempt - 1))
+def backoff_delay(attempt: int, retry_after: float | None, cap: float = _BACKOFF_CAP_S) -> float:
+    """Full-jitter exponential backoff, never shorter than the server's Retry-After
+    and never longer than ``cap`` (the endpoint's ``max_retry_after_s``)."""
+    ceiling = min(_BACKOFF_CAP_S, cap, _BACKOFF_BASE_S * 2.0 ** (attempt - 1))
     delay = random.uniform(ceiling / 2, ceiling)
     if retry_after is not None:
-        delay = max(delay, min(retry_after, 60.0))
+        delay = max(delay, min(retry_after, cap))
     return delay
+
+
+def _asked(failure: ProviderError, cap: float) -> str:
+    """Why giving up was right when the server asked for longer pauses than allowed."""
+    wanted = failure.retry_after
+    if failure.status != 429 or wanted is None or wanted <= cap:
+        return ""
+    return (
+        f"; the server asked to wait {wanted:g} s (Retry-After), more than this alias's "
+        f"max_retry_after_s={cap:g}: raise it to wait that long, or try again later"
+    )
 
 
 @dataclass(slots=True)
@@ -154,19 +166,21 @@ class Endpoint:
                     return response
             finally:
                 self.limiter.release()
+            cap = self.config.max_retry_after_s
             if failure.status == 429:
                 usage.rate_limited += 1
-                governor.rate_limited(failure.retry_after)
+                wanted = failure.retry_after
+                governor.rate_limited(None if wanted is None else min(wanted, cap))
             if not failure.retryable or attempt > self.config.max_retries:
                 usage.failed += 1
                 if failure.retryable:
                     raise ProviderError(
-                        f"{failure} (gave up after {attempt} attempts)",
+                        f"{failure} (gave up after {attempt} attempts{_asked(failure, cap)})",
                         status=failure.status,
                         retryable=False,
                     ) from failure
                 raise failure
             usage.retries += 1
             pause = time.monotonic()
-            await asyncio.sleep(backoff_delay(attempt, failure.retry_after))
+            await asyncio.sleep(backoff_delay(attempt, failure.retry_after, cap))
             timing.add("backoff", pause, time.monotonic(), attempt=attempt)
