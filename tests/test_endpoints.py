@@ -292,3 +292,22 @@ async def test_an_hour_long_retry_after_never_stalls_the_endpoint(
 def test_max_retry_after_must_be_positive() -> None:
     with pytest.raises(plait.ConfigurationError, match="max_retry_after_s"):
         plait.ResourceConfig({"a": {"model": "m", "max_retry_after_s": 0}})
+
+
+def test_the_readmes_resources_file_loads_as_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    block = readme.split("```toml\n", 1)[1].split("```", 1)[0]
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-readme")
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-readme")
+    config = plait.ResourceConfig.load(_write(tmp_path, block))
+    fast = config["fast"]
+    assert (fast.max_retries, fast.max_retry_after_s, fast.max_concurrent) == (5, 20, 32)
+    assert config["claude"].provider == "anthropic"
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "resources.toml"
+    path.write_text(text)
+    return path
