@@ -135,6 +135,8 @@ def error_value(
         meta["short_circuited"] = True
         meta["skipped_module_path"] = module_path
         return Value(ValueKind.ERROR, cause.payload, ref=ref, meta=meta)
+    from plait._secrets import scrub
+
     tb = "".join(traceback_module.format_exception(type(exc), exc, exc.__traceback__))
     return Value(
         ValueKind.ERROR,
@@ -142,8 +144,8 @@ def error_value(
         ref=ref,
         meta={
             "error_type": type(exc).__name__,
-            "message": str(exc),
-            "traceback": tb,
+            "message": scrub(str(exc)),  # a credential never reaches an error row or log
+            "traceback": scrub(tb),
             "module_path": module_path,
         },
     )

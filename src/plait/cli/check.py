@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from plait._secrets import looks_like_variable_name, redact_url, register, scrub
 from plait.execution.loop import run_blocking
 from plait.providers import make_provider
 from plait.providers.base import LLMRequest, ProviderError
@@ -79,10 +80,10 @@ class AliasCheck:
         return all(passed for _, passed, _ in self.steps)
 
     def passed(self, step: str, detail: str) -> None:
-        self.steps.append((step, True, detail))
+        self.steps.append((step, True, scrub(detail)))
 
     def failed(self, step: str, detail: str) -> None:
-        self.steps.append((step, False, detail))
+        self.steps.append((step, False, scrub(detail)))
 
     def problem(self) -> str:
         for step, passed, detail in self.steps:
@@ -177,7 +178,7 @@ def _describe(config: EndpointConfig) -> str:
     if config.provider == "local":
         return f"local/{config.model or 'default'}"
     url = config.base_url or DEFAULT_URLS.get(config.provider, "")
-    return f"{config.provider}/{config.model} @ {url}"
+    return f"{config.provider}/{config.model} @ {redact_url(url)}"
 
 
 def _key(result: AliasCheck, config: EndpointConfig) -> bool:
@@ -187,14 +188,25 @@ def _key(result: AliasCheck, config: EndpointConfig) -> bool:
     if config.api_key is not None:
         result.passed("key", "set in the file (not shown)")
         return True
-    if config.api_key_env is not None:
-        if os.environ.get(config.api_key_env):
-            result.passed("key", f"from ${config.api_key_env}")
+    env = config.api_key_env
+    if env is not None:
+        if not looks_like_variable_name(env):
+            register(env)  # it may be the key itself: never shown
+            result.failed(
+                "key",
+                f"api_key_env must be the name of an environment variable, and what it holds "
+                f"({len(env)} characters, not shown) is not one: export the key as a variable "
+                "and name that variable here",
+            )
+            return False
+        value = os.environ.get(env)
+        if value and value.strip():
+            register(value)
+            result.passed("key", f"from ${env}")
             return True
+        state = "is not set" if value is None else "is set but empty"
         result.failed(
-            "key",
-            f"the environment variable {config.api_key_env} (api_key_env) is not set; export "
-            "it before running",
+            "key", f"the environment variable {env} (api_key_env) {state}; export it before running"
         )
         return False
     if config.provider == "anthropic":
@@ -240,12 +252,12 @@ async def _reachable(result: AliasCheck, config: EndpointConfig, timeout: float)
     parts = urlsplit(url)
     host = parts.hostname
     if not host or parts.scheme not in ("http", "https"):
-        result.failed("endpoint", f"base_url {url!r} is not an http(s) URL")
+        result.failed("endpoint", f"base_url {redact_url(url)!r} is not an http(s) URL")
         return False
     try:
         port = parts.port or (443 if parts.scheme == "https" else 80)
     except ValueError:
-        result.failed("endpoint", f"base_url {url!r} has an invalid port")
+        result.failed("endpoint", f"base_url {redact_url(url)!r} has an invalid port")
         return False
     started = time.monotonic()
     try:

@@ -21,6 +21,7 @@ import weakref
 from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any
 
+from plait._secrets import redact_url, scrub
 from plait.providers.base import LLMRequest, LLMResponse, ProviderError, Usage, status_error
 from plait.resources.config import ConfigurationError, EndpointConfig
 from plait.structured import schema_name, wire_schema
@@ -99,7 +100,8 @@ class AnthropicProvider:
             )
 
     def __repr__(self) -> str:
-        where = f", base_url={self.config.base_url!r}" if self.config.base_url else ""
+        shown = redact_url(self.config.base_url) if self.config.base_url else ""
+        where = f", base_url={shown!r}" if shown else ""
         return f"AnthropicProvider(model={self.config.model!r}{where})"
 
     def _new_client(self) -> anthropic.AsyncAnthropic:
@@ -179,17 +181,20 @@ class AnthropicProvider:
             raise _http_error(exc) from exc
         except anthropic.APITimeoutError as exc:
             raise ProviderError(
-                f"request to {client.base_url} timed out after {self.config.timeout} s",
+                f"request to {redact_url(str(client.base_url))} timed out after "
+                f"{self.config.timeout} s",
                 retryable=True,
             ) from exc
         except anthropic.APIConnectionError as exc:
             cause = exc.__cause__
             detail = f"{type(cause).__name__}: {cause}" if cause is not None else exc.message
             raise ProviderError(
-                f"connection to {client.base_url} failed: {detail}", retryable=True
+                f"connection to {redact_url(str(client.base_url))} failed: {scrub(detail)}",
+                retryable=True,
             ) from exc
         except anthropic.APIError as exc:
-            raise ProviderError(f"unusable reply from {client.base_url}: {exc.message}") from exc
+            where = redact_url(str(client.base_url))
+            raise ProviderError(f"unusable reply from {where}: {scrub(exc.message)}") from exc
         return self._response(message, request)
 
     def _response(self, message: Message, request: LLMRequest) -> LLMResponse:

@@ -13,6 +13,7 @@ from typing import Any
 
 import aiohttp
 
+from plait._secrets import redact_url, scrub
 from plait.providers.base import LLMRequest, LLMResponse, ProviderError, Usage, status_error
 from plait.providers.http import get_session
 from plait.resources.config import EndpointConfig
@@ -30,6 +31,8 @@ class OpenAIProvider:
         self.config = config
         base = (config.base_url or DEFAULT_BASE_URL).rstrip("/")
         self.url = f"{base}/chat/completions"
+        #: What messages show: credentials in the URL are hidden.
+        self.shown_url = redact_url(self.url)
         self._headers = {"Content-Type": "application/json"}
         key = config.resolved_api_key()
         if key:
@@ -37,7 +40,7 @@ class OpenAIProvider:
         self._timeout = aiohttp.ClientTimeout(total=config.timeout)
 
     def __repr__(self) -> str:
-        return f"OpenAIProvider(model={self.config.model!r}, url={self.url!r})"
+        return f"OpenAIProvider(model={self.config.model!r}, url={self.shown_url!r})"
 
     def _payload(self, request: LLMRequest) -> dict[str, Any]:
         body: dict[str, Any] = {"model": self.config.model, "messages": request.messages}
@@ -70,11 +73,13 @@ class OpenAIProvider:
                     raise _http_error(resp.status, raw, resp.headers.get("Retry-After"))
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
             raise ProviderError(
-                f"connection to {self.url} failed: {type(exc).__name__}: {exc}", retryable=True
+                f"connection to {self.shown_url} failed: {type(exc).__name__}: {scrub(str(exc))}",
+                retryable=True,
             ) from exc
         except TimeoutError as exc:
             raise ProviderError(
-                f"request to {self.url} timed out after {self.config.timeout} s", retryable=True
+                f"request to {self.shown_url} timed out after {self.config.timeout} s",
+                retryable=True,
             ) from exc
         try:
             body = json.loads(raw)
@@ -82,7 +87,7 @@ class OpenAIProvider:
             text = choice["message"].get("content") or ""
             usage = body.get("usage") or {}
         except (ValueError, KeyError, IndexError, TypeError) as exc:
-            raise ProviderError(f"malformed reply from {self.url}: {raw[:200]!r}") from exc
+            raise ProviderError(f"malformed reply from {self.shown_url}: {raw[:200]!r}") from exc
         return LLMResponse(
             text=text,
             usage=Usage(

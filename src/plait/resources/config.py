@@ -76,6 +76,40 @@ class EndpointConfig(BaseModel):
         return (self.provider, self.base_url or "", self.model)
 
 
+def _check_key_reference(alias: str, config: EndpointConfig) -> None:
+    """The key a configuration refers to exists and is not empty; every credential it
+    holds (the key, a password in ``base_url``) is registered so no output shows it."""
+    from plait._secrets import looks_like_variable_name, redact_url, register
+
+    if config.api_key is not None:
+        register(config.api_key.get_secret_value())
+    if config.base_url:
+        redact_url(config.base_url)
+    env = config.api_key_env
+    if env is None:
+        return
+    if not looks_like_variable_name(env):
+        register(env)
+        raise ConfigurationError(
+            f"alias {alias!r}: api_key_env must be the name of an environment variable "
+            f"(letters, digits, _), and what it holds ({len(env)} characters, not shown) is "
+            "not one; if it is the key itself, export it as a variable (e.g. "
+            'OPENAI_API_KEY=...) and set api_key_env = "OPENAI_API_KEY"'
+        )
+    if env not in os.environ:
+        raise ConfigurationError(
+            f"alias {alias!r}: api_key_env names the environment variable {env!r}, "
+            "which is not set; export it or change the reference"
+        )
+    value = os.environ[env]
+    if not value.strip():
+        raise ConfigurationError(
+            f"alias {alias!r}: the environment variable {env!r} (api_key_env) is set but "
+            "empty; export the key in it or change the reference"
+        )
+    register(value)
+
+
 def read_resource_file(file: Path) -> Mapping[str, Any]:
     """The raw alias -> settings mapping of a TOML or YAML resource file.
 
@@ -136,12 +170,7 @@ class ResourceConfig(Mapping[str, EndpointConfig]):
                 parsed[alias] = EndpointConfig(**dict(spec))
             except ValidationError as exc:
                 raise ConfigurationError(_explain(alias, exc)) from None
-            env = parsed[alias].api_key_env
-            if env is not None and env not in os.environ:
-                raise ConfigurationError(
-                    f"alias {alias!r}: api_key_env names the environment variable {env!r}, "
-                    "which is not set; export it or change the reference"
-                )
+            _check_key_reference(alias, parsed[alias])
         self._aliases = parsed
 
     @classmethod

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from plait._secrets import scrub
 from plait.providers.base import LLMRequest, LLMResponse, Provider, ProviderError
 from plait.resources.config import EndpointConfig
 from plait.resources.limits import Priority, PriorityLimiter
@@ -151,7 +152,7 @@ class Endpoint:
                 except ProviderError as exc:
                     failure: ProviderError = exc
                     timing.add(
-                        "request", started, time.monotonic(), attempt=attempt, error=str(exc)
+                        "request", started, time.monotonic(), attempt=attempt, error=scrub(str(exc))
                     )
                 else:
                     ended = time.monotonic()
