@@ -17,7 +17,11 @@ __all__ = ["json_line", "whole_lines"]
 
 def json_line(record: dict[str, Any]) -> bytes:
     """One record as a compact JSON line, ready for a single ``os.write``."""
-    return (json.dumps(record, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
+    text = json.dumps(record, separators=(",", ":"), ensure_ascii=False)
+    try:
+        return (text + "\n").encode()
+    except UnicodeEncodeError:  # a lone surrogate: UTF-8 has no form for it, JSON escapes do
+        return (json.dumps(record, separators=(",", ":")) + "\n").encode()
 
 
 def whole_lines(path: Path) -> bytes:

@@ -102,6 +102,10 @@ class OutputWriter:
             line = json.dumps(record, ensure_ascii=False, default=json_default)
         except (TypeError, ValueError):  # e.g. a dict keyed by tuples, or a cycle
             line = json.dumps(_plain(record), ensure_ascii=False, default=json_default)
+        try:
+            line.encode()
+        except UnicodeEncodeError:  # a lone surrogate: only JSON's \u escapes can carry it
+            line = json.dumps(json.loads(line))
         if not self.preserve_order:
             self._emit(line)
             return

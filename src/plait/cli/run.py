@@ -417,17 +417,18 @@ async def _drive(
         writer.on_written = slots.release  # a slot frees only once its line is out
 
     def deliver(index: int, item: Any, value: Value) -> None:
+        try:
+            writer.write(index, item.raw, value)
+        except Exception as exc:
+            state.stop(exc)
+            raise
+        # counted once its row is handed to the writer: the summary is what was written
         if value.is_error:
             tally.failed += 1
             if len(tally.failures) < FAILURES_SHOWN:
                 tally.failures.append((index, error_record(value)))
         else:
             tally.succeeded += 1
-        try:
-            writer.write(index, item.raw, value)
-        except Exception as exc:
-            state.stop(exc)
-            raise
         display.changed()
 
     try:

@@ -1,18 +1,20 @@
-"""Lossless JSON for what pipelines produce: text, structures, tuples, pydantic models.
+"""JSON for what pipelines produce: text, structures, tuples, pydantic models, dataclasses.
 
 Checkpoints store outputs with this, so a resumed run hands back the same types
-it would have computed.  Anything JSON cannot express falls back to a tagged
-pickle, which keeps arbitrary outputs resumable.
+it would have computed.  A checkpoint holds data, never code: there is no pickle,
+and a stored model or dataclass is rebuilt through its own validation only when
+its class is already loaded in this process (a log never makes plait import a
+module).  A class that cannot be found that way (one defined inside a function,
+say) comes back as its plain JSON data.  Anything with no JSON form at all is a
+`TypeError` naming it, for the caller to report.
 """
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import hashlib
-import importlib
 import json
-import pickle
+import sys
 from typing import Any
 
 __all__ = ["decode", "encode", "fingerprint"]
@@ -22,44 +24,46 @@ def _qualified(cls: type) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
-def _import(path: str) -> Any:
+def _loaded(path: str) -> Any:
+    """The class at ``module:Qual.Name`` if its module is already imported, else None."""
     module_name, _, qualname = path.partition(":")
-    obj: Any = importlib.import_module(module_name)
+    obj: Any = sys.modules.get(module_name)
     for part in qualname.split("."):
-        obj = getattr(obj, part)
-    return obj
+        if obj is None or part == "<locals>":
+            return None
+        obj = getattr(obj, part, None)
+    return obj if isinstance(obj, type) else None
 
 
-def encode(obj: Any) -> Any:
+def encode(obj: Any, fallback: Any = None) -> Any:
+    """``obj`` as JSON data; what has no JSON form raises `TypeError`, or becomes
+    ``fallback(obj)`` when one is given (fingerprints use ``repr``)."""
     if obj is None or isinstance(obj, bool | int | float):
         return obj
     if type(obj) is str:
         return obj
     if type(obj) is list:
-        return [encode(item) for item in obj]
+        return [encode(item, fallback) for item in obj]
     if type(obj) is dict:
         if all(type(k) is str and not k.startswith("$") for k in obj):
-            return {k: encode(v) for k, v in obj.items()}
-        return {"$dict": [[encode(k), encode(v)] for k, v in obj.items()]}
+            return {k: encode(v, fallback) for k, v in obj.items()}
+        return {"$dict": [[encode(k, fallback), encode(v, fallback)] for k, v in obj.items()]}
     if type(obj) is tuple:
-        return {"$tuple": [encode(item) for item in obj]}
+        return {"$tuple": [encode(item, fallback) for item in obj]}
+    if isinstance(obj, str):
+        return str(obj)
     dump = getattr(obj, "model_dump", None)
-    if callable(dump) and _importable(type(obj)):
+    if callable(dump):
         return {"$model": _qualified(type(obj)), "data": dump(mode="json")}
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type) and _importable(type(obj)):
-        return {"$dataclass": _qualified(type(obj)), "data": encode(_fields(obj))}
-    return {"$pickle": base64.b64encode(pickle.dumps(obj)).decode()}
-
-
-def _fields(obj: Any) -> dict[str, Any]:
-    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
-
-
-def _importable(cls: type) -> bool:
-    try:
-        return _import(_qualified(cls)) is cls
-    except Exception:
-        return False
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        fields = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+        return {"$dataclass": _qualified(type(obj)), "data": encode(fields, fallback)}
+    if fallback is not None:
+        return {"$repr": fallback(obj)}
+    raise TypeError(
+        f"a {type(obj).__name__} has no JSON form, so it cannot be kept in a checkpoint; "
+        "return text, numbers, lists, dicts, tuples, pydantic models or dataclasses"
+    )
 
 
 def decode(data: Any) -> Any:
@@ -72,16 +76,25 @@ def decode(data: Any) -> Any:
     if "$dict" in data:
         return {decode(k): decode(v) for k, v in data["$dict"]}
     if "$model" in data:
-        return _import(data["$model"]).model_validate(data["data"])
+        cls = _loaded(str(data["$model"]))
+        validate = getattr(cls, "model_validate", None)
+        return validate(data["data"]) if callable(validate) else data["data"]
     if "$dataclass" in data:
-        cls = _import(data["$dataclass"])
-        return cls(**decode(data["data"]))
+        cls = _loaded(str(data["$dataclass"]))
+        fields = decode(data["data"])
+        if isinstance(cls, type) and dataclasses.is_dataclass(cls):
+            return cls(**fields)
+        return fields
     if "$pickle" in data:
-        return pickle.loads(base64.b64decode(data["$pickle"]))
+        raise ValueError(
+            "this checkpoint holds a pickled value (written by an older plait); plait no "
+            "longer unpickles checkpoints, which could run code: start over with a new "
+            "checkpoint directory"
+        )
     return {k: decode(v) for k, v in data.items()}
 
 
 def fingerprint(obj: Any) -> str:
     """A stable hash of a value, for telling whether an input is the one recorded."""
-    blob = json.dumps(encode(obj), sort_keys=True, separators=(",", ":"), default=repr)
+    blob = json.dumps(encode(obj, repr), sort_keys=True, separators=(",", ":"), default=repr)
     return hashlib.sha256(blob.encode()).hexdigest()[:24]

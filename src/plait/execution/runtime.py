@@ -9,14 +9,14 @@ from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from plait.execution.batch import BatchResult
-from plait.execution.checkpoint import Checkpoint, CheckpointHandler
+from plait.execution.checkpoint import Checkpoint, CheckpointError, CheckpointHandler
 from plait.execution.codec import fingerprint
 from plait.execution.engine import Engine, current_engine
 from plait.execution.loop import run_blocking
 from plait.execution.settings import SETTING_NAMES, resolve_options
 from plait.execution.tape import Tape
 from plait.resources.manager import ResourceManager
-from plait.values import ExecutionError, Value, ValueKind, kind_of
+from plait.values import ExecutionError, Value, ValueKind, error_value, kind_of
 
 if TYPE_CHECKING:
     from plait.module import Module
@@ -132,7 +132,14 @@ class _Run:
         value, graph, results = await self.engine.run_input(index, args, kwargs)
         if value.kind is not ValueKind.ERROR:
             if self.checkpoint is not None:
-                self.checkpoint.record_output(index, key, value.payload)
+                try:
+                    self.checkpoint.record_output(index, key, value.payload)
+                except (TypeError, ValueError) as exc:
+                    # The output exists, it just has no JSON form: deliver it, and say so.
+                    # A resume runs this input again; its calls are answered from the
+                    # checkpoint, so nothing is paid twice.
+                    value.meta["checkpoint"] = "not stored"
+                    value.meta["checkpoint_error"] = f"{type(exc).__name__}: {exc}"
             if self.training and graph is not None:
                 tape = Tape(graph, results, self.module, index, engine=self.engine)
                 value.meta["_tape_ids"] = [tape.id]
@@ -161,6 +168,13 @@ class _Run:
         async def one(index: int, item: Any) -> None:
             try:
                 value = await self.one(index, (item, *extra), kwargs)
+            except (CheckpointError, asyncio.CancelledError):
+                raise  # about the run, not this input: the run stops and says why
+            except Exception as exc:
+                # Never lose an input: whatever went wrong is this input's error.
+                value = error_value(
+                    exc, module_path=f"{type(self.module).__name__} (input {index})"
+                )
             finally:
                 if release_on_done:
                     slots.release()

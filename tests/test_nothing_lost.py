@@ -1,0 +1,157 @@
+"""No input vanishes (issue 11): outputs a checkpoint cannot store, locally defined
+structured-output classes, lone surrogates; and checkpoints hold data, never code."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pydantic
+import pytest
+
+import plait
+from plait.execution.codec import decode, encode
+from plait.testing import FakeOpenAIServer
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Odd(plait.Module):
+    """Returns, for the input "odd", an object with no JSON form."""
+
+    async def forward(self, text: str) -> Any:
+        return {1, 2} if text == "odd" else text.upper()
+
+
+@pytest.mark.parametrize("batch", [True, False])
+def test_an_output_a_checkpoint_cannot_store_is_still_delivered(
+    tmp_path: Path, batch: bool
+) -> None:
+    pipeline = Odd().bind(checkpoint_dir=tmp_path / "ckpt")
+    if batch:
+        assert pipeline.run_sync(["a", "odd", "b"]) == ["A", {1, 2}, "B"]
+        again = pipeline.run_sync(["a", "odd", "b"])  # resumed: the odd one runs again
+        assert again == ["A", {1, 2}, "B"]
+    else:
+        assert pipeline.run_sync("odd") == {1, 2}
+    lines = (tmp_path / "ckpt" / "log.jsonl").read_text().splitlines()
+    stored = sorted(json.loads(line)["v"] for line in lines if json.loads(line)["t"] == "out")
+    assert stored == (["A", "B"] if batch else [])  # the set is delivered, not stored
+    assert "pickle" not in "".join(lines)
+
+
+def _plait(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "plait.cli", *map(str, args)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def _resources(tmp_path: Path, server: FakeOpenAIServer) -> Path:
+    path = tmp_path / "resources.toml"
+    path.write_text(
+        f'[fast]\nprovider = "openai"\nmodel = "m"\nbase_url = "{server.base_url}"\n'
+        'api_key = "sk-test"\n'
+    )
+    return path
+
+
+def test_structured_output_with_a_locally_defined_class_is_written_and_resumed(
+    server: FakeOpenAIServer, tmp_path: Path
+) -> None:
+    target = tmp_path / "local_target.py"
+    target.write_text(
+        textwrap.dedent(
+            """
+            import pydantic
+            import plait
+
+            class Labeller(plait.Module):
+                def __init__(self) -> None:
+                    super().__init__()
+
+                    class Verdict(pydantic.BaseModel):  # defined inside a function
+                        label: str
+
+                    self.llm = plait.LLMInference("fast", response_format=Verdict)
+
+                def forward(self, text: str):
+                    return self.llm(text)
+            """
+        )
+    )
+    inputs = tmp_path / "in.jsonl"
+    inputs.write_text("".join(json.dumps(f"text {i}") + "\n" for i in range(3)))
+    out = tmp_path / "out.jsonl"
+    res = _resources(tmp_path, server)
+    first = _plait("run", f"{target}:Labeller", "-i", inputs, "-o", out, "--resources", res)
+    assert first.returncode == 0, first.stderr
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted(row["index"] for row in rows) == [0, 1, 2]
+    assert all(set(row["output"]) == {"label"} for row in rows)
+    assert "3 succeeded, 0 failed" in first.stderr
+    paid = server.stats()["requests_total"]
+    assert paid == 3
+    again = _plait("run", f"{target}:Labeller", "-i", inputs, "-o", out, "--resources", res)
+    assert again.returncode == 0, again.stderr
+    assert server.stats()["requests_total"] == paid  # resumed: nothing paid twice
+    assert sorted(json.loads(line)["index"] for line in out.read_text().splitlines()) == [0, 1, 2]
+
+
+def test_every_input_is_a_row_and_the_summary_counts_the_rows(
+    server: FakeOpenAIServer, tmp_path: Path
+) -> None:
+    target = tmp_path / "odd_target.py"
+    target.write_text(
+        "import plait\n"
+        "class Odd(plait.Module):\n"
+        "    async def forward(self, text: str):\n"
+        "        return (lambda: 0) if text == 'odd' else text.upper()\n"
+    )
+    inputs = tmp_path / "in.jsonl"
+    texts = ["a", "odd", "b", "bad \ud800 text"]
+    inputs.write_text("".join(json.dumps(t) + "\n" for t in texts))
+    for order in ([], ["--preserve-order"]):
+        out = tmp_path / f"out{len(order)}.jsonl"
+        done = _plait("run", f"{target}:Odd", "-i", inputs, "-o", out, *order)
+        rows = [json.loads(line) for line in out.read_text().splitlines()]
+        assert sorted(row["index"] for row in rows) == [0, 1, 2, 3], done.stderr
+        assert "4 input(s): 4 succeeded, 0 failed" in done.stderr
+        assert done.returncode == 0
+        assert {row["index"]: row["output"] for row in rows if row["index"] != 1} == {
+            0: "A",
+            2: "B",
+            3: "BAD \ud800 TEXT",
+        }
+
+
+class Verdict(pydantic.BaseModel):
+    label: str
+
+
+def test_checkpoints_hold_data_and_never_import_or_unpickle() -> None:
+    stored = encode({"v": Verdict(label="x"), "t": (1, "a")})
+    assert json.loads(json.dumps(stored)) == stored  # plain JSON
+    assert decode(stored) == {"v": Verdict(label="x"), "t": (1, "a")}
+    # a class whose module is not loaded is never imported: its data comes back as data
+    foreign = {"$model": "some_module_never_imported:Evil", "data": {"x": 1}}
+    assert decode(foreign) == {"x": 1}
+    assert "some_module_never_imported" not in sys.modules
+    with pytest.raises(ValueError, match="no longer unpickles"):
+        decode({"$pickle": "gASVAAAAAAAAAAA="})
+    with pytest.raises(TypeError, match="no JSON form"):
+        encode(object())
+
+
+def test_a_local_class_comes_back_as_its_data() -> None:
+    class Inner(pydantic.BaseModel):
+        n: int
+
+    assert decode(encode(Inner(n=3))) == {"n": 3}
