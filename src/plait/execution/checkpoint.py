@@ -183,7 +183,11 @@ class CheckpointHandler(Handler):
         if isinstance(value, LLMResponse):
             stored: Any = response_to_json(value)
         else:
-            stored = {"value": encode(value)}
+            try:
+                stored = {"value": encode(value)}
+            except TypeError:
+                return  # a handler's answer with no JSON form: asked again on resume
+
         index, node, request_hash = key
         self.checkpoint.record_call(index, node, request_hash, stored)
 
