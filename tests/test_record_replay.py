@@ -148,7 +148,7 @@ def test_the_recording_names_each_call_and_holds_no_key(
     assert "sk-test" not in path.read_text()
 
 
-def test_recording_again_replaces_a_stale_recording_unless_appending(
+def test_recording_again_adds_to_a_recording_unless_told_to_start_afresh(
     server: FakeOpenAIServer, tmp_path: Path
 ) -> None:
     path = tmp_path / "run.jsonl"
@@ -157,12 +157,12 @@ def test_recording_again_replaces_a_stale_recording_unless_appending(
         module.run_sync("old")
     with record(path):
         module.run_sync("new")
-    assert [c.get("prompt") for c in lines(path)[1:]] == ["new"]
-    with record(path, append=True):
+    assert [c.get("prompt") for c in lines(path)[1:]] == ["old", "new"]  # never wiped
+    with record(path, append=False):
         module.run_sync("more")
-    assert [c.get("prompt") for c in lines(path)[1:]] == ["new", "more"]
+    assert [c.get("prompt") for c in lines(path)[1:]] == ["more"]
 
-    recorder = Recorder(path)  # a decorated function run twice keeps both runs
+    recorder = Recorder(path, append=False)  # a decorated function run twice keeps both
 
     @recorder
     def run(text: str) -> str:
@@ -171,6 +171,23 @@ def test_recording_again_replaces_a_stale_recording_unless_appending(
     run("a")
     run("b")
     assert [c.get("prompt") for c in lines(path)[1:]] == ["a", "b"]
+
+
+def test_a_checkpointed_rerun_under_record_keeps_a_recording_of_the_whole_run(
+    server: FakeOpenAIServer, tmp_path: Path
+) -> None:
+    path, checkpoint = tmp_path / "run.jsonl", tmp_path / "ckpt"
+    texts = [f"doc {i}" for i in range(20)]
+    pipeline = FanOutFanIn().bind(resources=make_resources(server), checkpoint_dir=checkpoint)
+    with record(path, append=False):
+        first = pipeline.run_sync(texts)
+    assert len(lines(path)) == 1 + 60
+    with record(path, append=False):  # even a fresh recording: the checkpoint answers all
+        assert pipeline.run_sync(texts) == first
+    assert server.stats()["requests_total"] == 60  # the rerun paid for nothing
+    assert len(lines(path)) == 1 + 60  # and recorded every call again
+    with replay(path):
+        assert FanOutFanIn().run_sync(texts) == first  # no resources: all from the file
 
 
 def test_a_failed_call_is_not_recorded(server: FakeOpenAIServer, tmp_path: Path) -> None:

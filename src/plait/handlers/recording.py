@@ -77,12 +77,19 @@ def _header() -> bytes:
 class Recorder(Handler):
     """Writes every successful LLM call of the runs inside it to a JSON Lines file.
 
-    The first time the recorder is entered it starts the file afresh (a new
-    recording replaces a stale one), unless ``append=True``; entering it again
-    (a decorated function called twice) adds to what it already wrote.
+    A recording is never wiped by accident: calls are added to an existing file
+    (replay matches on the request, so older records of calls that changed are
+    simply never asked for); ``append=False`` starts the file afresh.  Calls a
+    checkpoint answers are recorded too, and a checkpointed input that finished
+    earlier is run again from the checkpoint's records (nothing is sent) so that
+    its calls reach the recording: a replay reproduces the whole run.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, append: bool = False) -> None:
+    #: The runtime runs inputs a checkpoint finished through their calls while this
+    #: handler is active, instead of answering them with the stored output.
+    sees_every_call = True
+
+    def __init__(self, path: str | os.PathLike[str], *, append: bool = True) -> None:
         self.path = Path(path)
         self.append = append
         self.calls = 0
@@ -276,10 +283,11 @@ class Replayer(Handler):
             self._per_module[module] = self._per_module.get(module, 0) + 1
 
 
-def record(path: str | os.PathLike[str], *, append: bool = False) -> Recorder:
+def record(path: str | os.PathLike[str], *, append: bool = True) -> Recorder:
     """Record every LLM call of the runs inside the block to ``path`` (JSON Lines).
 
-    The file is started afresh unless ``append=True``.  API keys are never written.
+    Calls are added to an existing recording; ``append=False`` starts it afresh.
+    API keys are never written.
     """
     return Recorder(path, append=append)
 
