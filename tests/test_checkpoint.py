@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import plait
+from plait.execution.checkpoint import Checkpoint
 from plait.testing import FakeOpenAIServer
 
 from .conftest import make_resources
@@ -204,3 +205,85 @@ def test_checkpoints_key_on_the_request_as_handlers_left_it(
     with override(temperature=resume_temperature):
         assert pipeline.run_sync(["a", "b"]) == [expected("a"), expected("b")]
     assert server.stats()["requests_total"] == resumed_calls
+
+
+# -- one run per checkpoint and per output file -----------------------------------------------
+def _plait_run(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    root = Path(__file__).resolve().parent.parent
+    return subprocess.run(
+        [sys.executable, "-m", "plait.cli", "run", *map(str, args)],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def _resources_file(tmp_path: Path, server: FakeOpenAIServer) -> Path:
+    path = tmp_path / "resources.toml"
+    lines = [
+        f'[{alias}]\nprovider = "openai"\nmodel = "m"\nbase_url = "{server.base_url}"\n'
+        'api_key = "sk-test"\n'
+        for alias in ("fast", "smart")
+    ]
+    path.write_text("".join(lines))
+    return path
+
+
+def test_a_second_run_on_a_busy_checkpoint_is_refused_naming_the_holder(
+    server: FakeOpenAIServer, tmp_path: Path
+) -> None:
+    inputs = tmp_path / "in.jsonl"
+    inputs.write_text('"a"\n"b"\n')
+    res, directory = _resources_file(tmp_path, server), tmp_path / "ckpt"
+    common = ("tests.pipelines:FanOutFanIn", "-i", inputs, "--resources", res)
+    holder = Checkpoint(directory, "tests.pipelines.FanOutFanIn").open()
+    try:
+        busy = _plait_run(*common, "-o", tmp_path / "out.jsonl", "--checkpoint", directory)
+        assert busy.returncode == 2
+        assert f"is in use by process {os.getpid()}" in busy.stderr
+        fresh = _plait_run(
+            *common, "-o", tmp_path / "o.jsonl", "--checkpoint", directory, "--fresh"
+        )
+        assert fresh.returncode == 2 and "while process" in fresh.stderr
+        assert directory.exists()  # --fresh never deletes a checkpoint in use
+        assert server.stats()["requests_total"] == 0
+    finally:
+        holder.close()
+    done = _plait_run(*common, "-o", tmp_path / "out.jsonl", "--checkpoint", directory)
+    assert done.returncode == 0, done.stderr
+    assert server.stats()["requests_total"] == 6
+
+
+def test_a_lock_left_by_a_killed_run_does_not_block_the_next(tmp_path: Path) -> None:
+    directory = tmp_path / "ckpt"
+    code = (
+        "import os, signal, sys\n"
+        "from plait.execution.checkpoint import Checkpoint\n"
+        f"Checkpoint({str(directory)!r}, 'p').open()\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    killed = subprocess.run([sys.executable, "-c", code], timeout=60)
+    assert killed.returncode == -9
+    assert (directory / "lock").exists()  # the file stays; the kernel dropped the lock
+    Checkpoint(directory, "p").open().close()
+
+
+def test_two_runs_never_write_one_output_file(server: FakeOpenAIServer, tmp_path: Path) -> None:
+    from plait._locks import hold
+
+    inputs = tmp_path / "in.jsonl"
+    inputs.write_text('"a"\n')
+    out = tmp_path / "out.jsonl"
+    out.write_text("rows of a run in progress\n")
+    fd = hold(out, record_pid=False)
+    try:
+        done = _plait_run(
+            "tests.pipelines:FanOutFanIn", "-i", inputs, "-o", out, "--no-checkpoint",
+            "--resources", _resources_file(tmp_path, server),
+        )  # fmt: skip
+        assert done.returncode == 2
+        assert "is being written by another process" in done.stderr
+        assert out.read_text() == "rows of a run in progress\n"  # not truncated
+    finally:
+        os.close(fd)

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+from plait._locks import hold
 from plait.values import Value
 
 __all__ = ["OutputWriter", "error_record", "json_default"]
@@ -86,7 +87,11 @@ class OutputWriter:
         else:
             self.path = Path(location)
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._stream = open(self.path, "w", encoding="utf-8")  # noqa: SIM115
+            # Locked before it is emptied: a second run writing the same file is refused
+            # (raises plait._locks.Busy) instead of truncating the first one's rows.
+            fd = hold(self.path, record_pid=False)
+            os.ftruncate(fd, 0)
+            self._stream = open(fd, "w", encoding="utf-8")  # noqa: SIM115 (closed in close())
             self._owned = True
         self._pending: dict[int, str] = {}
         self._next = 0

@@ -28,13 +28,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from plait._locks import Busy, hold
 from plait.cli.inputs import FORMATS, InputError, InputSource, Item, count_inputs, open_inputs
 from plait.cli.options import parse_target_args, positive_int, target_parser
 from plait.cli.outputs import OutputWriter, error_record, silence_stdout
 from plait.cli.progress import Tally, console, duration, make_display
 from plait.cli.target import Target, TargetError
 from plait.execution.checkpoint import FORMAT as CHECKPOINT_FORMAT
-from plait.execution.checkpoint import Checkpoint, CheckpointError
+from plait.execution.checkpoint import Checkpoint, CheckpointBusy, CheckpointError
 from plait.execution.loop import run_blocking
 from plait.execution.runtime import _Run
 from plait.execution.settings import resolve_options
@@ -205,7 +206,7 @@ class _Command:
         if directory is None:
             return None
         if self.ns.fresh:
-            _remove_checkpoint(directory)
+            _remove_checkpoint(directory)  # never one another run is using
         pipeline = f"{type(module).__module__}.{type(module).__qualname__}"
         command = {"arguments": sorted(self.ns.assignments)}
         noted = directory / COMMAND_FILE
@@ -225,6 +226,8 @@ class _Command:
                     )
         try:
             checkpoint = Checkpoint(directory, pipeline).open()
+        except CheckpointBusy as exc:
+            raise UsageError(str(exc)) from None
         except CheckpointError as exc:
             raise UsageError(f"{exc} (or add --fresh to delete it and start over)") from None
         try:
@@ -266,7 +269,13 @@ class _Command:
         opts["checkpoint_dir"] = None
         opts["preserve_order"] = bool(ns.preserve_order)
 
-        writer = OutputWriter(ns.output, preserve_order=opts["preserve_order"])
+        try:
+            writer = OutputWriter(ns.output, preserve_order=opts["preserve_order"])
+        except Busy as exc:
+            raise UsageError(
+                f"the output {ns.output} is being written by {exc.holder}; two runs writing "
+                "one file would interleave their rows. Wait for it, or choose another --output"
+            ) from None
         display = make_display(tally, self.err, quiet=ns.quiet)
         profiler: Any = contextlib.nullcontext()
         if ns.profile:
@@ -481,6 +490,14 @@ def _remove_checkpoint(directory: Path) -> None:
             f"--fresh would delete {directory}, which is not a plait checkpoint; remove it "
             "yourself or choose another --checkpoint"
         )
+    if ours:
+        try:
+            os.close(hold(directory / "lock"))
+        except Busy as exc:
+            raise UsageError(
+                f"--fresh would delete {directory} while {exc.holder} is using it; wait for "
+                "that run to finish"
+            ) from None
     shutil.rmtree(directory)
 
 

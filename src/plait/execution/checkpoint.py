@@ -21,12 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from plait._jsonl import json_line, whole_lines
+from plait._locks import Busy, hold
 from plait.execution.codec import decode, encode
 from plait.handlers.llm import response_from_json, response_to_json
 from plait.handlers.stack import Handler, Message
 from plait.providers.base import LLMRequest, LLMResponse
 
-__all__ = ["Checkpoint", "CheckpointError", "CheckpointHandler"]
+__all__ = ["Checkpoint", "CheckpointBusy", "CheckpointError", "CheckpointHandler"]
 
 FORMAT = "plait-checkpoint"
 #: 2: calls are keyed by node ids that count composite calls' enter/exit nodes, so a
@@ -38,6 +39,14 @@ class CheckpointError(RuntimeError):
     """The checkpoint directory cannot be used for this run; the message says why."""
 
 
+class CheckpointBusy(CheckpointError):
+    """Another run holds the checkpoint; ``holder`` names it (``process 1234``)."""
+
+    def __init__(self, message: str, holder: str) -> None:
+        super().__init__(message)
+        self.holder = holder
+
+
 class Checkpoint:
     def __init__(self, directory: str | os.PathLike[str], pipeline: str) -> None:
         self.directory = Path(directory)
@@ -45,6 +54,7 @@ class Checkpoint:
         self.calls: dict[tuple[int, str, str], Any] = {}
         self.outputs: dict[int, tuple[str, Any]] = {}
         self._fd: int | None = None
+        self._lock: int | None = None
 
     @property
     def log_path(self) -> Path:
@@ -58,6 +68,27 @@ class Checkpoint:
         if self.directory.exists() and not self.directory.is_dir():
             raise CheckpointError(f"checkpoint_dir {self.directory} exists and is not a directory")
         self.directory.mkdir(parents=True, exist_ok=True)
+        try:
+            self._lock = hold(self.directory / "lock")
+        except Busy as exc:
+            raise CheckpointBusy(
+                f"{self.directory} is in use by {exc.holder}: one run at a time per "
+                "checkpoint (two would both pay for every call). Wait for it to finish, "
+                "or give this run another checkpoint directory",
+                exc.holder,
+            ) from None
+        try:
+            return self._open_locked()
+        except BaseException:
+            self._release_lock()
+            raise
+
+    def _release_lock(self) -> None:
+        if self._lock is not None:
+            os.close(self._lock)  # closing the descriptor drops the lock
+            self._lock = None
+
+    def _open_locked(self) -> Checkpoint:
         if self.manifest_path.exists():
             self._check_manifest()
         else:
@@ -80,12 +111,15 @@ class Checkpoint:
         return self
 
     def close(self) -> None:
-        if self._fd is not None:
-            try:
-                os.fsync(self._fd)
-            finally:
-                os.close(self._fd)
-                self._fd = None
+        try:
+            if self._fd is not None:
+                try:
+                    os.fsync(self._fd)
+                finally:
+                    os.close(self._fd)
+                    self._fd = None
+        finally:
+            self._release_lock()
 
     def _check_manifest(self) -> None:
         try:
