@@ -287,3 +287,49 @@ def test_two_runs_never_write_one_output_file(server: FakeOpenAIServer, tmp_path
         assert out.read_text() == "rows of a run in progress\n"  # not truncated
     finally:
         os.close(fd)
+
+
+# -- a checkpoint knows what its outputs were made with ---------------------------------------
+def test_resuming_with_a_changed_parameter_is_refused_naming_it(
+    server: FakeOpenAIServer, tmp_path: Path
+) -> None:
+    pipeline = FanOutFanIn().bind(resources=make_resources(server), checkpoint_dir=tmp_path / "c")
+    pipeline.run_sync(["a", "b"])
+    assert pipeline.left.system_prompt is not None
+    pipeline.left.system_prompt.value = "a new prompt"
+    with pytest.raises(plait.CheckpointError, match=r"parameter 'left.system_prompt' changed"):
+        pipeline.run_sync(["a", "b"])
+
+
+def test_plait_run_with_other_resources_names_the_change_and_offers_fresh(
+    server: FakeOpenAIServer, tmp_path: Path
+) -> None:
+    inputs = tmp_path / "in.jsonl"
+    inputs.write_text('"a"\n')
+    res = _resources_file(tmp_path, server)
+    common = ("tests.pipelines:FanOutFanIn", "-i", inputs, "-o", tmp_path / "out.jsonl")
+    assert _plait_run(*common, "--resources", res).returncode == 0
+    other = tmp_path / "other.toml"
+    other.write_text(res.read_text().replace('model = "m"', 'model = "m2"'))
+    refused = _plait_run(*common, "--resources", other)
+    assert refused.returncode == 2
+    assert "alias 'fast': model changed 'm' -> 'm2'" in refused.stderr
+    assert "--fresh" in refused.stderr
+    paid = server.stats()["requests_total"]
+    assert _plait_run(*common, "--resources", other, "--fresh").returncode == 0
+    assert server.stats()["requests_total"] == paid + 3
+
+
+def test_an_offline_resume_answers_what_it_can_and_refuses_new_calls_elsewhere(
+    server: FakeOpenAIServer, tmp_path: Path
+) -> None:
+    checkpoint = tmp_path / "c"
+    done = FanOutFanIn().bind(resources=make_resources(server), checkpoint_dir=checkpoint)
+    first = done.run_sync(["a", "b"])
+    # no resources at all: the finished inputs come back; a new one is not sent elsewhere
+    outputs = FanOutFanIn().bind(checkpoint_dir=checkpoint).run_sync(["a", "b", "c"])
+    assert outputs[:2] == first
+    failed = outputs[2]
+    assert isinstance(failed, plait.Value) and failed.is_error
+    assert "alias 'fast': provider changed 'openai' -> 'local'" in failed.meta["message"]
+    assert server.stats()["requests_total"] == 6

@@ -35,7 +35,12 @@ from plait.cli.outputs import OutputWriter, error_record, silence_stdout
 from plait.cli.progress import Tally, console, duration, make_display
 from plait.cli.target import Target, TargetError
 from plait.execution.checkpoint import FORMAT as CHECKPOINT_FORMAT
-from plait.execution.checkpoint import Checkpoint, CheckpointBusy, CheckpointError
+from plait.execution.checkpoint import (
+    Checkpoint,
+    CheckpointBusy,
+    CheckpointError,
+    producer_of,
+)
 from plait.execution.loop import run_blocking
 from plait.execution.runtime import _Run
 from plait.execution.settings import resolve_options
@@ -157,7 +162,7 @@ class _Command:
         source = open_inputs(ns.input, ns.format, ns.field, module.forward)
         try:
             resources = self._resources(module)
-            checkpoint = self._checkpoint(module)
+            checkpoint = self._checkpoint(module, resources)
             try:
                 return self._execute(module, resources, source, checkpoint)
             finally:
@@ -196,7 +201,7 @@ class _Command:
             return None
         return Path(ns.output + ".checkpoint")
 
-    def _checkpoint(self, module: Module) -> Checkpoint | None:
+    def _checkpoint(self, module: Module, resources: ResourceManager) -> Checkpoint | None:
         """Open (or start) the checkpoint before the output file is touched.
 
         A checkpoint that belongs to another pipeline, or to this one with other
@@ -225,7 +230,8 @@ class _Command:
                         "add --fresh to delete the checkpoint and start over"
                     )
         try:
-            checkpoint = Checkpoint(directory, pipeline).open()
+            producer = producer_of(module, resources)
+            checkpoint = Checkpoint(directory, pipeline, producer).open()
         except CheckpointBusy as exc:
             raise UsageError(str(exc)) from None
         except CheckpointError as exc:

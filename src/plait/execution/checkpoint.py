@@ -47,10 +47,66 @@ class CheckpointBusy(CheckpointError):
         self.holder = holder
 
 
+def producer_of(module: Any, resources: Any) -> dict[str, Any]:
+    """What a run's outputs depend on besides its inputs: each alias's endpoint
+    (provider, model, and a hash of its URL, which may hold credentials) and each
+    parameter's value (hashed).  A checkpoint refuses to resume under another."""
+    import hashlib
+
+    def digest(value: Any) -> str:
+        text = json.dumps(value, sort_keys=True, default=repr)
+        return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+    aliases = sorted({m.alias for m in module.modules() if m._calls_llm})
+    endpoints = {}
+    for alias in aliases:
+        config = resources.config_for(alias)
+        endpoints[alias] = {
+            "provider": config.provider,
+            "model": config.model or "default",
+            "url": digest(config.base_url or ""),
+        }
+    parameters = {name: digest(param._value) for name, param in module.named_parameters()}
+    return {"endpoints": endpoints, "parameters": parameters, "configured": bool(resources.config)}
+
+
+def _differences(before: dict[str, Any], now: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """What changed: (in the endpoints, in the parameters)."""
+    found: list[str] = []
+    old_ends, new_ends = before.get("endpoints", {}), now.get("endpoints", {})
+    for alias in sorted(set(old_ends) | set(new_ends)):
+        was, is_ = old_ends.get(alias), new_ends.get(alias)
+        if was == is_:
+            continue
+        if was is None or is_ is None:
+            found.append(f"alias {alias!r} {'added' if was is None else 'removed'}")
+            continue
+        for key in ("provider", "model", "url"):
+            if was.get(key) != is_.get(key):
+                what = "base_url" if key == "url" else key
+                shown = "" if key == "url" else f" {was.get(key)!r} -> {is_.get(key)!r}"
+                found.append(f"alias {alias!r}: {what} changed{shown}")
+    params: list[str] = []
+    old_params, new_params = before.get("parameters", {}), now.get("parameters", {})
+    for name in sorted(set(old_params) | set(new_params)):
+        if old_params.get(name) != new_params.get(name):
+            params.append(f"parameter {name!r} changed")
+    return found, params
+
+
 class Checkpoint:
-    def __init__(self, directory: str | os.PathLike[str], pipeline: str) -> None:
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        pipeline: str,
+        producer: dict[str, Any] | None = None,
+    ) -> None:
         self.directory = Path(directory)
         self.pipeline = pipeline
+        #: What produced the outputs (see `producer_of`); resuming under another is refused.
+        self.producer = producer
+        #: Set when a run with no resources resumes a checkpoint made on endpoints.
+        self.mismatch: str | None = None
         self.calls: dict[tuple[int, str, str], Any] = {}
         self.outputs: dict[int, tuple[str, Any]] = {}
         self._fd: int | None = None
@@ -103,6 +159,7 @@ class Checkpoint:
                     "format": FORMAT,
                     "version": VERSION,
                     "pipeline": self.pipeline,
+                    "producer": self.producer,
                     "created": time.time(),
                 },
             )
@@ -144,6 +201,22 @@ class Checkpoint:
                 f"{self.directory} belongs to pipeline {manifest.get('pipeline')!r}, not "
                 f"{self.pipeline!r}; use a different checkpoint_dir for this pipeline"
             )
+        recorded = manifest.get("producer")
+        if self.producer is None or not isinstance(recorded, dict):
+            return
+        endpoints, params = _differences(recorded, self.producer)
+        if not endpoints and not params:
+            return
+        message = (
+            f"{self.directory} holds outputs made with other settings "
+            f"({'; '.join(endpoints + params)}); resuming would mix them with new ones. Run "
+            "with the original settings, or start over (--fresh, or a new checkpoint_dir)"
+        )
+        if params or self.producer.get("configured"):
+            raise CheckpointError(message)
+        # No resources at all (an offline resume): what the checkpoint answers is fine;
+        # the first call it cannot answer, which would go to another endpoint, fails.
+        self.mismatch = message
 
     def _load_log(self) -> None:
         if not self.log_path.exists():
@@ -208,6 +281,8 @@ class CheckpointHandler(Handler):
             msg.value = _restore(stored, request)
             msg.done = True
             msg.meta["checkpoint"] = "hit"
+        elif not msg.done and self.checkpoint.mismatch is not None:
+            raise CheckpointError(self.checkpoint.mismatch)
 
     def postprocess(self, msg: Message) -> None:
         key = msg.meta.get("checkpoint_key")

@@ -9,7 +9,12 @@ from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from plait.execution.batch import BatchResult
-from plait.execution.checkpoint import Checkpoint, CheckpointError, CheckpointHandler
+from plait.execution.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    CheckpointHandler,
+    producer_of,
+)
 from plait.execution.codec import fingerprint
 from plait.execution.engine import Engine, current_engine
 from plait.execution.loop import run_blocking
@@ -123,7 +128,8 @@ class _Run:
         self.checkpoint: Checkpoint | None = None
         if opts["checkpoint_dir"] is not None:
             pipeline = f"{type(module).__module__}.{type(module).__qualname__}"
-            self.checkpoint = Checkpoint(opts["checkpoint_dir"], pipeline).open()
+            producer = producer_of(module, self.engine.resources)
+            self.checkpoint = Checkpoint(opts["checkpoint_dir"], pipeline, producer).open()
 
     def close(self) -> None:
         if self.checkpoint is not None:
