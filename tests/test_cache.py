@@ -264,3 +264,20 @@ def test_two_processes_share_one_cache_file(server: FakeOpenAIServer, tmp_path: 
     assert outputs == [expected_fan(text) for text in inputs]
     assert (third.hits, third.misses) == (1500, 0)
     assert requests(server) == 0
+
+
+def test_a_damaged_cache_file_is_named_with_the_fix(
+    server: FakeOpenAIServer, tmp_path: Path
+) -> None:
+    path = tmp_path / "calls.db"
+    module = Echo("E").bind(resources=make_resources(server))
+    with cache(path):
+        module.run_sync([f"prompt {i} " + "x" * 2000 for i in range(200)])
+    size = path.stat().st_size
+    with open(path, "r+b") as fh:  # overwrite the pages after the first with garbage
+        fh.seek(4096)
+        fh.write(b"\x13" * (size - 4096))
+    with pytest.raises(CacheError) as info, cache(path):
+        module.run_sync(["prompt 1 " + "x" * 2000])
+    message = str(info.value)  # before any call is made, naming the file and the fix
+    assert str(path) in message and "malformed" in message and "delete it" in message

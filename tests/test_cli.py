@@ -715,3 +715,45 @@ def test_a_run_never_writes_over_its_input(
         assert f"{flag} {target} is the input file" in done.stderr
         assert inputs.read_bytes() == before
     assert server.stats()["requests_total"] == 0
+
+
+# -- clean errors, each naming the file and the fix ------------------------------------------
+def test_bad_inputs_and_outputs_are_clean_errors(
+    server: FakeOpenAIServer, res: Path, tmp_path: Path
+) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(b'"fine"\n\xff\xfe not utf-8\n"also fine"\n')
+    out = tmp_path / "out.jsonl"
+    done = cli("run", FAN, "-i", bad, "-o", out, "--resources", res)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    rows = by_index(records(out.read_text()))
+    assert rows[1]["error"]["message"].startswith(f"{bad} line 2 is not UTF-8 (byte 0xff")
+    assert "re-encode" in rows[1]["error"]["message"]
+    assert rows[0]["output"] == fan("fine") and rows[2]["output"] == fan("also fine")
+    assert "3 input(s): 2 succeeded, 1 failed" in done.stderr
+
+    big = tmp_path / "big.csv"
+    big.write_text("text\n" + "x" * 200_000 + "\n")  # past the csv module's 128 KiB default
+    wide = tmp_path / "wide.jsonl"
+    done = cli("run", FAN, "-i", big, "-o", wide, "--resources", res, "--field", "text")
+    assert done.returncode == 0, done.stderr
+    assert records(wide.read_text())[0]["output"] == fan("x" * 200_000)
+
+    for target, extra, says in (
+        (tmp_path, (), "is a directory; give the path of a file"),
+        (bad / "x.jsonl", (), "cannot create the checkpoint directory"),  # under a file
+        (bad / "x.jsonl", ("--no-checkpoint",), "cannot write --output"),
+    ):
+        done = cli("run", FAN, "-i", bad, "-o", target, "--resources", res, *extra)
+        assert done.returncode == 2 and says in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr and "--fresh" not in done.stderr
+
+
+def test_closed_stdin_is_a_clean_error(res: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "plait.cli", "run", FAN, "--resources", str(res)],
+        cwd=ROOT, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60,
+        preexec_fn=lambda: os.close(0),
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "stdin is closed" in done.stderr and "Traceback" not in done.stderr

@@ -29,6 +29,7 @@ import inspect
 import io
 import itertools
 import json
+import re
 import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -48,6 +49,11 @@ __all__ = [
 ]
 
 FORMATS = ("auto", "jsonl", "csv", "text")
+
+#: Characters ``errors="surrogateescape"`` makes of bytes that are not UTF-8.
+_UNDECODABLE = re.compile("[\udc80-\udcff]")
+#: The longest CSV cell read (the csv module's own default is 128 KiB).
+_CSV_CELL_LIMIT = 64 * 1024 * 1024
 
 _BY_SUFFIX = {
     ".jsonl": "jsonl",
@@ -127,10 +133,16 @@ class InputSource:
             self.name = "stdin"
             if stdin is None:
                 stdin = sys.stdin
-                # Inputs are data, not terminal text: UTF-8 whatever the locale says.
+                if stdin is None or getattr(stdin, "closed", False):
+                    raise InputError(
+                        "stdin is closed, so there are no inputs to read: give --input FILE, "
+                        "or pipe the inputs in (--input -)"
+                    )
+                # Inputs are data, not terminal text: UTF-8 whatever the locale says, and
+                # bytes that are not UTF-8 become that record's error, not a crash.
                 if isinstance(stdin, io.TextIOWrapper):
                     with contextlib.suppress(ValueError, OSError):
-                        stdin.reconfigure(encoding="utf-8")
+                        stdin.reconfigure(encoding="utf-8", errors="surrogateescape")
             self._stream: IO[str] = stdin
             self._owned = False
         else:
@@ -139,7 +151,9 @@ class InputSource:
             if self.path.is_dir():
                 raise InputError(f"input {location} is a directory; give a file (or - for stdin)")
             try:
-                self._stream = open(self.path, encoding="utf-8-sig", newline="")  # noqa: SIM115
+                self._stream = open(  # noqa: SIM115 (closed in close())
+                    self.path, encoding="utf-8-sig", errors="surrogateescape", newline=""
+                )
             except OSError as exc:
                 raise InputError(f"cannot read input file {location}: {exc.strerror}") from None
             self._owned = True
@@ -185,16 +199,39 @@ class InputSource:
         return self._text()
 
     # -- the formats -----------------------------------------------------------------------
+    def _not_utf8(self, text: str, where: str) -> str | None:
+        """A problem naming the place, when ``text`` held bytes that are not UTF-8."""
+        bad = _UNDECODABLE.search(text)
+        if bad is None:
+            return None
+        byte = ord(bad.group()) - 0xDC00
+        return (
+            f"{where} is not UTF-8 (byte 0x{byte:02x} at character {bad.start() + 1}); "
+            f"re-encode {self.name} as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+        )
+
     def _text(self) -> Iterator[Item]:
-        for line in self.lines:
+        for number, line in enumerate(self.lines, start=1):
             text = line.rstrip("\r\n")
             if text.strip():
+                problem = self._not_utf8(text, f"{self.name} line {number}")
+                if problem is not None:
+                    yield Item(
+                        text.encode("utf-8", "surrogateescape").decode("latin-1"), problem=problem
+                    )
+                    continue
                 yield self._arguments(text.lstrip("\ufeff"), "")
 
     def _jsonl(self) -> Iterator[Item]:
         for number, line in enumerate(self.lines, start=1):
             text = line.strip().lstrip("\ufeff")
             if not text:
+                continue
+            problem = self._not_utf8(text, f"{self.name} line {number}")
+            if problem is not None:
+                yield Item(
+                    text.encode("utf-8", "surrogateescape").decode("latin-1"), problem=problem
+                )
                 continue
             try:
                 record = json.loads(text)
@@ -204,9 +241,25 @@ class InputSource:
             yield self._arguments(record, f"{self.name} line {number}")
 
     def _csv(self) -> Iterator[Item]:
+        # Cells as long as documents are data too (the csv module stops at 128 KiB).
+        csv.field_size_limit(max(csv.field_size_limit(), _CSV_CELL_LIMIT))
         reader = csv.DictReader(self.lines, delimiter=self.delimiter)
-        for row in reader:
+        rows = iter(reader)
+        while True:
+            try:
+                row = next(rows)
+            except StopIteration:
+                return
+            except csv.Error as exc:
+                raise InputError(
+                    f"{self.name} line {reader.line_num} cannot be read as CSV ({exc}); fix "
+                    "that row, or convert the file to JSONL"
+                ) from None
             where = f"{self.name} line {reader.line_num}"
+            problem = self._not_utf8(json.dumps(row, ensure_ascii=False), where)
+            if problem is not None:
+                yield Item({k: v for k, v in row.items() if k is not None}, problem=problem)
+                continue
             if None in row:
                 extra = row.pop(None)
                 yield Item(row, problem=f"{where} has more values than the header ({extra!r})")

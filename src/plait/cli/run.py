@@ -35,12 +35,7 @@ from plait.cli.outputs import OutputWriter, error_record, silence_stdout
 from plait.cli.progress import Tally, console, duration, make_display
 from plait.cli.target import Target, TargetError
 from plait.execution.checkpoint import FORMAT as CHECKPOINT_FORMAT
-from plait.execution.checkpoint import (
-    Checkpoint,
-    CheckpointBusy,
-    CheckpointError,
-    producer_of,
-)
+from plait.execution.checkpoint import Checkpoint, CheckpointError, producer_of
 from plait.execution.loop import run_blocking
 from plait.execution.runtime import _Run
 from plait.execution.settings import resolve_options
@@ -232,9 +227,9 @@ class _Command:
         try:
             producer = producer_of(module, resources)
             checkpoint = Checkpoint(directory, pipeline, producer).open()
-        except CheckpointBusy as exc:
-            raise UsageError(str(exc)) from None
         except CheckpointError as exc:
+            if not exc.fresh_helps:
+                raise UsageError(str(exc)) from None
             raise UsageError(f"{exc} (or add --fresh to delete it and start over)") from None
         try:
             noted.write_text(json.dumps(command), encoding="utf-8")
@@ -275,12 +270,19 @@ class _Command:
         opts["checkpoint_dir"] = None
         opts["preserve_order"] = bool(ns.preserve_order)
 
+        if ns.output != "-" and Path(ns.output).is_dir():
+            raise UsageError(f"--output {ns.output} is a directory; give the path of a file")
         try:
             writer = OutputWriter(ns.output, preserve_order=opts["preserve_order"])
         except Busy as exc:
             raise UsageError(
                 f"the output {ns.output} is being written by {exc.holder}; two runs writing "
                 "one file would interleave their rows. Wait for it, or choose another --output"
+            ) from None
+        except OSError as exc:
+            raise UsageError(
+                f"cannot write --output {ns.output} ({exc.strerror or exc}); choose a path in "
+                "a directory you can write to"
             ) from None
         display = make_display(tally, self.err, quiet=ns.quiet)
         profiler: Any = contextlib.nullcontext()

@@ -38,9 +38,14 @@ VERSION = 2
 class CheckpointError(RuntimeError):
     """The checkpoint directory cannot be used for this run; the message says why."""
 
+    #: Whether starting over (deleting the checkpoint) is a way out.
+    fresh_helps = True
+
 
 class CheckpointBusy(CheckpointError):
     """Another run holds the checkpoint; ``holder`` names it (``process 1234``)."""
+
+    fresh_helps = False
 
     def __init__(self, message: str, holder: str) -> None:
         super().__init__(message)
@@ -123,7 +128,15 @@ class Checkpoint:
     def open(self) -> Checkpoint:
         if self.directory.exists() and not self.directory.is_dir():
             raise CheckpointError(f"checkpoint_dir {self.directory} exists and is not a directory")
-        self.directory.mkdir(parents=True, exist_ok=True)
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            error = CheckpointError(
+                f"cannot create the checkpoint directory {self.directory} "
+                f"({exc.strerror or exc}); choose a path you can write to"
+            )
+            error.fresh_helps = False
+            raise error from None
         try:
             self._lock = hold(self.directory / "lock")
         except Busy as exc:

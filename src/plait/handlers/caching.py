@@ -150,7 +150,7 @@ class Cache(Handler):
         key = request_key(msg, self.namespace)
         reply = json.dumps(response_to_json(msg.value), separators=(",", ":"))
         with self._lock:
-            self._connection().execute(
+            self._execute(
                 f"INSERT OR REPLACE INTO {_REPLIES_TABLE} (namespace, key, reply, created) "
                 "VALUES (?, ?, ?, ?)",
                 (self.namespace, key, reply, time.time()),
@@ -159,14 +159,10 @@ class Cache(Handler):
 
     def _lookup(self, key: str, msg: Message) -> LLMResponse | None:
         with self._lock:
-            row = (
-                self._connection()
-                .execute(
-                    f"SELECT reply FROM {_REPLIES_TABLE} WHERE namespace = ? AND key = ?",
-                    (self.namespace, key),
-                )
-                .fetchone()
-            )
+            row = self._execute(
+                f"SELECT reply FROM {_REPLIES_TABLE} WHERE namespace = ? AND key = ?",
+                (self.namespace, key),
+            ).fetchone()
         if row is None:
             return None
         try:
@@ -197,13 +193,9 @@ class Cache(Handler):
     def stats(self) -> dict[str, Any]:
         """This handler's hits, misses and stores, and the entries its namespace holds."""
         with self._lock:
-            entries = (
-                self._connection()
-                .execute(
-                    f"SELECT COUNT(*) FROM {_REPLIES_TABLE} WHERE namespace = ?", (self.namespace,)
-                )
-                .fetchone()[0]
-            )
+            entries = self._execute(
+                f"SELECT COUNT(*) FROM {_REPLIES_TABLE} WHERE namespace = ?", (self.namespace,)
+            ).fetchone()[0]
             looked_up = self.hits + self.misses
             return {
                 "hits": self.hits,
@@ -216,7 +208,7 @@ class Cache(Handler):
     def clear(self) -> int:
         """Delete this namespace's entries (other namespaces in the file stay); returns how many."""
         with self._lock:
-            cursor = self._connection().execute(
+            cursor = self._execute(
                 f"DELETE FROM {_REPLIES_TABLE} WHERE namespace = ?", (self.namespace,)
             )
             return int(cursor.rowcount)
@@ -229,6 +221,18 @@ class Cache(Handler):
             self._db = None
 
     # -- the file -----------------------------------------------------------------------
+    def _execute(self, sql: str, params: tuple[Any, ...]) -> sqlite3.Cursor:
+        """One statement (caller holds the lock); a damaged file is named, with the fix."""
+        try:
+            return self._connection().execute(sql, params)
+        except sqlite3.DatabaseError as exc:
+            if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
+                raise
+            raise CacheError(
+                f"the cache {self.path} is damaged ({exc}); delete it (the next run starts a "
+                "new one) or give cache() another file"
+            ) from None
+
     def _connection(self) -> sqlite3.Connection:
         """The open connection (caller holds the lock); a forked child opens its own."""
         if self._db is not None and self._pid == os.getpid():
@@ -284,7 +288,10 @@ def _open(path: Path) -> sqlite3.Connection:
                 f"{path} is not a plait cache (it is not an SQLite database); "
                 "give a new file path, or delete this file if it is a damaged cache"
             ) from None
-        raise CacheError(f"cannot use {path} as a plait cache: {exc}") from None
+        raise CacheError(
+            f"cannot use {path} as a plait cache ({exc}); if the file is damaged, delete it "
+            "(the next run starts a new one) or give cache() another file"
+        ) from None
     except BaseException:
         db.close()
         raise
