@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from plait._jsonl import json_line, whole_lines
+from plait._jsonl import json_line
 from plait._locks import Busy, hold
 from plait.execution.codec import decode, encode
 from plait.handlers.llm import response_from_json, response_to_json
@@ -112,9 +112,14 @@ class Checkpoint:
         self.producer = producer
         #: Set when a run with no resources resumes a checkpoint made on endpoints.
         self.mismatch: str | None = None
-        self.calls: dict[tuple[int, str, str], Any] = {}
-        self.outputs: dict[int, tuple[str, Any]] = {}
+        #: Where each completed call's record is in the log: (offset, length).  An index,
+        #: not the data: a long run's replies stay on disk until a resume asks for one.
+        self.calls: dict[tuple[int, str, str], tuple[int, int]] = {}
+        #: Per finished input: (input hash, offset, length) of its output record.
+        self.outputs: dict[int, tuple[str, int, int]] = {}
         self._fd: int | None = None
+        self._reader: int | None = None
+        self._size = 0
         self._lock: int | None = None
 
     @property
@@ -178,9 +183,13 @@ class Checkpoint:
             )
         self._load_log()
         self._fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._size = os.fstat(self._fd).st_size
         return self
 
     def close(self) -> None:
+        if self._reader is not None:
+            os.close(self._reader)
+            self._reader = None
         try:
             if self._fd is not None:
                 try:
@@ -232,37 +241,62 @@ class Checkpoint:
         self.mismatch = message
 
     def _load_log(self) -> None:
+        """Index the log by streaming it (its size does not matter); a torn last line,
+        left by a process killed mid-write, is cut off."""
         if not self.log_path.exists():
             return
-        for number, line in enumerate(whole_lines(self.log_path).splitlines(), start=1):
-            try:
-                record = json.loads(line)
-                kind = record["t"]
-                if kind == "call":
-                    self.calls[(record["i"], record["n"], record["h"])] = record["v"]
-                elif kind == "out":
-                    self.outputs[record["i"]] = (record["h"], record["v"])
-                else:
-                    raise ValueError(f"unknown record type {kind!r}")
-            except (ValueError, KeyError, TypeError) as exc:
-                raise CheckpointError(
-                    f"{self.log_path} line {number} is corrupt ({exc}); delete {self.directory} "
-                    "to start over, or remove that line to keep the rest"
-                ) from None
+        offset = 0
+        with open(self.log_path, "rb") as log:
+            for number, line in enumerate(log, start=1):
+                if not line.endswith(b"\n"):
+                    break  # torn: cut below
+                try:
+                    record = json.loads(line)
+                    kind = record["t"]
+                    where = (offset, len(line))
+                    if kind == "call":
+                        self.calls[(record["i"], record["n"], record["h"])] = where
+                    elif kind == "out":
+                        self.outputs[record["i"]] = (record["h"], *where)
+                    else:
+                        raise ValueError(f"unknown record type {kind!r}")
+                except (ValueError, KeyError, TypeError) as exc:
+                    raise CheckpointError(
+                        f"{self.log_path} line {number} is corrupt ({exc}); delete "
+                        f"{self.directory} to start over, or remove that line to keep the rest"
+                    ) from None
+                offset += len(line)
+        if offset < self.log_path.stat().st_size:
+            with open(self.log_path, "r+b") as log:
+                log.truncate(offset)
 
-    def _append(self, record: dict[str, Any]) -> None:
+    def _append(self, record: dict[str, Any]) -> tuple[int, int]:
         if self._fd is None:
             raise CheckpointError("checkpoint is not open")
-        os.write(self._fd, json_line(record))
+        data = json_line(record)
+        os.write(self._fd, data)  # O_APPEND, one write: whole records only
+        where = (self._size, len(data))
+        self._size += len(data)
+        return where
+
+    def _read(self, offset: int, length: int) -> Any:
+        if self._reader is None:
+            self._reader = os.open(self.log_path, os.O_RDONLY)
+        return json.loads(os.pread(self._reader, length, offset))["v"]
+
+    def stored_call(self, key: tuple[int, str, str]) -> Any:
+        """The reply a finished call got, or None."""
+        where = self.calls.get(key)
+        return None if where is None else self._read(*where)
 
     def record_call(self, index: int, node: str, request_hash: str, value: Any) -> None:
-        self.calls[(index, node, request_hash)] = value
-        self._append({"t": "call", "i": index, "n": node, "h": request_hash, "v": value})
+        record = {"t": "call", "i": index, "n": node, "h": request_hash, "v": value}
+        self.calls[(index, node, request_hash)] = self._append(record)
 
     def record_output(self, index: int, input_hash: str, payload: Any) -> None:
         encoded = encode(payload)
-        self.outputs[index] = (input_hash, encoded)
-        self._append({"t": "out", "i": index, "h": input_hash, "v": encoded})
+        where = self._append({"t": "out", "i": index, "h": input_hash, "v": encoded})
+        self.outputs[index] = (input_hash, *where)
 
     def finished_output(self, index: int, input_hash: str) -> tuple[bool, Any]:
         found = self.outputs.get(index)
@@ -274,11 +308,13 @@ class Checkpoint:
                 f"position in {self.directory}; resume with the same inputs in the same order, "
                 "or use a new checkpoint_dir"
             )
-        return True, decode(found[1])
+        return True, decode(self._read(found[1], found[2]))
 
 
 class CheckpointHandler(Handler):
     """Answers LLM calls that a killed run had completed; records new ones."""
+
+    sees_composite_calls = False  # acts on LLM calls only
 
     def __init__(self, checkpoint: Checkpoint) -> None:
         self.checkpoint = checkpoint
@@ -289,7 +325,7 @@ class CheckpointHandler(Handler):
         request: LLMRequest = msg.kwargs["request"]
         key = (msg.input_index, msg.node_id, request.fingerprint())
         msg.meta["checkpoint_key"] = key
-        stored = self.checkpoint.calls.get(key)
+        stored = self.checkpoint.stored_call(key)
         if stored is not None:
             msg.value = _restore(stored, request)
             msg.done = True

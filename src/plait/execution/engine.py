@@ -361,7 +361,7 @@ class _GraphRun:
         except Exception as exc:
             self.complete(node, error_value(exc, module_path=node.path, ref=f"node:{node.id}"))
             return
-        stack = current_stack()
+        stack = tuple(h for h in current_stack() if h.sees_composite_calls)
         if not stack:
             self.complete(node, Value(ValueKind.OTHER, (args, kwargs)))
             return

@@ -78,6 +78,8 @@ class _Ticket:
 class Budget(Handler):
     """Counts calls, tokens and cost, and refuses new calls past any limit."""
 
+    sees_composite_calls = False  # acts on LLM calls only
+
     def __init__(
         self,
         max_calls: int | None = None,

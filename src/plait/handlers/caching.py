@@ -101,6 +101,8 @@ class Cache(Handler):
     the cache is never wrong, it only misses.
     """
 
+    sees_composite_calls = False  # acts on LLM calls only
+
     def __init__(self, path: str | os.PathLike[str], namespace: str = "") -> None:
         self.path = Path(path)
         self.namespace = namespace

@@ -56,6 +56,8 @@ class Mock(Handler):
     answered (a cache hit, a checkpoint) is left alone.
     """
 
+    sees_composite_calls = False  # acts on LLM calls only
+
     def __init__(self, replies: Mapping[str, Reply], *, strict: bool = False) -> None:
         if not isinstance(replies, Mapping):
             raise TypeError(

@@ -56,6 +56,8 @@ EXTRA_FIELDS = (
 class Override(Handler):
     """Rewrites the request of matching LLM calls (a copy: the original stays as it was)."""
 
+    sees_composite_calls = False  # acts on LLM calls only
+
     def __init__(self, where: str | Sequence[str] = "*", **changes: Any) -> None:
         self.where = _patterns(where)
         self.fields, self.extra = _validate(changes)

@@ -159,6 +159,8 @@ class Profiler(Handler):
     blocks or runs keeps adding to the same records.
     """
 
+    sees_composite_calls = False  # draws calls; a composite's time is its calls'
+
     def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
         self.path = path
         self._lock = threading.Lock()

@@ -85,6 +85,8 @@ class Recorder(Handler):
     its calls reach the recording: a replay reproduces the whole run.
     """
 
+    sees_composite_calls = False  # acts on LLM calls only
+
     #: The runtime runs inputs a checkpoint finished through their calls while this
     #: handler is active, instead of answering them with the stored output.
     sees_every_call = True
@@ -194,6 +196,8 @@ class Replayer(Handler):
     temperature above zero), the first recorded reply is the one replayed, so a
     replay gives the same result every time.
     """
+
+    sees_composite_calls = False  # acts on LLM calls only
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)

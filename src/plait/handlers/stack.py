@@ -8,7 +8,7 @@ import inspect
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
-from typing import Any, ParamSpec, Self, TypeVar
+from typing import Any, ClassVar, ParamSpec, Self, TypeVar
 
 __all__ = [
     "Handler",
@@ -69,6 +69,11 @@ class Handler:
     """
 
     _tokens: list[Token[tuple[Handler, ...]]]
+
+    #: Whether this handler is shown composite module calls (``meta["composite"]``).
+    #: plait's own handlers act on LLM calls only and clear it, so a run under them
+    #: brackets its composite calls without any message work; your handlers see them.
+    sees_composite_calls: ClassVar[bool] = True
 
     def process(self, msg: Message) -> Any:
         """Inspect or rewrite ``msg`` before the call; set ``msg.done`` to skip it."""
