@@ -7,7 +7,11 @@ teardown with the offending excerpt.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -79,3 +83,20 @@ def make_resources(
 @pytest.fixture()
 def resources(server: FakeOpenAIServer) -> plait.ResourceConfig:
     return make_resources(server, ("fast", "smart"), max_concurrent=8)
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def plait_cli(
+    *args: str | Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The ``plait`` command as a user runs it: a process of its own, no terminal."""
+    return subprocess.run(
+        [sys.executable, "-m", "plait.cli", *map(str, args)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=120,
+    )

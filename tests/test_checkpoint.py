@@ -15,7 +15,7 @@ import plait
 from plait.execution.checkpoint import Checkpoint
 from plait.testing import FakeOpenAIServer
 
-from .conftest import make_resources
+from .conftest import make_resources, plait_cli
 from .pipelines import FanOutFanIn, echo
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -209,14 +209,7 @@ def test_checkpoints_key_on_the_request_as_handlers_left_it(
 
 # -- one run per checkpoint and per output file -----------------------------------------------
 def _plait_run(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    root = Path(__file__).resolve().parent.parent
-    return subprocess.run(
-        [sys.executable, "-m", "plait.cli", "run", *map(str, args)],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return plait_cli("run", *args)
 
 
 def _resources_file(tmp_path: Path, server: FakeOpenAIServer) -> Path:

@@ -4,7 +4,6 @@ structured-output classes, lone surrogates; and checkpoints hold data, never cod
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -16,6 +15,8 @@ import pytest
 import plait
 from plait.execution.codec import decode, encode
 from plait.testing import FakeOpenAIServer
+
+from .conftest import plait_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -42,16 +43,6 @@ def test_an_output_a_checkpoint_cannot_store_is_still_delivered(
     stored = sorted(json.loads(line)["v"] for line in lines if json.loads(line)["t"] == "out")
     assert stored == (["A", "B"] if batch else [])  # the set is delivered, not stored
     assert "pickle" not in "".join(lines)
-
-
-def _plait(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "plait.cli", *map(str, args)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 def _resources(tmp_path: Path, server: FakeOpenAIServer) -> Path:
@@ -91,7 +82,7 @@ def test_structured_output_with_a_locally_defined_class_is_written_and_resumed(
     inputs.write_text("".join(json.dumps(f"text {i}") + "\n" for i in range(3)))
     out = tmp_path / "out.jsonl"
     res = _resources(tmp_path, server)
-    first = _plait("run", f"{target}:Labeller", "-i", inputs, "-o", out, "--resources", res)
+    first = plait_cli("run", f"{target}:Labeller", "-i", inputs, "-o", out, "--resources", res)
     assert first.returncode == 0, first.stderr
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert sorted(row["index"] for row in rows) == [0, 1, 2]
@@ -99,7 +90,7 @@ def test_structured_output_with_a_locally_defined_class_is_written_and_resumed(
     assert "3 succeeded, 0 failed" in first.stderr
     paid = server.stats()["requests_total"]
     assert paid == 3
-    again = _plait("run", f"{target}:Labeller", "-i", inputs, "-o", out, "--resources", res)
+    again = plait_cli("run", f"{target}:Labeller", "-i", inputs, "-o", out, "--resources", res)
     assert again.returncode == 0, again.stderr
     assert server.stats()["requests_total"] == paid  # resumed: nothing paid twice
     assert sorted(json.loads(line)["index"] for line in out.read_text().splitlines()) == [0, 1, 2]
@@ -120,7 +111,7 @@ def test_every_input_is_a_row_and_the_summary_counts_the_rows(
     inputs.write_text("".join(json.dumps(t) + "\n" for t in texts))
     for order in ([], ["--preserve-order"]):
         out = tmp_path / f"out{len(order)}.jsonl"
-        done = _plait("run", f"{target}:Odd", "-i", inputs, "-o", out, *order)
+        done = plait_cli("run", f"{target}:Odd", "-i", inputs, "-o", out, *order)
         rows = [json.loads(line) for line in out.read_text().splitlines()]
         assert sorted(row["index"] for row in rows) == [0, 1, 2, 3], done.stderr
         assert "4 input(s): 4 succeeded, 0 failed" in done.stderr

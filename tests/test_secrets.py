@@ -4,9 +4,6 @@ place, empty key variables."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,22 +12,11 @@ import plait
 from plait._secrets import redact_url, scrub
 from plait.testing import FakeOpenAIServer
 
+from .conftest import plait_cli
+
 ROOT = Path(__file__).resolve().parent.parent
 PASSWORD = "pw-CANARY-7f3a91"
 PASTED_KEY = "sk-proj-CANARYKEY0123456789abcdef"
-
-
-def plait_cli(
-    *args: str | Path, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "plait.cli", *map(str, args)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        env={**os.environ, **(env or {})},
-        timeout=120,
-    )
 
 
 def everything_written(*places: Path) -> str:
