@@ -12,8 +12,10 @@ at most 0.5 ms per call (zero-latency scenario); peak RSS at 100,000 inputs no
 more than 1.5x that at 10,000 (each in a fresh subprocess, plait streaming the
 results and dropping them); one alias at C=4 under a larger run cap kept at its
 limit at least 0.75 of the time the server is busy (scenario 6; "time at limit" is
-the server's time with exactly C requests in flight / its time with any).  Exits
-non-zero, naming it, when a target is missed.
+the server's time with exactly C requests in flight / its time with any); a
+checkpointed `plait run` at most 1.2x the time of the same run without one
+(scenario 7, `checkpoint_cost.py`).  Exits non-zero, naming it, when a target is
+missed.
 
     .venv/bin/python benchmarks/run.py [--repeats 7] [--quick] [--no-pin]
 """
@@ -437,6 +439,11 @@ def main() -> int:
                 flush=True,
             )
         profile = profile_plait(server, 2000)
+        import checkpoint_cost  # beside this file (run as a script, its folder is on the path)
+
+        ckpt = checkpoint_cost.measure(
+            server, 2_000 if args.quick else 20_000, 1 if args.quick else 3
+        )
 
     missed = []
     for r in results:
@@ -460,8 +467,11 @@ def main() -> int:
     rss_ratio = rss[large]["maxrss_kb"] / rss[small]["maxrss_kb"]
     if rss_ratio > RSS_TARGET:
         missed.append(f"peak RSS N={large} / N={small} = {rss_ratio:.2f} > {RSS_TARGET}")
+    missed += checkpoint_cost.missed(ckpt)
     elapsed = time.perf_counter() - started
     text = report(args, results, rss, small, large, missed, profile, pinned, elapsed, repeats)
+    notes = text.index("## Notes")
+    text = text[:notes] + "\n".join(checkpoint_cost.section(ckpt)) + "\n" + text[notes:]
     args.output.write_text(text)
     print(f"wrote {args.output} ({elapsed:.0f} s)")
     for m in missed:

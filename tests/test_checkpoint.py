@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import plait
-from plait.execution.checkpoint import Checkpoint
+from plait.execution.checkpoint import Checkpoint, CheckpointError
 from plait.testing import FakeOpenAIServer
 
 from .conftest import make_resources, plait_cli
@@ -326,3 +326,81 @@ def test_an_offline_resume_answers_what_it_can_and_refuses_new_calls_elsewhere(
     assert isinstance(failed, plait.Value) and failed.is_error
     assert "alias 'fast': provider changed 'openai' -> 'local'" in failed.meta["message"]
     assert server.stats()["requests_total"] == 6
+
+
+def test_an_output_that_is_a_reply_is_logged_once_and_resumes_from_it(
+    server: FakeOpenAIServer, resources: plait.ResourceConfig, tmp_path: Path
+) -> None:
+    inputs = [f"document {i} " + "z" * 500 for i in range(20)]
+    pipeline = FanOutFanIn().bind(resources=resources, checkpoint_dir=tmp_path)
+    first = pipeline.run_sync(inputs)
+    assert first == [expected(text) for text in inputs]
+    log = (tmp_path / "log.jsonl").read_text()
+    for text in first:
+        # the final reply is the output: its text is in the log once, not twice
+        assert log.count(json.dumps(text)[1:-1]) == 1
+    outs = [json.loads(line) for line in log.splitlines() if '"t":"out"' in line]
+    assert len(outs) == 20 and all("c" in rec and "v" not in rec for rec in outs)
+    server.reset()
+    again = FanOutFanIn().bind(resources=resources, checkpoint_dir=tmp_path)
+    assert again.run_sync(inputs) == first
+    assert server.stats()["requests_total"] == 0
+
+
+def test_an_output_pointing_at_a_missing_reply_is_a_clear_error(
+    resources: plait.ResourceConfig, tmp_path: Path
+) -> None:
+    pipeline = FanOutFanIn().bind(resources=resources, checkpoint_dir=tmp_path)
+    pipeline.run_sync(["a"])
+    log = tmp_path / "log.jsonl"
+    # drop the final call's record but keep the output that points at it
+    final = next(line for line in log.read_text().splitlines() if '"t":"out"' in line)
+    pointed = json.loads(final)["c"]
+    kept = [
+        line
+        for line in log.read_text().splitlines()
+        if not (json.loads(line)["t"] == "call" and json.loads(line)["n"] == pointed[0])
+    ]
+    log.write_text("\n".join(kept) + "\n")
+    with pytest.raises(CheckpointError, match="points at a reply the log does not hold"):
+        pipeline.run_sync("a")
+
+
+def test_a_reply_with_a_lone_surrogate_is_logged_and_resumed(tmp_path: Path) -> None:
+    text = "bad \ud800 text"
+    checkpoint = Checkpoint(tmp_path, "p").open()
+    checkpoint.record_call(0, "1:llm", "h", {"text": text, "usage": [1, 2]})
+    checkpoint.record_output(0, "in", text)
+    checkpoint.close()
+    checkpoint = Checkpoint(tmp_path, "p").open()
+    try:
+        assert checkpoint.stored_call((0, "1:llm", "h"))["text"] == text
+        assert checkpoint.finished_output(0, "in") == (True, text)
+    finally:
+        checkpoint.close()
+
+
+def test_digests_tell_apart_what_differs_and_ignore_key_order() -> None:
+    from plait._digest import digest
+
+    assert digest({"a": 1, "b": [2, "x"]}) == digest({"b": [2, "x"], "a": 1})
+    distinct = [
+        ["ab", "c"],
+        ["a", "bc"],
+        {"a": "b"},
+        {"a": ["b"]},
+        {1: "a"},
+        {"1": "a"},
+        "\ud800",
+        "\udc00",
+        1,
+        1.0,
+        True,
+        None,
+        "None",
+        [],
+        {},
+        2**70,
+        str(2**70),
+    ]
+    assert len({digest(value) for value in distinct}) == len(distinct)

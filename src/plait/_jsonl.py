@@ -12,16 +12,45 @@ import json
 from pathlib import Path
 from typing import Any
 
-__all__ = ["json_line", "whole_lines"]
+import orjson
+
+__all__ = ["json_line", "loads", "text_line", "whole_lines"]
+
+
+#: Built once: ``json.dumps`` with options builds an encoder on every call.
+_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 
 
 def json_line(record: dict[str, Any]) -> bytes:
     """One record as a compact JSON line, ready for a single ``os.write``."""
-    text = json.dumps(record, separators=(",", ":"), ensure_ascii=False)
+    text = _COMPACT.encode(record)
     try:
         return (text + "\n").encode()
     except UnicodeEncodeError:  # a lone surrogate: UTF-8 has no form for it, JSON escapes do
         return (json.dumps(record, separators=(",", ":")) + "\n").encode()
+
+
+def text_line(record: dict[str, Any]) -> bytes:
+    """`json_line` for records of text, integers, None, lists and dicts only, such as an
+    LLM reply: the same JSON, 20x faster (checkpoints write one per call).
+
+    Not for records that may hold floats: orjson writes NaN as null, where the
+    standard library keeps it.  A lone surrogate, which orjson refuses, takes the
+    standard library's escapes.
+    """
+    try:
+        return orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE)
+    except orjson.JSONEncodeError:
+        return json_line(record)
+
+
+def loads(line: bytes) -> Any:
+    """One line back: orjson, or the standard library for what only it reads (NaN,
+    Infinity, an escaped lone surrogate)."""
+    try:
+        return orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return json.loads(line)
 
 
 def whole_lines(path: Path) -> bytes:

@@ -13,6 +13,7 @@ recorded as finished, so a resumed run retries them.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import tempfile
@@ -20,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from plait._jsonl import json_line
+from plait._jsonl import json_line, loads, text_line
 from plait._locks import Busy, hold
 from plait.execution.codec import decode, encode
 from plait.handlers.llm import response_from_json, response_to_json
@@ -32,7 +33,9 @@ __all__ = ["Checkpoint", "CheckpointBusy", "CheckpointError", "CheckpointHandler
 FORMAT = "plait-checkpoint"
 #: 2: calls are keyed by node ids that count composite calls' enter/exit nodes, so a
 #: version-1 log would match nothing and every call would be paid for again.
-VERSION = 2
+#: 3: inputs and requests are hashed by `plait._digest` (no JSON in between), so a
+#: version-2 log's hashes would match nothing either.
+VERSION = 3
 
 
 class CheckpointError(RuntimeError):
@@ -120,6 +123,10 @@ class Checkpoint:
         self._fd: int | None = None
         self._reader: int | None = None
         self._size = 0
+        self._pending: list[bytes] = []
+        #: Per input still running: the text of its latest logged reply (see `record_output`).
+        self._last_reply: dict[int, tuple[str, str, str]] = {}
+        self._flush_scheduled = False
         self._lock: int | None = None
 
     @property
@@ -193,6 +200,7 @@ class Checkpoint:
         try:
             if self._fd is not None:
                 try:
+                    self._flush()
                     os.fsync(self._fd)
                 finally:
                     os.close(self._fd)
@@ -251,7 +259,7 @@ class Checkpoint:
                 if not line.endswith(b"\n"):
                     break  # torn: cut below
                 try:
-                    record = json.loads(line)
+                    record = loads(line)
                     kind = record["t"]
                     where = (offset, len(line))
                     if kind == "call":
@@ -270,33 +278,79 @@ class Checkpoint:
             with open(self.log_path, "r+b") as log:
                 log.truncate(offset)
 
-    def _append(self, record: dict[str, Any]) -> tuple[int, int]:
+    def _append(self, data: bytes) -> tuple[int, int]:
+        """Queue one record; it reaches the log at the start of the loop's next turn.
+
+        Records made in one turn of the event loop go out as one ``write``: a busy run
+        completes many calls per turn, and a syscall each was a fifth of a checkpointed
+        run's cost.  A process killed before the flush loses at most that turn's
+        records, whose calls a resume then pays for again (they were never acknowledged
+        anywhere: outputs files are rewritten from the checkpoint on resume).
+        """
         if self._fd is None:
             raise CheckpointError("checkpoint is not open")
-        data = json_line(record)
-        os.write(self._fd, data)  # O_APPEND, one write: whole records only
         where = (self._size, len(data))
         self._size += len(data)
+        self._pending.append(data)
+        if not self._flush_scheduled:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                self._flush()
+            else:
+                self._flush_scheduled = True
+                loop.call_soon(self._flush)
         return where
 
+    def _flush(self) -> None:
+        """Write every queued record, in order, with as few ``write`` calls as it takes."""
+        self._flush_scheduled = False
+        if not self._pending or self._fd is None:
+            return
+        data = memoryview(b"".join(self._pending))
+        self._pending.clear()
+        while data:  # O_APPEND: a short write (disk nearly full) continues where it stopped
+            data = data[os.write(self._fd, data) :]
+
     def _read(self, offset: int, length: int) -> Any:
+        if self._pending:
+            self._flush()
         if self._reader is None:
             self._reader = os.open(self.log_path, os.O_RDONLY)
-        return json.loads(os.pread(self._reader, length, offset))["v"]
+        return loads(os.pread(self._reader, length, offset))
 
     def stored_call(self, key: tuple[int, str, str]) -> Any:
         """The reply a finished call got, or None."""
         where = self.calls.get(key)
-        return None if where is None else self._read(*where)
+        return None if where is None else self._read(*where)["v"]
 
     def record_call(self, index: int, node: str, request_hash: str, value: Any) -> None:
+        """Log a finished call's answer: an LLM reply's JSON form, or ``{"value": ...}``."""
         record = {"t": "call", "i": index, "n": node, "h": request_hash, "v": value}
-        self.calls[(index, node, request_hash)] = self._append(record)
+        text = value.get("text")
+        # A reply holds text, integers and None only: the fast writer is exact for it.
+        data = text_line(record) if isinstance(text, str) else json_line(record)
+        self.calls[(index, node, request_hash)] = self._append(data)
+        if isinstance(text, str):
+            self._last_reply[index] = (text, node, request_hash)
 
     def record_output(self, index: int, input_hash: str, payload: Any) -> None:
-        encoded = encode(payload)
-        where = self._append({"t": "out", "i": index, "h": input_hash, "v": encoded})
+        last = self._last_reply.pop(index, None)
+        record: dict[str, Any] = {"t": "out", "i": index, "h": input_hash}
+        if last is not None and type(payload) is str and (last[0] is payload or last[0] == payload):
+            # The output is the text of a reply logged just before: point at that record
+            # instead of writing the same text again (half the log of a one-call pipeline).
+            record["c"] = [last[1], last[2]]
+            data = text_line(record)
+        else:
+            record["v"] = encode(payload)
+            data = text_line(record) if type(payload) is str else json_line(record)
+        where = self._append(data)
         self.outputs[index] = (input_hash, *where)
+
+    def forget(self, index: int) -> None:
+        """An input has ended (finished or failed): drop what was kept for its output."""
+        self._last_reply.pop(index, None)
 
     def finished_output(self, index: int, input_hash: str) -> tuple[bool, Any]:
         found = self.outputs.get(index)
@@ -308,7 +362,17 @@ class Checkpoint:
                 f"position in {self.directory}; resume with the same inputs in the same order, "
                 "or use a new checkpoint_dir"
             )
-        return True, decode(self._read(found[1], found[2]))
+        record = self._read(found[1], found[2])
+        if "c" not in record:
+            return True, decode(record["v"])
+        node, request_hash = record["c"]
+        reply = self.stored_call((index, node, request_hash))
+        if reply is None or not isinstance(reply.get("text"), str):
+            raise CheckpointError(
+                f"{self.log_path}: the output of input #{index} points at a reply the log does "
+                f"not hold; delete {self.directory} to start over"
+            )
+        return True, reply["text"]
 
 
 class CheckpointHandler(Handler):

@@ -12,10 +12,10 @@ say) comes back as its plain JSON data.  Anything with no JSON form at all is a
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import sys
 from typing import Any
+
+from plait._digest import digest
 
 __all__ = ["decode", "encode", "fingerprint"]
 
@@ -96,5 +96,4 @@ def decode(data: Any) -> Any:
 
 def fingerprint(obj: Any) -> str:
     """A stable hash of a value, for telling whether an input is the one recorded."""
-    blob = json.dumps(encode(obj, repr), sort_keys=True, separators=(",", ":"), default=repr)
-    return hashlib.sha256(blob.encode()).hexdigest()[:24]
+    return digest(encode(obj, repr), size=12)

@@ -142,8 +142,16 @@ class _Run:
             found, payload = self.checkpoint.finished_output(index, key)
             if found and not _every_call_observed():
                 return Value(kind_of(payload), payload, meta={"checkpoint": "hit"})
-        value, graph, results = await self.engine.run_input(index, args, kwargs)
-        if value.kind is not ValueKind.ERROR:
+        try:
+            value, graph, results = await self.engine.run_input(index, args, kwargs)
+        except BaseException:
+            if self.checkpoint is not None:
+                self.checkpoint.forget(index)
+            raise
+        if value.kind is ValueKind.ERROR:
+            if self.checkpoint is not None:
+                self.checkpoint.forget(index)
+        else:
             if self.checkpoint is not None:
                 try:
                     self.checkpoint.record_output(index, key, value.payload)

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from plait._digest import digest
 from plait.structured import canonical_schema_json
 
 __all__ = [
@@ -51,21 +50,8 @@ class LLMRequest:
         schema = (
             canonical_schema_json(self.response_format) if self.response_format is not None else ""
         )
-        blob = json.dumps(
-            [
-                model,
-                self.alias,
-                self.messages,
-                self.temperature,
-                self.max_tokens,
-                schema,
-                self.extra,
-            ],
-            sort_keys=True,
-            separators=(",", ":"),
-            default=str,
-        )
-        return hashlib.sha256(blob.encode()).hexdigest()[:32]
+        parts = [model, self.alias, self.messages, self.temperature, self.max_tokens, schema]
+        return digest([*parts, self.extra], fallback=str)
 
 
 @dataclass(slots=True)
