@@ -113,6 +113,30 @@ class Module:
                 value._name = name
         object.__setattr__(self, name, value)
 
+    # -- pickling (sending a pipeline to Ray workers, saving it) ---------------------
+    def __getstate__(self) -> dict[str, Any]:
+        """The attributes, with the weak link to the owning module replaced by a mark:
+        the owner's ``__setstate__`` restores the link, so unpickling a pipeline gives
+        back the same tree (an owner that was not pickled along leaves no link)."""
+        state = dict(self.__dict__)
+        parent = self._parent_module()
+        state["_parent"] = None
+        state["_pickled_parent"] = id(parent) if parent is not None else None
+        state["_pickled_id"] = id(self)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        mine = state.pop("_pickled_id", None)
+        self.__dict__.update(state)
+        if mine is None:
+            return
+        for child in self._children.values():
+            if child.__dict__.get("_pickled_parent") == mine and child._parent is None:
+                object.__setattr__(child, "_parent", weakref.ref(self))
+        for param in self._parameters.values():
+            if param._pickled_owner() == mine and param._owner is None:
+                param._owner = weakref.ref(self)
+
     def __delattr__(self, name: str) -> None:
         self._release(name)
         object.__delattr__(self, name)

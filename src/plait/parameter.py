@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 __all__ = ["Parameter", "StructureLockedError"]
 
 _ids = itertools.count(1)
+#: Parameters unpickled with an owner that has not relinked them yet (its id then).
+_pickled_owners: weakref.WeakKeyDictionary[Parameter, int] = weakref.WeakKeyDictionary()
 
 #: Per input being run: the value of every parameter as it was when the input
 #: started (id(param) -> value).  Reads of ``param.value`` inside that input see it,
@@ -97,6 +99,26 @@ class Parameter:
         self._owner: weakref.ReferenceType[Module] | None = None
         self._feedback_buffer: list[str] = []
         self.param_id = f"p{next(_ids)}"
+
+    # -- pickling --------------------------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        """The slots, with the weak link to the owning module replaced by a mark (see
+        `Module.__getstate__`: the owner relinks it when it is unpickled)."""
+        state = {name: getattr(self, name) for name in self.__slots__ if name != "__weakref__"}
+        owner = self.owner
+        state["_owner"] = None
+        state["pickled_owner"] = id(owner) if owner is not None else None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        owner = state.pop("pickled_owner", None)
+        for name, value in state.items():
+            object.__setattr__(self, name, value)
+        if owner is not None:
+            _pickled_owners[self] = owner
+
+    def _pickled_owner(self) -> int | None:
+        return _pickled_owners.get(self)
 
     # -- value and versioning -------------------------------------------------
     @property

@@ -115,13 +115,18 @@ class Checkpoint:
         self.producer = producer
         #: Set when a run with no resources resumes a checkpoint made on endpoints.
         self.mismatch: str | None = None
-        #: Where each completed call's record is in the log: (offset, length).  An index,
-        #: not the data: a long run's replies stay on disk until a resume asks for one.
-        self.calls: dict[tuple[int, str, str], tuple[int, int]] = {}
+        #: Where each completed call's record is: (file, offset, length), file 0 being the
+        #: one this process appends to.  An index, not the data: a long run's replies stay
+        #: on disk until a resume asks for one.
+        self.calls: dict[tuple[int, str, str], tuple[int, int, int]] = {}
         #: Per finished input: (input hash, offset, length) of its output record.
         self.outputs: dict[int, tuple[str, int, int]] = {}
         self._fd: int | None = None
-        self._reader: int | None = None
+        #: The logs read, the first being the one written: ``log.jsonl``, or for a worker
+        #: of a multi-process run (`open_for_worker`) a file of its own under ``workers/``.
+        self._paths: list[Path] = [self.log_path]
+        self._readers: dict[int, int] = {}
+        self._worker = False
         self._size = 0
         self._pending: list[bytes] = []
         #: Per input still running: the text of its latest logged reply (see `record_output`).
@@ -193,10 +198,34 @@ class Checkpoint:
         self._size = os.fstat(self._fd).st_size
         return self
 
+    def open_for_worker(self, name: str) -> Checkpoint:
+        """Open as one worker process of a multi-process run (`plait.ray`).
+
+        The driver holds the checkpoint (its lock, manifest and outputs); a worker
+        logs the calls it completes to ``workers/<name>-<id>.jsonl``, a file no other
+        process writes, and answers from every log in the directory, so an input
+        rerun after its worker died pays for none of the calls the dead one finished.
+        """
+        if not self.manifest_path.exists():
+            raise CheckpointError(
+                f"{self.directory} has no manifest.json: the driver opens the checkpoint "
+                "before it starts workers"
+            )
+        self._check_manifest()
+        workers = self.directory / "workers"
+        workers.mkdir(exist_ok=True)
+        self._worker = True
+        own = workers / f"{name}-{os.getpid()}-{os.urandom(3).hex()}.jsonl"
+        self._paths = [own]
+        self._load_log()
+        self._fd = os.open(own, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._size = os.fstat(self._fd).st_size
+        return self
+
     def close(self) -> None:
-        if self._reader is not None:
-            os.close(self._reader)
-            self._reader = None
+        for reader in self._readers.values():
+            os.close(reader)
+        self._readers.clear()
         try:
             if self._fd is not None:
                 try:
@@ -249,33 +278,45 @@ class Checkpoint:
         self.mismatch = message
 
     def _load_log(self) -> None:
-        """Index the log by streaming it (its size does not matter); a torn last line,
-        left by a process killed mid-write, is cut off."""
-        if not self.log_path.exists():
-            return
+        """Index the logs by streaming them (their size does not matter): the one this
+        process writes, whose torn last line (left by a process killed mid-write) is
+        cut off, then those of the workers of multi-process runs (`open_for_worker`)."""
+        others = sorted((self.directory / "workers").glob("*.jsonl"))
+        if self._worker:
+            others.insert(0, self.log_path)
+        self._paths += [path for path in others if path != self._paths[0]]
+        for file, path in enumerate(self._paths):
+            if path.exists():
+                self._index(file, path)
+
+    def _index(self, file: int, path: Path) -> None:
         offset = 0
-        with open(self.log_path, "rb") as log:
+        with open(path, "rb") as log:
             for number, line in enumerate(log, start=1):
                 if not line.endswith(b"\n"):
                     break  # torn: cut below
                 try:
                     record = loads(line)
                     kind = record["t"]
-                    where = (offset, len(line))
                     if kind == "call":
-                        self.calls[(record["i"], record["n"], record["h"])] = where
+                        self.calls[(record["i"], record["n"], record["h"])] = (
+                            file,
+                            offset,
+                            len(line),
+                        )
                     elif kind == "out":
-                        self.outputs[record["i"]] = (record["h"], *where)
+                        if file == 0 and not self._worker:
+                            self.outputs[record["i"]] = (record["h"], offset, len(line))
                     else:
                         raise ValueError(f"unknown record type {kind!r}")
                 except (ValueError, KeyError, TypeError) as exc:
                     raise CheckpointError(
-                        f"{self.log_path} line {number} is corrupt ({exc}); delete "
+                        f"{path} line {number} is corrupt ({exc}); delete "
                         f"{self.directory} to start over, or remove that line to keep the rest"
                     ) from None
                 offset += len(line)
-        if offset < self.log_path.stat().st_size:
-            with open(self.log_path, "r+b") as log:
+        if file == 0 and offset < path.stat().st_size:
+            with open(path, "r+b") as log:
                 log.truncate(offset)
 
     def _append(self, data: bytes) -> tuple[int, int]:
@@ -312,12 +353,13 @@ class Checkpoint:
         while data:  # O_APPEND: a short write (disk nearly full) continues where it stopped
             data = data[os.write(self._fd, data) :]
 
-    def _read(self, offset: int, length: int) -> Any:
-        if self._pending:
+    def _read(self, file: int, offset: int, length: int) -> Any:
+        if file == 0 and self._pending:
             self._flush()
-        if self._reader is None:
-            self._reader = os.open(self.log_path, os.O_RDONLY)
-        return loads(os.pread(self._reader, length, offset))
+        reader = self._readers.get(file)
+        if reader is None:
+            reader = self._readers[file] = os.open(self._paths[file], os.O_RDONLY)
+        return loads(os.pread(reader, length, offset))
 
     def stored_call(self, key: tuple[int, str, str]) -> Any:
         """The reply a finished call got, or None."""
@@ -330,12 +372,14 @@ class Checkpoint:
         text = value.get("text")
         # A reply holds text, integers and None only: the fast writer is exact for it.
         data = text_line(record) if isinstance(text, str) else json_line(record)
-        self.calls[(index, node, request_hash)] = self._append(data)
+        self.calls[(index, node, request_hash)] = (0, *self._append(data))
         if isinstance(text, str):
             self._last_reply[index] = (text, node, request_hash)
 
     def record_output(self, index: int, input_hash: str, payload: Any) -> None:
         last = self._last_reply.pop(index, None)
+        if self._worker:
+            return  # the driver records outputs
         record: dict[str, Any] = {"t": "out", "i": index, "h": input_hash}
         if last is not None and type(payload) is str and (last[0] is payload or last[0] == payload):
             # The output is the text of a reply logged just before: point at that record
@@ -362,7 +406,7 @@ class Checkpoint:
                 f"position in {self.directory}; resume with the same inputs in the same order, "
                 "or use a new checkpoint_dir"
             )
-        record = self._read(found[1], found[2])
+        record = self._read(0, found[1], found[2])
         if "c" not in record:
             return True, decode(record["v"])
         node, request_hash = record["c"]

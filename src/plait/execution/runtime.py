@@ -82,7 +82,14 @@ def call_bound(
     opts = resolve_options(call_options, bound_config, bound_resources)
     if args and is_batch(args[0]):
         if streaming if streaming is not None else opts["streaming"]:
+            if opts["workers"] or opts["ray_address"]:
+                raise ValueError(
+                    "streaming a batch on Ray workers is not supported: call run_sync (or "
+                    "await the module) with workers=..., or stream in one process"
+                )
             return _stream(module, args[0], args[1:], forward_kwargs, opts)
+        if opts["workers"] or opts["ray_address"]:
+            return _run_distributed(module, args[0], args[1:], forward_kwargs, opts)
         return _run_batch(module, args[0], args[1:], forward_kwargs, opts)
     return _run_single(module, args, forward_kwargs, opts)
 
@@ -258,6 +265,56 @@ async def _run_batch(
         await state.drive(items, extra, kwargs, deliver, asyncio.Semaphore(state.window), True)
     finally:
         state.close()
+    return [outputs[i] for i in range(len(outputs))]
+
+
+async def _run_distributed(
+    module: Module,
+    items: Iterable[Any],
+    extra: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    opts: dict[str, Any],
+) -> list[Any]:
+    """A batch on Ray workers (`plait.ray`): the same results, in the same order."""
+    from plait.ray.runner import run_distributed
+    from plait.ray.spec import make_spec
+
+    if module.training:
+        raise ValueError(
+            "a module in train() mode records its graph for backward() in this process; "
+            "run training batches without workers (Trainer(workers=N) scores on workers)"
+        )
+    resources = ResourceManager.coerce(opts["resources"])
+    checkpoint = None
+    if opts["checkpoint_dir"] is not None:
+        pipeline = f"{type(module).__module__}.{type(module).__qualname__}"
+        checkpoint = Checkpoint(
+            opts["checkpoint_dir"], pipeline, producer_of(module, resources)
+        ).open()
+    outputs: dict[int, Any] = {}
+
+    def deliver(index: int, item: Any, value: Value) -> None:
+        outputs[index] = value if value.kind is ValueKind.ERROR else value.payload
+
+    def prepare(item: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        return (item, *extra), kwargs
+
+    def drive() -> None:
+        run_distributed(
+            make_spec(module, resources, opts, checkpoint),
+            items,
+            prepare,
+            deliver,
+            workers=opts["workers"] or 1,
+            address=opts["ray_address"],
+            checkpoint=checkpoint,
+        )
+
+    try:
+        await asyncio.to_thread(drive)
+    finally:
+        if checkpoint is not None:
+            checkpoint.close()
     return [outputs[i] for i in range(len(outputs))]
 
 

@@ -27,6 +27,8 @@ DEFAULTS: dict[str, Any] = {
     "streaming": False,
     "preserve_order": False,
     "max_inputs_in_flight": None,
+    "workers": None,
+    "ray_address": None,
 }
 SETTING_NAMES = frozenset(DEFAULTS)
 
@@ -50,7 +52,10 @@ class ExecutionSettings:
     ``streaming`` (batch calls yield `BatchResult`s as they complete),
     ``preserve_order`` (streaming yields in input order), ``max_inputs_in_flight``
     (how many batch inputs are traced and running at once; default
-    ``max(64, 2 * max_concurrent)``).
+    ``max(64, 2 * max_concurrent)``), ``workers`` (run batches on this many Ray
+    worker processes, with every endpoint's limits held cluster-wide: `plait.ray`),
+    ``ray_address`` (join this Ray cluster, ``"auto"`` for the local one, instead of
+    starting Ray for the run).
     """
 
     def __init__(
@@ -61,6 +66,8 @@ class ExecutionSettings:
         streaming: bool | None = None,
         preserve_order: bool | None = None,
         max_inputs_in_flight: int | None = None,
+        workers: int | None = None,
+        ray_address: str | None = None,
     ) -> None:
         self.resources = resources
         self.max_concurrent = max_concurrent
@@ -68,6 +75,8 @@ class ExecutionSettings:
         self.streaming = streaming
         self.preserve_order = preserve_order
         self.max_inputs_in_flight = max_inputs_in_flight
+        self.workers = workers
+        self.ray_address = ray_address
         _validate(self.explicit())
         self._tokens: list[Token[ExecutionSettings | None]] = []
 
@@ -103,7 +112,7 @@ def get_execution_settings() -> ExecutionSettings | None:
 
 
 def _validate(options: dict[str, Any]) -> None:
-    for name in ("max_concurrent", "max_inputs_in_flight"):
+    for name in ("max_concurrent", "max_inputs_in_flight", "workers"):
         value = options.get(name)
         if value is not None and (not isinstance(value, int) or value < 1):
             raise ValueError(f"{name} must be a positive integer, got {value!r}")

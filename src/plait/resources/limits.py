@@ -34,9 +34,12 @@ class Priority:
 class PriorityLimiter:
     """At most ``limit`` holders; waiters with the lowest priority go first (FIFO on ties)."""
 
+    #: The least limit allowed (a leased limiter starts with none: `plait.ray`).
+    minimum = 1
+
     def __init__(self, limit: int) -> None:
-        if limit < 1:
-            raise ValueError(f"a concurrency limit must be at least 1, got {limit}")
+        if limit < self.minimum:
+            raise ValueError(f"a concurrency limit must be at least {self.minimum}, got {limit}")
         self._limit = limit
         self._held = 0
         self._waiters: list[tuple[Key, int, asyncio.Future[None], Priority | None]] = []
@@ -58,8 +61,8 @@ class PriorityLimiter:
 
     def set_limit(self, limit: int) -> None:
         """Change the limit; a raise admits waiters at once, a cut takes effect as holders leave."""
-        if limit < 1:
-            raise ValueError(f"a concurrency limit must be at least 1, got {limit}")
+        if limit < self.minimum:
+            raise ValueError(f"a concurrency limit must be at least {self.minimum}, got {limit}")
         with self._lock:
             self._limit = limit
             woken = self._admit_locked()

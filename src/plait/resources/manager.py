@@ -8,7 +8,7 @@ two pipelines, that drive the same endpoint share one limiter, so
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from plait.providers import make_provider
@@ -25,6 +25,28 @@ LOCAL_DEFAULT = EndpointConfig(provider="local", max_concurrent=1)
 
 _registry_lock = threading.Lock()
 _governors: dict[tuple[str, str, str], RateGovernor] = {}
+_factory: Callable[[EndpointConfig], RateGovernor] | None = None
+
+
+def use_governors(factory: Callable[[EndpointConfig], RateGovernor] | None) -> None:
+    """Make this process's endpoints take their limits from ``factory`` (None: local).
+
+    A Ray worker (`plait.ray`) installs governors that lease capacity from the
+    cluster's broker, so the same limits hold across every process of a run.
+    """
+    global _factory
+    with _registry_lock:
+        _factory = factory
+        _governors.clear()
+
+
+def _local_governor(config: EndpointConfig) -> RateGovernor:
+    return RateGovernor(
+        PriorityLimiter(config.max_concurrent),
+        config.max_concurrent,
+        config.requests_per_minute,
+        config.tokens_per_minute,
+    )
 
 
 def shared_governor(config: EndpointConfig) -> RateGovernor:
@@ -33,12 +55,7 @@ def shared_governor(config: EndpointConfig) -> RateGovernor:
     with _registry_lock:
         governor = _governors.get(key)
         if governor is None:
-            governor = _governors[key] = RateGovernor(
-                PriorityLimiter(config.max_concurrent),
-                config.max_concurrent,
-                config.requests_per_minute,
-                config.tokens_per_minute,
-            )
+            governor = _governors[key] = (_factory or _local_governor)(config)
             return governor
     governor.configure(config.max_concurrent, config.requests_per_minute, config.tokens_per_minute)
     return governor

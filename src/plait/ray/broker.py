@@ -1,0 +1,344 @@
+"""The cluster's one budget per endpoint: concurrency, requests/min, tokens/min, 429 pauses.
+
+Every worker process of a run drives the same endpoints, and a provider counts
+their requests together.  So each endpoint's limits live once, in a `LimitBroker`
+(a Ray actor, one per cluster and namespace), and workers *lease* capacity from it
+in blocks: a number of concurrency slots they may hold, a number of requests and
+tokens they may spend.  A worker spends a lease locally, call by call, and talks to
+the broker only when its lease runs short, when it has capacity to give back, or
+every `SYNC_INTERVAL_S` while it is busy, so the broker sees a few messages per
+worker per second, not one per call.
+
+The rules that make the limits hold cluster-wide:
+
+- Slots: the broker grants a slot only while the slots held by all workers are
+  below the endpoint's (possibly AIMD-reduced) limit; a worker uses at most what it
+  was granted and the broker counts a slot held until the worker says it let go.
+  When several workers want more than there is, each is asked to shrink to its
+  fair share (proportional to what it wants), so no worker starves.
+- Requests and tokens: paced buckets, as in one process (`plait.resources.rate`):
+  N per minute admit N/60 a second with a burst of one second's worth.  A worker
+  spends only what it was granted; what it does not spend it gives back; a token
+  estimate that fell short is charged afterwards as debt.  So over any window the
+  requests sent cluster-wide stay within ``burst + rate * window``.
+- 429: the worker that saw it reports it; every later reply tells every worker to
+  pause for what the server asked (capped by ``max_retry_after_s``), and the slot
+  limit is halved (at most once a second), then recovers by one slot per window of
+  reported successes.
+- A worker that stops talking (killed) has its slots reclaimed after `LEASE_TTL_S`,
+  or at once when the driver, which sees the process die, says so (`forget`).
+
+This class is plain Python (tested without Ray); `plait.ray.cluster` wraps it in an
+actor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["LEASE_TTL_S", "SYNC_INTERVAL_S", "AliasLimits", "LimitBroker", "Report"]
+
+#: How often a busy worker reports to the broker (it also does when its lease runs out).
+SYNC_INTERVAL_S = 0.1
+#: A worker silent this long is taken for dead and its slots are given to others.
+LEASE_TTL_S = 10.0
+#: The longest the broker holds a request that it cannot grant yet (a long poll).
+_WAIT_S = 0.25
+_DECREASE_INTERVAL_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class AliasLimits:
+    """An endpoint's configured limits (from its `EndpointConfig`)."""
+
+    max_concurrent: int
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+    max_retry_after_s: float = 20.0
+
+
+@dataclass(slots=True)
+class Report:
+    """What a worker tells the broker about one endpoint, and asks of it."""
+
+    #: Slots the worker keeps (at most what it was granted; the rest go back).
+    slots_kept: int = 0
+    #: Slots it could use now (calls running + calls waiting for a slot).
+    slots_wanted: int = 0
+    #: Requests / tokens it is waiting to spend, beyond what it holds.
+    requests_wanted: float = 0.0
+    tokens_wanted: float = 0.0
+    #: Unspent requests / tokens it gives back.
+    requests_returned: float = 0.0
+    tokens_returned: float = 0.0
+    #: Tokens spent beyond the estimates it was granted for (charged as debt).
+    tokens_overspent: float = 0.0
+    #: Calls that succeeded since the last report (AIMD recovery).
+    successes: int = 0
+    #: A 429 seen since the last report, with the server's Retry-After (0 if none given).
+    rate_limited: float | None = None
+
+
+@dataclass(slots=True)
+class _Bucket:
+    rate: float  # per second
+    burst: float
+    level: float
+    stamp: float
+
+    @classmethod
+    def per_minute(cls, amount: int, now: float) -> _Bucket:
+        rate = amount / 60.0
+        burst = max(1.0, rate)
+        return cls(rate, burst, burst, now)
+
+    def refill(self, now: float) -> None:
+        self.level = min(self.burst, self.level + (now - self.stamp) * self.rate)
+        self.stamp = now
+
+    def take_whole(self, amount: float, now: float) -> float:
+        """Grant up to ``amount`` whole units (requests): what is there, never into debt."""
+        self.refill(now)
+        granted = float(math.floor(max(0.0, min(amount, self.level))))
+        self.level -= granted
+        return granted
+
+    def draw(self, amount: float, now: float) -> float:
+        """Grant all of ``amount`` (tokens) once ``min(amount, burst)`` is there, or
+        nothing: as in one process, a draw larger than the burst goes into debt."""
+        self.refill(now)
+        if self.level < min(amount, self.burst):
+            return 0.0
+        self.level -= amount
+        return amount
+
+    def give(self, amount: float, now: float) -> None:
+        self.refill(now)
+        self.level = min(self.burst, self.level + amount)
+
+    def charge(self, amount: float, now: float) -> None:
+        self.refill(now)
+        self.level -= amount  # may go negative: later grants wait it off
+
+
+@dataclass
+class _Alias:
+    limits: AliasLimits
+    limit: int  # the slot limit in force (AIMD may hold it below max_concurrent)
+    requests: _Bucket | None
+    tokens: _Bucket | None
+    held: dict[str, int] = field(default_factory=dict)
+    wanted: dict[str, int] = field(default_factory=dict)
+    paused_until: float = 0.0
+    last_decrease: float = 0.0
+    successes: int = 0
+    rate_limited: int = 0
+
+    def free(self) -> int:
+        return self.limit - sum(self.held.values())
+
+
+class LimitBroker:
+    """Leases each endpoint's capacity to workers; see the module docstring."""
+
+    def __init__(self) -> None:
+        self._aliases: dict[str, _Alias] = {}
+        self._seen: dict[str, float] = {}
+        self._changed: asyncio.Condition | None = None
+        self.syncs = 0
+
+    # -- the one call a worker makes --------------------------------------------------
+    async def sync(
+        self, worker: str, key: str, limits: AliasLimits, report: Report
+    ) -> dict[str, Any]:
+        """Take ``report`` from ``worker`` for endpoint ``key``; answer with its lease.
+
+        Returns ``slots`` (the most the worker may hold now), ``requests`` and
+        ``tokens`` (newly granted; ``math.inf`` when the endpoint has no such limit),
+        and ``pause_s`` (how long every sender must wait, for a 429).  When the worker
+        wants what nobody can give yet, the answer waits up to a quarter second for
+        it (slots freed by others, buckets refilling).
+        """
+        self.syncs += 1
+        now = time.monotonic()
+        self._seen[worker] = now
+        self._reclaim(now)
+        state = self._alias(key, limits, now)
+        self._absorb(state, worker, report, now)
+        deadline = now + _WAIT_S
+        requests = tokens = 0.0
+        while True:
+            grant = self._grant(
+                state,
+                worker,
+                max(0.0, report.requests_wanted - requests),
+                max(0.0, report.tokens_wanted - tokens),
+                time.monotonic(),
+            )
+            requests += grant["requests"]
+            tokens += grant["tokens"]
+            grant["requests"], grant["tokens"] = requests, tokens
+            short = (
+                grant["slots"] < min(report.slots_wanted, 1)
+                or (report.requests_wanted > 0 and requests <= 0)
+                or (report.tokens_wanted > 0 and tokens <= 0)
+            )
+            remaining = deadline - time.monotonic()
+            if not short or remaining <= 0 or grant["pause_s"] > 0:
+                return grant
+            await self._wait(min(remaining, self._refill_wait(state, report)))
+
+    async def forget(self, worker: str) -> None:
+        """``worker`` is gone: its slots go back at once."""
+        self._drop(worker)
+
+    def _drop(self, worker: str) -> None:
+        self._seen.pop(worker, None)
+        for state in self._aliases.values():
+            state.held.pop(worker, None)
+            state.wanted.pop(worker, None)
+        self._notify()
+
+    async def status(self) -> dict[str, Any]:
+        """What the broker holds, per endpoint (for tests, benchmarks and debugging)."""
+        return {
+            key: {
+                "limit": s.limit,
+                "held": dict(s.held),
+                "wanted": dict(s.wanted),
+                "paused_for_s": max(0.0, s.paused_until - time.monotonic()),
+                "rate_limited": s.rate_limited,
+            }
+            for key, s in self._aliases.items()
+        } | {"syncs": self.syncs}
+
+    # -- internals ---------------------------------------------------------------------
+    def _alias(self, key: str, limits: AliasLimits, now: float) -> _Alias:
+        state = self._aliases.get(key)
+        if state is None or state.limits != limits:
+            held = state.held if state is not None else {}
+            state = _Alias(
+                limits,
+                limits.max_concurrent,
+                _Bucket.per_minute(limits.requests_per_minute, now)
+                if limits.requests_per_minute
+                else None,
+                _Bucket.per_minute(limits.tokens_per_minute, now)
+                if limits.tokens_per_minute
+                else None,
+                held=dict(held),
+            )
+            self._aliases[key] = state
+        return state
+
+    def _absorb(self, state: _Alias, worker: str, report: Report, now: float) -> None:
+        previous = state.held.get(worker, 0)
+        state.held[worker] = max(0, min(report.slots_kept, previous))
+        state.wanted[worker] = max(0, report.slots_wanted)
+        if state.requests is not None and report.requests_returned > 0:
+            state.requests.give(report.requests_returned, now)
+        if state.tokens is not None:
+            if report.tokens_returned > 0:
+                state.tokens.give(report.tokens_returned, now)
+            if report.tokens_overspent > 0:
+                state.tokens.charge(report.tokens_overspent, now)
+        if report.rate_limited is not None:
+            state.rate_limited += 1
+            wait = min(report.rate_limited, state.limits.max_retry_after_s)
+            state.paused_until = max(state.paused_until, now + wait)
+            if now - state.last_decrease >= _DECREASE_INTERVAL_S:
+                state.last_decrease = now
+                state.successes = 0
+                state.limit = max(1, state.limit // 2)
+        elif report.successes and state.limit < state.limits.max_concurrent:
+            state.successes += report.successes
+            while state.successes >= state.limit and state.limit < state.limits.max_concurrent:
+                state.successes -= state.limit
+                state.limit += 1
+        if state.held[worker] < previous:
+            self._notify()
+
+    def _grant(
+        self, state: _Alias, worker: str, want_requests: float, want_tokens: float, now: float
+    ) -> dict[str, Any]:
+        held = state.held[worker]
+        wanted = state.wanted[worker]
+        share = self._fair_share(state, worker)
+        if wanted > held:
+            extra = max(0, min(wanted, share) - held, 0)
+            extra = min(extra, max(0, state.free()))
+            held += extra
+            state.held[worker] = held
+        contended = (
+            sum(state.wanted.values()) > state.limit or sum(state.held.values()) > state.limit
+        )
+        target = min(held, share) if contended else held
+        requests = 0.0 if state.requests is not None else math.inf
+        if state.requests is not None and want_requests > 0:
+            requests = state.requests.take_whole(self._block(state, want_requests), now)
+        tokens = 0.0 if state.tokens is not None else math.inf
+        if state.tokens is not None and want_tokens > 0:
+            tokens = state.tokens.draw(want_tokens, now)
+        return {
+            "slots": target,
+            "requests": requests,
+            "tokens": tokens,
+            "pause_s": max(0.0, state.paused_until - now),
+            "limit": state.limit,
+        }
+
+    def _fair_share(self, state: _Alias, worker: str) -> int:
+        """This worker's part of the limit when everyone wants more than there is."""
+        total = sum(state.wanted.values())
+        mine = state.wanted.get(worker, 0)
+        if total <= state.limit:
+            return mine
+        return max(1 if mine else 0, math.floor(state.limit * mine / total))
+
+    def _block(self, state: _Alias, wanted: float) -> float:
+        """Requests to grant at once: what is asked, or a small block so a busy worker
+        need not come back for every call (a fraction of a second's worth, split among
+        the workers that are asking)."""
+        if wanted <= 0:
+            return 0.0
+        assert state.requests is not None
+        askers = max(1, sum(1 for w in state.wanted.values() if w))
+        return max(wanted, state.requests.burst / (4 * askers))
+
+    def _refill_wait(self, state: _Alias, report: Report) -> float:
+        waits = [0.02]
+        if report.requests_wanted > 0 and state.requests is not None:
+            waits.append(max(0.0, (1 - state.requests.level) / state.requests.rate))
+        if report.tokens_wanted > 0 and state.tokens is not None:
+            need = min(report.tokens_wanted, state.tokens.burst) - state.tokens.level
+            waits.append(max(0.0, need / state.tokens.rate))
+        return max(0.005, min(max(waits), _WAIT_S))
+
+    def _reclaim(self, now: float) -> None:
+        for worker, seen in list(self._seen.items()):
+            if now - seen > LEASE_TTL_S:
+                self._drop(worker)
+
+    async def _wait(self, timeout: float) -> None:
+        if self._changed is None:
+            self._changed = asyncio.Condition()
+        async with self._changed:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), timeout)
+
+    def _notify(self) -> None:
+        changed = self._changed
+        if changed is None:
+            return
+
+        async def wake() -> None:
+            async with changed:
+                changed.notify_all()
+
+        with contextlib.suppress(RuntimeError):
+            asyncio.get_running_loop().create_task(wake())

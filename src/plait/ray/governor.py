@@ -1,0 +1,227 @@
+"""A worker's side of the cluster-wide limits: spend a lease locally, renew it in blocks.
+
+`LeasedGovernor` takes the place of the process-local `RateGovernor` inside a Ray
+worker (`plait.resources.manager.use_governors`), so `Endpoint.complete` runs
+unchanged: it takes a slot from the governor's limiter, waits in ``admit`` for a
+request (and its tokens) to be allowed, and reports the reply (``settle``) or a
+429 (``rate_limited``).  What differs is where capacity comes from: the limiter's
+limit is the number of slots the broker granted this worker, and requests and
+tokens come out of pools the broker fills.  A background task on the worker's
+event loop talks to the broker: at once when a call is waiting for capacity the
+worker does not hold, otherwise every `SYNC_INTERVAL_S` while anything is held or
+wanted, and not at all when the worker is idle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+from typing import Any
+
+from plait.ray.broker import SYNC_INTERVAL_S, AliasLimits, Report
+from plait.resources.config import EndpointConfig
+from plait.resources.limits import Priority, PriorityLimiter
+from plait.resources.rate import RateGovernor
+
+__all__ = ["LeasedGovernor", "LeasedLimiter"]
+
+
+class LeasedLimiter(PriorityLimiter):
+    """A limiter whose limit is the slots leased so far (zero at first)."""
+
+    minimum = 0
+
+    def __init__(self, governor: LeasedGovernor) -> None:
+        super().__init__(0)
+        self._governor = governor
+
+    async def acquire(self, priority: float | Priority = 0.0) -> None:
+        self._governor.start()
+        if self.held >= self.limit or self.waiting:
+            self._governor.wake()  # a call is about to wait for a slot: ask for one
+        await super().acquire(priority)
+
+
+class LeasedGovernor(RateGovernor):
+    """`RateGovernor`'s interface, fed by leases from the cluster's `LimitBroker`."""
+
+    def __init__(self, config: EndpointConfig, broker: Any, worker: str) -> None:
+        self.broker = broker
+        self.worker = worker
+        self.key = "|".join(config.endpoint_key())
+        self.limits = AliasLimits(
+            config.max_concurrent,
+            config.requests_per_minute,
+            config.tokens_per_minute,
+            config.max_retry_after_s,
+        )
+        super().__init__(LeasedLimiter(self), config.max_concurrent, None, None)
+        self.request_pool = 0.0 if config.requests_per_minute else math.inf
+        self.token_pool = 0.0 if config.tokens_per_minute else math.inf
+        self._request_waiters = 0
+        self._tokens_waiting = 0.0
+        self._overspent = 0.0
+        self._successes_since = 0
+        self._pending_429: float | None = None
+        self._wake: asyncio.Event | None = None
+        self._granted: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        #: How many times this worker talked to the broker (benchmarks report it).
+        self.syncs = 0
+        self.sync_seconds = 0.0
+        self.failure: BaseException | None = None
+
+    # -- the background lease task -----------------------------------------------------
+    def start(self) -> None:
+        if self._task is not None and not self._task.done():
+            return
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        self._wake = asyncio.Event()
+        self._granted = asyncio.Event()
+        self._task = loop.create_task(self._run(), name=f"plait-lease-{self.key}")
+
+    def wake(self) -> None:
+        if self._wake is None or self._loop is None:
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self._loop:
+            self._wake.set()
+        else:
+            self._loop.call_soon_threadsafe(self._wake.set)
+
+    def _busy(self) -> bool:
+        limiter = self.limiter
+        return bool(
+            limiter.held or limiter.waiting or limiter.limit or self._request_waiters
+        ) or bool(self._tokens_waiting or self._pending_429 is not None)
+
+    async def _run(self) -> None:
+        assert self._wake is not None and self._granted is not None
+        while True:
+            if not self._wake.is_set():
+                timeout = SYNC_INTERVAL_S if self._busy() else None
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout)
+            self._wake.clear()
+            try:
+                await self._sync()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the broker is gone: calls waiting here fail
+                self.failure = exc
+                self._granted.set()
+                await asyncio.sleep(SYNC_INTERVAL_S)
+            else:
+                self.failure = None
+
+    async def _sync(self) -> None:
+        assert self._granted is not None
+        limiter = self.limiter
+        in_use, waiting = limiter.held, limiter.waiting
+        idle = not in_use and not waiting and not self._request_waiters
+        report = Report(
+            slots_kept=max(in_use, min(limiter.limit, in_use + waiting)),
+            slots_wanted=in_use + waiting,
+            requests_wanted=float(self._request_waiters),
+            tokens_wanted=self._tokens_waiting,
+            successes=self._successes_since,
+            tokens_overspent=self._overspent,
+            rate_limited=self._pending_429,
+        )
+        if idle:  # nothing to spend it on: give back what is unspent
+            if math.isfinite(self.request_pool):
+                report.requests_returned, self.request_pool = self.request_pool, 0.0
+            if math.isfinite(self.token_pool):
+                report.tokens_returned, self.token_pool = max(0.0, self.token_pool), 0.0
+        self._successes_since = 0
+        self._overspent = 0.0
+        self._pending_429 = None
+        started = time.perf_counter()
+        reply = await self.broker.sync.remote(self.worker, self.key, self.limits, report)
+        self.sync_seconds += time.perf_counter() - started
+        self.syncs += 1
+        limiter.set_limit(int(reply["slots"]))
+        if math.isfinite(self.request_pool):
+            self.request_pool += reply["requests"]
+        if math.isfinite(self.token_pool):
+            self.token_pool += reply["tokens"]
+        if reply["pause_s"] > 0:
+            self.paused_until = max(self.paused_until, time.monotonic() + reply["pause_s"])
+        self._granted.set()
+
+    async def _next_grant(self) -> None:
+        """Wait for the lease task's next answer (it is woken now)."""
+        self.start()
+        assert self._granted is not None
+        if self.failure is not None:
+            raise RuntimeError(
+                f"the cluster's limit broker cannot be reached ({self.failure}); the calls "
+                "of this worker cannot be admitted"
+            )
+        self._granted.clear()
+        self.wake()
+        await self._granted.wait()
+
+    # -- RateGovernor's interface --------------------------------------------------------
+    def configure(
+        self, max_concurrent: int, requests_per_minute: int | None, tokens_per_minute: int | None
+    ) -> None:
+        self.max_concurrent = max_concurrent
+        self.limits = AliasLimits(
+            max_concurrent, requests_per_minute, tokens_per_minute, self.limits.max_retry_after_s
+        )
+
+    async def admit(self, estimated_tokens: int) -> None:
+        while True:
+            delay = self.paused_until - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+                continue
+            if self.request_pool < 1:
+                self._request_waiters += 1
+                try:
+                    await self._next_grant()
+                finally:
+                    self._request_waiters -= 1
+                continue
+            if self.token_pool < min(estimated_tokens, self.limits_burst()):
+                self._tokens_waiting += estimated_tokens
+                try:
+                    await self._next_grant()
+                finally:
+                    self._tokens_waiting -= estimated_tokens
+                continue
+            self.request_pool -= 1
+            self.token_pool -= estimated_tokens
+            return
+
+    def limits_burst(self) -> float:
+        tpm = self.limits.tokens_per_minute
+        return math.inf if not tpm else max(1.0, tpm / 60.0)
+
+    def settle(self, estimated_tokens: int, actual_tokens: int | None) -> None:
+        self._successes_since += 1
+        if not math.isfinite(self.token_pool) or actual_tokens is None:
+            return
+        if actual_tokens > estimated_tokens:
+            self._overspent += actual_tokens - estimated_tokens
+        else:
+            self.token_pool += estimated_tokens - actual_tokens
+
+    def refund(self, estimated_tokens: int) -> None:
+        if math.isfinite(self.token_pool):
+            self.token_pool += estimated_tokens
+
+    def rate_limited(self, retry_after: float | None) -> None:
+        now = time.monotonic()
+        if retry_after:
+            self.paused_until = max(self.paused_until, now + retry_after)
+        self._pending_429 = max(self._pending_429 or 0.0, retry_after or 0.0)
+        self.wake()

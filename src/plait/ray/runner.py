@@ -1,0 +1,232 @@
+"""The driver of a multi-process run: hands batches of inputs to Ray workers, collects rows.
+
+The driver reads the inputs lazily, keeps every worker a few small batches ahead
+(enough inputs in flight per worker to fill its endpoints' leases), and delivers
+each row the moment it arrives.  It alone owns the checkpoint's lock, manifest
+and outputs: finished inputs are answered from it without reaching a worker, and
+each output is recorded before it is delivered.  The workers log the calls they
+complete beside it (see `Checkpoint.open_for_worker`), which makes faults cheap:
+
+- a worker process that dies (killed, out of memory, its machine gone) fails the
+  batches it held; the driver tells the broker to take back its slots, starts a
+  replacement, and hands those inputs out again, first in line.  Calls the dead
+  worker had completed are answered from its log, so nothing is paid twice and
+  every input is delivered exactly once;
+- a driver that dies leaves the checkpoint (outputs, and every worker's calls);
+  the same command started again resumes from it.
+
+The checkpoint directory must be one path every worker can write: on one machine
+any directory; across machines a shared file system (NFS, a mounted bucket).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import itertools
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from plait.execution.checkpoint import Checkpoint
+from plait.execution.codec import fingerprint
+from plait.ray.worker import PipelineSpec, PipelineWorker, row_of, value_of
+from plait.values import Value, ValueKind, error_value
+
+__all__ = ["Dispatch", "WorkItem", "run_distributed"]
+
+#: What the driver hands a worker per input: (index, args, kwargs).
+WorkItem = tuple[int, tuple[Any, ...], dict[str, Any]]
+
+
+@dataclass
+class _Worker:
+    name: str
+    actor: Any
+    in_flight: int = 0
+    worker_id: str = ""
+    pid: int = 0
+    reports: list[Any] = field(default_factory=list)
+
+
+class Dispatch:
+    """Workers and the batches they hold; replaces a worker that dies."""
+
+    def __init__(self, ray: Any, spec: PipelineSpec, workers: int) -> None:
+        self.ray = ray
+        self.spec = spec
+        self.broker: Any = None
+        self.restarts = 0
+        self._names = itertools.count()
+        self.workers: list[_Worker] = []
+        from plait.ray.cluster import broker
+
+        self.broker = broker()
+        self._class = ray.remote(num_cpus=0, max_restarts=0, max_concurrency=1000)(PipelineWorker)
+        self.workers = [self._start() for _ in range(workers)]
+        # Wait for every worker to have built its pipeline: a spec that cannot be
+        # unpickled or built is one clear error here, not one per batch.
+        for worker, info in zip(
+            self.workers, self.ray.get([w.actor.ready.remote() for w in self.workers]), strict=True
+        ):
+            worker.worker_id = info["worker"]
+            worker.pid = info["pid"]
+
+    def _start(self) -> _Worker:
+        name = f"w{next(self._names)}"
+        return _Worker(name, self._class.remote(self.spec, name))
+
+    def replace(self, dead: _Worker) -> _Worker:
+        self.restarts += 1
+        fresh = self._start()
+        info = self.ray.get(fresh.actor.ready.remote())
+        fresh.worker_id, fresh.pid = info["worker"], info["pid"]
+        self.workers[self.workers.index(dead)] = fresh
+        return fresh
+
+    def close(self) -> None:
+        for worker in self.workers:
+            with contextlib.suppress(Exception):
+                self.ray.get(worker.actor.close.remote(), timeout=10)
+            self.ray.kill(worker.actor)
+
+
+def run_distributed(
+    spec: PipelineSpec,
+    items: Iterable[Any],
+    prepare: Callable[[Any], tuple[tuple[Any, ...], dict[str, Any]] | Value],
+    deliver: Callable[[int, Any, Value], None],
+    *,
+    workers: int,
+    address: str | None = None,
+    checkpoint: Checkpoint | None = None,
+    batch_size: int = 16,
+    per_worker: int | None = None,
+    on_usage: Callable[[list[Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Run ``items`` on ``workers`` Ray worker processes; ``deliver`` each result.
+
+    ``prepare(item)`` gives an input's ``(args, kwargs)``, or a `Value` (an ERROR) to
+    deliver without running it.  Returns what happened (worker restarts, rows).
+    """
+    from plait.ray.cluster import ensure_ray
+
+    if workers < 1:
+        raise ValueError(f"workers must be at least 1, got {workers}")
+    ray = ensure_ray(address, workers)
+    window = spec.options.get("max_inputs_in_flight") or max(
+        64, 2 * int(spec.options.get("max_concurrent") or 100)
+    )
+    batch_size = max(1, min(batch_size, window))
+    per_worker = per_worker or max(2, window // batch_size)
+    dispatch = Dispatch(ray, spec, workers)
+    source: Iterator[tuple[int, Any]] = enumerate(items)
+    retry: collections.deque[WorkItem] = collections.deque()
+    originals: dict[int, Any] = {}
+    input_keys: dict[int, str] = {}
+    held: dict[Any, tuple[_Worker, list[WorkItem]]] = {}
+    delivered = 0
+    exhausted = False
+    started = time.monotonic()
+
+    def finish(index: int, value: Value) -> None:
+        nonlocal delivered
+        item = originals.pop(index)
+        key = input_keys.pop(index, None)
+        if checkpoint is not None and key is not None and value.kind is not ValueKind.ERROR:
+            try:
+                checkpoint.record_output(index, key, value.payload)
+            except (TypeError, ValueError) as exc:
+                value.meta["checkpoint"] = "not stored"
+                value.meta["checkpoint_error"] = f"{type(exc).__name__}: {exc}"
+        delivered += 1
+        deliver(index, item, value)
+
+    def next_batch() -> list[WorkItem]:
+        nonlocal exhausted
+        batch: list[WorkItem] = []
+        while retry and len(batch) < batch_size:
+            batch.append(retry.popleft())
+        while not exhausted and len(batch) < batch_size:
+            try:
+                index, item = next(source)
+            except StopIteration:
+                exhausted = True
+                for worker in dispatch.workers:
+                    worker.actor.draining.remote()
+                break
+            originals[index] = item
+            prepared = prepare(item)
+            if isinstance(prepared, Value):
+                finish(index, prepared)
+                continue
+            args, kwargs = prepared
+            if checkpoint is not None:
+                key = input_keys[index] = fingerprint([list(args), kwargs])
+                found, payload = checkpoint.finished_output(index, key)
+                if found:
+                    from plait.values import kind_of
+
+                    finish(index, Value(kind_of(payload), payload, meta={"checkpoint": "hit"}))
+                    continue
+            batch.append((index, args, kwargs))
+        return batch
+
+    try:
+        while True:
+            for worker in list(dispatch.workers):
+                while worker.in_flight < per_worker:
+                    batch = next_batch()
+                    if not batch:
+                        break
+                    ref = worker.actor.run_batch.remote(batch)
+                    held[ref] = (worker, batch)
+                    worker.in_flight += 1
+            if not held:
+                break
+            ready, _ = ray.wait(list(held), num_returns=1)
+            for ref in ready:
+                worker, batch = held.pop(ref)
+                worker.in_flight -= 1
+                try:
+                    result = ray.get(ref)
+                except ray.exceptions.RayActorError:
+                    _lost(dispatch, worker, held, retry, batch)
+                    continue
+                except Exception as exc:  # the batch as a whole failed: each input says why
+                    rows = [row_of(i, error_value(exc, module_path=None)) for i, _, _ in batch]
+                    result = {"rows": rows, "reports": []}
+                for row in result["rows"]:
+                    if row[0] in originals:  # exactly once, whatever a lost worker sent
+                        finish(row[0], value_of(row))
+                worker.reports = result.get("reports", [])
+                if on_usage is not None:
+                    on_usage([w.reports for w in dispatch.workers])
+    finally:
+        dispatch.close()
+    return {
+        "restarts": dispatch.restarts,
+        "delivered": delivered,
+        "seconds": time.monotonic() - started,
+    }
+
+
+def _lost(
+    dispatch: Dispatch,
+    worker: _Worker,
+    held: dict[Any, tuple[_Worker, list[WorkItem]]],
+    retry: collections.deque[WorkItem],
+    batch: list[WorkItem],
+) -> None:
+    """``worker`` died: its batches go to the front of the line, a new worker takes its place."""
+    lost = list(batch)
+    for ref, (owner, other) in list(held.items()):
+        if owner is worker:
+            del held[ref]
+            lost += other
+    retry.extendleft(reversed(sorted(lost, key=lambda item: item[0])))
+    if worker.worker_id:
+        dispatch.broker.forget.remote(worker.worker_id)  # its slots go back at once
+    if worker in dispatch.workers:
+        dispatch.replace(worker)

@@ -1,0 +1,84 @@
+"""What a driver sends its workers: the pipeline by value, the resources by reference."""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Any
+
+from plait.execution.checkpoint import Checkpoint, producer_of
+from plait.ray.worker import PipelineSpec
+from plait.resources.manager import ResourceManager
+
+if TYPE_CHECKING:
+    from plait.module import Module
+
+__all__ = ["make_spec"]
+
+
+def _user_modules(module: Module) -> list[Any]:
+    """The Python modules defining the pipeline's classes that workers may not import
+    by name (a ``file.py:Name`` target, a script, a notebook): sent by value."""
+    import sysconfig
+
+    libraries = {sysconfig.get_paths()[key] for key in ("purelib", "platlib")}
+    found = {}
+    for part in module.modules():
+        for cls in type(part).__mro__:
+            name = cls.__module__
+            if name == "builtins" or name.split(".")[0] == "plait" or name in found:
+                continue
+            source = sys.modules.get(name)
+            path = getattr(source, "__file__", None) or ""
+            if source is not None and not any(path.startswith(lib) for lib in libraries):
+                found[name] = source
+    return list(found.values())
+
+
+def make_spec(
+    module: Module,
+    resources: Any,
+    options: dict[str, Any],
+    checkpoint: Checkpoint | None = None,
+) -> PipelineSpec:
+    """A `PipelineSpec` for ``module`` bound to ``resources`` (a config, not live endpoints).
+
+    The module is pickled here, once, with cloudpickle; what cannot be pickled is a
+    clear error naming it.  Credentials are not shipped when they are references
+    (``api_key_env``): each worker reads them from its own environment.
+    """
+    from ray import cloudpickle
+
+    manager = ResourceManager.coerce(resources)
+    config = manager.config if manager.config else None
+    bound = (module._bound_resources, module._bound_config)
+    registered = []
+    for source in _user_modules(module):
+        try:
+            cloudpickle.register_pickle_by_value(source)
+            registered.append(source)
+        except ValueError:
+            pass
+    try:
+        object.__setattr__(module, "_bound_resources", config)
+        object.__setattr__(module, "_bound_config", {})
+        data = cloudpickle.dumps(module)
+    except Exception as exc:
+        raise TypeError(
+            f"the pipeline {type(module).__name__} cannot be sent to Ray workers: pickling it "
+            f"failed ({type(exc).__name__}: {exc}); keep live objects (connections, open "
+            "files, locks) out of its attributes, or build them in forward"
+        ) from exc
+    finally:
+        object.__setattr__(module, "_bound_resources", bound[0])
+        object.__setattr__(module, "_bound_config", bound[1])
+        for source in registered:
+            cloudpickle.unregister_pickle_by_value(source)
+    keep = {k: v for k, v in options.items() if k in ("max_concurrent", "max_inputs_in_flight")}
+    return PipelineSpec(
+        module_bytes=data,
+        resources=config,
+        options=keep,
+        pipeline=f"{type(module).__module__}.{type(module).__qualname__}",
+        producer=producer_of(module, manager),
+        checkpoint_dir=str(checkpoint.directory) if checkpoint is not None else None,
+    )

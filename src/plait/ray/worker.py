@@ -1,0 +1,167 @@
+"""One Ray worker process of a run: the pipeline, its limits leased from the broker.
+
+A `PipelineWorker` is built once per worker process from a `PipelineSpec` (the
+module, pickled by value, and the resources by reference: keys are read from the
+worker's own environment, never shipped).  It runs the batches of inputs the
+driver sends it, all inputs of a batch (and of the batches it holds at once)
+concurrently on its event loop, on the same engine, handlers and checkpoint code
+as one process: only its endpoints' limits come from the cluster's broker
+(`LeasedGovernor`).  Completed calls are logged to the run's checkpoint directory
+in a file of the worker's own, so when the process dies the inputs it had not
+finished are rerun elsewhere without paying again for the calls it had completed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import sys
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from plait.values import Value, ValueKind
+
+__all__ = ["PipelineSpec", "PipelineWorker", "Row", "row_of", "value_of"]
+
+
+@dataclass
+class PipelineSpec:
+    """What every worker builds: the module and how it runs."""
+
+    module_bytes: bytes
+    resources: Any  # a ResourceConfig (or None: the embedded model)
+    options: dict[str, Any]
+    pipeline: str
+    producer: dict[str, Any] | None
+    checkpoint_dir: str | None = None
+    handlers: list[Any] = field(default_factory=list)
+
+
+#: One input's result as it travels back: (index, ok, payload or error meta, meta).
+Row = tuple[int, bool, Any, dict[str, Any]]
+
+
+def row_of(index: int, value: Value) -> Row:
+    """A result in a form that survives pickling (an exception may not)."""
+    if value.kind is ValueKind.ERROR:
+        meta = {
+            key: value.meta.get(key)
+            for key in ("error_type", "message", "traceback", "module_path")
+        }
+        if not meta["error_type"]:
+            meta["error_type"] = type(value.payload).__name__
+        if meta["message"] is None:
+            meta["message"] = str(value.payload)
+        return (index, False, None, meta)
+    keep = {k: v for k, v in value.meta.items() if k in ("checkpoint",)}
+    return (index, True, value.payload, keep)
+
+
+class RemoteError(Exception):
+    """A failure inside a worker, as it reached the driver: its type, message, trace."""
+
+    def __init__(self, error_type: str, message: str) -> None:
+        super().__init__(message)
+        self.error_type = error_type
+
+
+def value_of(row: Row) -> Value:
+    """The driver's `Value` for a row (an ERROR value keeps type, message, traceback)."""
+    from plait.values import kind_of
+
+    _, ok, payload, meta = row
+    if ok:
+        return Value(kind_of(payload), payload, meta=dict(meta))
+    error = RemoteError(meta["error_type"], meta["message"])
+    return Value(ValueKind.ERROR, error, meta=dict(meta))
+
+
+class PipelineWorker:
+    """Runs batches of a pipeline in one Ray worker process (made an actor by the driver)."""
+
+    def __init__(self, spec: PipelineSpec, name: str) -> None:
+        from ray import cloudpickle
+
+        from plait.ray.cluster import broker
+        from plait.ray.governor import LeasedGovernor
+        from plait.resources.manager import ResourceManager, use_governors
+
+        self.name = name
+        self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{name}:{uuid.uuid4().hex[:6]}"
+        self.broker = broker()
+        worker_id, limits = self.worker_id, self.broker
+
+        def governor(config: Any) -> Any:
+            return LeasedGovernor(config, limits, worker_id)
+
+        use_governors(governor)
+        self.spec = spec
+        self.module = cloudpickle.loads(spec.module_bytes)
+        self.resources = ResourceManager.coerce(spec.resources)
+        self._state: Any = None
+        self.handlers = [h.build(self) for h in spec.handlers]
+
+    def _run_state(self) -> Any:
+        if self._state is None:
+            from plait.execution.checkpoint import Checkpoint
+            from plait.execution.runtime import _Run
+
+            opts = dict(self.spec.options, resources=self.resources, checkpoint_dir=None)
+            state = _Run(self.module, opts, batch=True)
+            if self.spec.checkpoint_dir is not None:
+                state.checkpoint = Checkpoint(
+                    self.spec.checkpoint_dir, self.spec.pipeline, self.spec.producer
+                ).open_for_worker(self.name)
+            self._state = state
+        return self._state
+
+    def ready(self) -> dict[str, Any]:
+        return {"worker": self.worker_id, "pid": os.getpid(), "python": sys.version}
+
+    async def run_batch(self, items: list[tuple[int, tuple[Any, ...], dict[str, Any]]]) -> Any:
+        """Run ``items`` (index, args, kwargs) concurrently; one `Row` per item."""
+        import contextlib
+
+        from plait.execution.checkpoint import CheckpointHandler
+        from plait.values import error_value
+
+        state = self._run_state()
+
+        async def one(index: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Row:
+            try:
+                value = await state.one(index, args, kwargs)
+            except Exception as exc:  # never lose an input: it becomes its error row
+                value = error_value(
+                    exc, module_path=f"{type(self.module).__name__} (input {index})"
+                )
+            return row_of(index, value)
+
+        with contextlib.ExitStack() as stack:
+            for handler in self.handlers:
+                stack.enter_context(handler.scope())
+            if state.checkpoint is not None:
+                stack.enter_context(CheckpointHandler(state.checkpoint).outermost())
+            rows = await asyncio.gather(*(one(i, a, k) for i, a, k in items))
+        return {"rows": rows, "reports": [h.report() for h in self.handlers]}
+
+    def draining(self) -> None:
+        """The driver has no inputs left to hand out: serve the tallest chains first."""
+        if self._state is not None:
+            self._state.engine.start_draining()
+
+    def lease_stats(self) -> dict[str, Any]:
+        from plait.ray.governor import LeasedGovernor
+        from plait.resources import manager
+
+        governors = [g for g in manager._governors.values() if isinstance(g, LeasedGovernor)]
+        return {
+            "syncs": sum(g.syncs for g in governors),
+            "sync_seconds": sum(g.sync_seconds for g in governors),
+        }
+
+    def close(self) -> None:
+        if self._state is not None:
+            self._state.close()
+            self._state = None
