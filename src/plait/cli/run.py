@@ -111,6 +111,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--limit", type=positive_int, metavar="N", help="only the first N inputs")
     parser.add_argument(
+        "--workers",
+        type=positive_int,
+        metavar="N",
+        help="run on N Ray worker processes, endpoint limits shared (needs plait[ray])",
+    )
+    parser.add_argument(
+        "--ray-address",
+        metavar="ADDRESS",
+        help="join this Ray cluster ('auto': the local one) instead of starting Ray",
+    )
+    parser.add_argument(
         "--show", action="store_true", help="print a table of the results when done"
     )
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress display")
@@ -295,7 +306,12 @@ class _Command:
         display.start()
         try:
             with profiler:
-                run_blocking(_drive(module, opts, checkpoint, items, writer, tally, display))
+                if ns.workers or ns.ray_address:
+                    _drive_on_ray(
+                        module, resources, opts, checkpoint, items, writer, tally, display, ns
+                    )
+                else:
+                    run_blocking(_drive(module, opts, checkpoint, items, writer, tally, display))
         except KeyboardInterrupt:
             display.stop()
             writer.close()
@@ -411,8 +427,6 @@ class _CliRun(_Run):
             raise
         finally:
             tally.in_flight -= 1
-        if value.meta.get("checkpoint") == "hit":
-            tally.resumed += 1
         return value
 
 
@@ -433,20 +447,14 @@ async def _drive(
     if preserve:
         writer.on_written = slots.release  # a slot frees only once its line is out
 
+    written = _deliverer(writer, tally, display)
+
     def deliver(index: int, item: Any, value: Value) -> None:
         try:
-            writer.write(index, item.raw, value)
+            written(index, item, value)
         except Exception as exc:
             state.stop(exc)
             raise
-        # counted once its row is handed to the writer: the summary is what was written
-        if value.is_error:
-            tally.failed += 1
-            if len(tally.failures) < FAILURES_SHOWN:
-                tally.failures.append((index, error_record(value)))
-        else:
-            tally.succeeded += 1
-        display.changed()
 
     try:
         await state.drive(items, (), {}, deliver, slots, not preserve)
@@ -454,6 +462,60 @@ async def _drive(
         if state.fatal is not None:
             raise state.fatal from None
         raise
+
+
+def _deliverer(writer: OutputWriter, tally: Tally, display: Any) -> Any:
+    """What happens to each finished input: its row is written, then counted (the
+    summary is what was written, never what was expected)."""
+
+    def deliver(index: int, item: Any, value: Value) -> None:
+        writer.write(index, item.raw, value)
+        if value.is_error:
+            tally.failed += 1
+            if len(tally.failures) < FAILURES_SHOWN:
+                tally.failures.append((index, error_record(value)))
+        else:
+            tally.succeeded += 1
+            if value.meta.get("checkpoint") == "hit":
+                tally.resumed += 1
+        display.changed()
+
+    return deliver
+
+
+def _drive_on_ray(
+    module: Module,
+    resources: ResourceManager,
+    opts: dict[str, Any],
+    checkpoint: Checkpoint | None,
+    items: Iterator[Item],
+    writer: OutputWriter,
+    tally: Tally,
+    display: Any,
+    ns: argparse.Namespace,
+) -> None:
+    """The same run on Ray workers (`plait.ray`): rows, checkpoint and summary as above."""
+    from plait.ray.cluster import shutdown_if_started
+    from plait.ray.runner import run_distributed
+    from plait.ray.spec import make_spec
+
+    def prepare(item: Item) -> Any:
+        if item.problem is not None:
+            return error_value(InputError(item.problem), module_path=None)
+        return item.args, item.kwargs
+
+    try:
+        run_distributed(
+            make_spec(module, resources, opts, checkpoint),
+            items,
+            prepare,
+            _deliverer(writer, tally, display),
+            workers=ns.workers or 1,
+            address=ns.ray_address,
+            checkpoint=checkpoint,
+        )
+    finally:
+        shutdown_if_started()
 
 
 def _print_results(path: Path) -> None:
