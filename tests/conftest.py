@@ -100,3 +100,21 @@ def plait_cli(
         env={**os.environ, **(env or {})},
         timeout=120,
     )
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[Any]:
+    """A local Ray for the session's multi-process tests (started here, stopped after)."""
+    ray = pytest.importorskip("ray")
+    started = not ray.is_initialized()
+    if started:
+        ray.init(
+            num_cpus=4,
+            include_dashboard=False,
+            namespace="plait",
+            log_to_driver=False,
+            configure_logging=False,
+        )
+    yield ray
+    if started:
+        ray.shutdown()

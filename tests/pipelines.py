@@ -108,3 +108,21 @@ class Shapes(plait.Module):
             "const": 3.5,
             "piece": a[0:3],
         }
+
+
+class TwoSteps(plait.Module):
+    """Two calls in a row; an input starting with "hold" parks its *second* call at a
+    gate, so its first call has completed (and been logged) when the test acts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = Echo("A")
+        self.second = Echo("B")
+
+    def forward(self, doc: str) -> Any:
+        gate = " [[gate:hold]]" if doc.startswith("hold") else ""
+        return self.second(f"{self.first(doc)}{gate}")
+
+
+def two_steps(doc: str) -> str:
+    return echo("B", echo("A", doc))

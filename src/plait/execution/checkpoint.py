@@ -126,6 +126,8 @@ class Checkpoint:
         #: of a multi-process run (`open_for_worker`) a file of its own under ``workers/``.
         self._paths: list[Path] = [self.log_path]
         self._readers: dict[int, int] = {}
+        #: How far each log has been indexed (see `refresh`).
+        self._indexed: dict[int, int] = {}
         self._worker = False
         self._size = 0
         self._pending: list[bytes] = []
@@ -289,9 +291,20 @@ class Checkpoint:
             if path.exists():
                 self._index(file, path)
 
+    def refresh(self) -> None:
+        """Index what other processes logged since: new worker logs, and what the known
+        ones gained (a worker rerunning a dead one's inputs needs its latest calls)."""
+        known = set(self._paths)
+        others = sorted((self.directory / "workers").glob("*.jsonl"))
+        self._paths += [path for path in others if path not in known]
+        for file, path in enumerate(self._paths):
+            if file and path.exists():
+                self._index(file, path)
+
     def _index(self, file: int, path: Path) -> None:
-        offset = 0
+        offset = start = self._indexed.get(file, 0)
         with open(path, "rb") as log:
+            log.seek(start)
             for number, line in enumerate(log, start=1):
                 if not line.endswith(b"\n"):
                     break  # torn: cut below
@@ -315,6 +328,7 @@ class Checkpoint:
                         f"{self.directory} to start over, or remove that line to keep the rest"
                     ) from None
                 offset += len(line)
+        self._indexed[file] = offset
         if file == 0 and offset < path.stat().st_size:
             with open(path, "r+b") as log:
                 log.truncate(offset)

@@ -149,6 +149,16 @@ class Budget(Handler):
             f"cost={self._cost:.6g}, refused={self._refused})"
         )
 
+    def absorb_totals(self, calls: int, tokens: int, cost: float, refused: int) -> None:
+        """Take the totals of a run on Ray workers, where this budget held cluster-wide."""
+        with self._lock:
+            self._calls, self._token_count, self._cost, self._refused = (
+                calls,
+                tokens,
+                cost,
+                refused,
+            )
+
     def _reached(self) -> tuple[str, float, float] | None:
         if self.max_calls is not None and self._calls >= self.max_calls:
             return "max_calls", self._calls, self.max_calls

@@ -41,6 +41,8 @@ __all__ = [
 MODULES_TRACK = "modules"
 #: Track group for llm messages that carry no request (built by hand, not by the engine).
 _NO_ALIAS = "(no alias)"
+#: Track groups of a Ray worker's calls are named by this and the worker's name.
+_WORKER_PREFIX = "worker "
 #: Queue spans shorter than this only took an uncontended lock: left out of the trace
 #: (they would bury the real waits), still counted in the totals.
 _MIN_QUEUE_S = 5e-5
@@ -69,6 +71,8 @@ class _Record:
     spans: list[Span] = field(default_factory=list)
     #: The call's live timing while it runs, so a trace taken meanwhile shows its phases.
     timing: CallTiming | None = None
+    #: The Ray worker that made the call (`plait.ray`); None in the profiler's own process.
+    worker: str | None = None
 
     def finish_time(self) -> float:
         """Where an unfinished call (cancelled, or still running) is drawn to end."""
@@ -216,6 +220,23 @@ class Profiler(Handler):
         if self.path is not None:
             self.write(self.path)
 
+    def drain_finished(self) -> list[_Record]:
+        """Hand over the finished calls recorded so far (a Ray worker sends them to the
+        driver's profiler with each batch) and forget them here."""
+        with self._lock:
+            done = [r for r in self._records if r.end is not None]
+            self._records = [r for r in self._records if r.end is None]
+        return done
+
+    def absorb(self, records: list[_Record], worker: str) -> None:
+        """Add calls another process recorded (a Ray worker's); each worker is drawn as
+        a process of its own in the trace.  Times are the machine's monotonic clock,
+        shared by every process of one machine."""
+        for record in records:
+            record.worker = worker
+        with self._lock:
+            self._records.extend(records)
+
     def _snapshot(self) -> list[_Record]:
         with self._lock:
             return [_copy(r) for r in self._records]
@@ -234,12 +255,15 @@ class Profiler(Handler):
         groups = _groups(records)
         for pid, (group, members) in enumerate(groups, start=1):
             label = f"llm {group}" if group != MODULES_TRACK else "module calls"
+            if members[0].worker is not None:
+                label = f"worker {members[0].worker}"
             events.append(_meta("process_name", pid, None, {"name": label}))
             events.append(_meta("process_sort_index", pid, None, {"sort_index": pid}))
             lanes = _assign_lanes(members, origin)
             for lane in range(max(lanes.values(), default=-1) + 1):
                 tid = lane + 1
-                events.append(_meta("thread_name", pid, tid, {"name": f"{group} lane {tid}"}))
+                lane_name = f"{group.removeprefix(_WORKER_PREFIX)} lane {tid}"
+                events.append(_meta("thread_name", pid, tid, {"name": lane_name}))
                 events.append(_meta("thread_sort_index", pid, tid, {"sort_index": tid}))
             for record in members:
                 tid = lanes[id(record)] + 1
@@ -389,6 +413,7 @@ def _copy(record: _Record) -> _Record:
         record.outcome,
         record.error,
         list(spans),
+        worker=record.worker,
     )
 
 
@@ -418,6 +443,9 @@ def _meta(name: str, pid: int, tid: int | None, args: dict[str, Any]) -> dict[st
 def _groups(records: list[_Record]) -> list[tuple[str, list[_Record]]]:
     by_group: dict[str, list[_Record]] = {}
     for record in records:
+        if record.worker is not None:  # a Ray worker's calls: one process per worker
+            by_group.setdefault(f"{_WORKER_PREFIX}{record.worker}", []).append(record)
+            continue
         group = record.alias or (MODULES_TRACK if record.type == "module" else _NO_ALIAS)
         by_group.setdefault(group, []).append(record)
     last = (_NO_ALIAS, MODULES_TRACK)

@@ -17,10 +17,13 @@ The rules that make the limits hold cluster-wide:
   When several workers want more than there is, each is asked to shrink to its
   fair share (proportional to what it wants), so no worker starves.
 - Requests and tokens: paced buckets, as in one process (`plait.resources.rate`):
-  N per minute admit N/60 a second with a burst of one second's worth.  A worker
-  spends only what it was granted; what it does not spend it gives back; a token
-  estimate that fell short is charged afterwards as debt.  So over any window the
-  requests sent cluster-wide stay within ``burst + rate * window``.
+  N per minute admit N/60 a second with a burst of one second's worth.  They are
+  granted for the calls waiting at the worker when it asks, not in advance: a
+  request granted now is sent now, so over any window the requests sent
+  cluster-wide stay within ``burst + rate * window`` (a worker holding a block of
+  grants could spend it late and stack it on fresh ones).  What a worker does not
+  spend it gives back; a token estimate that fell short is charged afterwards as
+  debt.
 - 429: the worker that saw it reports it; every later reply tells every worker to
   pause for what the server asked (capped by ``max_retry_after_s``), and the slot
   limit is halved (at most once a second), then recovers by one slot per window of
@@ -150,6 +153,7 @@ class LimitBroker:
         self._aliases: dict[str, _Alias] = {}
         self._seen: dict[str, float] = {}
         self._changed: asyncio.Condition | None = None
+        self._budgets: dict[str, dict[str, Any]] = {}
         self.syncs = 0
 
     # -- the one call a worker makes --------------------------------------------------
@@ -192,6 +196,35 @@ class LimitBroker:
             if not short or remaining <= 0 or grant["pause_s"] > 0:
                 return grant
             await self._wait(min(remaining, self._refill_wait(state, report)))
+
+    async def budget_lease(
+        self, spec: Any, worker: str, want: int, tokens: float, cost: float, returned: int
+    ) -> dict[str, Any]:
+        """A cluster-wide `budget`: take ``worker``'s spend and returned allowance, and
+        lease it up to ``want`` calls while no limit is reached (see `plait.ray.handlers`)."""
+        from plait.ray.handlers import budget_block, budget_limit_reached
+
+        ledger = self._budgets.get(spec.budget_id)
+        if ledger is None:
+            ledger = self._budgets[spec.budget_id] = {
+                "granted": spec.calls,
+                "tokens": float(spec.tokens),
+                "cost": float(spec.cost),
+                "askers": set(),
+            }
+        ledger["granted"] -= returned
+        ledger["tokens"] += tokens
+        ledger["cost"] += cost
+        if want > 0:
+            ledger["askers"].add(worker)
+        reached = budget_limit_reached(spec, ledger["granted"], ledger["tokens"], ledger["cost"])
+        calls = 0
+        if want > 0 and reached is None:
+            calls = max(want, budget_block(spec, ledger["granted"], len(ledger["askers"])))
+            if spec.max_calls is not None:
+                calls = min(calls, spec.max_calls - ledger["granted"])
+            ledger["granted"] += calls
+        return {"calls": calls, "reached": reached}
 
     async def forget(self, worker: str) -> None:
         """``worker`` is gone: its slots go back at once."""
@@ -280,7 +313,7 @@ class LimitBroker:
         target = min(held, share) if contended else held
         requests = 0.0 if state.requests is not None else math.inf
         if state.requests is not None and want_requests > 0:
-            requests = state.requests.take_whole(self._block(state, want_requests), now)
+            requests = state.requests.take_whole(want_requests, now)
         tokens = 0.0 if state.tokens is not None else math.inf
         if state.tokens is not None and want_tokens > 0:
             tokens = state.tokens.draw(want_tokens, now)
@@ -299,16 +332,6 @@ class LimitBroker:
         if total <= state.limit:
             return mine
         return max(1 if mine else 0, math.floor(state.limit * mine / total))
-
-    def _block(self, state: _Alias, wanted: float) -> float:
-        """Requests to grant at once: what is asked, or a small block so a busy worker
-        need not come back for every call (a fraction of a second's worth, split among
-        the workers that are asking)."""
-        if wanted <= 0:
-            return 0.0
-        assert state.requests is not None
-        askers = max(1, sum(1 for w in state.wanted.values() if w))
-        return max(wanted, state.requests.burst / (4 * askers))
 
     def _refill_wait(self, state: _Alias, report: Report) -> float:
         waits = [0.02]

@@ -26,7 +26,7 @@ import contextlib
 import itertools
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from plait.execution.checkpoint import Checkpoint
@@ -47,7 +47,6 @@ class _Worker:
     in_flight: int = 0
     worker_id: str = ""
     pid: int = 0
-    reports: list[Any] = field(default_factory=list)
 
 
 class Dispatch:
@@ -90,6 +89,8 @@ class Dispatch:
             with contextlib.suppress(Exception):
                 self.ray.get(worker.actor.close.remote(), timeout=10)
             self.ray.kill(worker.actor)
+            if worker.worker_id:  # its slots go back now, not after the lease expires
+                self.broker.forget.remote(worker.worker_id)
 
 
 def run_distributed(
@@ -103,7 +104,6 @@ def run_distributed(
     checkpoint: Checkpoint | None = None,
     batch_size: int = 16,
     per_worker: int | None = None,
-    on_usage: Callable[[list[Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Run ``items`` on ``workers`` Ray worker processes; ``deliver`` each result.
 
@@ -115,6 +115,11 @@ def run_distributed(
     if workers < 1:
         raise ValueError(f"workers must be at least 1, got {workers}")
     ray = ensure_ray(address, workers)
+    from plait.handlers.stack import current_stack
+    from plait.ray.handlers import distribute
+
+    parts = distribute(current_stack())  # every active handler, rebuilt in each worker
+    spec.handlers = parts.specs
     window = spec.options.get("max_inputs_in_flight") or max(
         64, 2 * int(spec.options.get("max_concurrent") or 100)
     )
@@ -123,6 +128,7 @@ def run_distributed(
     dispatch = Dispatch(ray, spec, workers)
     source: Iterator[tuple[int, Any]] = enumerate(items)
     retry: collections.deque[WorkItem] = collections.deque()
+    rerun: set[int] = set()  # indices a dead worker held
     originals: dict[int, Any] = {}
     input_keys: dict[int, str] = {}
     held: dict[Any, tuple[_Worker, list[WorkItem]]] = {}
@@ -175,14 +181,17 @@ def run_distributed(
 
     try:
         while True:
-            for worker in list(dispatch.workers):
-                while worker.in_flight < per_worker:
-                    batch = next_batch()
-                    if not batch:
-                        break
-                    ref = worker.actor.run_batch.remote(batch)
-                    held[ref] = (worker, batch)
-                    worker.in_flight += 1
+            # Round robin, a batch at a time: a short run still spreads over every worker.
+            while True:
+                hungry = [w for w in dispatch.workers if w.in_flight < per_worker]
+                batch = next_batch() if hungry else []
+                if not batch:
+                    break
+                worker = min(hungry, key=lambda w: w.in_flight)
+                again = any(item[0] in rerun for item in batch)
+                ref = worker.actor.run_batch.remote(batch, again)
+                held[ref] = (worker, batch)
+                worker.in_flight += 1
             if not held:
                 break
             ready, _ = ray.wait(list(held), num_returns=1)
@@ -192,7 +201,7 @@ def run_distributed(
                 try:
                     result = ray.get(ref)
                 except ray.exceptions.RayActorError:
-                    _lost(dispatch, worker, held, retry, batch)
+                    rerun.update(_lost(dispatch, worker, held, retry, batch))
                     continue
                 except Exception as exc:  # the batch as a whole failed: each input says why
                     rows = [row_of(i, error_value(exc, module_path=None)) for i, _, _ in batch]
@@ -200,9 +209,7 @@ def run_distributed(
                 for row in result["rows"]:
                     if row[0] in originals:  # exactly once, whatever a lost worker sent
                         finish(row[0], value_of(row))
-                worker.reports = result.get("reports", [])
-                if on_usage is not None:
-                    on_usage([w.reports for w in dispatch.workers])
+                parts.collect(worker.name, worker.worker_id, result.get("reports", []))
     finally:
         dispatch.close()
     return {
@@ -218,8 +225,9 @@ def _lost(
     held: dict[Any, tuple[_Worker, list[WorkItem]]],
     retry: collections.deque[WorkItem],
     batch: list[WorkItem],
-) -> None:
-    """``worker`` died: its batches go to the front of the line, a new worker takes its place."""
+) -> list[int]:
+    """``worker`` died: its batches go to the front of the line, a new worker takes its
+    place; returns the indices it held."""
     lost = list(batch)
     for ref, (owner, other) in list(held.items()):
         if owner is worker:
@@ -230,3 +238,4 @@ def _lost(
         dispatch.broker.forget.remote(worker.worker_id)  # its slots go back at once
     if worker in dispatch.workers:
         dispatch.replace(worker)
+    return [item[0] for item in lost]

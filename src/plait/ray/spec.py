@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -74,6 +75,13 @@ def make_spec(
         for source in registered:
             cloudpickle.unregister_pickle_by_value(source)
     keep = {k: v for k, v in options.items() if k in ("max_concurrent", "max_inputs_in_flight")}
+    from pydantic import SecretStr
+
+    secrets = {}
+    for alias in config or {}:
+        name = config[alias].api_key_env if config is not None else None
+        if name and os.environ.get(name):
+            secrets[name] = SecretStr(os.environ[name])
     return PipelineSpec(
         module_bytes=data,
         resources=config,
@@ -81,4 +89,5 @@ def make_spec(
         pipeline=f"{type(module).__module__}.{type(module).__qualname__}",
         producer=producer_of(module, manager),
         checkpoint_dir=str(checkpoint.directory) if checkpoint is not None else None,
+        secrets=secrets,
     )

@@ -37,6 +37,10 @@ class PipelineSpec:
     producer: dict[str, Any] | None
     checkpoint_dir: str | None = None
     handlers: list[Any] = field(default_factory=list)
+    #: The environment variables the resources name (``api_key_env``), as the driver has
+    #: them: a worker on a cluster joined with ``ray_address`` does not share the
+    #: driver's environment.  Held in memory only (never a runtime_env, log or file).
+    secrets: dict[str, Any] = field(default_factory=dict, repr=False)
 
 
 #: One input's result as it travels back: (index, ok, payload or error meta, meta).
@@ -97,11 +101,17 @@ class PipelineWorker:
             return LeasedGovernor(config, limits, worker_id)
 
         use_governors(governor)
+        from plait._secrets import register
+
+        for name, value in spec.secrets.items():
+            os.environ[name] = value.get_secret_value()
+            register(value.get_secret_value())
         self.spec = spec
         self.module = cloudpickle.loads(spec.module_bytes)
         self.resources = ResourceManager.coerce(spec.resources)
         self._state: Any = None
         self.handlers = [h.build(self) for h in spec.handlers]
+        self._run_state()  # the checkpoint opens now: a bad one fails the start, not a batch
 
     def _run_state(self) -> Any:
         if self._state is None:
@@ -120,14 +130,21 @@ class PipelineWorker:
     def ready(self) -> dict[str, Any]:
         return {"worker": self.worker_id, "pid": os.getpid(), "python": sys.version}
 
-    async def run_batch(self, items: list[tuple[int, tuple[Any, ...], dict[str, Any]]]) -> Any:
-        """Run ``items`` (index, args, kwargs) concurrently; one `Row` per item."""
+    async def run_batch(
+        self, items: list[tuple[int, tuple[Any, ...], dict[str, Any]]], rerun: bool = False
+    ) -> Any:
+        """Run ``items`` (index, args, kwargs) concurrently; one `Row` per item.
+
+        ``rerun``: some were a dead worker's; read the calls it logged before it died.
+        """
         import contextlib
 
         from plait.execution.checkpoint import CheckpointHandler
         from plait.values import error_value
 
         state = self._run_state()
+        if rerun and state.checkpoint is not None:
+            state.checkpoint.refresh()
 
         async def one(index: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Row:
             try:
@@ -144,6 +161,12 @@ class PipelineWorker:
             if state.checkpoint is not None:
                 stack.enter_context(CheckpointHandler(state.checkpoint).outermost())
             rows = await asyncio.gather(*(one(i, a, k) for i, a, k in items))
+        for part in self.handlers:
+            back = getattr(part.handler, "give_back", None)
+            if back is not None:
+                pending = back()
+                if pending is not None:
+                    await pending
         return {"rows": rows, "reports": [h.report() for h in self.handlers]}
 
     def draining(self) -> None:

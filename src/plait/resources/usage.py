@@ -93,6 +93,86 @@ class AliasUsage:
 
 _records: dict[str, AliasUsage] = {}
 _records_lock = threading.Lock()
+#: Other processes' counters (Ray workers of a run this process drives), by worker.
+_remote: dict[str, list[dict[str, Any]]] = {}
+_SHIPPED_LATENCIES = 2_000
+
+
+def snapshot_records() -> list[dict[str, Any]]:
+    """This process's counters as data another process can add up (`absorb_remote`)."""
+    with _records_lock:
+        records = list(_records.values())
+    out = []
+    for record in records:
+        with record._lock:
+            latencies = list(record._latencies)
+        if len(latencies) > _SHIPPED_LATENCIES:
+            latencies = random.sample(latencies, _SHIPPED_LATENCIES)
+        fields = {
+            name: getattr(record, name)
+            for name in (
+                "alias",
+                "provider",
+                "model",
+                "requests",
+                "succeeded",
+                "failed",
+                "retries",
+                "rate_limited",
+                "reasks",
+                "prompt_tokens",
+                "completion_tokens",
+                "input_price_per_mtok",
+                "output_price_per_mtok",
+            )
+        }
+        out.append({**fields, "latencies": latencies, "seen": record._seen})
+    return out
+
+
+def absorb_remote(worker: str, snapshot: list[dict[str, Any]]) -> None:
+    """Keep ``worker``'s latest counters: `usage()` adds them to this process's."""
+    with _records_lock:
+        _remote[worker] = snapshot
+
+
+def _combined() -> list[AliasUsage]:
+    with _records_lock:
+        local = list(_records.values())
+        remote = [row for rows in _remote.values() for row in rows]
+    if not remote:
+        return local
+    merged: dict[str, AliasUsage] = {}
+    for record in local:
+        with record._lock:
+            latencies = list(record._latencies)
+        copy = AliasUsage(record.alias, record.provider, record.model)
+        _add(copy, record.__dict__, latencies)
+        merged[record.alias] = copy
+    for row in remote:
+        target = merged.get(row["alias"])
+        if target is None:
+            target = merged[row["alias"]] = AliasUsage(row["alias"], row["provider"], row["model"])
+        _add(target, row, row["latencies"])
+    return list(merged.values())
+
+
+def _add(target: AliasUsage, source: dict[str, Any], latencies: list[float]) -> None:
+    for name in (
+        "requests",
+        "succeeded",
+        "failed",
+        "retries",
+        "rate_limited",
+        "reasks",
+        "prompt_tokens",
+        "completion_tokens",
+    ):
+        setattr(target, name, getattr(target, name) + source[name])
+    for name in ("input_price_per_mtok", "output_price_per_mtok"):
+        if getattr(target, name) is None:
+            setattr(target, name, source[name])
+    target._latencies.extend(latencies)
 
 
 def record_for(alias: str) -> AliasUsage:
@@ -150,12 +230,12 @@ def _seconds(value: float | None) -> str:
 
 
 def usage() -> UsageReport:
-    """Usage per alias since the process started (or since `reset_usage`)."""
-    with _records_lock:
-        records = list(_records.values())
-    return UsageReport([r.as_dict() for r in records])
+    """Usage per alias since the process started (or since `reset_usage`), with the
+    counters of the Ray workers of runs this process drove added in."""
+    return UsageReport([r.as_dict() for r in _combined()])
 
 
 def reset_usage() -> None:
     with _records_lock:
         _records.clear()
+        _remote.clear()

@@ -1,0 +1,254 @@
+"""One pipeline on several Ray worker processes: same results, limits held cluster-wide,
+faults survived, handlers meaning what they mean in one process (issue 12).
+
+A local Ray is started once for the session (`ray_cluster`); every run starts its own
+worker actors in it, as `plait run --workers N` does in a Ray it starts itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import plait
+from plait.handlers import budget, cache, profile
+from plait.handlers.budgeting import BudgetExceeded
+from plait.testing import FakeOpenAIServer
+
+from .conftest import ROOT, make_resources
+from .pipelines import Echo, FanOutFanIn, TwoSteps, echo, two_steps
+
+pytestmark = pytest.mark.usefixtures("ray_cluster")
+
+
+def expected(text: str) -> str:
+    return echo("C", f"{echo('L', text)} | {echo('R', text)}")
+
+
+def _keys_of_first_calls(server: FakeOpenAIServer) -> dict[str, int]:
+    """How often each first-step request (system prompt "A") completed at the server."""
+    counts: dict[str, int] = {}
+    for record in server.stats()["requests"]:
+        if record["system"] == "A" and record["status"] == 200:
+            counts[record["key"]] = counts.get(record["key"], 0) + 1
+    return counts
+
+
+def _worker_processes(checkpoint: Path) -> list[int]:
+    """Pids of this run's workers: each logs its calls to ``workers/<name>-<pid>-<id>.jsonl``
+    in the run's checkpoint directory."""
+    return sorted(int(log.name.split("-")[1]) for log in (checkpoint / "workers").glob("*.jsonl"))
+
+
+def test_a_batch_on_workers_gives_the_one_process_results_in_order(
+    server: FakeOpenAIServer,
+) -> None:
+    resources = make_resources(server, ("fast", "smart"), max_concurrent=8)
+    inputs = [f"doc {i}" for i in range(60)]
+    pipeline = FanOutFanIn().bind(resources=resources)
+    plait.reset_usage()
+    assert pipeline.run_sync(inputs, workers=3) == [expected(t) for t in inputs]
+    assert server.stats()["requests_total"] == 180
+    assert plait.usage()["fast"]["requests"] == 180  # every worker's counters, added up
+
+
+def test_max_concurrent_holds_across_four_workers(server: FakeOpenAIServer) -> None:
+    server.configure(latency_ms=40)
+    resources = make_resources(server, model="cluster-c8", max_concurrent=8)
+    inputs = [f"q{i}" for i in range(160)]
+    out = Echo("fast").bind(resources=resources).run_sync(inputs, workers=4)
+    assert out == [echo("fast", t) for t in inputs]
+    stats = server.stats()
+    assert stats["requests_total"] == 160
+    assert stats["max_in_flight"] == 8  # the limit, and all of it: never more, and used
+
+
+def test_requests_per_minute_hold_across_four_workers(server: FakeOpenAIServer) -> None:
+    rpm = 1200  # 20 a second, a burst of one second's worth
+    rate = burst = rpm / 60
+    resources = make_resources(
+        server, model="cluster-rpm", max_concurrent=8, requests_per_minute=rpm
+    )
+    out = Echo("fast").bind(resources=resources).run_sync([f"r{i}" for i in range(70)], workers=4)
+    assert len(out) == 70 and all(isinstance(o, str) for o in out)
+    records = server.stats()["requests"]
+    arrivals = sorted(r["t_start"] for r in records)
+    assert len(arrivals) == 70
+    assert server.stats()["max_in_flight"] <= 8
+    # Every window, by the server's own clock: between the i-th and j-th arrival no more
+    # than burst + rate * (t_j - t_i) requests (the +1 absorbs float rounding).  The
+    # 60-second window of the limit, scaled down to the 3.5 s this takes.
+    for i, t_i in enumerate(arrivals):
+        for j in range(i, len(arrivals)):
+            assert j - i + 1 <= burst + rate * (arrivals[j] - t_i) + 1, (i, j)
+
+
+def test_a_killed_worker_s_inputs_rerun_elsewhere_without_paying_twice(
+    server: FakeOpenAIServer, ray_cluster: Any, tmp_path: Path
+) -> None:
+    resources = make_resources(server, model="cluster-kill", max_concurrent=16)
+    inputs = [f"doc {i}" for i in range(20)] + [f"hold {i}" for i in range(6)]
+    pipeline = TwoSteps().bind(resources=resources)
+    result: dict[str, Any] = {}
+
+    def run() -> None:
+        result["out"] = pipeline.run_sync(inputs, workers=2, checkpoint_dir=tmp_path)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    server.wait_parked("hold", 6)  # every held input's first call has completed
+    workers = _worker_processes(tmp_path)
+    assert len(workers) == 2
+    os.kill(workers[0], signal.SIGKILL)
+    server.open_gate("hold")
+    thread.join(timeout=120)
+    assert not thread.is_alive()
+    assert result["out"] == [two_steps(t) for t in inputs]  # every output, once, in order
+    # No first call was paid twice: the dead worker's were answered from its log.
+    assert set(_keys_of_first_calls(server).values()) == {1}
+    assert len(_keys_of_first_calls(server)) == len(inputs)
+
+
+def test_a_killed_driver_resumes_from_its_checkpoint(
+    server: FakeOpenAIServer, ray_cluster: Any, tmp_path: Path
+) -> None:
+    data = tmp_path / "in.jsonl"
+    docs = [f"doc {i}" for i in range(12)] + [f"hold {i}" for i in range(4)]
+    data.write_text("".join(json.dumps({"doc": d}) + "\n" for d in docs))
+    (tmp_path / "r.toml").write_text(
+        f'[fast]\nprovider = "openai"\nmodel = "cluster-driver"\nbase_url = "{server.base_url}"\n'
+        'api_key_env = "PLAIT_TEST_KEY"\nmax_concurrent = 8\n'
+    )
+    target = f"{ROOT / 'tests' / 'pipelines.py'}:TwoSteps"
+    address = ray_cluster.get_runtime_context().gcs_address
+    command = [sys.executable, "-m", "plait.cli", "run", target, "--input", str(data)]
+    command += ["--output", str(tmp_path / "out.jsonl"), "--resources", str(tmp_path / "r.toml")]
+    command += ["--workers", "2", "--ray-address", address, "-q"]
+    env = dict(os.environ, PLAIT_TEST_KEY="sk-test")
+    first = subprocess.Popen(command, cwd=ROOT, env=env, stderr=subprocess.DEVNULL)
+    server.wait_parked("hold", 4)
+    first.kill()  # SIGKILL: the driver dies; Ray ends the workers it owned
+    first.wait()
+    paid_before = _keys_of_first_calls(server)
+    server.open_gate("hold")
+    second = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    assert second.returncode == 0, second.stderr
+    rows = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert sorted(r["index"] for r in rows) == list(range(len(docs)))  # each exactly once
+    assert {r["index"]: r["output"] for r in rows} == {i: two_steps(d) for i, d in enumerate(docs)}
+    # Calls completed before the kill were not sent again.
+    assert len(paid_before) == len(docs)
+    assert set(_keys_of_first_calls(server).values()) == {1}
+
+
+def test_a_worker_that_cannot_reach_its_endpoint_gives_error_rows(tmp_path: Path) -> None:
+    resources = plait.ResourceConfig(
+        {
+            "fast": {
+                "provider": "openai",
+                "model": "m",
+                "base_url": "http://127.0.0.1:9/v1",  # discard port: refused
+                "api_key": "sk-test",
+                "max_retries": 0,
+            }
+        }
+    )
+    out = Echo("fast").bind(resources=resources).run_sync(["a", "b", "c"], workers=2)
+    assert len(out) == 3
+    for value in out:
+        assert isinstance(value, plait.Value) and value.is_error
+        assert value.meta["error_type"] and value.meta["traceback"]
+
+
+def test_a_budget_is_one_hard_limit_across_workers(server: FakeOpenAIServer) -> None:
+    resources = make_resources(server, model="cluster-budget", max_concurrent=4)
+    with budget(max_calls=10) as spent:
+        out = (
+            Echo("fast").bind(resources=resources).run_sync([f"b{i}" for i in range(30)], workers=3)
+        )
+    assert server.stats()["requests_total"] == 10
+    ok = [o for o in out if isinstance(o, str)]
+    refused = [o for o in out if isinstance(o, plait.Value)]
+    assert len(ok) == 10 and len(refused) == 20
+    assert all(v.meta["error_type"] == BudgetExceeded.__name__ for v in refused)
+    assert spent.calls == 10 and spent.refused == 20
+
+
+def test_profile_draws_one_trace_with_a_process_per_worker(
+    server: FakeOpenAIServer, tmp_path: Path
+) -> None:
+    resources = make_resources(server, model="cluster-profile")
+    path = tmp_path / "trace.json"
+    with profile(path):
+        FanOutFanIn().bind(resources=resources).run_sync([f"p{i}" for i in range(20)], workers=2)
+    events = json.loads(path.read_text())["traceEvents"]
+    processes = {e["args"]["name"] for e in events if e["name"] == "process_name"}
+    assert len(processes) == 2 and all(p.startswith("worker w") for p in processes)
+    calls = [e for e in events if e.get("ph") == "X" and e.get("cat") == "llm"]
+    assert len(calls) == 60
+
+
+def test_a_cache_is_shared_by_the_workers_of_one_machine(
+    server: FakeOpenAIServer, tmp_path: Path
+) -> None:
+    resources = make_resources(server, model="cluster-cache")
+    inputs = [f"c{i}" for i in range(30)]
+    with cache(tmp_path / "cache.sqlite"):
+        first = FanOutFanIn().bind(resources=resources).run_sync(inputs, workers=2)
+    assert server.stats()["requests_total"] == 90
+    server.reset()
+    with cache(tmp_path / "cache.sqlite"):
+        again = FanOutFanIn().bind(resources=resources).run_sync(inputs, workers=2)
+    assert again == first
+    assert server.stats()["requests_total"] == 0
+
+
+def test_plait_run_with_workers_writes_every_row_once(
+    server: FakeOpenAIServer, ray_cluster: Any, tmp_path: Path
+) -> None:
+    data = tmp_path / "in.jsonl"
+    docs = [f"doc {i}" for i in range(40)]
+    data.write_text("".join(json.dumps({"doc": d}) + "\n" for d in docs))
+    (tmp_path / "r.toml").write_text(
+        f'[fast]\nprovider = "openai"\nmodel = "m"\nbase_url = "{server.base_url}"\n'
+        'api_key_env = "PLAIT_TEST_KEY"\n'
+    )
+    address = ray_cluster.get_runtime_context().gcs_address
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "plait.cli",
+            "run",
+            f"{ROOT / 'tests' / 'pipelines.py'}:TwoSteps",
+            "--input",
+            str(data),
+            "--output",
+            str(tmp_path / "out.jsonl"),
+            "--resources",
+            str(tmp_path / "r.toml"),
+            "--workers",
+            "2",
+            "--ray-address",
+            address,
+            "--preserve-order",
+        ],
+        cwd=ROOT,
+        env=dict(os.environ, PLAIT_TEST_KEY="sk-test"),
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    rows = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [r["index"] for r in rows] == list(range(40))  # in input order, each once
+    assert [r["output"] for r in rows] == [two_steps(d) for d in docs]
+    assert "40 input(s): 40 succeeded, 0 failed" in done.stderr
+    assert "│       80 │" in done.stderr or " 80 " in done.stderr  # usage: every worker's calls
