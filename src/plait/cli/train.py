@@ -60,6 +60,12 @@ and history.png (the curves; needs matplotlib: pip install 'plait[plot]').
 Resume: the checkpoint (OUT/checkpoint unless --checkpoint) is written after
 every step; re-run the same command to continue.  --fresh starts over.
 
+Workers: --workers N scores the validation set on N Ray worker processes with
+the prompts of the moment (the same scores as one process); the minibatch
+steps (forward, backward, rewrite) stay in this process, which holds the graph
+backward() needs.  --ray-address joins a running cluster instead of starting a
+local Ray for the run.
+
 Exit status: 0 done, 2 usage or configuration error, 130 interrupted.
 """
 
@@ -101,6 +107,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, metavar="N", help="shuffling seed (0)")
     parser.add_argument("--out", default="plait-train", metavar="DIR", help="(plait-train)")
     parser.add_argument("--checkpoint", metavar="DIR", help="(default: OUT/checkpoint)")
+    parser.add_argument(
+        "--workers",
+        type=positive_int,
+        metavar="N",
+        help="score validation on N Ray worker processes (needs plait[ray])",
+    )
+    parser.add_argument(
+        "--ray-address",
+        metavar="ADDRESS",
+        help="join this Ray cluster ('auto': the local one) instead of starting Ray",
+    )
     parser.add_argument("--fresh", action="store_true", help="delete the checkpoint; start over")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress display")
     parser.add_argument("-h", "--help", action="store_true", help="show this help and exit")
@@ -166,6 +183,8 @@ def _train(ns: argparse.Namespace, err: IO[str]) -> int:
         input_field=ns.input_field,
         target_field=ns.target_field,
         on_event=display.event,
+        workers=ns.workers,
+        ray_address=ns.ray_address,
     )
     if trainer.resumed:
         print(

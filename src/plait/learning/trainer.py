@@ -21,6 +21,10 @@ Data is a list of ``(input, target)`` pairs, a list of mappings with an input an
 a target field, or a path to a JSONL file of such mappings (`load_examples`).
 Minibatches are drawn from a permutation seeded by ``seed`` and the epoch, so a
 resumed run draws exactly the batches the killed one would have.
+
+With ``workers=N`` (or ``ray_address=``) validation is scored on Ray worker
+processes (`plait.ray`); the minibatch steps stay in this process.  See `Trainer`
+for what runs where.
 """
 
 from __future__ import annotations
@@ -266,6 +270,32 @@ class Trainer:
     Trainer over the same directory continues from its last finished step.
     ``max_steps`` caps the total number of optimizer steps (across resumes).
     ``on_event`` receives a `TrainingEvent` at each milestone, for progress bars.
+
+    ``workers=N`` scores validation on N Ray worker processes (``ray_address``
+    joins a running cluster, ``"auto"`` for the local one; without it a local Ray
+    is started if none is running, and `fit` stops the one it started when it
+    ends).  What runs where:
+
+    * On the workers: every validation pass (`evaluate`, the initial score and
+      the score after each update).  The model and the loss run there in eval
+      mode, each worker with the whole ``TrainingStep``, and the endpoints' limits
+      are held for the cluster as a whole.  The step is pickled afresh for every
+      pass, so the workers score the parameter values the model has at that
+      moment (the update just made, or the values restored after a roll-back),
+      never those of an earlier pass.  The scores are the same as in one process:
+      the same calls, scored by the same loss, averaged in input order.  The
+      price: each pass starts its worker processes anew (seconds, not minutes),
+      so workers pay off when a validation set is large or slow to score.
+    * In this process (the driver): the minibatch steps, all of them.  A
+      minibatch's forward pass runs in ``train()`` mode and records the graph that
+      ``backward()`` walks to send each loss's feedback to the parameters; that
+      graph exists only in the process that ran the forward, so the minibatch's
+      model and loss calls, its scores (``train_score``), the backward pass and the
+      optimizer's rewrite all run here, exactly as without workers.  Scoring the
+      minibatch on the workers as well would only repeat those calls.
+    * Also in the driver: the keep-or-roll-back decision, early stopping and the
+      checkpoint.  ``workers`` does not enter the checkpoint: a run may be resumed
+      with or without them.
     """
 
     def __init__(
@@ -287,11 +317,17 @@ class Trainer:
         input_field: str = "input",
         target_field: str = "target",
         on_event: Callable[[TrainingEvent], None] | None = None,
+        workers: int | None = None,
+        ray_address: str | None = None,
     ) -> None:
         for name, value in (("batch_size", batch_size), ("epochs", epochs)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        for name, limit in (("patience", patience), ("max_steps", max_steps)):
+        for name, limit in (
+            ("patience", patience),
+            ("max_steps", max_steps),
+            ("workers", workers),
+        ):
             if limit is not None and (not isinstance(limit, int) or limit < 1):
                 raise ValueError(f"{name} must be a positive integer or None, got {limit!r}")
         self.model = model
@@ -314,6 +350,8 @@ class Trainer:
         self.shuffle = shuffle
         self.max_steps = max_steps
         self.on_event = on_event
+        self.workers = workers
+        self.ray_address = ray_address
         self.step_module = TrainingStep(model, loss_fn)
         self.history = TrainingHistory()
         #: Where the run is: the next batch to train on, and optimizer steps taken.
@@ -322,6 +360,8 @@ class Trainer:
         self.global_step = 0
         #: Steps since validation last improved (for ``patience``).
         self.stale_steps = 0
+        #: The resources of the `fit` under way (None outside one).
+        self._manager: Any = None
         self.resumed = self._load_checkpoint()
 
     # -- sizes ---------------------------------------------------------------------------
@@ -361,43 +401,112 @@ class Trainer:
         # One manager for the whole run: every call shares its endpoints (and the
         # embedded model is loaded once).
         manager = ResourceManager.coerce(self.resources)
-        async with ExecutionSettings(resources=manager):
-            if self.resumed:
-                self._emit("resumed")
-                if self.history.stopped == "early_stopping":
-                    return self.history  # the run had finished; resuming changes nothing
-            if self.val_data is not None and self.history.initial_val_score is None:
-                score = await self.evaluate()
-                self.history.initial_val_score = self.history.best_val_score = score
-                self._emit("validated")
-                self._save_checkpoint()
-            self.history.stopped = ""
-            while self.epoch < self.epochs:
-                batches = self.batches(self.epoch)
-                if self.max_steps is not None and self.global_step >= self.max_steps:
-                    return self._stop("max_steps")
-                record = await self._train_step(batches[self.batch_index])
-                # The position saved is the next batch to train on, so a resume never
-                # repeats a step whose update was already kept or rolled back.
-                self.batch_index += 1
-                if self.batch_index >= len(batches):
-                    self.epoch, self.batch_index = self.epoch + 1, 0
-                self._save_checkpoint()
-                self._emit("step", record)
-                if self.patience is not None and self.stale_steps >= self.patience:
-                    return self._stop("early_stopping")
-            return self._stop("completed")
+        # A local Ray started for this run's validation passes is stopped when it ends;
+        # one that was running already (or a joined cluster) is left as it was.
+        owns_ray = self.on_workers and not _ray_running()
+        try:
+            async with ExecutionSettings(resources=manager):
+                self._manager = manager
+                return await self._fit()
+        finally:
+            self._manager = None
+            if owns_ray:
+                from plait.ray.cluster import shutdown_if_started
+
+                shutdown_if_started()
+
+    @property
+    def on_workers(self) -> bool:
+        """Whether validation is scored on Ray workers (``workers`` or ``ray_address`` set)."""
+        return self.workers is not None or self.ray_address is not None
+
+    async def _fit(self) -> TrainingHistory:
+        if self.resumed:
+            self._emit("resumed")
+            if self.history.stopped == "early_stopping":
+                return self.history  # the run had finished; resuming changes nothing
+        if self.val_data is not None and self.history.initial_val_score is None:
+            score = await self.evaluate()
+            self.history.initial_val_score = self.history.best_val_score = score
+            self._emit("validated")
+            self._save_checkpoint()
+        self.history.stopped = ""
+        while self.epoch < self.epochs:
+            batches = self.batches(self.epoch)
+            if self.max_steps is not None and self.global_step >= self.max_steps:
+                return self._stop("max_steps")
+            record = await self._train_step(batches[self.batch_index])
+            # The position saved is the next batch to train on, so a resume never
+            # repeats a step whose update was already kept or rolled back.
+            self.batch_index += 1
+            if self.batch_index >= len(batches):
+                self.epoch, self.batch_index = self.epoch + 1, 0
+            self._save_checkpoint()
+            self._emit("step", record)
+            if self.patience is not None and self.stale_steps >= self.patience:
+                return self._stop("early_stopping")
+        return self._stop("completed")
 
     async def evaluate(self, data: Iterable[Any] | None = None) -> float:
-        """Mean loss score over ``data`` (default: the validation set), in eval mode."""
+        """Mean loss score over ``data`` (default: the validation set), in eval mode.
+
+        The calls go to the trainer's ``resources``, inside `fit` or outside it.
+        """
         examples = self.val_data if data is None else load_examples(data)
         if not examples:
             raise TrainerError("nothing to evaluate: no validation set was given")
+        if self._manager is not None:
+            return await self._evaluate(examples)
+        from plait.execution.settings import ExecutionSettings
+        from plait.resources.manager import ResourceManager
+
+        async with ExecutionSettings(resources=ResourceManager.coerce(self.resources)):
+            return await self._evaluate(examples)
+
+    async def _evaluate(self, examples: list[Example]) -> float:
         self.step_module.eval()
-        results = await asyncio.gather(
-            *(self.step_module(example, target=target) for example, target in examples)
-        )
+        results: list[Any]
+        if self.on_workers:
+            results = await self._score_on_workers(examples)
+        else:
+            results = await asyncio.gather(
+                *(self.step_module(example, target=target) for example, target in examples)
+            )
         return sum(_score(result) for result in results) / len(results)
+
+    async def _score_on_workers(self, examples: list[Example]) -> list[Value]:
+        """One loss result per example, in order, run on the Ray workers (eval mode).
+
+        The step is pickled here, for this pass only: the parameter values the
+        workers run with are the model's current ones.  Resources and options are
+        resolved as a call in this process would resolve them (the step's binding,
+        else the `ExecutionSettings` around it).
+        """
+        from plait.execution.settings import resolve_options
+        from plait.ray.runner import run_distributed
+        from plait.ray.spec import make_spec
+
+        bound_resources, bound_config = self.step_module._binding()
+        opts = resolve_options({}, bound_config, bound_resources)
+        spec = make_spec(self.step_module, opts["resources"], opts)
+        results: dict[int, Value] = {}
+
+        def prepare(example: Example) -> tuple[tuple[Any, ...], dict[str, Any]]:
+            return (example[0],), {"target": example[1]}
+
+        def deliver(index: int, example: Example, value: Value) -> None:
+            results[index] = value
+
+        await asyncio.to_thread(
+            run_distributed,
+            spec,
+            examples,
+            prepare,
+            deliver,
+            workers=self.workers or 1,
+            address=self.ray_address,
+        )
+        return [results[index] for index in range(len(examples))]
 
     async def _train_step(self, batch: list[Example]) -> StepRecord:
         before = copy.deepcopy(self.model.state_dict())
@@ -562,6 +671,12 @@ def _score(result: Any) -> float:
         f"the loss returned a {type(payload).__name__}, not a Feedback: a Trainer needs a "
         "loss module whose output is plait.learning.Feedback (see plait.learning.losses)"
     )
+
+
+def _ray_running() -> bool:
+    from plait.ray.cluster import import_ray
+
+    return bool(import_ray().is_initialized())
 
 
 def _or_nan(score: float | None) -> float:

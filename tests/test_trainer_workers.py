@@ -1,0 +1,201 @@
+"""`Trainer(workers=N)` and `plait train --workers N`: validation scored on Ray workers.
+
+The model and the optimizer call the loopback fake OpenAI server, whose replies
+are a pure function of the request: the model's output is ``[<system prompt>]
+<input>``, and the optimizer's rewrite echoes the feedback it was shown, so a
+target word the loss reported missing ends up in the new prompt.  With
+`Contains` as the loss, validation examples whose target is the input itself
+always pass and those whose target is a word (``alpha``, ``beta``...) pass only
+once the prompt carries that word: scores differ between examples and rise as
+training goes, the same way in one process and on the workers.
+
+The handlers (`mock`) of the other trainer tests live in the driver only, which
+is why these tests answer every call from the server instead.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import plait
+from plait.learning.losses import Contains
+from plait.learning.optimizers import SFAOptimizer
+from plait.learning.trainer import Trainer, TrainerError
+from plait.testing import FakeOpenAIServer
+
+from .conftest import make_resources, plait_cli
+
+INITIAL = "Answer."
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[Any]:
+    """A local Ray for the session (joined if one is running already)."""
+    ray = pytest.importorskip("ray")
+    if not ray.is_initialized():
+        ray.init(num_cpus=4, include_dashboard=False, namespace="plait", log_to_driver=False)
+    yield ray
+
+
+class Answerer(plait.Module):
+    """One LLM call whose system prompt is the learnable parameter."""
+
+    def __init__(self, instructions: str = INITIAL) -> None:
+        super().__init__()
+        self.llm = plait.LLMInference(
+            "fast",
+            system_prompt=plait.Parameter(instructions, description="How to answer."),
+        )
+
+    def forward(self, text: str) -> Any:
+        return self.llm(text)
+
+
+def examples(words: list[str | None]) -> list[tuple[str, str]]:
+    """``item n`` with the target ``words[n]``, or the input itself where that is None."""
+    return [(f"item {n}", word or f"item {n}") for n, word in enumerate(words)]
+
+
+TRAIN = examples(["alpha", None, "beta", None, "gamma", None, "delta", None])
+VAL = examples(["alpha", None, "beta", "zeta", None, "gamma"])
+
+
+def make_trainer(server: FakeOpenAIServer, **options: Any) -> Trainer:
+    model = Answerer()
+    optimizer = SFAOptimizer(model.parameters(), alias="smart")
+    return Trainer(
+        model,
+        Contains(),
+        optimizer,
+        TRAIN,
+        VAL,
+        resources=make_resources(server, ("fast", "smart")),
+        batch_size=4,
+        shuffle=False,
+        **options,
+    )
+
+
+def prompt_of(trainer: Trainer) -> str:
+    value: str = trainer.model.state_dict()["llm.system_prompt"]
+    return value
+
+
+def test_validation_on_workers_gives_the_same_scores_and_history_as_one_process(
+    server: FakeOpenAIServer, ray_cluster: Any
+) -> None:
+    alone = make_trainer(server)
+    expected = alone.fit_sync()
+    assert expected.initial_val_score == pytest.approx(2 / 6)  # the inputs-as-targets pass
+    assert expected.best_val_score is not None
+    assert expected.best_val_score > expected.initial_val_score  # the prompt learned words
+    assert all(record.changed for record in expected.steps)
+
+    on_workers = make_trainer(server, workers=2)
+    history = on_workers.fit_sync()
+
+    assert history.to_json() == expected.to_json()
+    assert prompt_of(on_workers) == prompt_of(alone)
+    assert ray_cluster.is_initialized()  # a Ray the run did not start is left running
+
+
+async def test_each_validation_pass_ships_the_current_parameter_values(
+    server: FakeOpenAIServer, ray_cluster: Any
+) -> None:
+    trainer = make_trainer(server, workers=2)
+    alone = make_trainer(server)
+    param = trainer.model.llm.system_prompt
+
+    assert await trainer.evaluate() == pytest.approx(2 / 6)
+    param.value = "Answer with alpha, beta and zeta."
+    alone.model.llm.system_prompt.value = param.value
+    assert await trainer.evaluate() == await alone.evaluate() == pytest.approx(5 / 6)
+    param.value = INITIAL  # as a roll-back restores it
+    assert await trainer.evaluate() == pytest.approx(2 / 6)
+    assert param.value == INITIAL  # scoring on the workers changes nothing here
+
+
+async def test_a_call_that_fails_on_a_worker_stops_the_run(
+    server: FakeOpenAIServer, ray_cluster: Any
+) -> None:
+    trainer = make_trainer(server, workers=2)
+    with pytest.raises(TrainerError, match="a training call failed"):
+        await trainer.evaluate([("item 0 [[status:400]]", "item 0"), ("item 1", "item 1")])
+
+
+def test_workers_must_be_a_positive_integer(server: FakeOpenAIServer) -> None:
+    with pytest.raises(ValueError, match="workers must be a positive integer"):
+        make_trainer(server, workers=0)
+
+
+# -- the command --------------------------------------------------------------------------------
+def test_plait_train_with_workers_runs_end_to_end_like_one_process(
+    server: FakeOpenAIServer, tmp_path: Path
+) -> None:
+    target = tmp_path / "pipeline.py"
+    target.write_text(
+        textwrap.dedent(
+            f"""
+            import plait
+
+            class Answerer(plait.Module):
+                def __init__(self) -> None:
+                    super().__init__()
+                    self.llm = plait.LLMInference(
+                        "fast",
+                        system_prompt=plait.Parameter({INITIAL!r}, description="How to answer."),
+                    )
+
+                def forward(self, text: str):
+                    return self.llm(text)
+            """
+        ),
+        encoding="utf-8",
+    )
+    config = tmp_path / "resources.yaml"  # JSON is YAML
+    endpoint = {"provider": "openai", "model": "m", "base_url": server.base_url}
+    endpoint["api_key"] = "sk-test"
+    config.write_text(json.dumps({"optimizer": endpoint, "fast": endpoint}), encoding="utf-8")
+    for name, rows in (("train", TRAIN), ("val", VAL)):
+        (tmp_path / f"{name}.jsonl").write_text(
+            "".join(json.dumps({"input": i, "target": t}) + "\n" for i, t in rows),
+            encoding="utf-8",
+        )
+
+    def train(out: str, *extra: str) -> dict[str, Any]:
+        result = plait_cli(
+            "train",
+            f"{target}:Answerer",
+            "--data",
+            tmp_path / "train.jsonl",
+            "--val",
+            tmp_path / "val.jsonl",
+            "--loss",
+            "contains",
+            "--batch-size",
+            "4",
+            "--resources",
+            config,
+            "--out",
+            tmp_path / out,
+            *extra,
+        )
+        assert result.returncode == 0, result.stderr
+        assert "plait train: completed after 2 step(s)" in result.stderr
+        return {
+            name: json.loads((tmp_path / out / name).read_text(encoding="utf-8"))
+            for name in ("history.json", "parameters.json")
+        }
+
+    alone = train("alone")
+    on_workers = train("workers", "--workers", "2")
+
+    assert on_workers == alone
+    history = alone["history.json"]
+    assert history["best_val_score"] > history["initial_val_score"]
