@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,15 +31,6 @@ from plait.testing import FakeOpenAIServer
 from .conftest import make_resources, plait_cli
 
 INITIAL = "Answer."
-
-
-@pytest.fixture(scope="session")
-def ray_cluster() -> Iterator[Any]:
-    """A local Ray for the session (joined if one is running already)."""
-    ray = pytest.importorskip("ray")
-    if not ray.is_initialized():
-        ray.init(num_cpus=4, include_dashboard=False, namespace="plait", log_to_driver=False)
-    yield ray
 
 
 class Answerer(plait.Module):
