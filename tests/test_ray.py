@@ -252,3 +252,34 @@ def test_plait_run_with_workers_writes_every_row_once(
     assert [r["output"] for r in rows] == [two_steps(d) for d in docs]
     assert "40 input(s): 40 succeeded, 0 failed" in done.stderr
     assert "│       80 │" in done.stderr or " 80 " in done.stderr  # usage: every worker's calls
+
+
+def test_other_handlers_run_in_every_worker(server: FakeOpenAIServer, tmp_path: Path) -> None:
+    from plait.handlers import override, record, replay
+
+    resources = make_resources(server, model="cluster-handlers")
+    inputs = [f"h{i}" for i in range(12)]
+    with override(temperature=0.25), record(tmp_path / "calls.jsonl") as recorder:
+        first = FanOutFanIn().bind(resources=resources).run_sync(inputs, workers=2)
+    bodies = [r["body"] for r in server.stats(bodies=True)["requests"]]
+    assert len(bodies) == 36 and all(b["temperature"] == 0.25 for b in bodies)
+    assert recorder.calls == 36  # every worker's calls, in one recording
+    server.reset()
+    with replay(tmp_path / "calls.jsonl"):
+        again = FanOutFanIn().bind(resources=resources).run_sync(inputs, workers=2)
+    assert again == first
+    assert server.stats()["requests_total"] == 0
+
+
+class _Unpicklable(plait.handlers.Handler):
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+
+
+def test_a_handler_that_cannot_reach_the_workers_is_refused_before_the_run(
+    server: FakeOpenAIServer,
+) -> None:
+    resources = make_resources(server, model="cluster-refused")
+    with _Unpicklable(), pytest.raises(TypeError, match="_Unpicklable is active but cannot"):
+        Echo("fast").bind(resources=resources).run_sync(["a"], workers=2)
+    assert server.stats()["requests_total"] == 0

@@ -91,6 +91,13 @@ class Handler:
     def __exit__(self, *exc: object) -> None:
         _STACK.reset(self._tokens.pop())
 
+    def __getstate__(self) -> dict[str, Any]:
+        """The handler without the blocks it is entered in here (a copy sent to another
+        process, a Ray worker, is entered there afresh)."""
+        state = dict(self.__dict__)
+        state.pop("_tokens", None)
+        return state
+
     @contextlib.contextmanager
     def outermost(self) -> Iterator[Self]:
         """Enter below every active handler: it processes each call last and

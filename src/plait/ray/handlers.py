@@ -13,14 +13,16 @@ handlers as in one process.  Handlers that count or collect are made whole again
   with each batch and draws one trace with a process per worker.
 - usage (`plait.usage()`, ``plait run``'s table): each worker's counters reach the
   driver with each batch and are added up.
+- `record`: every worker appends to the same recording file (one machine, or a
+  shared file system), so a replay reproduces the whole run.
 - `cache`: each worker opens the same SQLite file (one machine: shared, WAL; many
   machines: a cache per machine unless the path is on a shared file system, and
   SQLite over network file systems is not safe: give each machine its own).
 
 Any other handler (override, mock, replay, a user's own) is sent pickled and runs
 in each worker as it is; whatever state it keeps stays in that worker.  A handler
-that cannot be pickled (an open recording) is refused before the run starts, with
-the reason: a hook that silently never ran would be worse.
+that cannot be pickled (one holding a lock or a connection) is refused before the
+run starts, with the reason: a hook that silently never ran would be worse.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ def distribute(stack: tuple[Handler, ...]) -> WorkerParts:
     from plait.handlers.budgeting import Budget
     from plait.handlers.caching import Cache
     from plait.handlers.profiling import Profiler
+    from plait.handlers.recording import Recorder, Replayer
 
     parts = WorkerParts()
     usage = _UsageCollector()
@@ -80,6 +83,12 @@ def distribute(stack: tuple[Handler, ...]) -> WorkerParts:
         elif isinstance(handler, Cache):
             parts.specs.append(_CacheSpec(str(handler.path), handler.namespace))
             parts.collectors.append(_ignore)
+        elif isinstance(handler, Replayer):
+            parts.specs.append(_ReplaySpec(str(handler.path)))
+            parts.collectors.append(_ignore)
+        elif isinstance(handler, Recorder):
+            parts.specs.append(_RecordSpec(str(handler.path)))
+            parts.collectors.append(_RecordCollector(handler))
         else:
             parts.specs.append(_PickledSpec(_pickled(handler)))
             parts.collectors.append(_ignore)
@@ -116,6 +125,10 @@ class _Part:
                 yield
 
     def report(self) -> Any:
+        from plait.handlers.recording import Recorder
+
+        if isinstance(self.handler, Recorder):
+            return self.handler.calls
         report = getattr(self.handler, "report", None)
         return report() if callable(report) else None
 
@@ -163,6 +176,47 @@ class _CacheSpec:
         part = _Part()
         part.handler = cache(self.path, self.namespace)
         return part
+
+
+@dataclass
+class _RecordSpec:
+    """Every worker appends to the same recording (one ``write`` per call on an
+    ``O_APPEND`` descriptor, so lines from several processes never interleave)."""
+
+    path: str
+
+    def build(self, worker: Any) -> _Part:
+        from plait.handlers.recording import record
+
+        part = _Part()
+        part.handler = record(self.path, append=True)
+        return part
+
+
+@dataclass
+class _ReplaySpec:
+    """Every worker reads the recording itself (one machine, or a shared file system)."""
+
+    path: str
+
+    def build(self, worker: Any) -> _Part:
+        from plait.handlers.recording import replay
+
+        part = _Part()
+        part.handler = replay(self.path)
+        return part
+
+
+class _RecordCollector:
+    def __init__(self, recorder: Any) -> None:
+        self.recorder = recorder
+        self.base = recorder.calls
+        self.latest: dict[str, int] = {}
+
+    def __call__(self, name: str, worker_id: str, report: Any) -> None:
+        if report is not None:
+            self.latest[worker_id] = int(report)
+            self.recorder.calls = self.base + sum(self.latest.values())
 
 
 class _ProfileSpec:

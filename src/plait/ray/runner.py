@@ -118,8 +118,12 @@ def run_distributed(
     from plait.handlers.stack import current_stack
     from plait.ray.handlers import distribute
 
-    parts = distribute(current_stack())  # every active handler, rebuilt in each worker
+    stack = current_stack()
+    parts = distribute(stack)  # every active handler, rebuilt in each worker
     spec.handlers = parts.specs
+    # A recorder must see every call: finished inputs run through their calls (answered
+    # by the checkpoint's logs) instead of being answered with their stored outputs.
+    observed = any(getattr(h, "sees_every_call", False) for h in stack)
     window = spec.options.get("max_inputs_in_flight") or max(
         64, 2 * int(spec.options.get("max_concurrent") or 100)
     )
@@ -171,7 +175,7 @@ def run_distributed(
             if checkpoint is not None:
                 key = input_keys[index] = fingerprint([list(args), kwargs])
                 found, payload = checkpoint.finished_output(index, key)
-                if found:
+                if found and not observed:
                     from plait.values import kind_of
 
                     finish(index, Value(kind_of(payload), payload, meta={"checkpoint": "hit"}))
