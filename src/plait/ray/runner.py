@@ -89,8 +89,12 @@ class Dispatch:
             with contextlib.suppress(Exception):
                 self.ray.get(worker.actor.close.remote(), timeout=10)
             self.ray.kill(worker.actor)
-            if worker.worker_id:  # its slots go back now, not after the lease expires
-                self.broker.forget.remote(worker.worker_id)
+        # A worker gives its slots back on its next sync, a tenth of a second after its
+        # last call; killed before that, it would keep them in the broker (which outlives
+        # the run) until LEASE_TTL_S, and the next run on the cluster would wait for them.
+        forgotten = [self.broker.forget.remote(w.worker_id) for w in self.workers if w.worker_id]
+        with contextlib.suppress(Exception):
+            self.ray.get(forgotten, timeout=10)
 
 
 def run_distributed(
