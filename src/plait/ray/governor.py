@@ -8,8 +8,10 @@ request (and its tokens) to be allowed, and reports the reply (``settle``) or a
 limit is the number of slots the broker granted this worker, and requests and
 tokens come out of pools the broker fills.  A background task on the worker's
 event loop talks to the broker: at once when a call is waiting for capacity the
-worker does not hold, otherwise every `SYNC_INTERVAL_S` while anything is held or
-wanted, and not at all when the worker is idle.
+worker does not hold and the broker may still give (no slots yet, or its last
+answer raised them; requests and tokens always), otherwise every
+`SYNC_INTERVAL_S` while anything is held or wanted, and not at all when the
+worker is idle.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ class LeasedLimiter(PriorityLimiter):
     async def acquire(self, priority: float | Priority = 0.0) -> None:
         self._governor.start()
         if self.held >= self.limit or self.waiting:
-            self._governor.wake()  # a call is about to wait for a slot: ask for one
+            self._governor.want_slot()  # a call is about to wait for a slot
         await super().acquire(priority)
 
 
@@ -68,6 +70,9 @@ class LeasedGovernor(RateGovernor):
         self._wake: asyncio.Event | None = None
         self._granted: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
+        #: Whether the broker's last answer raised this worker's slots (or it holds none):
+        #: only then can asking again at once get more.
+        self._slots_growing = True
         self._loop: asyncio.AbstractEventLoop | None = None
         #: How many times this worker talked to the broker (benchmarks report it).
         self.syncs = 0
@@ -95,6 +100,19 @@ class LeasedGovernor(RateGovernor):
             self._wake.set()
         else:
             self._loop.call_soon_threadsafe(self._wake.set)
+
+    def want_slot(self) -> None:
+        """A call waits for a slot: ask the broker at once if that can bring one.
+
+        A worker that holds none, or whose last answer raised its slots, asks now.
+        One the broker has given all it can (its share, or the whole limit) waits for
+        the next periodic sync instead: a saturated worker has calls waiting all the
+        time, and asking on each of them kept one round trip to the broker in flight
+        per worker without a pause (tens a second each, not the few the broker is
+        sized for).
+        """
+        if self._slots_growing or not self.limiter.limit:
+            self.wake()
 
     def _busy(self) -> bool:
         limiter = self.limiter
@@ -147,6 +165,7 @@ class LeasedGovernor(RateGovernor):
         reply = await self.broker.sync.remote(self.worker, self.key, self.limits, report)
         self.sync_seconds += time.perf_counter() - started
         self.syncs += 1
+        self._slots_growing = int(reply["slots"]) > limiter.limit
         limiter.set_limit(int(reply["slots"]))
         if math.isfinite(self.request_pool):
             self.request_pool += reply["requests"]
