@@ -14,8 +14,10 @@ results and dropping them); one alias at C=4 under a larger run cap kept at its
 limit at least 0.75 of the time the server is busy (scenario 6; "time at limit" is
 the server's time with exactly C requests in flight / its time with any); a
 checkpointed `plait run` at most 1.2x the time of the same run without one
-(scenario 7, `checkpoint_cost.py`).  Exits non-zero, naming it, when a target is
-missed.
+(scenario 7, `checkpoint_cost.py`); a run on Ray workers never waiting for slots
+an earlier run left held (scenario 8, `scale_out.py`, which also reports throughput
+with 1, 2 and 4 workers, the broker's cost and start-up).  Exits non-zero, naming
+it, when a target is missed.
 
     .venv/bin/python benchmarks/run.py [--repeats 7] [--quick] [--no-pin]
 """
@@ -444,6 +446,11 @@ def main() -> int:
         ckpt = checkpoint_cost.measure(
             server, 2_000 if args.quick else 20_000, 1 if args.quick else 3
         )
+        import scale_out  # beside this file, as checkpoint_cost
+
+        scale = scale_out.measure(
+            server, 1_000 if args.quick else 3_000, 1 if args.quick else 2, 1 if args.quick else 3
+        )
 
     missed = []
     for r in results:
@@ -468,10 +475,12 @@ def main() -> int:
     if rss_ratio > RSS_TARGET:
         missed.append(f"peak RSS N={large} / N={small} = {rss_ratio:.2f} > {RSS_TARGET}")
     missed += checkpoint_cost.missed(ckpt)
+    missed += scale_out.missed(scale)
     elapsed = time.perf_counter() - started
     text = report(args, results, rss, small, large, missed, profile, pinned, elapsed, repeats)
     notes = text.index("## Notes")
-    text = text[:notes] + "\n".join(checkpoint_cost.section(ckpt)) + "\n" + text[notes:]
+    spliced = checkpoint_cost.section(ckpt) + scale_out.section(scale)
+    text = text[:notes] + "\n".join(spliced) + "\n" + text[notes:]
     args.output.write_text(text)
     print(f"wrote {args.output} ({elapsed:.0f} s)")
     for m in missed:
