@@ -20,8 +20,11 @@ job.  Every actor's endpoints lease their capacity from the cluster's broker
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from collections.abc import Callable, Sequence
+import socket
+import uuid
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,12 +59,20 @@ def _build_module(target: Any, arguments: Sequence[str]) -> Any:
 
 
 def _jsonable(value: Any) -> Any:
+    """An output as plain data Arrow can type: models and dataclasses become dicts
+    (at any depth), tuples and sets lists, numpy scalars Python numbers."""
     dump = getattr(value, "model_dump", None)
-    if callable(dump):
+    if callable(dump) and not isinstance(value, type):
         return dump(mode="json")
-    if isinstance(value, tuple):
-        return list(value)
-    return value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, Mapping):
+        return {key: _jsonable(item) for key, item in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [_jsonable(item) for item in value]
+    if isinstance(value, str | bytes | bool | int | float) or value is None:
+        return value
+    return _plain(value)
 
 
 class Pipeline:
@@ -69,10 +80,21 @@ class Pipeline:
 
     ``target``: ``"file.py:Name"`` / ``"package.module:Name"`` (with ``arguments``,
     the ``key=value`` settings of ``plait run``), a Module class or factory, or a
-    Module.  ``resources``: a `ResourceConfig`, a mapping, or the path of a TOML/YAML
-    resource file (read on each actor; keys come from the actor's environment).
-    ``input_column`` is passed as the one argument of ``forward``; with
-    ``input_columns``, those columns are passed as keyword arguments instead.
+    Module.  Relative paths (of a TARGET file or a resource file) are read on each
+    actor, from its working directory.  ``resources``: a `ResourceConfig`, a mapping,
+    or the path of a TOML/YAML resource file (read on each actor; keys come from the
+    actor's environment).  ``input_column`` is passed as the one argument of
+    ``forward``; with ``input_columns``, those columns are passed as keyword arguments
+    instead.
+
+    Each batch comes back as an Arrow table: the batch's columns, then
+    ``output_column`` (structured outputs as plain dicts and lists) and
+    ``error_column`` (a string, null when the row succeeded).  The output column's
+    type is inferred from the batch, so a batch in which every row failed has a
+    null-typed one; give ``output_type`` (a ``pyarrow.DataType``, e.g.
+    ``pa.string()``) to have every batch written with the same type, which Parquet
+    files read together as one table need.  A row whose output does not fit
+    ``output_type`` gets that as its error.
     """
 
     def __init__(
@@ -84,6 +106,7 @@ class Pipeline:
         input_columns: Sequence[str] | None = None,
         output_column: str = "output",
         error_column: str = "error",
+        output_type: Any = None,
         arguments: Sequence[str] = (),
         max_concurrent: int | None = None,
     ) -> None:
@@ -92,8 +115,10 @@ class Pipeline:
         from plait.resources.config import ResourceConfig
         from plait.resources.manager import ResourceManager, use_governors
 
+        if output_column == error_column:
+            raise ValueError(f"output_column and error_column are both {output_column!r}")
         limits = broker()
-        worker = f"data:{os.getpid()}:{id(self):x}"
+        worker = f"data:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
         def governor(config: Any) -> Any:
             return LeasedGovernor(config, limits, worker)
@@ -107,9 +132,10 @@ class Pipeline:
         self.input_columns = list(input_columns) if input_columns else None
         self.output_column = output_column
         self.error_column = error_column
+        self.output_type = output_type
         self.max_concurrent = max_concurrent
 
-    def _inputs(self, rows: dict[str, Any], count: int) -> list[Any]:
+    def _inputs(self, rows: Mapping[str, Any], count: int) -> list[Any]:
         if self.input_columns:
             missing = [c for c in self.input_columns if c not in rows]
             if missing:
@@ -126,41 +152,79 @@ class Pipeline:
         return [_plain(v) for v in rows[self.input_column]]
 
     def __call__(self, batch: Any) -> Any:
+        """One batch (a dict of numpy arrays or a pandas DataFrame) in, an Arrow table out."""
         import pandas as pd
 
-        frame = batch if isinstance(batch, pd.DataFrame) else None
-        rows = {c: list(frame[c]) for c in frame.columns} if frame is not None else dict(batch)
-        count = len(next(iter(rows.values()))) if rows else 0
+        if isinstance(batch, pd.DataFrame):
+            rows: Mapping[str, Any] = {c: list(batch[c]) for c in batch.columns}
+            count = len(batch)
+        else:
+            rows = batch
+            count = len(next(iter(rows.values()))) if rows else 0
         inputs = self._inputs(rows, count)
         options: dict[str, Any] = {"resources": self.resources}
         if self.max_concurrent is not None:
             options["max_concurrent"] = self.max_concurrent
-        if self.input_columns:
-            results = self._run_kwargs(inputs, options)
-        else:
-            results = self.module.run_sync(inputs, **options) if inputs else []
+        results: list[Any] = []
+        if inputs:
+            try:
+                if self.input_columns:
+                    results = self._run_kwargs(inputs, options)
+                else:
+                    results = self.module.run_sync(inputs, **options)
+            finally:
+                self._release_leases()
         outputs: list[Any] = []
         errors: list[str | None] = []
         for result in results:
             if isinstance(result, Value) and result.is_error:
-                meta = result.meta
-                kind = meta.get("error_type") or type(result.payload).__name__
-                errors.append(f"{kind}: {meta.get('message', result.payload)}")
+                errors.append(_error_text(result))
                 outputs.append(None)
             else:
                 errors.append(None)
                 outputs.append(_jsonable(result))
-        if frame is not None:
-            out = frame.copy()
-            out[self.output_column] = outputs
-            out[self.error_column] = errors
-            return out
-        import numpy as np
+        return self._table(batch, outputs, errors)
 
-        result_batch = dict(batch)
-        result_batch[self.output_column] = np.array(outputs, dtype=object)
-        result_batch[self.error_column] = np.array(errors, dtype=object)
-        return result_batch
+    def _table(self, batch: Any, outputs: list[Any], errors: list[str | None]) -> Any:
+        """The batch as an Arrow table with the output and error columns added."""
+        import pyarrow as pa
+        from ray.data.block import BlockAccessor, BlockType
+
+        column = _arrow_column(outputs, errors, self.output_type)
+        table = BlockAccessor.batch_to_block(batch, block_type=BlockType.ARROW)
+        if not isinstance(table, pa.Table):  # the input columns do not fit Arrow: stay pandas
+            import pandas as pd
+
+            frame = BlockAccessor.for_block(table).to_pandas().copy()
+            frame[self.output_column] = column.to_pylist()
+            frame[self.error_column] = pd.Series(errors, dtype="string")
+            return frame
+        table = table.drop_columns(
+            [c for c in (self.output_column, self.error_column) if c in table.column_names]
+        )
+        table = table.append_column(self.output_column, column)
+        return table.append_column(self.error_column, pa.array(errors, type=pa.string()))
+
+    def _release_leases(self) -> None:
+        """Give the broker back every slot and unspent request this actor holds.
+
+        Ray Data may end an actor as soon as its last batch is done, before its lease
+        task's next report: the slots it held would stay counted against the endpoint
+        until the broker takes the actor for dead (`LEASE_TTL_S`), starving the next
+        dataset.  So each batch ends with one report from an idle worker, which holds
+        nothing afterwards; the next batch leases again.
+        """
+        from plait.execution.loop import run_blocking
+        from plait.ray.governor import LeasedGovernor
+        from plait.resources import manager
+
+        governors = [
+            g
+            for g in list(manager._governors.values())
+            if isinstance(g, LeasedGovernor) and g._task is not None
+        ]
+        if governors:
+            run_blocking(_report_idle(governors))
 
     def _run_kwargs(self, inputs: list[dict[str, Any]], options: dict[str, Any]) -> list[Any]:
         """Rows as keyword arguments: one concurrent batch through a small wrapper."""
@@ -183,6 +247,54 @@ class Pipeline:
             return await asyncio.gather(*(one(kw) for kw in inputs))
 
         return run_blocking(all_rows())
+
+
+async def _report_idle(governors: list[Any]) -> None:
+    import asyncio
+    import contextlib
+
+    async def one(governor: Any) -> None:
+        with contextlib.suppress(Exception):  # a broker out of reach: its TTL frees them
+            await asyncio.wait_for(governor._next_grant(), 10.0)
+
+    await asyncio.gather(*(one(g) for g in governors))
+
+
+def _error_text(result: Value) -> str:
+    """``"Type: message"`` for a row's ERROR value."""
+    meta = result.meta
+    kind = meta.get("error_type") or type(result.payload).__name__
+    message = meta.get("message")
+    return f"{kind}: {message if message is not None else result.payload}"
+
+
+def _arrow_column(outputs: list[Any], errors: list[str | None], output_type: Any) -> Any:
+    """The outputs as one Arrow array; with ``output_type``, a row that does not fit
+    it becomes that row's error (``errors`` is updated) instead of failing the batch."""
+    import pyarrow as pa
+
+    conversion_errors = (pa.ArrowException, TypeError, ValueError, OverflowError)
+    try:
+        return pa.array(outputs, type=output_type)
+    except conversion_errors:
+        if output_type is None:
+            # Rows of different shapes (a str here, a dict there): Arrow has no one type
+            # for them, so they are kept as Python objects (Ray's own fallback).
+            from ray.data.extensions import ArrowPythonObjectArray
+
+            return ArrowPythonObjectArray.from_objects(outputs)
+    fitted: list[Any] = []
+    for index, output in enumerate(outputs):
+        try:
+            pa.array([output], type=output_type)
+        except conversion_errors as exc:
+            errors[index] = (
+                f"TypeError: the output does not fit output_type {output_type} "
+                f"({type(exc).__name__}: {exc})"
+            )
+            output = None
+        fitted.append(output)
+    return pa.array(fitted, type=output_type)
 
 
 def _plain(value: Any) -> Any:
