@@ -1,14 +1,15 @@
 """`Pipeline`: a plait pipeline as a callable class for Ray Data's ``map_batches``.
 
-    ds = ray.data.read_json("docs.jsonl")
+    ds = ray.data.read_json("/data/docs.jsonl")   # paths Ray's workers can see
     ds = ds.map_batches(
         plait.ray.Pipeline,
         fn_constructor_args=("review.py:Review",),
         fn_constructor_kwargs={"resources": "resources.toml", "input_column": "text"},
         concurrency=4,          # Ray Data's actors: each builds the pipeline once
+        num_cpus=0.5,           # they mostly wait on the network; reads and writes need CPUs
         batch_size=64,
     )
-    ds.write_parquet("out/")
+    ds.write_parquet("/data/out")
 
 Each actor builds the pipeline once and runs every row of a batch concurrently,
 like ``run_sync`` on a list.  A row that fails gets its error in ``error_column``
