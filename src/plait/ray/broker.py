@@ -326,12 +326,20 @@ class LimitBroker:
         }
 
     def _fair_share(self, state: _Alias, worker: str) -> int:
-        """This worker's part of the limit when everyone wants more than there is."""
+        """This worker's part of the limit when everyone wants more than there is:
+        proportional to what each wants, rounded down, and the slots rounding leaves
+        over go to the largest remainders (ties by name), so the shares add up to the
+        whole limit and no slot idles while someone waits for one."""
         total = sum(state.wanted.values())
         mine = state.wanted.get(worker, 0)
         if total <= state.limit:
             return mine
-        return max(1 if mine else 0, math.floor(state.limit * mine / total))
+        exact = {w: state.limit * want / total for w, want in state.wanted.items() if want}
+        shares = {w: math.floor(x) for w, x in exact.items()}
+        left = state.limit - sum(shares.values())
+        for w in sorted(exact, key=lambda w: (shares[w] - exact[w], w))[:left]:
+            shares[w] += 1
+        return shares.get(worker, 0)
 
     def _refill_wait(self, state: _Alias, report: Report) -> float:
         waits = [0.02]
