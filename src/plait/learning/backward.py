@@ -8,7 +8,16 @@ input then reaches every node and parameter that input was built from, so a
 prompt assembled from two upstream outputs (an f-string, a ``+``, a join) sends
 it to both, and a node read by several downstream nodes hears all of them.
 Nodes that no longer wait on anyone's feedback run their ``backward`` together,
-so a wide graph's backward pass is as concurrent as its forward pass.
+so a wide graph's backward pass is as concurrent as its forward pass; what they
+send is taken in the graph's order once all of them are done, so the texts a node
+or parameter hears, and their order, do not depend on which ``backward`` (which
+may make LLM calls) finished first.
+
+`backward` is `collect_feedback` (the walk, parameters untouched) followed by
+`receive` (the feedback put into the parameters).  The two halves may run in
+different processes: a Ray worker runs the walk and sends back what it collected,
+and the driver gives it to its own parameters (`plait.learning.Trainer` with
+``workers``).
 """
 
 from __future__ import annotations
@@ -17,7 +26,8 @@ import asyncio
 import inspect
 import math
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from plait.learning.feedback import Feedback
@@ -28,7 +38,14 @@ from plait.values import Value, ValueKind
 if TYPE_CHECKING:
     from plait.execution.tape import Tape
 
-__all__ = ["backward", "feedback_text", "upstream_rank"]
+__all__ = [
+    "Received",
+    "backward",
+    "collect_feedback",
+    "feedback_text",
+    "receive",
+    "upstream_rank",
+]
 
 #: Where in its graph each parameter last received feedback, as a fraction of the
 #: graph (0 is the first call); optimizers rewrite upstream parameters first.
@@ -50,11 +67,45 @@ def feedback_text(payload: Any) -> str:
     return str(payload)
 
 
+@dataclass(frozen=True, slots=True)
+class Received:
+    """One feedback text a backward pass sends a parameter, and where in the graph.
+
+    ``rank`` is the position of the node it came from as a fraction of the graph
+    (0 is the first call): what `upstream_rank` keeps the lowest of.
+    """
+
+    param: Parameter
+    text: str
+    rank: float
+
+
 async def backward(value: Value, feedback: Any = None) -> None:
     """Send ``feedback`` (default: the value's own, e.g. a loss's Feedback) upstream.
 
     ``value`` must come from a module in ``train()`` mode; every learnable
     Parameter that shaped it accumulates feedback for the optimizer.
+    """
+    receive(await collect_feedback(value, feedback))
+
+
+def receive(received: Iterable[Received]) -> None:
+    """Put collected feedback into its parameters, in order, as `backward` does.
+
+    Each text is appended to its parameter's buffer (a frozen parameter ignores it)
+    and the parameter's `upstream_rank` becomes the lowest rank it has received.
+    """
+    for item in received:
+        item.param.accumulate_feedback(item.text)
+        _upstream_rank[item.param] = min(item.rank, _upstream_rank.get(item.param, math.inf))
+
+
+async def collect_feedback(value: Value, feedback: Any = None) -> list[Received]:
+    """The backward pass from ``value``, without touching any parameter.
+
+    Returns what every parameter reached would receive, in the order `backward`
+    gives it to them (`receive` does that).  Module ``backward`` methods run, LLM
+    calls included, exactly as in `backward`.
     """
     tape = value.meta.get("_tape")
     if tape is None:
@@ -68,7 +119,14 @@ async def backward(value: Value, feedback: Any = None) -> None:
             f"{value.meta.get('message')}); skip failed inputs before backward()"
         )
     text = feedback_text(value if feedback is None else feedback)
-    await _Walk(tape, text).run()
+    walk = _Walk(tape, text)
+    await walk.run()
+    return walk.received
+
+
+#: What visiting a node produces: feedback for a node upstream (its id and the text),
+#: or for a parameter.
+_Effect = tuple[int, str] | Received
 
 
 class _Walk:
@@ -78,36 +136,47 @@ class _Walk:
         self.tape = tape
         self.graph: Graph = tape.graph
         self.heard: dict[int, list[str]] = {}
-        for node in _refs(self.graph.output):
-            self._tell(node, text)
-        for param in _params(self.graph.output):
-            self._learn(param, text, len(self.graph.nodes))
+        self.received: list[Received] = []
+        start: list[_Effect] = []
+        self._send(self.graph.output, text, len(self.graph.nodes), start)
+        self._apply(start)
 
     def _tell(self, node: int, text: str) -> None:
         texts = self.heard.setdefault(node, [])
         if text not in texts:
             texts.append(text)
 
+    def _apply(self, effects: list[_Effect]) -> None:
+        for effect in effects:
+            if isinstance(effect, Received):
+                self.received.append(effect)
+            else:
+                self._tell(*effect)
+
     async def run(self) -> None:
         for level in _levels_from_output(self.graph):
             ready = [self.graph.nodes[n] for n in level if n in self.heard]
-            await asyncio.gather(*(self._visit(node) for node in ready))
+            # A level's nodes only send feedback further upstream (to later levels), so
+            # what they send is taken after all of them ran, in the level's node order.
+            for effects in await asyncio.gather(*(self._visit(node) for node in ready)):
+                self._apply(effects)
 
-    async def _visit(self, node: Node) -> None:
+    async def _visit(self, node: Node) -> list[_Effect]:
         text = "\n".join(self.heard[node.id])
         module = node.module
+        out: list[_Effect] = []
         if node.kind == "exit" and module is not None and _overrides_backward(module):
             # A composite with its own backward speaks for everything inside it.
             assert node.pair is not None
             enter = self.graph.nodes[node.pair]
-            await self._call_backward(module, node, enter.args, enter.kwargs, text)
-            return
-        if node.kind != "module" or module is None:
+            await self._call_backward(module, node, enter.args, enter.kwargs, text, out)
+        elif node.kind != "module" or module is None:
             # ops, and the brackets of composite calls, pass feedback to what they read
             for expr in (*node.args, *node.kwargs.values()):
-                self._send(expr, text, node.id)
-            return
-        await self._call_backward(module, node, node.args, node.kwargs, text)
+                self._send(expr, text, node.id, out)
+        else:
+            await self._call_backward(module, node, node.args, node.kwargs, text, out)
+        return out
 
     async def _call_backward(
         self,
@@ -116,6 +185,7 @@ class _Walk:
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         text: str,
+        out: list[_Effect],
     ) -> None:
         results = self.tape.results
         arguments = _bind(module, args, kwargs)
@@ -143,7 +213,7 @@ class _Walk:
                     f"parameter {name!r}, which it does not have (its parameters: "
                     f"{', '.join(own) or 'none'})"
                 )
-            self._learn(param, feedback_text(feedback), node.id)
+            self._learn(param, feedback_text(feedback), node.id, out)
         for name, feedback in result.input_feedback.items():
             if name not in arguments:
                 raise KeyError(
@@ -151,7 +221,7 @@ class _Walk:
                     f"input {name!r}, which this call did not receive (its inputs: "
                     f"{', '.join(arguments) or 'none'})"
                 )
-            self._send(arguments[name], feedback_text(feedback), node.id)
+            self._send(arguments[name], feedback_text(feedback), node.id, out)
 
     async def _run_backward(self, module: Any, feedback: Value, ctx: Any) -> Any:
         """Call ``module.backward``; module calls it makes run as part of the backward pass.
@@ -194,16 +264,14 @@ class _Walk:
         result.parameter_feedback = answered["params"]
         return result
 
-    def _send(self, expr: Any, text: str, at: int) -> None:
+    def _send(self, expr: Any, text: str, at: int, out: list[_Effect]) -> None:
         for node in _refs(expr):
-            self._tell(node, text)
+            out.append((node, text))
         for param in _params(expr):
-            self._learn(param, text, at)
+            self._learn(param, text, at, out)
 
-    def _learn(self, param: Parameter, text: str, at: int) -> None:
-        param.accumulate_feedback(text)
-        rank = at / max(1, len(self.graph.nodes))
-        _upstream_rank[param] = min(rank, _upstream_rank.get(param, math.inf))
+    def _learn(self, param: Parameter, text: str, at: int, out: list[_Effect]) -> None:
+        out.append(Received(param, text, at / max(1, len(self.graph.nodes))))
 
 
 def _context_types() -> tuple[Any, Any]:
