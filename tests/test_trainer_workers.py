@@ -1,4 +1,4 @@
-"""`Trainer(workers=N)` and `plait train --workers N`: validation scored on Ray workers.
+"""`Trainer(workers=N)` and `plait train --workers N`: minibatches and validation on Ray workers.
 
 The model and the optimizer call the loopback fake OpenAI server, whose replies
 are a pure function of the request: the model's output is ``[<system prompt>]
@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 import plait
+from plait.learning.backward import upstream_rank
 from plait.learning.losses import Contains
 from plait.learning.optimizers import SFAOptimizer
 from plait.learning.trainer import Trainer, TrainerError
@@ -93,6 +94,109 @@ def test_validation_on_workers_gives_the_same_scores_and_history_as_one_process(
     assert history.to_json() == expected.to_json()
     assert prompt_of(on_workers) == prompt_of(alone)
     assert ray_cluster.is_initialized()  # a Ray the run did not start is left running
+
+
+class Critiqued(plait.LLMInference):
+    """An LLM call whose backward asks another LLM call to word its prompt's feedback."""
+
+    def __init__(self, instructions: str) -> None:
+        super().__init__("fast", system_prompt=plait.Parameter(instructions, description="Polish."))
+        self.critic = plait.LLMInference("fast", system_prompt="Critic.")
+
+    def backward(self, feedback: Any, ctx: Any) -> Any:
+        result = super().backward(feedback, ctx)
+        result.parameter_feedback["system_prompt"] = self.critic(f"Reword: {feedback.payload}")
+        return result
+
+
+class Drafter(plait.Module):
+    """Two learnable prompts one after the other: a draft, then a critiqued polish."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.draft = plait.LLMInference(
+            "fast", system_prompt=plait.Parameter(INITIAL, description="How to draft.")
+        )
+        self.polish = Critiqued("Polish.")
+
+    def forward(self, text: str) -> Any:
+        return self.polish(self.draft(text))
+
+
+class RecordingOptimizer(SFAOptimizer):
+    """`SFAOptimizer` that notes, at each step, each parameter's feedback and rank."""
+
+    def __init__(self, params: Any) -> None:
+        super().__init__(params, alias="smart")
+        self.seen: list[dict[str, Any]] = []
+
+    async def step(self) -> dict[str, Any]:
+        self.seen.append(
+            {
+                param.qualified_name: (param.get_accumulated_feedback(), upstream_rank(param))
+                for param in self.params
+                if param.requires_grad
+            }
+        )
+        return await super().step()
+
+
+def drafting_trainer(server: FakeOpenAIServer, **options: Any) -> Trainer:
+    model = Drafter()
+    return Trainer(
+        model,
+        Contains(),
+        RecordingOptimizer(model.parameters()),
+        TRAIN,
+        VAL,
+        resources=make_resources(server, ("fast", "smart")),
+        batch_size=4,
+        shuffle=False,
+        **options,
+    )
+
+
+def test_minibatches_on_workers_give_the_optimizer_the_same_feedback_as_one_process(
+    server: FakeOpenAIServer, ray_cluster: Any
+) -> None:
+    alone = drafting_trainer(server)
+    expected = alone.fit_sync()
+    seen = alone.optimizer.seen
+    assert len(seen) == len(expected.steps) == 2
+    for step in seen:  # every example's feedback, the polish's worded by the critic's call
+        assert set(step) == {"draft.system_prompt", "polish.system_prompt"}
+        draft, polish = step["draft.system_prompt"], step["polish.system_prompt"]
+        assert len(draft[0]) == len(polish[0]) == 4
+        assert all(text.startswith("[Critic.] Reword: ") for text in polish[0])
+        assert draft[1] < polish[1]  # the draft is upstream: rewritten first
+    assert seen[0]["draft.system_prompt"][0] != seen[1]["draft.system_prompt"][0]
+
+    on_workers = drafting_trainer(server, workers=2)
+    history = on_workers.fit_sync()
+
+    assert on_workers.optimizer.seen == seen  # same texts, same order, same ranks
+    assert history.to_json() == expected.to_json()  # train and validation scores, kept
+    assert on_workers.model.state_dict() == alone.model.state_dict()
+    assert [param.get_accumulated_feedback() for param in on_workers.model.parameters()] == [
+        [] for _ in on_workers.model.parameters()
+    ]
+
+
+def test_a_call_that_fails_in_a_minibatch_on_a_worker_stops_the_run(
+    server: FakeOpenAIServer, ray_cluster: Any
+) -> None:
+    model = Answerer()
+    trainer = Trainer(
+        model,
+        Contains(),
+        SFAOptimizer(model.parameters(), alias="smart"),
+        [("item 0 [[status:400]]", "alpha"), ("item 1", "item 1")],
+        resources=make_resources(server, ("fast", "smart")),
+        workers=2,
+    )
+    with pytest.raises(TrainerError, match="a training call failed"):
+        trainer.fit_sync()
+    assert prompt_of(trainer) == INITIAL
 
 
 async def test_each_validation_pass_ships_the_current_parameter_values(

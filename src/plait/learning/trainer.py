@@ -5,7 +5,8 @@ feedback texts, and the rewrite can as easily make the pipeline worse as better.
 So the trainer measures before it commits.  Each step it
 
 1. runs a minibatch through ``TrainingStep(model, loss_fn)`` in ``train()`` mode
-   and sends every loss's feedback back into the parameters;
+   and sends every loss's feedback back into the parameters (example by example,
+   in the minibatch's order);
 2. lets the optimizer rewrite them;
 3. scores the validation set (mean `Feedback` score, eval mode) and keeps the
    update only if that score did not drop, restoring the previous values
@@ -22,9 +23,10 @@ a target field, or a path to a JSONL file of such mappings (`load_examples`).
 Minibatches are drawn from a permutation seeded by ``seed`` and the epoch, so a
 resumed run draws exactly the batches the killed one would have.
 
-With ``workers=N`` (or ``ray_address=``) validation is scored on Ray worker
-processes (`plait.ray`); the minibatch steps stay in this process.  See `Trainer`
-for what runs where.
+With ``workers=N`` (or ``ray_address=``) the minibatches' forward and backward
+passes and the validation passes run on Ray worker processes (`plait.ray`); the
+optimizer's rewrites and the decisions stay in this process.  See `Trainer` for
+what runs where.
 """
 
 from __future__ import annotations
@@ -41,10 +43,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from plait.learning.backward import Received, collect_feedback, receive
 from plait.learning.feedback import Feedback
 from plait.learning.step import TrainingStep
 from plait.module import Module
-from plait.values import Value
+from plait.values import Value, kind_of
 
 __all__ = [
     "CHECKPOINT_FILE",
@@ -271,31 +274,40 @@ class Trainer:
     ``max_steps`` caps the total number of optimizer steps (across resumes).
     ``on_event`` receives a `TrainingEvent` at each milestone, for progress bars.
 
-    ``workers=N`` scores validation on N Ray worker processes (``ray_address``
-    joins a running cluster, ``"auto"`` for the local one; without it a local Ray
-    is started if none is running, and `fit` stops the one it started when it
-    ends).  What runs where:
+    ``workers=N`` runs the minibatches and the validation passes on N Ray worker
+    processes (``ray_address`` joins a running cluster, ``"auto"`` for the local
+    one; without it a local Ray is started if none is running, and `fit` stops the
+    one it started when it ends).  What runs where:
 
-    * On the workers: every validation pass (`evaluate`, the initial score and
-      the score after each update).  The model and the loss run there in eval
-      mode, each worker with the whole ``TrainingStep``, and the endpoints' limits
-      are held for the cluster as a whole.  The step is pickled afresh for every
-      pass, so the workers score the parameter values the model has at that
-      moment (the update just made, or the values restored after a roll-back),
-      never those of an earlier pass.  The scores are the same as in one process:
-      the same calls, scored by the same loss, averaged in input order.  The
-      price: each pass starts its worker processes anew (seconds, not minutes),
-      so workers pay off when a validation set is large or slow to score.
-    * In this process (the driver): the minibatch steps, all of them.  A
-      minibatch's forward pass runs in ``train()`` mode and records the graph that
-      ``backward()`` walks to send each loss's feedback to the parameters; that
-      graph exists only in the process that ran the forward, so the minibatch's
-      model and loss calls, its scores (``train_score``), the backward pass and the
-      optimizer's rewrite all run here, exactly as without workers.  Scoring the
-      minibatch on the workers as well would only repeat those calls.
-    * Also in the driver: the keep-or-roll-back decision, early stopping and the
-      checkpoint.  ``workers`` does not enter the checkpoint: a run may be resumed
-      with or without them.
+    * On the workers, each minibatch (`PipelineWorker.train_batch`): for every
+      example, the ``TrainingStep`` in ``train()`` mode (the model's calls and the
+      loss), then the backward pass from the loss (module ``backward`` methods,
+      LLM calls they make included).  A worker returns, per example, the loss's
+      output and the feedback each parameter received, named by the step's
+      ``state_dict()`` names, in order, with where in the graph it came from.
+    * On the workers, every validation pass (`evaluate`, the initial score and
+      the score after each update), in eval mode.
+    * Each pass pickles the step afresh, so the workers run with the parameter
+      values the model has at that moment (the update just made, or the values
+      restored after a roll-back), never those of an earlier pass; and each pass
+      starts its worker processes anew (seconds, not minutes), so workers pay off
+      when the examples are many or slow to run.  The endpoints' limits are held
+      for the cluster as a whole.
+    * In this process (the driver): the minibatch score (``train_score``, the
+      mean of the losses the workers returned), putting the returned feedback into
+      the model's own parameters, the optimizer's rewrite (its LLM calls run
+      here), the keep-or-roll-back decision, early stopping and the checkpoint.
+      ``workers`` does not enter the checkpoint: a run may be resumed with or
+      without them.
+
+    The results are the same as in one process: the same calls, scored by the
+    same loss and averaged in input order, and the same feedback in the same
+    buffers in the same order (in one process, too, each example's backward pass
+    is collected on its own and given to the parameters in minibatch order), with
+    the same graph positions for the optimizer's upstream-first ordering
+    (`upstream_rank`).  One difference: a backward pass that fails on a worker
+    stops the run with a `TrainerError` naming the failure, where in one process
+    the exception itself propagates.
     """
 
     def __init__(
@@ -401,7 +413,7 @@ class Trainer:
         # One manager for the whole run: every call shares its endpoints (and the
         # embedded model is loaded once).
         manager = ResourceManager.coerce(self.resources)
-        # A local Ray started for this run's validation passes is stopped when it ends;
+        # A local Ray started for this run's passes is stopped when it ends;
         # one that was running already (or a joined cluster) is left as it was.
         owns_ray = self.on_workers and not _ray_running()
         try:
@@ -417,7 +429,8 @@ class Trainer:
 
     @property
     def on_workers(self) -> bool:
-        """Whether validation is scored on Ray workers (``workers`` or ``ray_address`` set)."""
+        """Whether minibatches and validation run on Ray workers (``workers`` or
+        ``ray_address`` set)."""
         return self.workers is not None or self.ray_address is not None
 
     async def _fit(self) -> TrainingHistory:
@@ -474,21 +487,23 @@ class Trainer:
             )
         return sum(_score(result) for result in results) / len(results)
 
-    async def _score_on_workers(self, examples: list[Example]) -> list[Value]:
-        """One loss result per example, in order, run on the Ray workers (eval mode).
-
-        The step is pickled here, for this pass only: the parameter values the
-        workers run with are the model's current ones.  Resources and options are
+    def _spec(self) -> Any:
+        """The step as the workers build it, pickled now: with the parameter values and
+        the mode (train or eval) it has at this moment.  Resources and options are
         resolved as a call in this process would resolve them (the step's binding,
-        else the `ExecutionSettings` around it).
-        """
+        else the `ExecutionSettings` around it)."""
         from plait.execution.settings import resolve_options
-        from plait.ray.runner import run_distributed
         from plait.ray.spec import make_spec
 
         bound_resources, bound_config = self.step_module._binding()
         opts = resolve_options({}, bound_config, bound_resources)
-        spec = make_spec(self.step_module, opts["resources"], opts)
+        return make_spec(self.step_module, opts["resources"], opts)
+
+    async def _on_workers(self, examples: list[Example], method: str) -> list[Value]:
+        """One result per example, in order, from ``PipelineWorker.<method>``."""
+        from plait.ray.runner import run_distributed
+
+        spec = self._spec()
         results: dict[int, Value] = {}
 
         def prepare(example: Example) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -505,21 +520,67 @@ class Trainer:
             deliver,
             workers=self.workers or 1,
             address=self.ray_address,
+            method=method,
         )
         return [results[index] for index in range(len(examples))]
 
-    async def _train_step(self, batch: list[Example]) -> StepRecord:
-        before = copy.deepcopy(self.model.state_dict())
-        self.optimizer.zero_feedback()
+    async def _score_on_workers(self, examples: list[Example]) -> list[Value]:
+        """One loss result per example, in order, run on the Ray workers (eval mode).
+
+        The step is pickled here, for this pass only: the parameter values the
+        workers run with are the model's current ones.
+        """
+        return await self._on_workers(examples, "run_batch")
+
+    async def _minibatch(self, batch: list[Example]) -> float:
+        """The minibatch's mean score; its feedback put into the parameters, in batch order.
+
+        Each example's loss runs in ``train()`` mode and its backward pass is
+        collected on its own (`collect_feedback`); the feedback then goes to the
+        parameters example by example, so their buffers, and the rewrite prompts
+        made from them, do not depend on which example's backward finished first.
+        """
         self.step_module.train()
         try:
+            if self.on_workers:
+                return await self._minibatch_on_workers(batch)
             losses = await asyncio.gather(
                 *(self.step_module(example, target=target) for example, target in batch)
             )
             train_score = sum(_score(loss) for loss in losses) / len(losses)
-            await asyncio.gather(*(loss.backward() for loss in losses))
+            collected = await asyncio.gather(*(collect_feedback(loss) for loss in losses))
         finally:
             self.step_module.eval()
+        for received in collected:
+            receive(received)
+        return train_score
+
+    async def _minibatch_on_workers(self, batch: list[Example]) -> float:
+        """`_minibatch` with the forward, loss and backward passes on the Ray workers.
+
+        The step goes to the workers in ``train()`` mode with the parameters' current
+        values (`PipelineWorker.train_batch`); each example comes back as its loss's
+        output and the feedback its backward pass gave each parameter (named by the
+        step's ``state_dict()`` names, with the rank `upstream_rank` uses), which goes
+        to the parameters here exactly as a backward pass in this process gives it.
+        """
+        rows = await self._on_workers(batch, "train_batch")
+        outputs = [
+            row if row.is_error else Value(kind_of(row.payload["output"]), row.payload["output"])
+            for row in rows
+        ]
+        train_score = sum(_score(output) for output in outputs) / len(outputs)
+        params = dict(self.step_module.named_parameters())
+        for row in rows:
+            receive(
+                Received(params[name], text, rank) for name, text, rank in row.payload["feedback"]
+            )
+        return train_score
+
+    async def _train_step(self, batch: list[Example]) -> StepRecord:
+        before = copy.deepcopy(self.model.state_dict())
+        self.optimizer.zero_feedback()
+        train_score = await self._minibatch(batch)
         try:
             await self.optimizer.step()
         except BaseException:

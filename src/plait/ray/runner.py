@@ -108,12 +108,18 @@ def run_distributed(
     checkpoint: Checkpoint | None = None,
     batch_size: int = 16,
     per_worker: int | None = None,
+    method: str = "run_batch",
 ) -> dict[str, Any]:
     """Run ``items`` on ``workers`` Ray worker processes; ``deliver`` each result.
 
     ``prepare(item)`` gives an input's ``(args, kwargs)``, or a `Value` (an ERROR) to
-    deliver without running it.  Returns what happened (worker restarts, rows).
+    deliver without running it.  ``method`` is the `PipelineWorker` method that runs
+    a batch: ``"run_batch"`` (the outputs) or ``"train_batch"`` (train-mode outputs
+    with the feedback their backward pass collected).  Returns what happened
+    (worker restarts, rows).
     """
+    if method not in ("run_batch", "train_batch"):
+        raise ValueError(f"method must be 'run_batch' or 'train_batch', got {method!r}")
     from plait.ray.cluster import ensure_ray
 
     if workers < 1:
@@ -197,7 +203,7 @@ def run_distributed(
                     break
                 worker = min(hungry, key=lambda w: w.in_flight)
                 again = any(item[0] in rerun for item in batch)
-                ref = worker.actor.run_batch.remote(batch, again)
+                ref = getattr(worker.actor, method).remote(batch, again)
                 held[ref] = (worker, batch)
                 worker.in_flight += 1
             if not held:

@@ -18,6 +18,7 @@ import os
 import socket
 import sys
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -137,6 +138,61 @@ class PipelineWorker:
 
         ``rerun``: some were a dead worker's; read the calls it logged before it died.
         """
+        state = self._run_state()
+
+        async def one(index: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Row:
+            return row_of(index, await state.one(index, args, kwargs))
+
+        return await self._batch(items, rerun, one)
+
+    async def train_batch(
+        self, items: list[tuple[int, tuple[Any, ...], dict[str, Any]]], rerun: bool = False
+    ) -> Any:
+        """Run ``items`` in ``train()`` mode and each one's backward pass; one `Row` per item.
+
+        The pipeline must have been sent in ``train()`` mode (a `TrainingStep`, say).
+        A row's payload is plain data: ``{"output": the output (a loss's Feedback),
+        "feedback": [(parameter name, text, rank), ...]}``, the feedback the backward
+        pass from that output gave each parameter, in order, named as the pipeline's
+        ``state_dict()`` names it.  Nothing is kept here: the driver gives the feedback
+        to its own parameters (`plait.learning.backward.receive`).  An input whose
+        forward or backward failed is its error row.
+        """
+        from plait.learning.backward import collect_feedback
+
+        state = self._run_state()
+        if not state.training:
+            raise RuntimeError(
+                "train_batch needs the pipeline sent in train() mode: call .train() on it "
+                "before make_spec"
+            )
+        names = {id(param): name for name, param in self.module.named_parameters()}
+
+        async def one(index: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Row:
+            value = await state.one(index, args, kwargs)
+            if value.kind is ValueKind.ERROR:
+                return row_of(index, value)
+            feedback = []
+            for item in await collect_feedback(value):
+                name = names.get(id(item.param))
+                if name is None:
+                    raise RuntimeError(
+                        f"the backward pass reached the parameter {item.param.qualified_name!r}, "
+                        f"which {type(self.module).__name__} does not hold, so its feedback "
+                        "cannot be named for the driver; register it on a module of the pipeline"
+                    )
+                feedback.append((name, item.text, item.rank))
+            return (index, True, {"output": value.payload, "feedback": feedback}, {})
+
+        return await self._batch(items, rerun, one)
+
+    async def _batch(
+        self,
+        items: list[tuple[int, tuple[Any, ...], dict[str, Any]]],
+        rerun: bool,
+        run: Callable[[int, tuple[Any, ...], dict[str, Any]], Awaitable[Row]],
+    ) -> Any:
+        """``run`` each item concurrently inside the run's handlers; rows and reports."""
         import contextlib
 
         from plait.execution.checkpoint import CheckpointHandler
@@ -148,7 +204,7 @@ class PipelineWorker:
 
         async def one(index: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Row:
             try:
-                value = await state.one(index, args, kwargs)
+                return await run(index, args, kwargs)
             except Exception as exc:  # never lose an input: it becomes its error row
                 value = error_value(
                     exc, module_path=f"{type(self.module).__name__} (input {index})"
