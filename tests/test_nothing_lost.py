@@ -146,3 +146,65 @@ def test_a_local_class_comes_back_as_its_data() -> None:
         n: int
 
     assert decode(encode(Inner(n=3))) == {"n": 3}
+
+
+def test_an_output_the_writer_cannot_serialise_is_that_inputs_error_row(
+    tmp_path: Path,
+) -> None:
+    target = tmp_path / "unwritable_target.py"
+    target.write_text(
+        textwrap.dedent(
+            """
+            from typing import Any
+            import pydantic, plait
+
+            class Arb(pydantic.BaseModel):
+                model_config = pydantic.ConfigDict(arbitrary_types_allowed=True)
+                f: Any
+
+            class BadStr:
+                def __str__(self):
+                    raise RuntimeError("str refused")
+                def __repr__(self):
+                    raise RuntimeError("repr refused")
+
+            class Odd(plait.Module):
+                async def forward(self, text: str):
+                    if text == "arb":
+                        return Arb(f=lambda: 1)
+                    if text == "badstr":
+                        return BadStr()
+                    return text.upper()
+            """
+        )
+    )
+    inputs = tmp_path / "in.jsonl"
+    inputs.write_text("".join(json.dumps(t) + "\n" for t in ["a", "arb", "badstr", "b"]))
+    for order in ([], ["--preserve-order"]):
+        out = tmp_path / f"out{len(order)}.jsonl"
+        for _ in range(2):  # and again, resumed from the checkpoint
+            done = plait_cli("run", f"{target}:Odd", "-i", inputs, "-o", out, *order)
+            assert "Traceback" not in done.stderr, done.stderr
+            rows = {row["index"]: row for row in map(json.loads, out.read_text().splitlines())}
+            assert sorted(rows) == [0, 1, 2, 3]
+            assert rows[0]["output"] == "A" and rows[3]["output"] == "B"
+            for bad in (1, 2):
+                assert rows[bad]["error"]["type"] == "UnwritableOutput"
+                assert "has no JSON form" in rows[bad]["error"]["message"]
+            assert "4 input(s): 2 succeeded, 2 failed" in done.stderr
+            assert done.returncode == 1
+
+
+def test_a_cyclic_output_is_delivered_and_not_stored_by_the_checkpoint(tmp_path: Path) -> None:
+    class Cycle(plait.Module):
+        async def forward(self, text: str) -> Any:
+            looped: list[Any] = [text]
+            looped.append(looped)
+            return looped
+
+    out = Cycle().bind(checkpoint_dir=tmp_path / "ckpt").run_sync("x")
+    assert out[0] == "x" and out[1] is out
+    batch = Cycle().bind(checkpoint_dir=tmp_path / "ckpt2").run_sync(["x", "y"])
+    assert [o[0] for o in batch] == ["x", "y"]
+    lines = (tmp_path / "ckpt2" / "log.jsonl").read_text().splitlines()
+    assert not [line for line in lines if json.loads(line)["t"] == "out"]

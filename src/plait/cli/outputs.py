@@ -3,6 +3,10 @@
 A line is ``{"index": i, "input": ..., "output": ...}`` or, for a failed input,
 ``{"index": i, "input": ..., "error": {"type": ..., "message": ..., "module_path": ...}}``.
 
+An output that cannot be written at all (a pydantic model holding a function, an
+object whose ``str()`` raises) becomes that input's error row, of type
+``UnwritableOutput``: every input still ends as exactly one row, and the run goes on.
+
 The file is rewritten from the start on every run.  A resumed run still delivers
 every input (the finished ones straight from the checkpoint, at no cost), so the
 file always ends up with each index exactly once, and no line of an earlier,
@@ -20,9 +24,13 @@ from pathlib import Path
 from typing import IO, Any
 
 from plait._locks import hold
-from plait.values import Value
+from plait.values import Value, error_value
 
-__all__ = ["OutputWriter", "error_record", "json_default"]
+__all__ = ["OutputWriter", "UnwritableOutput", "error_record", "json_default"]
+
+
+class UnwritableOutput(TypeError):
+    """An output the writer could not turn into JSON: that input's error row."""
 
 
 def json_default(obj: Any) -> Any:
@@ -51,6 +59,14 @@ def _plain(obj: Any, depth: int = 0) -> Any:
     if isinstance(obj, list | tuple):
         return [_plain(item, depth + 1) for item in obj]
     return obj
+
+
+def _reason(exc: BaseException) -> str:
+    try:
+        text = " ".join(str(exc).split())
+    except Exception:  # an exception whose own str() fails
+        return "(no message)"
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 def error_record(value: Value) -> dict[str, Any]:
@@ -97,7 +113,25 @@ class OutputWriter:
         self._next = 0
         self.written = 0
 
-    def write(self, index: int, raw: Any, value: Value) -> None:
+    def write(self, index: int, raw: Any, value: Value) -> Value:
+        """Write the row of one input; returns the value written, which is an error
+        (`UnwritableOutput`) when the output had no JSON form."""
+        try:
+            line = self._line(index, raw, value)
+        except Exception as exc:  # any failure of user code: __str__, a dump
+            value = error_value(
+                UnwritableOutput(
+                    f"the output ({type(value.payload).__name__}) has no JSON form, so it "
+                    f"cannot be written: {type(exc).__name__}: {_reason(exc)}; return text, "
+                    "numbers, lists, dicts, pydantic models or dataclasses of those"
+                ),
+                module_path=value.meta.get("module_path"),
+            )
+            line = self._line(index, raw, value)
+        self._put(index, line)
+        return value
+
+    def _line(self, index: int, raw: Any, value: Value) -> str:
         record: dict[str, Any] = {"index": index, "input": raw}
         if value.is_error:
             record["error"] = error_record(value)
@@ -111,6 +145,9 @@ class OutputWriter:
             line.encode()
         except UnicodeEncodeError:  # a lone surrogate: only JSON's \u escapes can carry it
             line = json.dumps(json.loads(line))
+        return line
+
+    def _put(self, index: int, line: str) -> None:
         if not self.preserve_order:
             self._emit(line)
             return

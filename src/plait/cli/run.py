@@ -469,7 +469,7 @@ def _deliverer(writer: OutputWriter, tally: Tally, display: Any) -> Any:
     summary is what was written, never what was expected)."""
 
     def deliver(index: int, item: Any, value: Value) -> None:
-        writer.write(index, item.raw, value)
+        value = writer.write(index, item.raw, value)  # an unwritable output: its error
         if value.is_error:
             tally.failed += 1
             if len(tally.failures) < FAILURES_SHOWN:

@@ -401,8 +401,14 @@ class Checkpoint:
             record["c"] = [last[1], last[2]]
             data = text_line(record)
         else:
-            record["v"] = encode(payload)
-            data = text_line(record) if type(payload) is str else json_line(record)
+            try:
+                record["v"] = encode(payload)
+                data = text_line(record) if type(payload) is str else json_line(record)
+            except RecursionError:
+                raise ValueError(
+                    f"the output ({type(payload).__name__}) contains itself, or is nested "
+                    "too deeply, so it cannot be kept in a checkpoint"
+                ) from None
         where = self._append(data)
         self.outputs[index] = (input_hash, *where)
 
