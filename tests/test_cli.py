@@ -717,6 +717,45 @@ def test_a_run_never_writes_over_its_input(
     assert server.stats()["requests_total"] == 0
 
 
+def test_a_run_never_writes_over_the_file_stdin_reads(
+    server: FakeOpenAIServer, res: Path, tmp_path: Path
+) -> None:
+    inputs = jsonl(tmp_path / "in.jsonl", ["a", "b"])
+    before = inputs.read_bytes()
+    for flag in ("-o", "--profile"):
+        others = ["-o", str(tmp_path / "out.jsonl")] if flag == "--profile" else []
+        with open(inputs, "rb") as stdin:
+            done = subprocess.run(
+                [sys.executable, "-m", "plait.cli", "run", FAN, flag, str(inputs), *others,
+                 "--resources", str(res)],
+                cwd=ROOT, stdin=stdin, capture_output=True, text=True, timeout=60,
+            )  # fmt: skip
+        assert done.returncode == 2, done.stderr
+        assert "is the file stdin reads the inputs from" in done.stderr
+        assert inputs.read_bytes() == before
+    assert server.stats()["requests_total"] == 0
+
+
+def test_a_trace_that_cannot_be_written_is_refused_before_the_run(
+    server: FakeOpenAIServer, res: Path, tmp_path: Path
+) -> None:
+    inputs = jsonl(tmp_path / "in.jsonl", ["a", "b"])
+    out = tmp_path / "out.jsonl"
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    cases = [
+        (out, "is the --output file"),
+        (tmp_path, "is a directory"),
+        (a_file / "trace.json", "cannot write --profile"),
+    ]
+    for trace, said in cases:
+        done = cli("run", FAN, "-i", inputs, "-o", out, "--profile", trace, "--resources", res)
+        assert done.returncode == 2, done.stderr
+        assert said in done.stderr and "Traceback" not in done.stderr
+        assert not out.exists()
+    assert server.stats()["requests_total"] == 0
+
+
 # -- clean errors, each naming the file and the fix ------------------------------------------
 def test_bad_inputs_and_outputs_are_clean_errors(
     server: FakeOpenAIServer, res: Path, tmp_path: Path

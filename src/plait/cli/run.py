@@ -582,18 +582,59 @@ def _clip(text: str, limit: int = 160) -> str:
 
 def _refuse_to_clobber(ns: argparse.Namespace) -> None:
     """Refuse, before anything is opened for writing, a file the run writes that is its
-    input: truncating it would destroy the inputs before they are read."""
-    if ns.input == "-":
-        return
-    source = Path(ns.input)
+    input (truncating it would destroy the inputs before they are read), the trace
+    and the outputs in one file, and a trace the run could not write at the end."""
+    written = [target for target in (ns.output, ns.profile) if target not in (None, "-")]
+    if len(written) == 2 and _same_file(Path(ns.output), Path(ns.profile)):
+        raise UsageError(
+            f"--profile {ns.profile} is the --output file: the trace would replace the "
+            "outputs at the end of the run; give --profile another path"
+        )
     for flag, target in (("--output", ns.output), ("--profile", ns.profile)):
         if target in (None, "-"):
             continue
-        if _same_file(source, Path(target)):
+        if ns.input == "-":
+            if _is_stdin(Path(target)):
+                raise UsageError(
+                    f"{flag} {target} is the file stdin reads the inputs from: writing it would "
+                    f"destroy the inputs before they are read; give {flag} another path"
+                )
+        elif _same_file(Path(ns.input), Path(target)):
             raise UsageError(
                 f"{flag} {target} is the input file {ns.input}: writing it would destroy "
                 f"the inputs before they are read; give {flag} another path"
             )
+    if ns.profile not in (None, "-"):
+        _check_writable("--profile", Path(ns.profile))
+
+
+def _is_stdin(path: Path) -> bool:
+    """Whether ``path`` is the file standard input was redirected from."""
+    try:
+        stdin, target = os.fstat(0), os.stat(path)
+    except OSError:  # no stdin, or the path does not exist yet
+        return False
+    return (stdin.st_dev, stdin.st_ino) == (target.st_dev, target.st_ino)
+
+
+def _check_writable(flag: str, path: Path) -> None:
+    """A file the run writes only at its end must be writable before the run pays for
+    anything: a directory, or a place that refuses files, is a usage error now."""
+    if path.is_dir():
+        raise UsageError(f"{flag} {path} is a directory; give the path of a file")
+    existed = path.exists()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a", encoding="utf-8"):
+            pass
+    except OSError as exc:
+        raise UsageError(
+            f"cannot write {flag} {path} ({exc.strerror or exc}); choose a path in a "
+            "directory you can write to"
+        ) from None
+    if not existed:
+        with contextlib.suppress(OSError):
+            path.unlink()  # only a probe: the file is written when the run ends
 
 
 def _same_file(a: Path, b: Path) -> bool:
