@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+import plait
 from plait.cli import main
 from plait.testing import FakeOpenAIServer
 from tests.pipelines import echo
@@ -754,6 +755,23 @@ def test_a_trace_that_cannot_be_written_is_refused_before_the_run(
         assert said in done.stderr and "Traceback" not in done.stderr
         assert not out.exists()
     assert server.stats()["requests_total"] == 0
+
+
+def test_a_resource_file_that_is_not_utf8_is_a_one_line_error(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_bytes(b'[fast]\nprovider = "openai"\nmodel = "m\xff"\n')
+    inputs = jsonl(tmp_path / "in.jsonl", ["a"])
+    for args in (
+        ["run", FAN, "-i", inputs, "-o", tmp_path / "out.jsonl", "--resources", bad],
+        ["check", "--resources", bad],
+    ):
+        done = cli(*args)
+        assert done.returncode == 2, done.stderr
+        assert "Traceback" not in done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1
+        assert f"{bad} is not UTF-8 text" in done.stderr and "save it as UTF-8" in done.stderr
+    with pytest.raises(plait.ConfigurationError, match="not UTF-8 text"):
+        plait.ResourceConfig.load(bad)
 
 
 # -- clean errors, each naming the file and the fix ------------------------------------------

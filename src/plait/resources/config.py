@@ -126,6 +126,11 @@ def read_resource_file(file: Path) -> Mapping[str, Any]:
         text = file.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigurationError(f"cannot read resource file {file}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigurationError(
+            f"resource file {file} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at "
+            f"offset {exc.start}); save it as UTF-8"
+        ) from None
     try:
         if suffix == ".toml":
             import tomllib
