@@ -281,3 +281,23 @@ def test_a_damaged_cache_file_is_named_with_the_fix(
         module.run_sync(["prompt 1 " + "x" * 2000])
     message = str(info.value)  # before any call is made, naming the file and the fix
     assert str(path) in message and "malformed" in message and "delete it" in message
+
+
+def test_a_stored_row_that_is_not_utf8_is_named_with_the_fix_and_not_quoted(
+    server: FakeOpenAIServer, tmp_path: Path
+) -> None:
+    path = tmp_path / "calls.db"
+    module = Echo("E").bind(resources=make_resources(server))
+    with cache(path):
+        module.run_sync("SECRET-PROMPT")
+    db = sqlite3.connect(path)
+    with db:  # the reply's bytes scrambled: no longer UTF-8, still stored as text
+        db.execute("UPDATE plait_cache_replies SET reply = CAST(X'ff53454352455452455059' AS TEXT)")
+    db.close()
+    with pytest.raises(plait.ExecutionError) as info, cache(path):
+        module.run_sync("SECRET-PROMPT")
+    cause = info.value.value.payload
+    assert isinstance(cause, CacheError)
+    message = str(cause)
+    assert str(path) in message and "not valid UTF-8" in message and "delete it" in message
+    assert "SECRETREPY" not in message and "with text" not in message

@@ -161,10 +161,10 @@ class Cache(Handler):
 
     def _lookup(self, key: str, msg: Message) -> LLMResponse | None:
         with self._lock:
-            row = self._execute(
+            row = self._fetch_one(
                 f"SELECT reply FROM {_REPLIES_TABLE} WHERE namespace = ? AND key = ?",
                 (self.namespace, key),
-            ).fetchone()
+            )
         if row is None:
             return None
         try:
@@ -195,9 +195,9 @@ class Cache(Handler):
     def stats(self) -> dict[str, Any]:
         """This handler's hits, misses and stores, and the entries its namespace holds."""
         with self._lock:
-            entries = self._execute(
+            entries = self._fetch_one(
                 f"SELECT COUNT(*) FROM {_REPLIES_TABLE} WHERE namespace = ?", (self.namespace,)
-            ).fetchone()[0]
+            )[0]
             looked_up = self.hits + self.misses
             return {
                 "hits": self.hits,
@@ -228,12 +228,28 @@ class Cache(Handler):
         try:
             return self._connection().execute(sql, params)
         except sqlite3.DatabaseError as exc:
-            if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
-                raise
-            raise CacheError(
-                f"the cache {self.path} is damaged ({exc}); delete it (the next run starts a "
-                "new one) or give cache() another file"
-            ) from None
+            raise self._damaged(exc) from None
+
+    def _fetch_one(self, sql: str, params: tuple[Any, ...]) -> Any:
+        """The first row of a query (caller holds the lock): reading a row can meet
+        damage the statement itself did not, so it is judged the same way."""
+        cursor = self._execute(sql, params)
+        try:
+            return cursor.fetchone()
+        except sqlite3.DatabaseError as exc:
+            raise self._damaged(exc) from None
+
+    def _damaged(self, exc: sqlite3.DatabaseError) -> Exception:
+        """A damaged file, named with the fix; never the stored text (a prompt, a reply)."""
+        if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
+            return exc
+        what = str(exc)
+        if "decode" in what.lower() or " with text " in what:
+            what = "a stored row is not valid UTF-8 text"
+        return CacheError(
+            f"the cache {self.path} is damaged ({what}); delete it (the next run starts a "
+            "new one) or give cache() another file"
+        )
 
     def _connection(self) -> sqlite3.Connection:
         """The open connection (caller holds the lock); a forked child opens its own."""
