@@ -97,3 +97,34 @@ def test_a_configured_key_never_reaches_an_error_value(server: FakeOpenAIServer)
     value = info.value.value
     assert key not in str(info.value)
     assert key not in json.dumps({k: str(v) for k, v in value.meta.items()})
+
+
+def test_an_unset_api_key_env_is_named_only_when_it_looks_like_a_variable_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pasted = "hf_CANARYabcdefghijklmnopqrstuv12345"  # a key that happens to fit a name
+    conventional = "PLAIT_TEST_UNSET_KEY"
+    monkeypatch.delenv(pasted, raising=False)
+    monkeypatch.delenv(conventional, raising=False)
+    with pytest.raises(plait.ConfigurationError) as info:
+        plait.ResourceConfig({"fast": {"model": "m", "api_key_env": pasted}})
+    assert pasted not in str(info.value)
+    assert f"not set ({len(pasted)} characters, not shown" in str(info.value)
+    with pytest.raises(plait.ConfigurationError, match=f"'{conventional}', which is not set"):
+        plait.ResourceConfig({"fast": {"model": "m", "api_key_env": conventional}})
+    for env, shown in ((pasted, False), (conventional, True)):
+        resources = tmp_path / "resources.toml"
+        resources.write_text(
+            f'[fast]\nprovider = "openai"\nmodel = "m"\nbase_url = "http://127.0.0.1:9/v1"\n'
+            f'api_key_env = "{env}"\n'
+        )
+        for done in (
+            plait_cli("check", "--resources", resources),
+            plait_cli(
+                "run", "tests.pipelines:FanOutFanIn", "-i", resources, "-o", tmp_path / "o.jsonl",
+                "--resources", resources,
+            ),
+        ):  # fmt: skip
+            said = done.stdout + done.stderr
+            assert done.returncode != 0 and "api_key_env" in said
+            assert (env in said) is shown, said

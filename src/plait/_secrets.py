@@ -13,7 +13,14 @@ from __future__ import annotations
 import re
 import threading
 
-__all__ = ["REDACTED", "looks_like_variable_name", "redact_url", "register", "scrub"]
+__all__ = [
+    "REDACTED",
+    "looks_like_variable_name",
+    "redact_url",
+    "register",
+    "scrub",
+    "unset_variable",
+]
 
 REDACTED = "***"
 _SECRET_PARAMS = re.compile(r"key|token|secret|password|passwd|auth|sig", re.IGNORECASE)
@@ -77,3 +84,24 @@ _VARIABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 def looks_like_variable_name(name: str) -> bool:
     return bool(_VARIABLE.fullmatch(name))
+
+
+_CONVENTIONAL = re.compile(r"[A-Z_][A-Z0-9_]*")
+
+
+def unset_variable(name: str) -> str:
+    """How to mention an ``api_key_env`` variable that is not set.
+
+    A conventional name (upper case, digits, ``_``: ``OPENAI_API_KEY``) is shown, so the
+    user knows what to export.  Anything else may be a key pasted where its variable's
+    name belongs (``hf_...``, ``gsk_...`` look like names too): it is never shown, only
+    its length, and it is registered so no other message shows it either.
+    """
+    if _CONVENTIONAL.fullmatch(name):
+        return f"names the environment variable {name!r}, which is not set"
+    register(name)
+    return (
+        f"names a variable that is not set ({len(name)} characters, not shown: a variable "
+        "name is usually upper case, like OPENAI_API_KEY, and this may be a key pasted in "
+        "its place)"
+    )

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from plait._secrets import looks_like_variable_name, redact_url, register, scrub
+from plait._secrets import looks_like_variable_name, redact_url, register, scrub, unset_variable
 from plait.execution.loop import run_blocking
 from plait.providers import make_provider
 from plait.providers.base import LLMRequest, ProviderError
@@ -204,9 +204,13 @@ def _key(result: AliasCheck, config: EndpointConfig) -> bool:
             register(value)
             result.passed("key", f"from ${env}")
             return True
-        state = "is not set" if value is None else "is set but empty"
+        if value is None:
+            result.failed("key", f"api_key_env {unset_variable(env)}; export it before running")
+            return False
         result.failed(
-            "key", f"the environment variable {env} (api_key_env) {state}; export it before running"
+            "key",
+            f"the environment variable {env} (api_key_env) is set but empty; export it "
+            "before running",
         )
         return False
     if config.provider == "anthropic":

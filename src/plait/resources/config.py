@@ -79,7 +79,7 @@ class EndpointConfig(BaseModel):
 def _check_key_reference(alias: str, config: EndpointConfig) -> None:
     """The key a configuration refers to exists and is not empty; every credential it
     holds (the key, a password in ``base_url``) is registered so no output shows it."""
-    from plait._secrets import looks_like_variable_name, redact_url, register
+    from plait._secrets import looks_like_variable_name, redact_url, register, unset_variable
 
     if config.api_key is not None:
         register(config.api_key.get_secret_value())
@@ -98,8 +98,7 @@ def _check_key_reference(alias: str, config: EndpointConfig) -> None:
         )
     if env not in os.environ:
         raise ConfigurationError(
-            f"alias {alias!r}: api_key_env names the environment variable {env!r}, "
-            "which is not set; export it or change the reference"
+            f"alias {alias!r}: api_key_env {unset_variable(env)}; export it or change the reference"
         )
     value = os.environ[env]
     if not value.strip():
