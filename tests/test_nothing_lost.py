@@ -4,6 +4,7 @@ structured-output classes, lone surrogates; and checkpoints hold data, never cod
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -208,3 +209,62 @@ def test_a_cyclic_output_is_delivered_and_not_stored_by_the_checkpoint(tmp_path:
     assert [o[0] for o in batch] == ["x", "y"]
     lines = (tmp_path / "ckpt2" / "log.jsonl").read_text().splitlines()
     assert not [line for line in lines if json.loads(line)["t"] == "out"]
+
+
+_EXITS = """
+import asyncio, sys, plait
+
+class Exits(plait.Module):
+    async def forward(self, text: str):
+        if text == "exit":
+            sys.exit(3)
+        if text == "cancel":
+            raise asyncio.CancelledError()
+        return text.upper()
+
+class SyncExits(plait.Module):
+    def forward(self, text: str):
+        if text == "exit":
+            sys.exit("bye")
+        return text
+"""
+
+
+def test_sys_exit_or_cancelled_error_in_forward_fails_that_input_and_never_hangs(
+    tmp_path: Path,
+) -> None:
+    target = tmp_path / "exits_target.py"
+    target.write_text(_EXITS)
+    inputs = tmp_path / "in.jsonl"
+    inputs.write_text("".join(json.dumps(t) + "\n" for t in ["a", "exit", "cancel", "b"]))
+    out = tmp_path / "out.jsonl"
+    done = plait_cli("run", f"{target}:Exits", "-i", inputs, "-o", out)  # timeout: a hang fails
+    rows = {row["index"]: row for row in map(json.loads, out.read_text().splitlines())}
+    assert sorted(rows) == [0, 1, 2, 3], done.stderr
+    assert rows[0]["output"] == "A" and rows[3]["output"] == "B"
+    assert "forward raised SystemExit: 3" in rows[1]["error"]["message"]
+    assert "forward raised CancelledError" in rows[2]["error"]["message"]
+    assert "4 input(s): 2 succeeded, 2 failed" in done.stderr and done.returncode == 1
+    script = (
+        f"import sys; sys.path.insert(0, {str(tmp_path)!r})\n"
+        "import plait, exits_target as t\n"
+        "for cls in (t.Exits, t.SyncExits):\n"
+        "    for ck in (None, sys.argv[1] + cls.__name__):\n"
+        "        out = cls().bind(checkpoint_dir=ck).run_sync(['a', 'exit', 'cancel'])\n"
+        "        V = plait.Value\n"
+        "        print([o.meta['message'].split(' (')[0] if isinstance(o, V) else o for o in out])\n"  # noqa: E501
+        "        try:\n"
+        "            cls().run_sync('exit')\n"
+        "        except plait.ExecutionError as exc:\n"
+        "            print('raised', str(exc).split(' (')[0])\n"
+    )
+    ran = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "ck")],
+        capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    lines = ran.stdout.splitlines()
+    assert lines[0] == "['A', 'forward raised SystemExit: 3', 'forward raised CancelledError']"
+    assert lines[1] == "raised Exits failed: ForwardAborted: forward raised SystemExit: 3"
+    assert lines[6] == "['a', 'forward raised SystemExit: bye', 'cancel']"
+    assert len(lines) == 8

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import threading
 import time
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
@@ -39,7 +40,43 @@ from plait.values import ExecutionError, Value, ValueKind, error_value, kind_of
 if TYPE_CHECKING:
     from plait.module import Module
 
-__all__ = ["Engine", "current_engine"]
+__all__ = ["Engine", "ForwardAborted", "as_input_failure", "current_engine"]
+
+
+class ForwardAborted(RuntimeError):
+    """A forward (or a handler) raised a BaseException that is not about the run: its
+    input's failure, like any other exception (the original is ``__cause__``)."""
+
+
+def as_input_failure(exc: BaseException) -> Exception | None:
+    """What a BaseException raised by pipeline code means for its input, or None when it
+    is about the run and must propagate.
+
+    ``sys.exit()`` and a ``CancelledError`` the code raised itself (its task was not
+    cancelled) fail that input only: let through, they would kill plait's event loop
+    or leave the input's waiters pending forever.  A ``KeyboardInterrupt`` off the main
+    thread is raised by code too (signals reach only the main thread); on it, it is
+    Ctrl-C and stops the run.
+    """
+    if isinstance(exc, Exception):
+        return exc
+    if isinstance(exc, asyncio.CancelledError):
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            return None  # a real cancellation of the run
+    elif isinstance(exc, KeyboardInterrupt):
+        if threading.current_thread() is threading.main_thread():
+            return None
+    elif not isinstance(exc, SystemExit):
+        return None
+    detail = str(exc)
+    failure = ForwardAborted(
+        f"forward raised {type(exc).__name__}{': ' + detail if detail else ''} (plait makes "
+        "it this input's failure; raise an ordinary exception to fail an input)"
+    )
+    failure.__cause__ = exc
+    return failure
+
 
 #: The engine whose node is running here: module calls made inside an
 #: ``async def forward`` go through it (same limits, same handlers).
@@ -102,8 +139,11 @@ class Engine:
         try:
             try:
                 graph = trace(self.root, args, kwargs, self.paths)
-            except Exception as exc:
-                failed = error_value(exc, module_path=f"{type(self.root).__name__}.forward")
+            except BaseException as exc:
+                failure = as_input_failure(exc)
+                if failure is None:
+                    raise
+                failed = error_value(failure, module_path=f"{type(self.root).__name__}.forward")
                 return failed, None, {}
             results = await self.execute(graph, index, "")
             return self.output_of(graph, results), graph, results
@@ -174,8 +214,11 @@ class Engine:
             return Value(
                 kind_of(payload), payload, ref=f"node:{node.id}", meta={"module_path": node.path}
             )
-        except Exception as exc:
-            return error_value(exc, module_path=node.path, ref=f"node:{node.id}")
+        except BaseException as exc:
+            failure = as_input_failure(exc)
+            if failure is None:
+                raise
+            return error_value(failure, module_path=node.path, ref=f"node:{node.id}")
 
     async def _run_llm(
         self,
@@ -385,8 +428,11 @@ class _GraphRun:
     async def _process(self, node: Node, msg: Message, stack: tuple[Handler, ...]) -> Value:
         try:
             seen = await process_stack(msg, stack)
-        except Exception as exc:
-            return error_value(exc, module_path=node.path, ref=f"node:{node.id}")
+        except BaseException as exc:
+            failure = as_input_failure(exc)
+            if failure is None:
+                raise
+            return error_value(failure, module_path=node.path, ref=f"node:{node.id}")
         self.calls[node.id] = (msg, stack, seen)
         if msg.done:
             return Value(ValueKind.OTHER, None, meta={"skip_inside": True})
@@ -425,10 +471,13 @@ class _GraphRun:
             msg.done = True
         try:
             payload = await postprocess_stack(msg, stack, seen)
-        except Exception as exc:
+        except BaseException as exc:
             if failed and exc is failed[0].payload:
                 return _short_circuit(node, failed[0])
-            return error_value(exc, module_path=node.path, ref=f"node:{node.id}")
+            failure = as_input_failure(exc)
+            if failure is None:
+                raise
+            return error_value(failure, module_path=node.path, ref=f"node:{node.id}")
         for inner in range(node.pair + 1 if node.pair is not None else 0, node.id):
             value = self.results.get(inner)
             if value is not None and value.kind is ValueKind.ERROR:

@@ -16,7 +16,7 @@ from plait.execution.checkpoint import (
     producer_of,
 )
 from plait.execution.codec import fingerprint
-from plait.execution.engine import Engine, current_engine
+from plait.execution.engine import Engine, as_input_failure, current_engine
 from plait.execution.loop import run_blocking
 from plait.execution.settings import SETTING_NAMES, resolve_options
 from plait.execution.tape import Tape
@@ -196,12 +196,16 @@ class _Run:
         async def one(index: int, item: Any) -> None:
             try:
                 value = await self.one(index, (item, *extra), kwargs)
-            except (CheckpointError, asyncio.CancelledError):
+            except CheckpointError:
                 raise  # about the run, not this input: the run stops and says why
-            except Exception as exc:
-                # Never lose an input: whatever went wrong is this input's error.
+            except BaseException as exc:
+                # Never lose an input: whatever went wrong is this input's error, unless
+                # it is about the run (a real cancellation, Ctrl-C).
+                failure = as_input_failure(exc)
+                if failure is None:
+                    raise
                 value = error_value(
-                    exc, module_path=f"{type(self.module).__name__} (input {index})"
+                    failure, module_path=f"{type(self.module).__name__} (input {index})"
                 )
             finally:
                 if release_on_done:
