@@ -404,3 +404,20 @@ def test_digests_tell_apart_what_differs_and_ignore_key_order() -> None:
         str(2**70),
     ]
     assert len({digest(value) for value in distinct}) == len(distinct)
+
+
+class _BigNumbers(plait.Module):
+    async def forward(self, text: str) -> object:
+        return {"big": 2**70, "negative": -(2**64) - 1, "u64": 2**64 - 1, "items": [10**30]}
+
+
+def test_integers_beyond_64_bits_come_back_from_the_checkpoint_exactly(tmp_path: Path) -> None:
+    from plait._jsonl import loads, text_line
+
+    expected_output = {"big": 2**70, "negative": -(2**64) - 1, "u64": 2**64 - 1, "items": [10**30]}
+    for _ in range(2):  # computed, then answered from the checkpoint
+        out = _BigNumbers().bind(checkpoint_dir=tmp_path / "ckpt").run_sync(["x", "y"])
+        assert out == [expected_output, expected_output]
+        assert all(type(o["big"]) is int for o in out)
+    record = {"n": 2**70, "text": "12345678901234567890123", "f": 0.1}
+    assert loads(text_line(record)) == record  # orjson refuses the int: the stdlib writes it

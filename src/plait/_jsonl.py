@@ -9,6 +9,7 @@ reader drops before anything is appended after it.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +36,9 @@ def text_line(record: dict[str, Any]) -> bytes:
     LLM reply: the same JSON, 20x faster (checkpoints write one per call).
 
     Not for records that may hold floats: orjson writes NaN as null, where the
-    standard library keeps it.  A lone surrogate, which orjson refuses, takes the
-    standard library's escapes.
+    standard library keeps it.  A lone surrogate, and an integer beyond 64 bits, which
+    orjson refuses (``JSONEncodeError`` is ``TypeError``), take the standard library's
+    path.
     """
     try:
         return orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE)
@@ -44,9 +46,18 @@ def text_line(record: dict[str, Any]) -> bytes:
         return json_line(record)
 
 
+#: A run of digits orjson may not read exactly: it reads an integer beyond 64 bits
+#: (20 digits and more, some of 19 and 20) as a float, silently.
+_LONG_NUMBER = re.compile(rb"[0-9]{19,}")
+
+
 def loads(line: bytes) -> Any:
     """One line back: orjson, or the standard library for what only it reads (NaN,
-    Infinity, an escaped lone surrogate)."""
+    Infinity, an escaped lone surrogate) or reads exactly (an integer beyond 64 bits,
+    which orjson turns into a float; a line with a long run of digits, even in a
+    string, takes this slower path, which reads everything else the same)."""
+    if _LONG_NUMBER.search(line):
+        return json.loads(line)
     try:
         return orjson.loads(line)
     except orjson.JSONDecodeError:
