@@ -268,3 +268,25 @@ def test_sys_exit_or_cancelled_error_in_forward_fails_that_input_and_never_hangs
     assert lines[1] == "raised Exits failed: ForwardAborted: forward raised SystemExit: 3"
     assert lines[6] == "['a', 'forward raised SystemExit: bye', 'cancel']"
     assert len(lines) == 8
+
+
+def test_a_dict_whose_keys_collide_as_text_keeps_every_value_in_its_row(tmp_path: Path) -> None:
+    target = tmp_path / "keys_target.py"
+    target.write_text(
+        "import plait\n"
+        "class Keys(plait.Module):\n"
+        "    async def forward(self, text: str):\n"
+        "        if text == 'collide':\n"
+        "            return {'outer': {1: 'a', '1': 'b'}, 'ok': {2: 'c'}}\n"
+        "        return {True: 'x', 'true': 'y'}\n"
+    )
+    inputs = tmp_path / "in.jsonl"
+    inputs.write_text('"collide"\n"bool"\n')
+    out = tmp_path / "out.jsonl"
+    for _ in range(2):  # and again, resumed from the checkpoint
+        done = plait_cli("run", f"{target}:Keys", "-i", inputs, "-o", out)
+        assert done.returncode == 0, done.stderr
+        lines = out.read_text().splitlines()
+        rows = {row["index"]: row["output"] for row in map(json.loads, lines)}
+        assert rows[0] == {"outer": {"$dict": [[1, "a"], ["1", "b"]]}, "ok": {"2": "c"}}
+        assert rows[1] == {"$dict": [[True, "x"], ["true", "y"]]}

@@ -3,6 +3,12 @@
 A line is ``{"index": i, "input": ..., "output": ...}`` or, for a failed input,
 ``{"index": i, "input": ..., "error": {"type": ..., "message": ..., "module_path": ...}}``.
 
+JSON object keys are text, so a dict with other keys is written with them as text
+(``{1: "a"}`` as ``{"1": "a"}``).  When that would make two keys one (``{1: "a",
+"1": "b"}``), the dict is written as the list of its pairs under ``"$dict"``,
+``{"$dict": [[1, "a"], ["1", "b"]]}``, the form plait's checkpoints use, so
+neither value is lost.
+
 An output that cannot be written at all (a pydantic model holding a function, an
 object whose ``str()`` raises) becomes that input's error row, of type
 ``UnwritableOutput``: every input still ends as exactly one row, and the run goes on.
@@ -58,6 +64,37 @@ def _plain(obj: Any, depth: int = 0) -> Any:
         }
     if isinstance(obj, list | tuple):
         return [_plain(item, depth + 1) for item in obj]
+    return obj
+
+
+def _key_text(key: Any) -> str:
+    """The text a key becomes as a JSON object key (here, or in `_plain`)."""
+    if isinstance(key, str):
+        return key
+    if key is True or key is False or key is None:
+        return json.dumps(key)
+    if isinstance(key, int | float):
+        return json.dumps(key)
+    return str(key)
+
+
+def _distinct_keys(obj: Any, depth: int = 0) -> Any:
+    """``obj`` with every dict whose keys would collide as JSON text written as
+    ``{"$dict": [[key, value], ...]}``; ``obj`` itself when no dict needs it."""
+    if depth > 100:
+        return obj
+    if isinstance(obj, dict):
+        items = [(key, _distinct_keys(value, depth + 1)) for key, value in obj.items()]
+        if not all(type(key) is str for key in obj) and len({_key_text(k) for k in obj}) < len(obj):
+            return {"$dict": [[key, value] for key, value in items]}
+        if all(new is old for (_, new), old in zip(items, obj.values(), strict=True)):
+            return obj
+        return dict(items)
+    if isinstance(obj, list | tuple):
+        items = [_distinct_keys(item, depth + 1) for item in obj]
+        if all(new is old for new, old in zip(items, obj, strict=True)):
+            return obj
+        return items
     return obj
 
 
@@ -136,7 +173,7 @@ class OutputWriter:
         if value.is_error:
             record["error"] = error_record(value)
         else:
-            record["output"] = value.payload
+            record["output"] = _distinct_keys(value.payload)
         try:
             line = json.dumps(record, ensure_ascii=False, default=json_default)
         except (TypeError, ValueError):  # e.g. a dict keyed by tuples, or a cycle
