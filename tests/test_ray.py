@@ -285,3 +285,32 @@ def test_a_handler_that_cannot_reach_the_workers_is_refused_before_the_run(
     with _Unpicklable(), pytest.raises(TypeError, match="_Unpicklable is active but cannot"):
         Echo("fast").bind(resources=resources).run_sync(["a"], workers=2)
     assert server.stats()["requests_total"] == 0
+
+
+class Fragile(plait.Module):
+    """Echoes, but "exit" raises SystemExit in forward and "crash" kills its process."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.echo = Echo("fast")
+
+    def forward(self, doc: str) -> Any:
+        if doc == "exit":
+            sys.exit(3)
+        if doc == "crash":
+            os._exit(1)  # as a segfault in native code would: no exception, no cleanup
+        return self.echo(doc)
+
+
+def test_an_input_that_kills_its_workers_becomes_its_error_row(server: FakeOpenAIServer) -> None:
+    from plait.ray.runner import MAX_LOSSES, WorkerDied
+
+    resources = make_resources(server, model="cluster-fragile")
+    inputs = ["a", "exit", "b", "crash", "c"]
+    out = Fragile().bind(resources=resources).run_sync(inputs, workers=2)
+    assert out[0] == echo("fast", "a") and out[2] == echo("fast", "b")
+    assert out[4] == echo("fast", "c")
+    assert isinstance(out[1], plait.Value) and "SystemExit" in out[1].meta["message"]
+    crashed = out[3]
+    assert isinstance(crashed, plait.Value) and crashed.meta["error_type"] == WorkerDied.__name__
+    assert f"died {MAX_LOSSES} times" in crashed.meta["message"]

@@ -527,8 +527,11 @@ def _short_circuit(node: Node, cause: Value) -> Value:
 def _resolve_output(node: Node, results: dict[int, Value]) -> Value:
     try:
         payload = resolve(node.args[0], results)
-    except Exception as exc:
-        return error_value(exc, module_path=node.path, ref=f"node:{node.id}")
+    except BaseException as exc:  # code of the user's (a __str__, a __getitem__)
+        failure = as_input_failure(exc)
+        if failure is None:
+            raise
+        return error_value(failure, module_path=node.path, ref=f"node:{node.id}")
     return Value(kind_of(payload), payload, ref=f"node:{node.id}")
 
 
@@ -538,6 +541,9 @@ def _apply_op(node: Node, results: dict[int, Value]) -> Value:
         kwargs = {k: resolve(v, results) for k, v in node.kwargs.items()}
         assert node.op is not None
         payload = node.op(*args, **kwargs)
-    except Exception as exc:
-        return error_value(exc, module_path=node.path, ref=f"node:{node.id}")
+    except BaseException as exc:  # code of the user's (a __str__, a __getitem__)
+        failure = as_input_failure(exc)
+        if failure is None:
+            raise
+        return error_value(failure, module_path=node.path, ref=f"node:{node.id}")
     return Value(kind_of(payload), payload, ref=f"node:{node.id}")

@@ -34,7 +34,15 @@ from plait.execution.codec import fingerprint
 from plait.ray.worker import PipelineSpec, PipelineWorker, row_of, value_of
 from plait.values import Value, ValueKind, error_value
 
-__all__ = ["Dispatch", "WorkItem", "run_distributed"]
+__all__ = ["MAX_LOSSES", "Dispatch", "WorkItem", "WorkerDied", "run_distributed"]
+
+#: How many worker deaths one input may see before it becomes its error row.
+MAX_LOSSES = 3
+
+
+class WorkerDied(RuntimeError):
+    """The worker processes running an input kept dying (see `MAX_LOSSES`)."""
+
 
 #: What the driver hands a worker per input: (index, args, kwargs).
 WorkItem = tuple[int, tuple[Any, ...], dict[str, Any]]
@@ -47,6 +55,8 @@ class _Worker:
     in_flight: int = 0
     worker_id: str = ""
     pid: int = 0
+    #: Running one suspect input alone (see `run_distributed`).
+    isolated: bool = False
 
 
 class Dispatch:
@@ -143,6 +153,7 @@ def run_distributed(
     source: Iterator[tuple[int, Any]] = enumerate(items)
     retry: collections.deque[WorkItem] = collections.deque()
     rerun: set[int] = set()  # indices a dead worker held
+    losses: collections.Counter[int] = collections.Counter()  # how often each was lost
     originals: dict[int, Any] = {}
     input_keys: dict[int, str] = {}
     held: dict[Any, tuple[_Worker, list[WorkItem]]] = {}
@@ -166,8 +177,9 @@ def run_distributed(
     def next_batch() -> list[WorkItem]:
         nonlocal exhausted
         batch: list[WorkItem] = []
-        while retry and len(batch) < batch_size:
-            batch.append(retry.popleft())
+        for item in [item for item in retry if losses[item[0]] < 2][:batch_size]:
+            retry.remove(item)
+            batch.append(item)
         while not exhausted and len(batch) < batch_size:
             try:
                 index, item = next(source)
@@ -195,9 +207,22 @@ def run_distributed(
 
     try:
         while True:
+            # An input lost twice with its worker runs alone on an idle worker: the
+            # one that keeps killing workers is told apart from those it took along.
+            for worker in dispatch.workers:
+                suspect = next((item for item in retry if losses[item[0]] >= 2), None)
+                if suspect is None:
+                    break
+                if worker.in_flight == 0:
+                    retry.remove(suspect)
+                    ref = getattr(worker.actor, method).remote([suspect], True)
+                    held[ref] = (worker, [suspect])
+                    worker.in_flight, worker.isolated = 1, True  # nothing else on it meanwhile
             # Round robin, a batch at a time: a short run still spreads over every worker.
             while True:
-                hungry = [w for w in dispatch.workers if w.in_flight < per_worker]
+                hungry = [
+                    w for w in dispatch.workers if w.in_flight < per_worker and not w.isolated
+                ]
                 batch = next_batch() if hungry else []
                 if not batch:
                     break
@@ -212,10 +237,25 @@ def run_distributed(
             for ref in ready:
                 worker, batch = held.pop(ref)
                 worker.in_flight -= 1
+                worker.isolated = False
                 try:
                     result = ray.get(ref)
-                except ray.exceptions.RayActorError:
-                    rerun.update(_lost(dispatch, worker, held, retry, batch))
+                except ray.exceptions.RayActorError as exc:
+                    lost = _lost(dispatch, worker, held, retry, batch)
+                    rerun.update(lost)
+                    losses.update(lost)
+                    # An input whose worker died under it MAX_LOSSES times is taken to
+                    # be what kills them (a crash in native code, memory): its error row,
+                    # not an endless round of new workers.
+                    for index in [i for i in lost if losses[i] >= MAX_LOSSES]:
+                        for item in list(retry):
+                            if item[0] == index:
+                                retry.remove(item)
+                        died = WorkerDied(
+                            f"the worker running input {index} died {MAX_LOSSES} times "
+                            f"({type(exc).__name__}); this input is taken to be the cause"
+                        )
+                        finish(index, error_value(died, module_path=None))
                     continue
                 except Exception as exc:  # the batch as a whole failed: each input says why
                     rows = [row_of(i, error_value(exc, module_path=None)) for i, _, _ in batch]

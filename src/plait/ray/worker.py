@@ -205,10 +205,14 @@ class PipelineWorker:
         async def one(index: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Row:
             try:
                 return await run(index, args, kwargs)
-            except Exception as exc:  # never lose an input: it becomes its error row
-                value = error_value(
-                    exc, module_path=f"{type(self.module).__name__} (input {index})"
-                )
+            except BaseException as exc:  # never lose an input: it becomes its error row
+                from plait.execution.engine import as_input_failure
+
+                failure = as_input_failure(exc)
+                if failure is None:
+                    raise
+                where = f"{type(self.module).__name__} (input {index})"
+                value = error_value(failure, module_path=where)
             return row_of(index, value)
 
         with contextlib.ExitStack() as stack:
