@@ -31,6 +31,16 @@ PIPELINES = ("Single", "FanOutFanIn")  # classes of benchmarks/run.py: 1 call, 3
 DOC_CHARS = 2000
 
 
+#: Runs the command given as its arguments and prints the child's peak RSS and CPU.
+_WRAPPER = (
+    "import resource, subprocess, sys\n"
+    "code = subprocess.run(sys.argv[1:]).returncode\n"
+    "u = resource.getrusage(resource.RUSAGE_CHILDREN)\n"
+    "print('USAGE', u.ru_maxrss, u.ru_utime + u.ru_stime, file=sys.stderr)\n"
+    "sys.exit(code)\n"
+)
+
+
 def _one_run(workdir: Path, pipeline: str, checkpoint: bool) -> dict[str, float]:
     out = workdir / "out.jsonl"
     out.unlink(missing_ok=True)
@@ -42,18 +52,25 @@ def _one_run(workdir: Path, pipeline: str, checkpoint: bool) -> dict[str, float]
         cmd.append("--no-checkpoint")
     env = dict(os.environ, PLAIT_BENCH_KEY="sk-bench")
     started = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
+    # Started from a small wrapper process: a child forked from this (large) process
+    # would report this process's peak RSS as its own (Linux keeps ru_maxrss across exec).
+    proc = subprocess.run(
+        [sys.executable, "-c", _WRAPPER, *cmd],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     wall = time.perf_counter() - started
-    stderr = proc.stderr.read().decode() if proc.stderr else ""
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
-        raise RuntimeError(f"plait run failed ({proc.returncode}): {stderr[-2000:]}")
+    *_, last = proc.stderr.strip().splitlines() or [""]
+    if proc.returncode != 0 or not last.startswith("USAGE "):
+        raise RuntimeError(f"plait run failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    maxrss_kb, cpu = last.split()[1:3]
     rows = sum(1 for _ in out.open())
     return {
         "wall": wall,
-        "cpu": usage.ru_utime + usage.ru_stime,
-        "maxrss_mib": usage.ru_maxrss / 1024,
+        "cpu": float(cpu),
+        "maxrss_mib": int(maxrss_kb) / 1024,
         "rows": rows,
     }
 
