@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -291,6 +292,20 @@ def test_resuming_with_a_changed_parameter_is_refused_naming_it(
     assert pipeline.left.system_prompt is not None
     pipeline.left.system_prompt.value = "a new prompt"
     with pytest.raises(plait.CheckpointError, match=r"parameter 'left.system_prompt' changed"):
+        pipeline.run_sync(["a", "b"])
+
+
+@pytest.mark.parametrize(
+    ("setting", "value"), [("temperature", 0.9), ("max_tokens", 7), ("alias", "smart")]
+)
+def test_resuming_with_a_changed_llm_setting_is_refused_naming_the_call(
+    server: FakeOpenAIServer, tmp_path: Path, setting: str, value: Any
+) -> None:
+    resources = make_resources(server, ("fast", "smart"))
+    pipeline = FanOutFanIn().bind(resources=resources, checkpoint_dir=tmp_path / "c")
+    pipeline.run_sync(["a", "b"])
+    setattr(pipeline.right, setting, value)
+    with pytest.raises(plait.CheckpointError, match=r"the LLM call 'right' changed"):
         pipeline.run_sync(["a", "b"])
 
 

@@ -27,6 +27,7 @@ from plait.execution.codec import decode, encode
 from plait.handlers.llm import response_from_json, response_to_json
 from plait.handlers.stack import Handler, Message
 from plait.providers.base import LLMRequest, LLMResponse
+from plait.structured import canonical_schema_json
 
 __all__ = ["Checkpoint", "CheckpointBusy", "CheckpointError", "CheckpointHandler"]
 
@@ -75,7 +76,25 @@ def producer_of(module: Any, resources: Any) -> dict[str, Any]:
             "url": digest(config.base_url or ""),
         }
     parameters = {name: digest(param._value) for name, param in module.named_parameters()}
-    return {"endpoints": endpoints, "parameters": parameters, "configured": bool(resources.config)}
+    # Each LLM call's own settings change its replies as much as its prompt does.
+    calls = {}
+    for path, part in module.named_modules():
+        if part._calls_llm:
+            schema = getattr(part, "response_format", None)
+            calls[path or "(root)"] = digest(
+                [
+                    part.alias,
+                    getattr(part, "temperature", None),
+                    getattr(part, "max_tokens", None),
+                    canonical_schema_json(schema) if schema is not None else None,
+                ]
+            )
+    return {
+        "endpoints": endpoints,
+        "parameters": parameters,
+        "calls": calls,
+        "configured": bool(resources.config),
+    }
 
 
 def _differences(before: dict[str, Any], now: dict[str, Any]) -> tuple[list[str], list[str]]:
@@ -99,6 +118,13 @@ def _differences(before: dict[str, Any], now: dict[str, Any]) -> tuple[list[str]
     for name in sorted(set(old_params) | set(new_params)):
         if old_params.get(name) != new_params.get(name):
             params.append(f"parameter {name!r} changed")
+    old_calls, new_calls = before.get("calls", {}), now.get("calls", {})
+    for path in sorted(set(old_calls) | set(new_calls)):
+        if old_calls.get(path) != new_calls.get(path):
+            params.append(
+                f"the LLM call {path!r} changed (alias, temperature, max_tokens or "
+                "response_format)"
+            )
     return found, params
 
 
