@@ -122,8 +122,7 @@ def _differences(before: dict[str, Any], now: dict[str, Any]) -> tuple[list[str]
     for path in sorted(set(old_calls) | set(new_calls)):
         if old_calls.get(path) != new_calls.get(path):
             params.append(
-                f"the LLM call {path!r} changed (alias, temperature, max_tokens or "
-                "response_format)"
+                f"the LLM call {path!r} changed (alias, temperature, max_tokens or response_format)"
             )
     return found, params
 

@@ -96,6 +96,19 @@ _records_lock = threading.Lock()
 #: Other processes' counters (Ray workers of a run this process drives), by worker.
 _remote: dict[str, list[dict[str, Any]]] = {}
 _SHIPPED_LATENCIES = 2_000
+_NAMES = ("alias", "provider", "model")
+#: The counters that add up across processes.
+_COUNTERS = (
+    "requests",
+    "succeeded",
+    "failed",
+    "retries",
+    "rate_limited",
+    "reasks",
+    "prompt_tokens",
+    "completion_tokens",
+)
+_PRICES = ("input_price_per_mtok", "output_price_per_mtok")
 
 
 def snapshot_records() -> list[dict[str, Any]]:
@@ -108,24 +121,7 @@ def snapshot_records() -> list[dict[str, Any]]:
             latencies = list(record._latencies)
         if len(latencies) > _SHIPPED_LATENCIES:
             latencies = random.sample(latencies, _SHIPPED_LATENCIES)
-        fields = {
-            name: getattr(record, name)
-            for name in (
-                "alias",
-                "provider",
-                "model",
-                "requests",
-                "succeeded",
-                "failed",
-                "retries",
-                "rate_limited",
-                "reasks",
-                "prompt_tokens",
-                "completion_tokens",
-                "input_price_per_mtok",
-                "output_price_per_mtok",
-            )
-        }
+        fields = {name: getattr(record, name) for name in (*_NAMES, *_COUNTERS, *_PRICES)}
         out.append({**fields, "latencies": latencies, "seen": record._seen})
     return out
 
@@ -158,18 +154,9 @@ def _combined() -> list[AliasUsage]:
 
 
 def _add(target: AliasUsage, source: dict[str, Any], latencies: list[float]) -> None:
-    for name in (
-        "requests",
-        "succeeded",
-        "failed",
-        "retries",
-        "rate_limited",
-        "reasks",
-        "prompt_tokens",
-        "completion_tokens",
-    ):
+    for name in _COUNTERS:
         setattr(target, name, getattr(target, name) + source[name])
-    for name in ("input_price_per_mtok", "output_price_per_mtok"):
+    for name in _PRICES:
         if getattr(target, name) is None:
             setattr(target, name, source[name])
     target._latencies.extend(latencies)
