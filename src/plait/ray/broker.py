@@ -21,7 +21,11 @@ The rules that make the limits hold cluster-wide:
   granted for the calls waiting at the worker when it asks, not in advance: a
   request granted now is sent now, so over any window the requests sent
   cluster-wide stay within ``burst + rate * window`` (a worker holding a block of
-  grants could spend it late and stack it on fresh ones).  What a worker does not
+  grants could spend it late and stack it on fresh ones).  A grant still takes some
+  time to reach the endpoint (the reply, the worker's loop, the network; longer on a
+  busy machine), so the buckets' burst is half a second's worth smaller than in one
+  process: grants that arrive up to `DELAY_MARGIN_S` late cannot stack into a window
+  over the limit.  What a worker does not
   spend it gives back; a token estimate that fell short is charged afterwards as
   debt.
 - 429: the worker that saw it reports it; every later reply tells every worker to
@@ -44,12 +48,22 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["LEASE_TTL_S", "SYNC_INTERVAL_S", "AliasLimits", "LimitBroker", "Report"]
+__all__ = [
+    "DELAY_MARGIN_S",
+    "LEASE_TTL_S",
+    "SYNC_INTERVAL_S",
+    "AliasLimits",
+    "LimitBroker",
+    "Report",
+]
 
 #: How often a busy worker reports to the broker (it also does when its lease runs out).
 SYNC_INTERVAL_S = 0.1
 #: A worker silent this long is taken for dead and its slots are given to others.
 LEASE_TTL_S = 10.0
+#: How late a granted request may reach its endpoint and still keep every window
+#: within the limit: the burst is this much smaller than a second's worth.
+DELAY_MARGIN_S = 0.5
 #: The longest the broker holds a request that it cannot grant yet (a long poll).
 _WAIT_S = 0.25
 _DECREASE_INTERVAL_S = 1.0
@@ -96,8 +110,11 @@ class _Bucket:
 
     @classmethod
     def per_minute(cls, amount: int, now: float) -> _Bucket:
+        """A second's worth of burst, less `DELAY_MARGIN_S` of it: a grant reaches the
+        endpoint some time after the broker made it (the reply, the worker's loop, the
+        network), and grants made meanwhile must not stack into a window over the limit."""
         rate = amount / 60.0
-        burst = max(1.0, rate)
+        burst = max(1.0, rate - rate * DELAY_MARGIN_S)
         return cls(rate, burst, burst, now)
 
     def refill(self, now: float) -> None:
