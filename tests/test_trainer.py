@@ -147,13 +147,42 @@ def test_an_update_that_worsens_validation_is_rolled_back_and_one_that_helps_is_
     assert history.stopped == "completed"
 
 
-def test_an_update_that_keeps_validation_level_is_kept(resources: plait.ResourceConfig) -> None:
-    # "Say so." leaves the classifier as it was: validation neither drops nor improves.
+def test_an_update_that_only_ties_validation_is_rolled_back(
+    resources: plait.ResourceConfig,
+) -> None:
+    # "Say so." leaves the classifier as it was: validation neither drops nor improves,
+    # so the update earns nothing and the values already proven stay.
     trainer = make_trainer(["Say so."], resources, train=4, batch_size=4)
     history = train(trainer)
     (record,) = history.steps
-    assert (record.val_score, record.kept, record.improved) == (0.5, True, False)
-    assert prompt_of(trainer) == "Say so."
+    assert (record.val_score, record.kept, record.improved) == (0.5, False, False)
+    assert prompt_of(trainer) == INITIAL
+    assert history.final_val_score == history.initial_val_score == 0.5
+
+
+def test_min_delta_rolls_back_an_improvement_smaller_than_it(
+    resources: plait.ResourceConfig,
+) -> None:
+    # GOOD takes validation from 0.5 to 1.0: kept under min_delta=0.5, not under 0.6.
+    kept = make_trainer(["GOOD"], resources, train=4, batch_size=4, min_delta=0.5)
+    assert [r.kept for r in train(kept).steps] == [True]
+    assert prompt_of(kept) == "GOOD"
+    refused = make_trainer(["GOOD"], resources, train=4, batch_size=4, min_delta=0.6)
+    assert [r.kept for r in train(refused).steps] == [False]
+    assert prompt_of(refused) == INITIAL
+    with pytest.raises(ValueError, match="min_delta must be a number >= 0"):
+        make_trainer([], resources, min_delta=-0.1)
+
+
+def test_a_test_set_is_scored_before_the_first_update_and_after_the_last(
+    resources: plait.ResourceConfig,
+) -> None:
+    trainer = make_trainer(["BAD", "GOOD"], resources, train=4, batch_size=2, test_data=dataset(6))
+    history = train(trainer)
+    assert [r.kept for r in history.steps] == [False, True]
+    assert (history.initial_test_score, history.final_test_score) == (0.5, 1.0)
+    saved = TrainingHistory.from_json(json.loads(json.dumps(history.to_json())))
+    assert (saved.initial_test_score, saved.final_test_score) == (0.5, 1.0)
 
 
 def test_patience_stops_training_after_steps_without_improvement(
@@ -297,7 +326,7 @@ def test_minibatches_are_a_seeded_permutation(resources: plait.ResourceConfig) -
 
 # -- the command --------------------------------------------------------------------------------
 def test_plait_train_writes_parameters_history_and_plot(
-    resources: plait.ResourceConfig, tmp_path: Path
+    resources: plait.ResourceConfig, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     target = tmp_path / "pipeline.py"
     target.write_text(
@@ -322,7 +351,7 @@ def test_plait_train_writes_parameters_history_and_plot(
     config = tmp_path / "resources.yaml"  # JSON is YAML
     endpoint = {"provider": "openai", "model": "m", "base_url": resources["fast"].base_url}
     config.write_text(json.dumps({"optimizer": endpoint, "fast": endpoint}), encoding="utf-8")
-    for name, size in (("train", 4), ("val", 4)):
+    for name, size in (("train", 4), ("val", 4), ("test", 6)):
         rows = [{"text": text, "label": label} for text, label in dataset(size)]
         (tmp_path / f"{name}.jsonl").write_text(
             "".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8"
@@ -344,10 +373,13 @@ def test_plait_train_writes_parameters_history_and_plot(
         str(config),
         "--out",
         str(out),
+        "--test",
+        str(tmp_path / "test.jsonl"),
         "-q",
     ]
     with mock({"rewriter": "Answer GOOD.", "fast": classify}, strict=True):
         assert cli_main(argv) == 0
+        assert "held-out test" in capsys.readouterr().err
         # Running it again resumes the finished checkpoint: nothing left to do.
         assert cli_main(argv) == 0
 
@@ -356,6 +388,7 @@ def test_plait_train_writes_parameters_history_and_plot(
     }
     history = json.loads((out / "history.json").read_text())
     assert (history["initial_val_score"], history["best_val_score"]) == (0.5, 1.0)
+    assert (history["initial_test_score"], history["final_test_score"]) == (0.5, 1.0)
     assert len(history["steps"]) == 1
     assert (out / "history.png").read_bytes().startswith(PNG_SIGNATURE)
     assert (out / "checkpoint" / CHECKPOINT_FILE).exists()
@@ -368,6 +401,8 @@ def test_plait_train_reports_usage_errors(
     assert "TARGET is missing" in capsys.readouterr().err
     assert cli_main(["train", "tests/pipelines.py:Echo"]) == 2
     assert "--data FILE is missing" in capsys.readouterr().err
+    assert cli_main(["train", "tests/pipelines.py:Echo", "--data", "x", "--min-delta", "-1"]) == 2
+    assert "expected a number >= 0" in capsys.readouterr().err
 
 
 def test_a_killed_run_resumes_from_its_last_checkpoint(server: Any, tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shutil
 import sys
 from pathlib import Path
@@ -45,8 +46,10 @@ Data (--data, --val): JSONL files, one object per line; --input-field (default
 "input") is passed to the pipeline and --target-field (default "target") to
 the loss.  Each step trains on a minibatch, lets the optimizer rewrite the
 prompts, then scores the validation set: the update is kept only if that score
-did not drop (otherwise the previous prompts are restored).  --patience N stops
-after N steps without a better validation score.
+improved, by at least --min-delta (default: strictly better; a tie restores the
+previous prompts too).  --patience N stops after N steps without a kept update.
+--test FILE scores a held-out set before the first update and after the last and
+prints both.
 
 Losses: exact (output equals target), contains (output contains the target
 text(s)), judge (an LLM grades the output against --criteria, with the target as
@@ -118,6 +121,18 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ADDRESS",
         help="join this Ray cluster ('auto': the local one) instead of starting Ray",
     )
+    parser.add_argument(
+        "--min-delta",
+        type=_non_negative,
+        default=0.0,
+        metavar="X",
+        help="keep an update only if validation improves by X (0: strictly better)",
+    )
+    parser.add_argument(
+        "--test",
+        metavar="FILE",
+        help="held-out examples (JSONL), scored before and after training",
+    )
     parser.add_argument("--fresh", action="store_true", help="delete the checkpoint; start over")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress display")
     parser.add_argument("-h", "--help", action="store_true", help="show this help and exit")
@@ -185,6 +200,8 @@ def _train(ns: argparse.Namespace, err: IO[str]) -> int:
         on_event=display.event,
         workers=ns.workers,
         ray_address=ns.ray_address,
+        min_delta=ns.min_delta,
+        test_data=ns.test,
     )
     if trainer.resumed:
         print(
@@ -215,6 +232,12 @@ def _train(ns: argparse.Namespace, err: IO[str]) -> int:
         f"{_fmt(history.final_val_score)}; wrote {', '.join(written)} to {out}",
         file=err,
     )
+    if ns.test is not None:
+        print(
+            f"plait train: held-out test ({ns.test}): {_fmt(history.initial_test_score)} "
+            f"before training -> {_fmt(history.final_test_score)} after",
+            file=err,
+        )
     return 0
 
 
@@ -252,6 +275,16 @@ def _remove_checkpoint(directory: Path) -> None:
             "remove it yourself or choose another --checkpoint"
         )
     shutil.rmtree(directory)
+
+
+def _non_negative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return value
 
 
 def _fmt(score: float | None) -> str:

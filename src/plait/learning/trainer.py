@@ -9,13 +9,18 @@ So the trainer measures before it commits.  Each step it
    in the minibatch's order);
 2. lets the optimizer rewrite them;
 3. scores the validation set (mean `Feedback` score, eval mode) and keeps the
-   update only if that score did not drop, restoring the previous values
+   update only if that score improved (see below), restoring the previous values
    otherwise;
 4. writes a checkpoint (parameters, optimizer state, history and the position in
    the data) so a killed run resumes where it was, not from the start.
 
-Training stops early after ``patience`` steps without a strictly better
-validation score.  Without a validation set every update is kept and there is
+An update is kept only when validation scores better than the best so far, by at
+least ``min_delta`` (default: strictly better); a tie keeps the values already
+proven, so a run never ends with values validation scored worse than where it
+started.  Training stops early after ``patience`` steps without a kept update.
+With ``test_data`` (``plait train --test FILE``) a held-out set is scored before
+the first update and after the last, so what training did is reported on data
+it chose nothing by.  Without a validation set every update is kept and there is
 no early stopping: there is nothing to judge an update by.
 
 Data is a list of ``(input, target)`` pairs, a list of mappings with an input and
@@ -139,7 +144,7 @@ class StepRecord:
     train_loss: float
     #: Mean validation score after the update (None without a validation set).
     val_score: float | None
-    #: Whether the update was kept (validation did not get worse) or rolled back.
+    #: Whether the update was kept (validation improved) or rolled back.
     kept: bool
     #: Whether validation beat the best score so far (resets the patience count).
     improved: bool
@@ -154,6 +159,10 @@ class TrainingHistory:
     initial_val_score: float | None = None
     best_val_score: float | None = None
     steps: list[StepRecord] = field(default_factory=list)
+    #: The held-out test set's score before training and with the final values
+    #: (`Trainer(test_data=...)`, ``plait train --test``).
+    initial_test_score: float | None = None
+    final_test_score: float | None = None
     #: "" while running; then "completed", "early_stopping" or "max_steps".
     stopped: str = ""
 
@@ -166,6 +175,8 @@ class TrainingHistory:
         return {
             "initial_val_score": self.initial_val_score,
             "best_val_score": self.best_val_score,
+            "initial_test_score": self.initial_test_score,
+            "final_test_score": self.final_test_score,
             "stopped": self.stopped,
             "steps": [asdict(record) for record in self.steps],
         }
@@ -177,6 +188,8 @@ class TrainingHistory:
             best_val_score=data.get("best_val_score"),
             steps=[StepRecord(**record) for record in data.get("steps", [])],
             stopped=data.get("stopped", ""),
+            initial_test_score=data.get("initial_test_score"),
+            final_test_score=data.get("final_test_score"),
         )
 
     def save(self, path: str | os.PathLike[str]) -> Path:
@@ -331,7 +344,16 @@ class Trainer:
         on_event: Callable[[TrainingEvent], None] | None = None,
         workers: int | None = None,
         ray_address: str | None = None,
+        min_delta: float = 0.0,
+        test_data: str | os.PathLike[str] | Iterable[Any] | None = None,
     ) -> None:
+        if (
+            isinstance(min_delta, bool)
+            or not isinstance(min_delta, int | float)
+            or not math.isfinite(min_delta)
+            or min_delta < 0
+        ):
+            raise ValueError(f"min_delta must be a number >= 0, got {min_delta!r}")
         for name, value in (("batch_size", batch_size), ("epochs", epochs)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -353,6 +375,13 @@ class Trainer:
         )
         if self.val_data is not None and not self.val_data:
             raise TrainerError("the validation set is empty: give examples, or val_data=None")
+        self.test_data = (
+            load_examples(test_data, input_field, target_field) if test_data is not None else None
+        )
+        if self.test_data is not None and not self.test_data:
+            raise TrainerError("the test set is empty: give examples, or test_data=None")
+        #: How much validation must improve for an update to be kept (0: strictly better).
+        self.min_delta = float(min_delta)
         self.batch_size = batch_size
         self.epochs = epochs
         self.patience = patience
@@ -443,11 +472,16 @@ class Trainer:
             self.history.initial_val_score = self.history.best_val_score = score
             self._emit("validated")
             self._save_checkpoint()
+        if self.test_data is not None and self.history.initial_test_score is None:
+            # Held-out data, scored before any update and after the last: what training
+            # really did, on examples it never chose anything by.
+            self.history.initial_test_score = await self.evaluate(self.test_data)
+            self._save_checkpoint()
         self.history.stopped = ""
         while self.epoch < self.epochs:
             batches = self.batches(self.epoch)
             if self.max_steps is not None and self.global_step >= self.max_steps:
-                return self._stop("max_steps")
+                return await self._finish("max_steps")
             record = await self._train_step(batches[self.batch_index])
             # The position saved is the next batch to train on, so a resume never
             # repeats a step whose update was already kept or rolled back.
@@ -457,8 +491,8 @@ class Trainer:
             self._save_checkpoint()
             self._emit("step", record)
             if self.patience is not None and self.stale_steps >= self.patience:
-                return self._stop("early_stopping")
-        return self._stop("completed")
+                return await self._finish("early_stopping")
+        return await self._finish("completed")
 
     async def evaluate(self, data: Iterable[Any] | None = None) -> float:
         """Mean loss score over ``data`` (default: the validation set), in eval mode.
@@ -597,8 +631,10 @@ class Trainer:
         if self.val_data is not None:
             val_score = await self.evaluate()
             best = self.history.best_val_score
-            kept = best is None or val_score >= best
-            improved = best is None or val_score > best
+            # The gate: only an update validation scores better (by min_delta, or at all)
+            # is kept; a tie keeps the values already proven, so training can never leave
+            # the pipeline worse on validation than it started.
+            kept = improved = best is None or self._better(val_score, best)
             if kept:
                 self.history.best_val_score = val_score
             else:
@@ -618,6 +654,16 @@ class Trainer:
         )
         self.history.steps.append(record)
         return record
+
+    async def _finish(self, reason: str) -> TrainingHistory:
+        if self.test_data is not None:
+            self.history.final_test_score = await self.evaluate(self.test_data)
+        return self._stop(reason)
+
+    def _better(self, score: float, best: float) -> bool:
+        if self.min_delta > 0:
+            return score >= best + self.min_delta
+        return score > best
 
     def _stop(self, reason: str) -> TrainingHistory:
         self.history.stopped = reason
