@@ -1,4 +1,4 @@
-"""The ``plait`` command: ``plait run``, ``plait graph``, ``plait check`` and ``plait train``.
+"""The ``plait`` command: ``plait run``, ``graph``, ``check``, ``train`` and ``eval``.
 
 Each command lives in a module of its own and is imported only when used, so
 ``plait check`` does not pay for the tracer and ``plait --help`` pays for nothing.
@@ -20,6 +20,7 @@ COMMANDS = {
     "graph": ("plait.cli.graph", "draw a pipeline's call graph (Mermaid, DOT, HTML); no calls"),
     "check": ("plait.cli.check", "check each resource alias: config, key, endpoint, model"),
     "train": ("plait.cli.train", "train a pipeline's prompts on a dataset (resumable, plotted)"),
+    "eval": ("plait.cli.eval", "score a pipeline on a dataset: mean, 95% interval, failures"),
 }
 
 USAGE = "usage: plait [--version] [--help] COMMAND [ARGS]"

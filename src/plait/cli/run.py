@@ -32,6 +32,7 @@ from plait._locks import Busy, hold
 from plait.cli.inputs import FORMATS, InputError, InputSource, Item, count_inputs, open_inputs
 from plait.cli.options import parse_target_args, positive_int, target_parser
 from plait.cli.outputs import OutputWriter, error_record, silence_stdout
+from plait.cli.parameters import ParametersError, load_parameters
 from plait.cli.progress import Tally, console, duration, make_display
 from plait.cli.target import Target, TargetError
 from plait.execution.checkpoint import FORMAT as CHECKPOINT_FORMAT
@@ -71,6 +72,10 @@ An object (JSON object or CSV row) with --field NAME passes that field.  Without
 required ones) is passed as keyword arguments; any other object is passed whole
 as the one argument.  Every other value is the one argument.
 
+--parameters FILE loads the values `plait train` learned (its parameters.json)
+before the run; names the file does not set keep their defaults.  The values
+are part of the checkpoint's identity: a different file refuses a resume.
+
 Resume: the checkpoint defaults to OUTPUT.checkpoint/ beside the output file.
 Stop with Ctrl-C at any time, then re-run the same command: finished inputs are
 answered from the checkpoint (not re-run, not re-paid) and the output file is
@@ -96,6 +101,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--resources",
         metavar="FILE",
         help="aliases -> endpoints (TOML or YAML); default: the embedded local model",
+    )
+    parser.add_argument(
+        "--parameters",
+        metavar="FILE",
+        help="load learned values (the parameters.json plait train writes)",
     )
     parser.add_argument(
         "--max-concurrent", type=positive_int, metavar="N", help="LLM calls in flight (100)"
@@ -144,7 +154,7 @@ def main(argv: list[str]) -> int:
         return ns
     try:
         return _Command(ns).run()
-    except (UsageError, TargetError, InputError, ConfigurationError) as exc:
+    except (UsageError, TargetError, InputError, ConfigurationError, ParametersError) as exc:
         return _error(str(exc))
 
 
@@ -165,6 +175,9 @@ class _Command:
             raise UsageError("no inputs: give --input FILE, or pipe them to stdin (--input -)")
         _refuse_to_clobber(ns)
         module = Target(ns.target, ns.assignments).make()
+        if ns.parameters is not None:
+            # Before the checkpoint is opened: its producer hashes the loaded values.
+            load_parameters(module, ns.parameters, "run", self.err)
         source = open_inputs(ns.input, ns.format, ns.field, module.forward)
         try:
             resources = self._resources(module)

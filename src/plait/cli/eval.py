@@ -1,0 +1,240 @@
+"""``plait eval``: score a pipeline on a dataset: the mean, a 95% interval, the failures.
+
+TARGET is built as ``plait run`` builds it, optionally with the values ``plait
+train`` learned (``--parameters``); each example runs through the pipeline and
+the loss in eval mode (a `TrainingStep`, as the trainer's validation does).  A
+pipeline error scores 0 and is counted and reported, never dropped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import sys
+from pathlib import Path
+from typing import IO, Any
+
+from plait.cli.options import parse_target_args, target_parser
+from plait.cli.parameters import ParametersError, load_parameters
+from plait.cli.target import Target, TargetError
+from plait.learning.step import TrainingStep
+from plait.resources.config import ConfigurationError, ResourceConfig
+
+__all__ = ["build_parser", "confidence_interval", "main"]
+
+LOSSES = ("exact", "contains", "judge")
+#: Failed examples quoted in the summary.
+ERRORS_SHOWN = 3
+#: The two-sided 95% normal quantile.
+Z95 = 1.959963984540054
+
+DESCRIPTION = """\
+Score TARGET on a dataset: run every example through the pipeline and the loss
+(in eval mode), then print the mean score, the number of examples and a 95%
+confidence interval of the mean.
+
+TARGET is file.py:Name or package.module:Name; key=value arguments configure it,
+as for `plait run`.  --parameters FILE loads the values `plait train` learned
+(its parameters.json); names the file does not set keep their defaults.
+
+Data (--data): a JSONL file, one object per line; --input-field (default
+"input") is passed to the pipeline and --target-field (default "target") to the
+loss.  Losses: exact (output equals target), contains (output contains the
+target text(s)), judge (an LLM grades the output against --criteria; its calls
+use the alias --judge-alias).  Scores lie in [0, 1].
+
+Interval: when every score is 0 or 1, the Wilson score interval (sound for a
+proportion, even near 0 or 1 and for few examples); otherwise the normal
+approximation, mean +- 1.96 * standard error (sample standard deviation /
+sqrt(n)), clipped to [0, 1].
+
+A pipeline error scores 0: it is counted in the mean and reported (how many,
+and the first few), never dropped.  --output FILE writes one JSON line per
+example, {"index", "input", "target", "output", "score"} (and "error" for a
+failed one), so the misses can be read.
+
+Exit status: 0 scored, 2 usage or configuration error, 130 interrupted.
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = target_parser(
+        "eval",
+        "plait eval TARGET [key=value ...] --data FILE --loss {exact,contains,judge} [options]",
+        DESCRIPTION,
+    )
+    parser.add_argument("--data", metavar="FILE", help="examples to score (JSONL)")
+    parser.add_argument("--input-field", default="input", metavar="NAME", help="(input)")
+    parser.add_argument("--target-field", default="target", metavar="NAME", help="(target)")
+    parser.add_argument("--loss", choices=LOSSES, default="exact", help="(default: exact)")
+    parser.add_argument(
+        "--criteria", action="append", metavar="TEXT", help="what the judge grades (repeatable)"
+    )
+    parser.add_argument("--judge-alias", default="judge", metavar="ALIAS", help="(judge)")
+    parser.add_argument(
+        "--resources",
+        metavar="FILE",
+        help="aliases -> endpoints (TOML or YAML); default: the embedded local model",
+    )
+    parser.add_argument(
+        "--parameters",
+        metavar="FILE",
+        help="load learned values (the parameters.json plait train writes)",
+    )
+    parser.add_argument("-o", "--output", metavar="FILE", help="one JSON line per example")
+    parser.add_argument("-h", "--help", action="store_true", help="show this help and exit")
+    return parser
+
+
+class UsageError(Exception):
+    """A problem with the command line or configuration: exit status 2."""
+
+
+def _error(message: str) -> int:
+    print(f"plait eval: error: {message}", file=sys.stderr)
+    return 2
+
+
+def main(argv: list[str]) -> int:
+    from plait.learning.trainer import TrainerError
+
+    parser = build_parser()
+    ns = parse_target_args(parser, argv)
+    if isinstance(ns, int):
+        return ns
+    if ns.data is None:
+        parser.print_usage(sys.stderr)
+        return _error("--data FILE is missing: the examples to score (JSONL)")
+    try:
+        return _eval(ns, sys.stdout, sys.stderr)
+    except (
+        UsageError,
+        TargetError,
+        ConfigurationError,
+        TrainerError,
+        ParametersError,
+    ) as exc:
+        return _error(str(exc))
+
+
+def confidence_interval(scores: list[float]) -> tuple[float, float, str]:
+    """A 95% interval of the mean of ``scores`` (in [0, 1]) and the method's name."""
+    n = len(scores)
+    mean = sum(scores) / n
+    if all(score in (0.0, 1.0) for score in scores):
+        z2 = Z95 * Z95
+        centre = (mean + z2 / (2 * n)) / (1 + z2 / n)
+        half = Z95 * math.sqrt(mean * (1 - mean) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+        return max(0.0, centre - half), min(1.0, centre + half), "Wilson"
+    variance = sum((s - mean) ** 2 for s in scores) / (n - 1) if n > 1 else 0.0
+    half = Z95 * math.sqrt(variance / n)
+    return max(0.0, mean - half), min(1.0, mean + half), "normal approximation"
+
+
+def _eval(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    from plait.cli.train import _make_loss
+    from plait.learning.trainer import load_examples
+
+    module = Target(ns.target, ns.assignments).make()
+    if ns.parameters is not None:
+        load_parameters(module, ns.parameters, "eval", err)
+    if ns.loss == "judge" and not ns.criteria:
+        raise UsageError("--loss judge needs --criteria TEXT: what the judge should grade")
+    examples = load_examples(ns.data, ns.input_field, ns.target_field)
+    if not examples:
+        raise UsageError(f"--data {ns.data} holds no examples")
+    resources: Any = module._bound_resources
+    if ns.resources is not None:
+        resources = ResourceConfig.load(ns.resources)
+    if ns.output is not None:
+        target = Path(ns.output)
+        if target.is_dir() or not target.parent.is_dir():
+            raise UsageError(
+                f"cannot write --output {ns.output}: give a file in an existing folder"
+            )
+    step = _ScoredStep(module, _make_loss(ns))
+    rows = asyncio.run(_score_all(step, examples, resources))
+    if ns.output is not None:
+        try:
+            with Path(ns.output).open("w", encoding="utf-8") as writer:
+                for row in rows:
+                    writer.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
+        except OSError as exc:
+            raise UsageError(f"cannot write --output {ns.output} ({exc.strerror or exc})") from None
+    scores = [row["score"] for row in rows]
+    low, high, method = confidence_interval(scores)
+    mean = sum(scores) / len(scores)
+    failed = [row for row in rows if "error" in row]
+    print(
+        f"mean {mean:.4f} over {len(rows)} example(s); 95% CI [{low:.4f}, {high:.4f}] ({method})",
+        file=out,
+    )
+    if failed:
+        print(
+            f"plait eval: {len(failed)} of {len(rows)} example(s) failed and scored 0:",
+            file=err,
+        )
+        for row in failed[:ERRORS_SHOWN]:
+            print(f"  example {row['index']}: {row['error']}", file=err)
+        if len(failed) > ERRORS_SHOWN:
+            print(f"  ... and {len(failed) - ERRORS_SHOWN} more", file=err)
+    if ns.output is not None:
+        print(f"plait eval: wrote one line per example to {ns.output}", file=err)
+    return 0
+
+
+class _ScoredStep(TrainingStep):
+    """A `TrainingStep` that also hands back the model's output, for --output."""
+
+    def forward(self, input: Any, target: Any = None) -> Any:
+        output = self.model(input)
+        return {"output": output, "feedback": self.loss_fn(output, target)}
+
+
+async def _score_all(
+    step: _ScoredStep, examples: list[Any], resources: Any
+) -> list[dict[str, Any]]:
+    from plait.execution.settings import ExecutionSettings
+    from plait.resources.manager import ResourceManager
+
+    step.eval()
+
+    async def one(index: int, input: Any, target: Any) -> dict[str, Any]:
+        row: dict[str, Any] = {"index": index, "input": input, "target": target}
+        try:
+            result = await step(input, target=target)
+        except Exception as exc:  # a pipeline or loss error scores 0, and is reported
+            row.update(output=None, score=0.0, error=f"{type(exc).__name__}: {exc}")
+            return row
+        row.update(output=_plain(result["output"]), score=_score(result["feedback"]))
+        return row
+
+    async with ExecutionSettings(resources=ResourceManager.coerce(resources)):
+        return list(
+            await asyncio.gather(
+                *(one(index, input, target) for index, (input, target) in enumerate(examples))
+            )
+        )
+
+
+def _plain(value: Any) -> Any:
+    from plait.values import Value
+
+    while isinstance(value, Value):
+        value = value.payload
+    if hasattr(value, "model_dump"):
+        return value.model_dump(mode="json")
+    return value
+
+
+def _score(feedback: Any) -> float:
+    from plait.learning.feedback import Feedback
+
+    payload = _plain(feedback)
+    if isinstance(payload, Feedback):
+        return payload.score
+    if isinstance(payload, int | float) and not isinstance(payload, bool):
+        return float(payload)
+    raise UsageError(f"the loss returned a {type(payload).__name__}, not a Feedback with a score")

@@ -1,0 +1,227 @@
+"""``plait eval`` (mean, interval, failures, --output) and ``--parameters`` for run and eval."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from plait.cli.eval import confidence_interval
+from tests.conftest import plait_cli
+
+PIPELINE = """
+import plait
+
+class Labeller(plait.Module):
+    def __init__(self, instructions: str = "S") -> None:
+        super().__init__()
+        self.llm = plait.LLMInference(
+            "fast", system_prompt=plait.Parameter(instructions, description="Labelling.")
+        )
+
+    def forward(self, text: str):
+        return self.llm(text)
+"""
+
+
+@pytest.fixture()
+def project(server: Any, tmp_path: Path) -> Path:
+    (tmp_path / "pipeline.py").write_text(textwrap.dedent(PIPELINE), encoding="utf-8")
+    endpoint = {
+        "provider": "openai",
+        "model": "m",
+        "base_url": server.base_url,
+        "api_key": "sk-test",
+    }
+    (tmp_path / "resources.yaml").write_text(json.dumps({"fast": endpoint}), encoding="utf-8")
+    return tmp_path
+
+
+def write_jsonl(path: Path, rows: list[Any]) -> Path:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    return path
+
+
+def evaluate(project: Path, *args: str | Path) -> Any:
+    return plait_cli(
+        "eval",
+        f"{project / 'pipeline.py'}:Labeller",
+        "--resources",
+        project / "resources.yaml",
+        *args,
+    )
+
+
+def test_wilson_interval_for_binary_scores_and_normal_otherwise() -> None:
+    low, high, method = confidence_interval([1.0, 1.0, 1.0, 0.0])
+    assert method == "Wilson"
+    assert (round(low, 4), round(high, 4)) == (0.3006, 0.9544)
+    low, high, method = confidence_interval([1.0] * 5)
+    assert method == "Wilson" and high == 1.0 and 0.5 < low < 0.6
+    low, high, method = confidence_interval([0.5, 0.5, 0.5])
+    assert method == "normal approximation" and low == high == 0.5
+    low, high, method = confidence_interval([0.2, 0.4])
+    assert method == "normal approximation"
+    assert (round(low, 4), round(high, 4)) == (0.104, 0.496)
+
+
+def test_eval_prints_mean_count_and_interval_and_writes_rows(project: Path) -> None:
+    data = write_jsonl(
+        project / "data.jsonl",
+        [
+            {"input": "a", "target": "[S] a"},
+            {"input": "b", "target": "[S] b"},
+            {"input": "c", "target": "[S] c"},
+            {"input": "d", "target": "wrong"},
+        ],
+    )
+    rows_file = project / "rows.jsonl"
+    run = evaluate(project, "--data", data, "--loss", "exact", "--output", rows_file)
+    assert run.returncode == 0, run.stderr
+    assert "mean 0.7500 over 4 example(s); 95% CI [0.3006, 0.9544] (Wilson)" in run.stdout
+    rows = [json.loads(line) for line in rows_file.read_text().splitlines()]
+    assert [(row["input"], row["output"], row["score"]) for row in rows] == [
+        ("a", "[S] a", 1.0),
+        ("b", "[S] b", 1.0),
+        ("c", "[S] c", 1.0),
+        ("d", "[S] d", 0.0),
+    ]
+    assert rows[3]["target"] == "wrong" and "error" not in rows[3]
+
+
+def test_eval_with_contains_and_other_fields(project: Path) -> None:
+    data = write_jsonl(
+        project / "data.jsonl",
+        [{"q": "apple", "a": "apple"}, {"q": "pear", "a": "plum"}],
+    )
+    run = evaluate(
+        project, "--data", data, "--loss", "contains", "--input-field", "q", "--target-field", "a"
+    )
+    assert run.returncode == 0, run.stderr
+    assert "mean 0.5000 over 2 example(s)" in run.stdout
+
+
+def test_a_failed_example_scores_zero_and_is_reported(server: Any, project: Path) -> None:
+    data = write_jsonl(
+        project / "data.jsonl",
+        [{"input": "a", "target": "[S] a"}, {"input": "b", "target": "[S] b"}],
+    )
+    server.configure(rate_500=1.0)
+    rows_file = project / "rows.jsonl"
+    run = evaluate(project, "--data", data, "--output", rows_file)
+    assert run.returncode == 0, run.stderr
+    assert "mean 0.0000 over 2 example(s)" in run.stdout
+    assert "2 of 2 example(s) failed and scored 0" in run.stderr
+    assert "example 0:" in run.stderr
+    rows = [json.loads(line) for line in rows_file.read_text().splitlines()]
+    assert [row["score"] for row in rows] == [0.0, 0.0]
+    assert all(row["error"] and row["output"] is None for row in rows)
+
+
+def test_eval_usage_errors(project: Path) -> None:
+    run = evaluate(project)
+    assert run.returncode == 2 and "--data FILE is missing" in run.stderr
+    run = evaluate(project, "--data", project / "none.jsonl")
+    assert run.returncode == 2 and "none.jsonl" in run.stderr
+    assert plait_cli("eval", "--help").returncode == 0
+    assert "Wilson" in plait_cli("eval", "--help").stdout
+
+
+def system_prompts(server: Any) -> list[str]:
+    requests = server.stats(bodies=True)["requests"]
+    return [request["body"]["messages"][0]["content"] for request in requests]
+
+
+def test_parameters_change_the_prompt_eval_sends(server: Any, project: Path) -> None:
+    data = write_jsonl(project / "data.jsonl", [{"input": "a", "target": "[Learned] a"}])
+    params = project / "parameters.json"
+    params.write_text(json.dumps({"llm.system_prompt": "Learned"}), encoding="utf-8")
+    run = evaluate(project, "--data", data, "--parameters", params)
+    assert run.returncode == 0, run.stderr
+    assert "mean 1.0000 over 1 example(s)" in run.stdout
+    assert system_prompts(server) == ["Learned"]
+
+
+def test_parameters_for_run_reach_the_server_and_the_checkpoint(server: Any, project: Path) -> None:
+    inputs = write_jsonl(project / "in.jsonl", ["a", "b"])
+    params = project / "parameters.json"
+    params.write_text(json.dumps({"llm.system_prompt": "Learned"}), encoding="utf-8")
+    out = project / "out.jsonl"
+    base = [
+        "run",
+        f"{project / 'pipeline.py'}:Labeller",
+        "--resources",
+        project / "resources.yaml",
+        "--input",
+        inputs,
+        "--output",
+        out,
+        "-q",
+    ]
+    run = plait_cli(*base, "--parameters", params)
+    assert run.returncode == 0, run.stderr
+    assert sorted(json.loads(line)["output"] for line in out.read_text().splitlines()) == [
+        "[Learned] a",
+        "[Learned] b",
+    ]
+    assert system_prompts(server) == ["Learned", "Learned"]
+    # The same values resume (nothing re-sent); other values refuse the checkpoint.
+    server.reset()
+    again = plait_cli(*base, "--parameters", params)
+    assert again.returncode == 0, again.stderr
+    assert system_prompts(server) == []
+    params.write_text(json.dumps({"llm.system_prompt": "Other"}), encoding="utf-8")
+    refused = plait_cli(*base, "--parameters", params)
+    assert refused.returncode == 2
+    assert "--fresh" in refused.stderr
+    without = plait_cli(*base)
+    assert without.returncode == 2
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ('{"llm.system_prompt": "x", "nope.prompt": "y"}', "nope.prompt"),
+        ("not json", "is not JSON"),
+        ('["llm.system_prompt"]', "not an object"),
+    ],
+)
+def test_bad_parameter_files_are_usage_errors_naming_the_file(
+    project: Path, content: str, message: str
+) -> None:
+    params = project / "bad.json"
+    params.write_text(content, encoding="utf-8")
+    data = write_jsonl(project / "data.jsonl", [{"input": "a", "target": "a"}])
+    run = evaluate(project, "--data", data, "--parameters", params)
+    assert run.returncode == 2
+    line = run.stderr.strip().splitlines()[-1]
+    assert "bad.json" in line and message in line
+    inputs = write_jsonl(project / "in.jsonl", ["a"])
+    run = plait_cli(
+        "run",
+        f"{project / 'pipeline.py'}:Labeller",
+        "--resources",
+        project / "resources.yaml",
+        "--input",
+        inputs,
+        "--parameters",
+        params,
+    )
+    assert run.returncode == 2
+    assert "bad.json" in run.stderr and message in run.stderr
+
+
+def test_parameters_the_file_does_not_set_keep_defaults_with_a_note(
+    server: Any, project: Path
+) -> None:
+    params = project / "parameters.json"
+    params.write_text("{}", encoding="utf-8")
+    data = write_jsonl(project / "data.jsonl", [{"input": "a", "target": "[S] a"}])
+    run = evaluate(project, "--data", data, "--parameters", params)
+    assert run.returncode == 0, run.stderr
+    assert "does not set llm.system_prompt; they keep their defaults" in run.stderr
+    assert "mean 1.0000" in run.stdout
+    assert system_prompts(server) == ["S"]
