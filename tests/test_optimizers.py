@@ -22,6 +22,10 @@ from plait.learning.optimizers import (
     SFAOptimizer,
     TextGradOptimizer,
     aggregate_feedback,
+    check_rewrite,
+    meta_markers,
+    rewrite_budget,
+    rewrite_max_tokens,
 )
 from plait.providers.base import LLMRequest
 from plait.testing import FakeOpenAIServer
@@ -194,10 +198,12 @@ async def test_a_failed_rewrite_keeps_the_value_and_its_feedback(
     params["style"].accumulate_feedback("Be warmer.")
 
     def reply(request: LLMRequest) -> str:
-        return "" if param_name(request.prompt_text) == "style" else "```\nList facts.\n```"
+        if param_name(request.prompt_text) == "style":
+            raise ConnectionError("the endpoint went away")
+        return "```\nList facts.\n```"
 
     optimizer = SFAOptimizer(review.parameters(), concurrent=True).bind(opt_resources)
-    with mock({"rewriter": reply}), pytest.raises(OptimizerStepError, match="empty value") as info:
+    with mock({"rewriter": reply}), pytest.raises(OptimizerStepError, match="went away") as info:
         await optimizer.step()
     assert info.value.applied == {FACTS: "List facts."}  # code fence stripped
     assert set(info.value.failures) == {"style"}
@@ -345,3 +351,70 @@ def test_zero_feedback_clears_every_held_parameter() -> None:
         param.accumulate_feedback("x")
     SFAOptimizer(review.parameters()).zero_feedback()
     assert all(p.get_accumulated_feedback() == [] for p in review.parameters())
+
+
+@pytest.mark.parametrize(
+    ("reply", "reason"),
+    [
+        ("   ", "empty"),
+        ("## What the parameter is for\nBe concrete.", "echoes the rewrite prompt"),
+        ("The new value is: Be concrete and kind.", "echoes the rewrite prompt"),
+        ("<<<\nBe kind.\n>>> extra", "echoes the rewrite prompt"),
+        ("Be kind. " * 60, "over the budget of 412"),
+    ],
+)
+async def test_a_bad_rewrite_is_rejected_and_the_value_stays(
+    opt_resources: plait.ResourceConfig, reply: str, reason: str
+) -> None:
+    _review, params = await ran(opt_resources)
+    style = params["style"]
+    style.accumulate_feedback("Be warmer.")
+    version = style.value
+    optimizer = SFAOptimizer([style]).bind(opt_resources)
+    with mock({"rewriter": lambda request: reply}):
+        assert await optimizer.step() == {}
+    assert style.value == version == "Be concrete."
+    assert style.get_accumulated_feedback() == ["Be warmer."]  # retried next step
+    (rejection,) = optimizer.rejected
+    assert rejection.step == 0 and rejection.name == "style"
+    assert reason in rejection.reason
+
+
+def test_check_rewrite_and_markers_come_from_the_prompt() -> None:
+    param = plait.Parameter("# Role\nYou answer.", description="The role.")
+    prompt = SFAOptimizer([param]).rewrite_prompt(param, "p", "- Too short.")
+    markers = meta_markers(prompt)
+    assert "## Current value" in markers and "## What the parameter is for" in markers
+    assert "# Role" not in markers  # inside the fence: the value's own heading
+    assert check_rewrite("# Role\nYou answer.", "# Role\nYou answer well.", markers) is None
+    assert check_rewrite("x", "## Current value\nx", markers) is not None
+    assert check_rewrite({"n": 1}, {"n": 2}, markers) is None
+    assert rewrite_budget("a" * 10) == 410 and rewrite_budget("a" * 1000) == 4000
+
+
+async def test_rewriter_max_tokens_scales_with_the_parameter(
+    opt_resources: plait.ResourceConfig,
+) -> None:
+    short = plait.Parameter("Be brief.", description="Short.")
+    long = plait.Parameter("Explain. " * 300, description="Long.")
+    seen: list[int | None] = []
+    expected = [rewrite_max_tokens(short.value), rewrite_max_tokens(long.value)]
+
+    def reply(request: LLMRequest) -> str:
+        seen.append(request.max_tokens)
+        return "Be brief, and kind."
+
+    for param in (short, long):
+        param.accumulate_feedback("Kinder.")
+        with mock({"rewriter": reply}):
+            await SFAOptimizer([param]).bind(opt_resources).step()
+    assert seen == expected
+    assert seen[0] < seen[1] <= 4096
+    assert rewrite_max_tokens("x" * 100_000) == 4096
+
+    long.accumulate_feedback("Kinder.")
+    optimizer = SFAOptimizer([long]).bind(opt_resources)
+    optimizer.rewriter.max_tokens = 50  # set by the user: kept
+    with mock({"rewriter": reply}):
+        await optimizer.step()
+    assert seen[-1] == 50

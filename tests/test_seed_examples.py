@@ -36,6 +36,7 @@ from plait import (
     valueify,
 )
 from plait.learning import Contains, Feedback, SFAOptimizer, TrainingStep
+from plait.learning.optimizers import rewrite_max_tokens
 from plait.resources import manager as resource_manager
 from plait.resources.config import EndpointConfig
 from plait.testing import FakeOpenAIServer
@@ -865,7 +866,7 @@ async def test_s000_training_loop_on_deep_pipeline(fake: FakeOpenAIServer, resou
     assert not step.training and not pipeline.training
 
 
-async def test_s000_training_loop_rewrites_a_learnable_parameter(
+async def test_s000_training_loop_refuses_an_echoed_rewrite(
     fake: FakeOpenAIServer, resources: Any
 ) -> None:
     """The same loop over the seed's parameterized module (AssistantGeneration)."""
@@ -895,9 +896,16 @@ async def test_s000_training_loop_rewrites_a_learnable_parameter(
     [rewrite] = [s for s in sent(fake) if s.model == "sfa-optimizer-model"]
     for improvement in improvements:
         assert " ".join(improvement.split()) in rewrite.user  # the rewrite saw the feedback
-    assert pipeline.assistant_instructions.value == echo(rewrite.system, rewrite.user)
-    assert pipeline.assistant_instructions.get_accumulated_feedback() == []
-    assert pipeline.module_state_version == version + 1
+    # The fake server echoes the rewrite prompt back: an echo, not a value, so it is
+    # refused and the parameter keeps its value and its feedback for the next step.
+    (rejection,) = optimizer.rejected
+    # (cut short: the rewriter's max_tokens is sized to the one-sentence parameter)
+    assert echo(rewrite.system, rewrite.user).startswith(rejection.value)
+    assert rewrite.body["max_tokens"] == rewrite_max_tokens("Answer in one sentence.")
+    assert "echoes the rewrite prompt" in rejection.reason
+    assert pipeline.assistant_instructions.value == "Answer in one sentence."
+    assert sorted(pipeline.assistant_instructions.get_accumulated_feedback()) == sorted(heard)
+    assert pipeline.module_state_version == version
 
 
 async def test_s000_run_with_max_concurrent_and_checkpoint_dir(

@@ -2,7 +2,8 @@
 
 The model and the optimizer call the loopback fake OpenAI server, whose replies
 are a pure function of the request: the model's output is ``[<system prompt>]
-<input>``, and the optimizer's rewrite echoes the feedback it was shown, so a
+<input>``, and the optimizer's rewrite echoes the feedback it was shown (applied:
+``check=False``), so a
 target word the loss reported missing ends up in the new prompt.  With
 `Contains` as the loss, validation examples whose target is the input itself
 always pass and those whose target is a word (``alpha``, ``beta``...) pass only
@@ -59,7 +60,9 @@ VAL = examples(["alpha", None, "beta", "zeta", None, "gamma"])
 
 def make_trainer(server: FakeOpenAIServer, **options: Any) -> Trainer:
     model = Answerer()
-    optimizer = SFAOptimizer(model.parameters(), alias="smart")
+    # check=False: the server's rewrite is an echo of the rewrite prompt, which the
+    # optimizer would otherwise (rightly) refuse; here it is how the prompt learns words.
+    optimizer = SFAOptimizer(model.parameters(), alias="smart", check=False)
     return Trainer(
         model,
         Contains(),
@@ -291,5 +294,6 @@ def test_plait_train_with_workers_runs_end_to_end_like_one_process(
     on_workers = train("workers", "--workers", "2")
 
     assert on_workers == alone
-    history = alone["history.json"]
-    assert history["best_val_score"] > history["initial_val_score"]
+    # The server's rewrites echo the rewrite prompt, which `plait train`'s optimizer
+    # refuses (check_rewrite): the prompt keeps its value, the same way in both runs.
+    assert alone["parameters.json"] == {"llm.system_prompt": INITIAL}

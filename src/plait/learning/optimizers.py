@@ -34,6 +34,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Self
 
+from plait.handlers.overriding import override
 from plait.learning.backward import upstream_rank
 from plait.module import LLMInference, Module
 from plait.parameter import Parameter
@@ -46,10 +47,15 @@ __all__ = [
     "Optimizer",
     "OptimizerStepError",
     "Proposal",
+    "Rejection",
     "SFAOptimizer",
     "TextGradOptimizer",
     "Update",
     "aggregate_feedback",
+    "check_rewrite",
+    "meta_markers",
+    "rewrite_budget",
+    "rewrite_max_tokens",
 ]
 
 OrderEntry = str | Sequence[str]
@@ -62,6 +68,8 @@ class Proposal:
 
     value: Any
     feedback: str
+    markers: tuple[str, ...] = ()
+    """Headings and delimiters of the prompt that asked for it (an echo of one is refused)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +80,20 @@ class Update:
     description: str
     old_value: Any
     new_value: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    """A proposed value that `check_rewrite` refused: the parameter kept its old value.
+
+    ``step`` is the optimizer's step count when it happened (0 for the first step);
+    the parameter keeps its feedback, so the next step tries again.
+    """
+
+    step: int
+    name: str
+    value: Any
+    reason: str
 
 
 class OptimizerStepError(RuntimeError):
@@ -128,6 +150,8 @@ class Optimizer:
         self.order: list[OrderEntry] = _check_order(order)
         self.concurrent = concurrent
         self.steps = 0
+        self.rejected: list[Rejection] = []
+        """Every rewrite refused by `check_rewrite`, oldest first."""
         self.resources: ResourceConfig | ResourceManager | Any = None
 
     # -- configuration -------------------------------------------------------------
@@ -173,6 +197,10 @@ class Optimizer:
                     failures[name] = result
                     continue
                 old_value = param.value
+                reason = self._check(param, result)
+                if reason is not None:
+                    self.rejected.append(Rejection(self.steps, name, result.value, reason))
+                    continue
                 param.apply_update(result.value)
                 self._updated(param, name, old_value, result)
                 earlier.append(Update(name, param.description or "", old_value, result.value))
@@ -182,6 +210,10 @@ class Optimizer:
                 raise OptimizerStepError(failures, applied)
         self.steps += 1
         return applied
+
+    def _check(self, param: Parameter, proposal: Proposal) -> str | None:
+        """Why the proposal may not replace ``param``'s value, or None: `check_rewrite`."""
+        return check_rewrite(param.value, proposal.value, proposal.markers)
 
     async def _propose(self, param: Parameter, name: str, earlier: tuple[Update, ...]) -> Proposal:
         raise NotImplementedError(f"{type(self).__name__} must implement _propose()")
@@ -283,6 +315,86 @@ def aggregate_feedback(items: Iterable[Any]) -> list[str]:
     return [text if n == 1 else f"{text} (reported {n} times)" for text, n in counts.items()]
 
 
+# -- checking a rewrite ---------------------------------------------------------------
+MAX_REWRITE_TOKENS = 4096
+"""Cap of the rewriter's default ``max_tokens``."""
+
+
+def rewrite_budget(old: Any) -> int:
+    """Most characters a rewrite of ``old`` may have: ``max(4 * len(old), len(old) + 400)``.
+
+    Lengths are of the value as text (structured values as JSON).  A rewrite may grow
+    a short prompt by a few sentences or a long one several times over; beyond that
+    it is rambling, or the meta-prompt coming back, not a value.
+    """
+    size = len(_as_text(old))
+    return max(4 * size, size + 400)
+
+
+def rewrite_max_tokens(old: Any) -> int:
+    """The rewriter's default ``max_tokens`` for a parameter holding ``old``.
+
+    Room for a reply as long as `rewrite_budget` allows (about four characters a
+    token) plus 64 tokens for the structured reply's own JSON, capped at
+    `MAX_REWRITE_TOKENS`: a rewrite of a one-line prompt cannot run on for pages.
+    """
+    return min(MAX_REWRITE_TOKENS, rewrite_budget(old) // 4 + 64)
+
+
+def meta_markers(prompt: str) -> tuple[str, ...]:
+    """The meta-prompt's own headings and delimiters, which a real value never contains.
+
+    The ``#`` headings of ``prompt`` (without a parenthetical aside) outside the
+    ``<<<``/``>>>`` fences that show values, the fences themselves, and the phrases
+    small models echo ("The new value is").
+    """
+    markers = ["<<<", ">>>", "The new value is", "Reply with ONLY the new value"]
+    fenced = False
+    for line in prompt.splitlines():
+        text = line.strip()
+        if text == "<<<":
+            fenced = True
+        elif text == ">>>":
+            fenced = False
+        elif not fenced and text.startswith("#"):
+            heading = text.split(" (")[0].strip()  # without its parenthetical aside
+            if heading not in markers:
+                markers.append(heading)
+    return tuple(markers)
+
+
+def check_rewrite(old: Any, new: Any, meta_markers: Iterable[str] = ()) -> str | None:
+    """Why ``new`` may not replace ``old``, or None when it may.
+
+    Refused: an empty or blank value; one containing any of ``meta_markers`` (the
+    rewrite prompt's headings and delimiters, an echo of the prompt rather than a
+    value) unless ``old`` already contained it; one longer than `rewrite_budget`
+    of ``old``.  Matching ignores case.
+    """
+    text = _as_text(new)
+    if not text.strip():
+        return "the new value is empty"
+    old_text = _as_text(old).casefold()
+    folded = text.casefold()
+    for marker in meta_markers:
+        needle = marker.strip().casefold()
+        if needle and needle in folded and needle not in old_text:
+            return f"the new value echoes the rewrite prompt ({marker.strip()!r})"
+    budget = rewrite_budget(old)
+    if len(text) > budget:
+        return f"the new value has {len(text)} characters, over the budget of {budget}"
+    return None
+
+
+def _as_text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        return str(value)
+
+
 _REWRITE_SYSTEM = (
     "You improve one parameter of an LLM pipeline (a prompt or other setting that steers a "
     "model) using feedback on the outputs it shaped. Keep to what the parameter is for. "
@@ -327,6 +439,13 @@ class SFAOptimizer(Optimizer):
     ``mock({"optimizer": ...})`` (the alias) answers them in tests.
 
     A structured (non-string) parameter is shown and requested as JSON.
+
+    Each proposal is checked by `check_rewrite` (not empty, no echo of this
+    prompt's headings or ``<<<``/``>>>`` fences, at most `rewrite_budget`
+    characters); a refused one leaves the parameter and its feedback as they were
+    and is recorded in ``rejected``.  ``check=False`` applies every proposal (for
+    a test server that echoes its prompt).  Unless ``rewriter.max_tokens`` is set,
+    each rewrite asks for at most `rewrite_max_tokens` of the current value.
     """
 
     def __init__(
@@ -338,8 +457,10 @@ class SFAOptimizer(Optimizer):
         max_feedback_chars: int = 4000,
         order: Sequence[OrderEntry] | None = None,
         concurrent: bool = False,
+        check: bool = True,
     ) -> None:
         super().__init__(params, order=order, concurrent=concurrent)
+        self.check = check
         if max_feedback_chars < 1:
             raise ValueError(f"max_feedback_chars must be positive, got {max_feedback_chars}")
         self.alias = alias
@@ -355,11 +476,18 @@ class SFAOptimizer(Optimizer):
     def _modules(self) -> list[Module]:
         return [self._rewriter, self._summarizer]
 
+    def _check(self, param: Parameter, proposal: Proposal) -> str | None:
+        return super()._check(param, proposal) if self.check else None
+
     async def _propose(self, param: Parameter, name: str, earlier: tuple[Update, ...]) -> Proposal:
         feedback = await self._feedback_text(param, name)
         prompt = self.rewrite_prompt(param, name, feedback, earlier)
-        reply = await self._rewriter(prompt)
-        return Proposal(_parse_reply(reply, param, name), feedback)
+        if self.rewriter.max_tokens is None:
+            with override("rewriter", max_tokens=rewrite_max_tokens(param.value)):
+                reply = await self._rewriter(prompt)
+        else:
+            reply = await self._rewriter(prompt)
+        return Proposal(_parse_reply(reply, param, name), feedback, meta_markers(prompt))
 
     async def _feedback_text(self, param: Parameter, name: str) -> str:
         """The parameter's feedback as one block: de-duplicated, condensed if too long."""
@@ -437,6 +565,7 @@ class TextGradOptimizer(SFAOptimizer):
         max_feedback_chars: int = 4000,
         order: Sequence[OrderEntry] | None = None,
         concurrent: bool = False,
+        check: bool = True,
     ) -> None:
         super().__init__(
             params,
@@ -445,6 +574,7 @@ class TextGradOptimizer(SFAOptimizer):
             max_feedback_chars=max_feedback_chars,
             order=order,
             concurrent=concurrent,
+            check=check,
         )
         if not isinstance(momentum, int) or momentum < 0:
             raise ValueError(f"momentum must be a non-negative integer, got {momentum!r}")
@@ -522,16 +652,15 @@ def _show(value: Any, name: str) -> str:
 
 
 def _parse_reply(reply: Any, param: Parameter, name: str) -> Any:
-    """The new value from the LLM's reply; an empty or unparseable reply is an error."""
+    """The new value from the LLM's reply; a structured value that is not JSON is an error."""
     text = str(reply).strip()
     fenced = _FENCE.match(text)
     if fenced:
         text = fenced.group(1).strip()
     if text.startswith("<<<") and text.endswith(">>>"):
         text = text[3:-3].strip()
-    if not text:
-        raise ValueError(f"the optimizer LLM proposed an empty value for {name!r}")
-    if isinstance(param.value, str):
+    if not text or isinstance(param.value, str):
+        return text  # an empty value is refused by `check_rewrite`, not an error
         return text
     try:
         return json.loads(text)
