@@ -57,6 +57,22 @@ class Judge(plait.Module):
 # -- mock --------------------------------------------------------------------------------------
 
 
+class Note(BaseModel):
+    text: str
+
+
+def test_a_plain_string_answers_a_one_text_field_format(resources: plait.ResourceConfig) -> None:
+    judge = Judge(Note).bind(resources=resources)
+    with mock({"judge": "just words"}):
+        assert judge.run_sync("t") == Note(text="just words")
+    with mock({"judge": '{"text": "as JSON"}'}):
+        assert judge.run_sync("t") == Note(text="as JSON")
+    with mock({"judge": '{"other": 1}'}):  # JSON without the field: the whole string
+        assert judge.run_sync("t") == Note(text='{"other": 1}')
+    with mock({"judge": "not JSON"}), pytest.raises(Exception, match="give the object"):
+        Judge(Verdict).bind(resources=resources).run_sync("t")  # two fields: no coercion
+
+
 def test_mock_by_alias_answers_only_that_alias(
     server: FakeOpenAIServer, resources: plait.ResourceConfig
 ) -> None:

@@ -19,6 +19,7 @@ import plait
 from plait.handlers.mocking import mock
 from plait.learning.optimizers import (
     OptimizerStepError,
+    Rewrite,
     SFAOptimizer,
     TextGradOptimizer,
     aggregate_feedback,
@@ -125,7 +126,7 @@ async def test_sfa_rewrites_only_trainable_parameters_with_feedback(
     assert "List the facts." in prompt  # the current value
     assert "- The facts omit the date. (reported 2 times)" in prompt
     assert "- Too many adjectives." in prompt
-    assert "Reply with ONLY the new value." in prompt
+    assert "Reply with ONLY the new value (as text), in the field new_value." in prompt
     assert "Updates already made" not in prompt
 
     # Nothing left to learn from: a second step changes nothing.
@@ -138,7 +139,9 @@ async def test_the_rewrite_goes_through_the_optimizer_alias(
     server: FakeOpenAIServer, opt_resources: plait.ResourceConfig
 ) -> None:
     review, params = await ran(opt_resources)
-    params["style"].accumulate_feedback("Be warmer. [[reply:Be concrete and kind.]]")
+    params["style"].accumulate_feedback(
+        'Be warmer. [[reply:{"new_value": "Be concrete and kind."}]]'
+    )
     new = await SFAOptimizer([params["style"]]).bind(opt_resources).step()
     assert new == {"style": "Be concrete and kind."}
     assert review.style.value == "Be concrete and kind."
@@ -418,3 +421,29 @@ async def test_rewriter_max_tokens_scales_with_the_parameter(
     with mock({"rewriter": reply}):
         await optimizer.step()
     assert seen[-1] == 50
+
+
+async def test_the_rewriter_answers_through_structured_output(
+    opt_resources: plait.ResourceConfig,
+) -> None:
+    _review, params = await ran(opt_resources)
+    style = params["style"]
+    style.accumulate_feedback("Be warmer.")
+    formats: list[Any] = []
+
+    def reply(request: LLMRequest) -> dict[str, str]:
+        formats.append(request.response_format)
+        return {"new_value": "Be concrete and kind."}
+
+    optimizer = SFAOptimizer([style]).bind(opt_resources)
+    assert optimizer.rewriter.response_format is Rewrite
+    with mock({"rewriter": reply}):
+        assert await optimizer.step() == {"style": "Be concrete and kind."}
+    assert formats == [Rewrite] and optimizer.rejected == []
+
+    # A plain-text rewriter (structured=False) is asked for text, and its text is the value.
+    style.accumulate_feedback("Warmer still.")
+    plain = SFAOptimizer([style], structured=False).bind(opt_resources)
+    assert plain.rewriter.response_format is None
+    with mock({"rewriter": "Be concrete and warm."}):
+        assert await plain.step() == {"style": "Be concrete and warm."}

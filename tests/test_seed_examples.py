@@ -876,7 +876,8 @@ async def test_s000_training_loop_refuses_an_echoed_rewrite(
     targets = ["settings page", "billing tab"]
     version = pipeline.module_state_version
 
-    optimizer = SFAOptimizer(pipeline.parameters()).bind(resources)
+    # Plain-text rewrites (structured=False), which the fake server answers with an echo.
+    optimizer = SFAOptimizer(pipeline.parameters(), structured=False).bind(resources)
     step = TrainingStep(pipeline, loss_fn)
 
     async with ExecutionSettings(resources=resources):

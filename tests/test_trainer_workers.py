@@ -60,9 +60,10 @@ VAL = examples(["alpha", None, "beta", "zeta", None, "gamma"])
 
 def make_trainer(server: FakeOpenAIServer, **options: Any) -> Trainer:
     model = Answerer()
-    # check=False: the server's rewrite is an echo of the rewrite prompt, which the
+    # structured=False, check=False: the server's plain-text rewrite is an echo of the
+    # rewrite prompt, which the
     # optimizer would otherwise (rightly) refuse; here it is how the prompt learns words.
-    optimizer = SFAOptimizer(model.parameters(), alias="smart", check=False)
+    optimizer = SFAOptimizer(model.parameters(), alias="smart", check=False, structured=False)
     return Trainer(
         model,
         Contains(),
@@ -294,6 +295,7 @@ def test_plait_train_with_workers_runs_end_to_end_like_one_process(
     on_workers = train("workers", "--workers", "2")
 
     assert on_workers == alone
-    # The server's rewrites echo the rewrite prompt, which `plait train`'s optimizer
-    # refuses (check_rewrite): the prompt keeps its value, the same way in both runs.
+    # `plait train`'s rewriter asks for structured output, which the server answers with
+    # a minimal instance ({"new_value": "x"}): no better on validation, so the gate
+    # rolls it back and the prompt keeps its value, the same way in both runs.
     assert alone["parameters.json"] == {"llm.system_prompt": INITIAL}

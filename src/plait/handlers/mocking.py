@@ -13,7 +13,9 @@ A reply is either a value or a callable.  A callable receives the `LLMRequest`
 inside the mock) and may be sync or ``async``; it returns what a value would be.
 For a plain request a value is the reply's text.  For a request with a
 ``response_format`` a value is the reply object (a dict, a model instance, a
-list ...), or a string holding that object as JSON; either way it is validated
+list ...), or a string holding that object as JSON (where the object has one
+text field, e.g. ``{"new_value": str}``, any other string is that field's value,
+so plain-text replies keep working); either way it is validated
 and converted exactly as a real reply is, so a mock cannot hand a module
 something the real endpoint could not.  A callable may also return a complete
 `LLMResponse` (to set usage or a finish reason), which is used as it is.
@@ -126,7 +128,15 @@ def _response(msg: Message, request: LLMRequest, reply: Any) -> LLMResponse:
     # Go through the reply's wire form and the endpoint's own validation: the text is
     # then what a real reply would have been, so caches and checkpoints that store
     # the text and parse it again on load get the same object back.
-    if isinstance(reply, str):
+    field = _text_field(tp) if isinstance(reply, str) else None
+    if isinstance(reply, str) and field is not None:
+        try:
+            data = json.loads(reply)
+        except ValueError:
+            data = None
+        if not (isinstance(data, dict) and field in data):
+            data = {field: reply}
+    elif isinstance(reply, str):
         try:
             data = json.loads(reply)
         except ValueError as exc:
@@ -150,6 +160,20 @@ def _response(msg: Message, request: LLMRequest, reply: Any) -> LLMResponse:
     except ValueError as exc:
         raise ValueError(f"mock reply for {msg.name!r}: {exc}") from None
     return LLMResponse(text, parsed, Usage(), MOCK_MODEL, "stop")
+
+
+def _text_field(tp: Any) -> str | None:
+    """The one property of ``tp``'s object schema when it is a single string, else None."""
+    from plait.structured import schema_for
+
+    schema = schema_for(tp)
+    properties = schema.get("properties")
+    if schema.get("type") != "object" or not isinstance(properties, dict):
+        return None
+    if len(properties) != 1:
+        return None
+    ((name, prop),) = properties.items()
+    return str(name) if isinstance(prop, dict) and prop.get("type") == "string" else None
 
 
 def _type_name(tp: Any) -> str:

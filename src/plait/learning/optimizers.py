@@ -32,7 +32,7 @@ import re
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Self, TypedDict
 
 from plait.handlers.overriding import override
 from plait.learning.backward import upstream_rank
@@ -48,6 +48,7 @@ __all__ = [
     "OptimizerStepError",
     "Proposal",
     "Rejection",
+    "Rewrite",
     "SFAOptimizer",
     "TextGradOptimizer",
     "Update",
@@ -401,6 +402,13 @@ _REWRITE_SYSTEM = (
     "Reply with ONLY the new value: no preamble, no explanation, no quotes or code fences."
 )
 
+_REWRITE_SYSTEM_STRUCTURED = (
+    "You improve one parameter of an LLM pipeline (a prompt or other setting that steers a "
+    "model) using feedback on the outputs it shaped. Keep to what the parameter is for. "
+    "Reply with a JSON object whose only field, new_value, holds ONLY the new value: no "
+    "preamble, no explanation, no headings or delimiters of the request."
+)
+
 _SUMMARY_SYSTEM = (
     "You condense feedback about one parameter of an LLM pipeline into a short list of "
     "distinct, actionable points. Keep every distinct point; drop repetition."
@@ -409,13 +417,32 @@ _SUMMARY_SYSTEM = (
 _FENCE = re.compile(r"^```[\w-]*\n(.*?)\n?```$", re.DOTALL)
 
 
+class Rewrite(TypedDict):
+    """The rewriter's structured reply: the new value as one field, nothing around it.
+
+    A structured (non-string) parameter's new value is JSON text in ``new_value``.
+    """
+
+    new_value: str
+
+
 class _Call(Module):
     """One named LLM call, run as its own root so mocks can match its path."""
 
-    def __init__(self, name: str, alias: str, system_prompt: str, temperature: float | None):
+    def __init__(
+        self,
+        name: str,
+        alias: str,
+        system_prompt: str,
+        temperature: float | None,
+        response_format: Any = None,
+    ):
         super().__init__()
         self._call_name = name
-        setattr(self, name, LLMInference(alias, system_prompt, temperature=temperature))
+        llm = LLMInference(
+            alias, system_prompt, temperature=temperature, response_format=response_format
+        )
+        setattr(self, name, llm)
 
     @property
     def llm(self) -> LLMInference:
@@ -444,8 +471,13 @@ class SFAOptimizer(Optimizer):
     prompt's headings or ``<<<``/``>>>`` fences, at most `rewrite_budget`
     characters); a refused one leaves the parameter and its feedback as they were
     and is recorded in ``rejected``.  ``check=False`` applies every proposal (for
-    a test server that echoes its prompt).  Unless ``rewriter.max_tokens`` is set,
-    each rewrite asks for at most `rewrite_max_tokens` of the current value.
+    a test server that echoes its prompt).  The rewriter answers through
+    structured output, `Rewrite` (``{"new_value": ...}``), so the value comes back
+    as one field rather than mixed with talk; ``structured=False`` asks for plain
+    text instead (for an endpoint without structured output).  A handler that
+    answers the rewriter with plain text anyway is taken as the value.  Unless
+    ``rewriter.max_tokens`` is set, each rewrite asks for at most
+    `rewrite_max_tokens` of the current value.
     """
 
     def __init__(
@@ -458,6 +490,7 @@ class SFAOptimizer(Optimizer):
         order: Sequence[OrderEntry] | None = None,
         concurrent: bool = False,
         check: bool = True,
+        structured: bool = True,
     ) -> None:
         super().__init__(params, order=order, concurrent=concurrent)
         self.check = check
@@ -465,7 +498,14 @@ class SFAOptimizer(Optimizer):
             raise ValueError(f"max_feedback_chars must be positive, got {max_feedback_chars}")
         self.alias = alias
         self.max_feedback_chars = max_feedback_chars
-        self._rewriter = _Call("rewriter", alias, _REWRITE_SYSTEM, temperature)
+        self.structured = structured
+        self._rewriter = _Call(
+            "rewriter",
+            alias,
+            _REWRITE_SYSTEM_STRUCTURED if structured else _REWRITE_SYSTEM,
+            temperature,
+            Rewrite if structured else None,
+        )
         self._summarizer = _Call("summarizer", alias, _SUMMARY_SYSTEM, temperature)
 
     @property
@@ -487,6 +527,8 @@ class SFAOptimizer(Optimizer):
                 reply = await self._rewriter(prompt)
         else:
             reply = await self._rewriter(prompt)
+        if isinstance(reply, dict):  # the structured reply (a plain-text handler gives str)
+            reply = reply.get("new_value", "")
         return Proposal(_parse_reply(reply, param, name), feedback, meta_markers(prompt))
 
     async def _feedback_text(self, param: Parameter, name: str) -> str:
@@ -531,10 +573,11 @@ class SFAOptimizer(Optimizer):
             "parameter is for. Change only what the feedback calls for. "
         )
         ask += (
-            "Reply with ONLY the new value as JSON of the same shape."
+            "Reply with ONLY the new value as JSON of the same shape"
             if structured
-            else "Reply with ONLY the new value."
+            else "Reply with ONLY the new value"
         )
+        ask += " (as text), in the field new_value." if self.structured else "."
         sections.append(ask)
         return "\n\n".join(sections)
 
@@ -566,6 +609,7 @@ class TextGradOptimizer(SFAOptimizer):
         order: Sequence[OrderEntry] | None = None,
         concurrent: bool = False,
         check: bool = True,
+        structured: bool = True,
     ) -> None:
         super().__init__(
             params,
@@ -575,6 +619,7 @@ class TextGradOptimizer(SFAOptimizer):
             order=order,
             concurrent=concurrent,
             check=check,
+            structured=structured,
         )
         if not isinstance(momentum, int) or momentum < 0:
             raise ValueError(f"momentum must be a non-negative integer, got {momentum!r}")
