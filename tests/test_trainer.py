@@ -160,6 +160,17 @@ def test_an_update_that_only_ties_validation_is_rolled_back(
     assert history.final_val_score == history.initial_val_score == 0.5
 
 
+def test_a_refused_rewrite_is_shown_in_the_history(resources: plait.ResourceConfig) -> None:
+    # A small model echoing the rewrite prompt: refused, so nothing changes.
+    trainer = make_trainer(["## Current value\nAnswer GOOD."], resources, train=4, batch_size=4)
+    history = train(trainer)
+    (record,) = history.steps
+    assert record.changed == [] and prompt_of(trainer) == INITIAL
+    assert list(record.rejected) == ["llm.system_prompt"]
+    assert "echoes the rewrite prompt" in record.rejected["llm.system_prompt"]
+    assert type(history).from_json(history.to_json()).steps[0].rejected == record.rejected
+
+
 def test_min_delta_rolls_back_an_improvement_smaller_than_it(
     resources: plait.ResourceConfig,
 ) -> None:

@@ -150,6 +150,8 @@ class StepRecord:
     improved: bool
     #: Names of the parameters the optimizer changed.
     changed: list[str] = field(default_factory=list)
+    #: Rewrites the optimizer refused (`check_rewrite`): parameter name -> why.
+    rejected: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -615,6 +617,8 @@ class Trainer:
         before = copy.deepcopy(self.model.state_dict())
         self.optimizer.zero_feedback()
         train_score = await self._minibatch(batch)
+        refused = getattr(self.optimizer, "rejected", None)
+        seen = len(refused) if isinstance(refused, list) else 0
         try:
             await self.optimizer.step()
         except BaseException:
@@ -626,6 +630,11 @@ class Trainer:
             self.optimizer.zero_feedback()
         after = self.model.state_dict()
         changed = [name for name, value in after.items() if before.get(name) != value]
+        rejected = (
+            {r.name: r.reason for r in refused[seen:] if hasattr(r, "reason")}
+            if isinstance(refused, list)
+            else {}
+        )
         val_score: float | None = None
         kept, improved = True, False
         if self.val_data is not None:
@@ -651,6 +660,7 @@ class Trainer:
             kept=kept,
             improved=improved,
             changed=changed,
+            rejected=rejected,
         )
         self.history.steps.append(record)
         return record
