@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import IO, Any
 
-from plait.cli.options import parse_target_args, target_parser
+from plait.cli.options import UsageError, parse_target_args, report_error, target_parser
 from plait.cli.parameters import ParametersError, load_parameters
 from plait.cli.target import Target, TargetError
 from plait.learning.step import TrainingStep
@@ -88,13 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-class UsageError(Exception):
-    """A problem with the command line or configuration: exit status 2."""
-
-
 def _error(message: str) -> int:
-    print(f"plait eval: error: {message}", file=sys.stderr)
-    return 2
+    return report_error("eval", message)
 
 
 def main(argv: list[str]) -> int:

@@ -3,9 +3,38 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
-__all__ = ["parse_target_args", "positive_int", "target_parser"]
+__all__ = [
+    "UsageError",
+    "non_negative_float",
+    "parse_target_args",
+    "positive_int",
+    "report_error",
+    "target_parser",
+]
+
+
+class UsageError(Exception):
+    """A problem with the command line or configuration: exit status 2."""
+
+
+def report_error(command: str, message: str, status: int = 2) -> int:
+    """Say what went wrong on stderr, as ``plait COMMAND: error: ...``; the exit status."""
+    print(f"plait {command}: error: {message}", file=sys.stderr)
+    return status
+
+
+def non_negative_float(text: str) -> float:
+    """An argparse type: a finite number that may be 0 (a margin, a threshold)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return value
 
 
 def positive_int(text: str) -> int:

@@ -30,7 +30,13 @@ from typing import IO, Any
 
 from plait._locks import Busy, hold
 from plait.cli.inputs import FORMATS, InputError, InputSource, Item, count_inputs, open_inputs
-from plait.cli.options import parse_target_args, positive_int, target_parser
+from plait.cli.options import (
+    UsageError,
+    parse_target_args,
+    positive_int,
+    report_error,
+    target_parser,
+)
 from plait.cli.outputs import OutputWriter, error_record, silence_stdout
 from plait.cli.parameters import ParametersError, load_parameters
 from plait.cli.progress import Tally, console, duration, make_display
@@ -139,13 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-class UsageError(Exception):
-    """A problem with the command line or configuration: exit status 2."""
-
-
 def _error(message: str) -> int:
-    print(f"plait run: error: {message}", file=sys.stderr)
-    return 2
+    return report_error("run", message)
 
 
 def main(argv: list[str]) -> int:

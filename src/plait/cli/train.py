@@ -15,13 +15,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import shutil
 import sys
 from pathlib import Path
 from typing import IO, Any
 
-from plait.cli.options import parse_target_args, positive_int, target_parser
+from plait.cli.options import (
+    UsageError,
+    non_negative_float,
+    parse_target_args,
+    positive_int,
+    report_error,
+    target_parser,
+)
 from plait.cli.progress import Display, RichDisplay, Tally, is_terminal
 from plait.cli.target import Target, TargetError
 from plait.module import Module
@@ -123,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--min-delta",
-        type=_non_negative,
+        type=non_negative_float,
         default=0.0,
         metavar="X",
         help="keep an update only if validation improves by X (0: strictly better)",
@@ -139,13 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-class UsageError(Exception):
-    """A problem with the command line or configuration: exit status 2."""
-
-
 def _error(message: str) -> int:
-    print(f"plait train: error: {message}", file=sys.stderr)
-    return 2
+    return report_error("train", message)
 
 
 def main(argv: list[str]) -> int:
@@ -275,16 +276,6 @@ def _remove_checkpoint(directory: Path) -> None:
             "remove it yourself or choose another --checkpoint"
         )
     shutil.rmtree(directory)
-
-
-def _non_negative(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
-    return value
 
 
 def _fmt(score: float | None) -> str:
