@@ -203,6 +203,7 @@ async def complete(
     response_format: Any = None,
     resources: Any = None,
     name: str | None = None,
+    demos: Any = None,
     **extra: Any,
 ) -> Value:
     """One user turn (with an optional system prompt): the request an `LLMInference` makes.
@@ -211,7 +212,9 @@ async def complete(
     model ...), which is sent as its JSON text as a module would send it.  The
     other arguments are `chat_complete`'s.  An `LLMInference(alias, system_prompt=s,
     temperature=t)` called on ``prompt`` and ``complete(alias, prompt, system=s,
-    temperature=t)`` send the same request, so they share caches and recordings.
+    temperature=t)`` send the same request, so they share caches and recordings;
+    ``demos`` (input/output pairs, `plait.demos`) go between the system prompt and
+    the prompt as user/assistant turns, as an `LLMInference`'s demonstrations do.
     """
     _check_call(alias, temperature, max_tokens, response_format, name, extra)
     if prompt is None:
@@ -219,6 +222,10 @@ async def complete(
     messages: list[dict[str, Any]] = []
     if system is not None and system != "":
         messages.append({"role": "system", "content": _prompt_content(system, "system")})
+    if demos is not None:
+        from plait.demos import demo_messages, normalize_demos
+
+        messages.extend(demo_messages(normalize_demos(demos, "complete(demos=...)")))
     messages.append({"role": "user", "content": _prompt_content(prompt, "prompt")})
     site = _CallSite(resources, name, "complete")
     return await _send_messages(

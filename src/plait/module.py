@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import inspect
 import weakref
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Self
 
@@ -398,6 +398,13 @@ class LLMInference(Module):
     ``alias`` names an endpoint in the resources; ``system_prompt`` may be a string
     (fixed) or a `Parameter` (learnable); ``response_format`` asks for a typed,
     validated reply (a pydantic model, dataclass, TypedDict or e.g. ``list[str]``).
+
+    ``demos`` gives the call learnable demonstrations (`plait.demos`): a list of
+    ``(input, output)`` pairs or ``{"input": ..., "output": ...}`` dicts, possibly
+    empty, becomes a `Parameter` named ``demos`` that `BootstrapFewShot` fills; a
+    `Parameter` holding such a list is used as it is (``requires_grad=False``
+    fixes the examples).  They are sent as user/assistant turns after the system
+    prompt and before the input.  Without ``demos`` the call has none.
     """
 
     _calls_llm: ClassVar[bool] = True
@@ -407,6 +414,7 @@ class LLMInference(Module):
     max_tokens: int | None
     response_format: Any
     system_prompt: Parameter | None
+    demos: Parameter | None
 
     def __init__(
         self,
@@ -415,6 +423,7 @@ class LLMInference(Module):
         temperature: float | None = 1.0,
         max_tokens: int | None = None,
         response_format: type | Any = None,
+        demos: Sequence[Any] | Parameter | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(alias, str) or not alias:
@@ -441,6 +450,38 @@ class LLMInference(Module):
             raise TypeError(
                 f"system_prompt must be a str or a Parameter, got {type(system_prompt).__name__}"
             )
+        from plait.demos import DEMOS_DESCRIPTION, normalize_demos
+
+        if isinstance(demos, Parameter):
+            normalize_demos(demos.value, "LLMInference(demos=Parameter(...)).value")
+            self.demos = demos
+        elif demos is not None:
+            self.demos = Parameter(
+                normalize_demos(demos, "LLMInference(demos=...)"), description=DEMOS_DESCRIPTION
+            )
+        else:
+            self.demos = None
+
+    def messages(self, prompt: Any) -> list[dict[str, Any]]:
+        """The chat messages this call sends for ``prompt``: the system prompt, the
+        demonstrations as user/assistant turns, then ``prompt`` as the last user turn.
+
+        Parameter values are read as the running input sees them (see
+        `Parameter.current`); demonstrations that are not a list of input/output
+        pairs are a `plait.demos.DemoError` naming the parameter.
+        """
+        from plait.demos import demo_messages, normalize_demos
+        from plait.tracing.graph import as_text
+
+        messages: list[dict[str, Any]] = []
+        system = self.system_prompt
+        if system is not None:
+            messages.append({"role": "system", "content": as_text(system.current())})
+        if self.demos is not None:
+            where = f"the demonstrations of {self.qualified_path or 'this LLMInference'}"
+            messages.extend(demo_messages(normalize_demos(self.demos.current(), where)))
+        messages.append({"role": "user", "content": as_text(prompt)})
+        return messages
 
     def forward(self, prompt: Any) -> Any:
         raise RuntimeError(
@@ -466,4 +507,7 @@ class LLMInference(Module):
             parts.append(f"max_tokens={self.max_tokens}")
         if self.response_format is not None:
             parts.append(f"response_format={getattr(self.response_format, '__name__', '?')}")
+        if self.demos is not None:
+            count = self.demos.current()
+            parts.append(f"demos={len(count) if isinstance(count, list) else '?'}")
         return ", ".join(parts)

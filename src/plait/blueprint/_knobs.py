@@ -72,6 +72,29 @@ def _system_prompt(value: Any) -> str:
     return value
 
 
+def _demos(value: Any) -> list[dict[str, Any]]:
+    """Demonstrations from a list, or from JSON text as a command line gives it
+    (``summarize.demos='[{"input": "...", "output": "..."}]'``, ``...demos=[]``)."""
+    import json
+
+    from plait.demos import DemoError, normalize_demos
+    from plait.parameter import Parameter
+
+    if isinstance(value, Parameter):
+        value = value.value
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as exc:
+            raise CastError(
+                f'demos are JSON text, a list of {{"input": ..., "output": ...}}: {exc}'
+            ) from None
+    try:
+        return normalize_demos(value)
+    except DemoError as exc:
+        raise CastError(str(exc)) from None
+
+
 @dataclass(frozen=True, slots=True)
 class Knob:
     """One setting of one module: where it lives, its type, and how to read and set it."""
@@ -84,21 +107,22 @@ class Knob:
 
     def current(self) -> Any:
         value = getattr(self.module, self.name)
-        if self.name == "system_prompt":
+        if self.name in _PARAMETER_KNOBS:
             return "" if value is None else value.value
         return value
 
     def set(self, value: Any) -> None:
-        """Install a converted value; a learnable system prompt keeps its Parameter."""
-        if self.name != "system_prompt":
+        """Install a converted value; a learnable system prompt or demonstrations keep
+        their Parameter (only its value changes)."""
+        if self.name not in _PARAMETER_KNOBS:
             setattr(self.module, self.name, value)
             return
         from plait.parameter import Parameter
 
-        param = getattr(self.module, "system_prompt", None)
+        param = getattr(self.module, self.name, None)
         if isinstance(param, Parameter):
             param.value = value
-        elif value:
+        elif value:  # a system prompt where the call had none (demos knobs need a Parameter)
             self.module.system_prompt = Parameter(value, requires_grad=False)
 
 
@@ -107,7 +131,11 @@ _LLM_KNOBS: tuple[tuple[str, str, Callable[[Any], Any]], ...] = (
     ("temperature", "float | None", _temperature),
     ("max_tokens", "int | None", _max_tokens),
     ("system_prompt", "str", _system_prompt),
+    ("demos", "list[demo]", _demos),
 )
+
+#: Knobs whose value lives in a `Parameter` of the module.
+_PARAMETER_KNOBS = frozenset({"system_prompt", "demos"})
 
 KNOB_NAMES = frozenset(name for name, _, _ in _LLM_KNOBS)
 
@@ -120,6 +148,8 @@ def knobs_of(root: Module) -> list[Knob]:
     for path, module in root.named_modules():
         if isinstance(module, LLMInference):
             for name, type_name, convert in _LLM_KNOBS:
+                if name == "demos" and module.demos is None:
+                    continue  # a call without demonstrations has no such setting
                 full = f"{path}.{name}" if path else name
                 found.append(Knob(full, module, name, type_name, convert))
     return found

@@ -33,7 +33,7 @@ from plait.providers.base import LLMRequest, LLMResponse
 from plait.resources.endpoint import CallTiming
 from plait.resources.limits import Priority, PriorityLimiter
 from plait.resources.manager import ResourceManager
-from plait.tracing.graph import Graph, Node, as_text, resolve
+from plait.tracing.graph import Graph, Node, resolve
 from plait.tracing.tracer import Tracer, active_trace, module_paths, trace
 from plait.values import ExecutionError, Value, ValueKind, error_value, kind_of
 
@@ -235,14 +235,9 @@ class Engine:
         from plait.functional import _invoke, _module_output
 
         prompt = args[0] if args else kwargs["prompt"]
-        messages: list[dict[str, Any]] = []
-        system = module.system_prompt
-        if system is not None:
-            messages.append({"role": "system", "content": as_text(system.value)})
-        messages.append({"role": "user", "content": as_text(prompt)})
         request = LLMRequest(
             alias=module.alias,
-            messages=messages,
+            messages=module.messages(prompt),
             temperature=module.temperature,
             max_tokens=module.max_tokens,
             response_format=module.response_format,

@@ -63,6 +63,9 @@ from plait.handlers.stack import (
 #: module never shadows a factory of the same name on this package.
 _CATALOGUE = {
     "cache": "plait.handlers.caching",
+    "log_calls": "plait.handlers.calls",
+    "CallLog": "plait.handlers.calls",
+    "CallRecord": "plait.handlers.calls",
     "Cache": "plait.handlers.caching",
     "CacheError": "plait.handlers.caching",
     "record": "plait.handlers.recording",
@@ -92,6 +95,8 @@ __all__ = [
     "BudgetExceeded",
     "Cache",
     "CacheError",
+    "CallLog",
+    "CallRecord",
     "Handler",
     "Message",
     "Mock",
@@ -107,6 +112,7 @@ __all__ = [
     "budget",
     "cache",
     "current_stack",
+    "log_calls",
     "mock",
     "override",
     "profile",

@@ -454,9 +454,10 @@ class Tracer(Handler):
         params: dict[int, Parameter] = {}
         cargs = tuple(self.capture(a, deps, params) for a in args)
         ckwargs = {k: self.capture(v, deps, params) for k, v in kwargs.items()}
-        own = getattr(module, "system_prompt", None)
-        if isinstance(own, Parameter):
-            params[id(own)] = own
+        for attribute in ("system_prompt", "demos"):
+            own = getattr(module, attribute, None)
+            if isinstance(own, Parameter):
+                params[id(own)] = own
         node = self._add(
             Node(
                 len(self.graph.nodes),
