@@ -36,7 +36,7 @@ from plait.resources.config import ConfigurationError, ResourceConfig
 __all__ = ["build_parser", "main"]
 
 LOSSES = ("exact", "contains", "judge")
-OPTIMIZERS = ("sfa", "textgrad")
+OPTIMIZERS = ("sfa", "textgrad", "bootstrap")
 #: Files the command writes into --out.
 PARAMETERS_FILE = "parameters.json"
 HISTORY_JSON = "history.json"
@@ -60,7 +60,14 @@ prints both.
 Losses: exact (output equals target), contains (output contains the target
 text(s)), judge (an LLM grades the output against --criteria, with the target as
 a reference; its calls use the alias --judge-alias).
-Optimizers: sfa, textgrad (their LLM calls use the alias --optimizer-alias).
+Optimizers (--optimizer, repeatable: each step applies them in order and keeps
+or rolls back each update on its own): sfa, textgrad (rewrite the instructions;
+their LLM calls use the alias --optimizer-alias), bootstrap (sets the
+demonstrations of every LLMInference built with demos=[] from the runs that
+passed, or from labelled examples while none has; --max-demos per call,
+--candidates sets scored on validation per step, --teacher-alias runs the
+pipeline on another alias to produce them).  `--optimizer bootstrap
+--optimizer sfa` learns both in one run.
 
 Outputs in --out DIR: parameters.json (the learned values, for
 module.load_state_dict), history.json (scores per step, kept or rolled back)
@@ -94,7 +101,27 @@ def build_parser() -> argparse.ArgumentParser:
         "--criteria", action="append", metavar="TEXT", help="what the judge grades (repeatable)"
     )
     parser.add_argument("--judge-alias", default="judge", metavar="ALIAS", help="(judge)")
-    parser.add_argument("--optimizer", choices=OPTIMIZERS, default="sfa", help="(default: sfa)")
+    parser.add_argument(
+        "--optimizer",
+        choices=OPTIMIZERS,
+        action="append",
+        help="(default: sfa; repeat to combine, e.g. bootstrap then sfa)",
+    )
+    parser.add_argument(
+        "--max-demos", type=positive_int, default=4, metavar="N", help="bootstrap: pairs per call"
+    )
+    parser.add_argument(
+        "--candidates",
+        type=positive_int,
+        default=4,
+        metavar="N",
+        help="bootstrap: demonstration sets scored on validation per step (4)",
+    )
+    parser.add_argument(
+        "--teacher-alias",
+        metavar="ALIAS",
+        help="bootstrap: run the pipeline on this alias to produce demonstrations",
+    )
     parser.add_argument(
         "--optimizer-alias", default="optimizer", metavar="ALIAS", help="(optimizer)"
     )
@@ -181,7 +208,7 @@ def _train(ns: argparse.Namespace, err: IO[str]) -> int:
     checkpoint = Path(ns.checkpoint) if ns.checkpoint else out / "checkpoint"
     if ns.fresh:
         _remove_checkpoint(checkpoint)
-    optimizer = _make_optimizer(ns, module, resources)
+    optimizer = _make_optimizers(ns, module, resources)
     display = _Progress(err, ns.quiet)
     trainer = Trainer(
         module,
@@ -254,14 +281,40 @@ def _make_loss(ns: argparse.Namespace) -> Module:
     return losses.LLMJudge(ns.judge_alias, ns.criteria)
 
 
-def _make_optimizer(ns: argparse.Namespace, module: Module, resources: Any) -> Any:
+def _make_optimizers(ns: argparse.Namespace, module: Module, resources: Any) -> list[Any]:
+    """The optimizers --optimizer names, in order (sfa when none is named)."""
     from plait.learning import optimizers
+    from plait.learning.bootstrap import BootstrapFewShot, demo_parameters
 
-    cls = optimizers.SFAOptimizer if ns.optimizer == "sfa" else optimizers.TextGradOptimizer
-    optimizer = cls(module.parameters(), alias=ns.optimizer_alias)
-    if ns.optimizer_max_tokens is not None:
-        optimizer.rewriter.max_tokens = ns.optimizer_max_tokens
-    return optimizer.bind(resources)
+    names = ns.optimizer or ["sfa"]
+    if ns.teacher_alias is not None and "bootstrap" not in names:
+        raise UsageError("--teacher-alias goes with --optimizer bootstrap")
+    if len(set(names)) != len(names):
+        raise UsageError(f"--optimizer names one twice ({', '.join(names)}): name each once")
+    made: list[Any] = []
+    for name in names:
+        if name == "bootstrap":
+            if not demo_parameters(module.parameters()):
+                raise UsageError(
+                    f"--optimizer bootstrap: {ns.target} has no demonstrations to learn; build "
+                    "its LLMInference calls with demos=[] (LLMInference(alias, prompt, demos=[]))"
+                )
+            made.append(
+                BootstrapFewShot(
+                    module.parameters(),
+                    max_demos=ns.max_demos,
+                    candidates=ns.candidates,
+                    teacher_alias=ns.teacher_alias,
+                    seed=ns.seed,
+                )
+            )
+            continue
+        cls = optimizers.SFAOptimizer if name == "sfa" else optimizers.TextGradOptimizer
+        optimizer = cls(module.parameters(), alias=ns.optimizer_alias)
+        if ns.optimizer_max_tokens is not None:
+            optimizer.rewriter.max_tokens = ns.optimizer_max_tokens
+        made.append(optimizer.bind(resources))
+    return made
 
 
 def _remove_checkpoint(directory: Path) -> None:

@@ -4,10 +4,12 @@
 ``await loss.backward()`` walks the recorded graph back into every learnable
 `Parameter`; an optimizer's ``await step()`` rewrites each parameter from the
 feedback it accumulated; ``snapshot(module)`` freezes every value so a step can
-be kept or rolled back.
+be kept or rolled back.  `BootstrapFewShot` learns demonstrations
+(``LLMInference(..., demos=[])``) from the runs that passed instead of from feedback.
 """
 
 from plait.learning.backward import backward
+from plait.learning.bootstrap import BootstrapFewShot
 from plait.learning.feedback import Feedback
 from plait.learning.losses import (
     CompositeLoss,
@@ -30,6 +32,7 @@ from plait.learning.state import ParameterState, StructureLockedError, lock, mer
 from plait.learning.step import TrainingStep
 
 __all__ = [
+    "BootstrapFewShot",
     "CompositeLoss",
     "Contains",
     "ExactMatch",

@@ -7,12 +7,17 @@ So the trainer measures before it commits.  Each step it
 1. runs a minibatch through ``TrainingStep(model, loss_fn)`` in ``train()`` mode
    and sends every loss's feedback back into the parameters (example by example,
    in the minibatch's order);
-2. lets the optimizer rewrite them;
+2. lets the optimizer rewrite them (an optimizer that learns from runs rather
+   than feedback, `BootstrapFewShot`, is shown the minibatch's traces first);
 3. scores the validation set (mean `Feedback` score, eval mode) and keeps the
    update only if that score improved (see below), restoring the previous values
-   otherwise;
+   otherwise.  Given a list of optimizers (``[BootstrapFewShot(...),
+   SFAOptimizer(...)]``) the trainer does 2 and 3 for each in turn, so each
+   update is kept or rolled back on its own merit;
 4. writes a checkpoint (parameters, optimizer state, history and the position in
-   the data) so a killed run resumes where it was, not from the start.
+   the data) so a killed run resumes where it was, not from the start.  The
+   history records, per step, the values each optimizer tried, their validation
+   scores, what was kept, and the requests and tokens the step spent.
 
 An update is kept only when validation scores better than the best so far, by at
 least ``min_delta`` (default: strictly better); a tie keeps the values already
@@ -49,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from plait.learning.backward import Received, collect_feedback, receive
+from plait.learning.bootstrap import Trace, TraceLog, TrainingBatch
 from plait.learning.feedback import Feedback
 from plait.learning.step import TrainingStep
 from plait.module import Module
@@ -62,6 +68,7 @@ __all__ = [
     "TrainerError",
     "TrainingEvent",
     "TrainingHistory",
+    "Trial",
     "load_examples",
     "plot_history",
 ]
@@ -152,6 +159,33 @@ class StepRecord:
     changed: list[str] = field(default_factory=list)
     #: Rewrites the optimizer refused (`check_rewrite`): parameter name -> why.
     rejected: dict[str, str] = field(default_factory=dict)
+    #: Each optimizer's update in this step, in order (`Trial.to_json`): the values
+    #: it tried, the validation score they got, and whether they were kept.
+    trials: list[dict[str, Any]] = field(default_factory=list)
+    #: Requests sent to endpoints during the step (minibatch, rewrites, validation;
+    #: cache hits and mocked calls cost none) and the tokens they used.
+    calls: int = 0
+    tokens: int = 0
+
+
+@dataclass(slots=True)
+class Trial:
+    """One optimizer's update within a step, judged on validation on its own."""
+
+    optimizer: str
+    #: The new value of every parameter the update changed.
+    tried: dict[str, Any]
+    #: Validation score with these values (None without a validation set).
+    val_score: float | None
+    #: Kept (it beat the best score so far) or rolled back.
+    kept: bool
+    #: Rewrites the optimizer refused: parameter name -> why.
+    rejected: dict[str, str] = field(default_factory=dict)
+    #: Validation scores of the candidates the optimizer chose among (bootstrap).
+    candidates: list[float] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 @dataclass(slots=True)
@@ -206,10 +240,16 @@ class TrainingHistory:
 
 
 def plot_history(history: TrainingHistory, path: str | os.PathLike[str]) -> Path:
-    """Train score per step and validation score per step (rolled-back steps marked) as a PNG.
+    """The validation and train (minibatch) scores per step, as a PNG.
 
-    matplotlib is imported here and only here: training itself must not need it,
-    and ``import plait`` must stay fast.
+    Two panels, so the curves never hide each other even when they coincide:
+    validation on top (each update tried: a filled marker when kept, a red cross
+    when rolled back; the line follows the best score so far, i.e. the values the
+    pipeline has), the minibatch score below.  A curve that does not move is
+    labelled "flat at X" and every point is annotated with its value (up to 30
+    steps), so a run that learned nothing reads as such instead of as an empty
+    frame.  matplotlib is imported here and only here: training itself must not
+    need it, and ``import plait`` must stay fast.
     """
     try:
         import matplotlib
@@ -219,32 +259,100 @@ def plot_history(history: TrainingHistory, path: str | os.PathLike[str]) -> Path
         ) from None
     matplotlib.use("Agg")  # files only: no display, works on servers and in CI
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     target = Path(path)
     steps = [record.step for record in history.steps]
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    annotate = len(steps) <= 30
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), dpi=100, sharex=True)
     try:
-        ax.plot(steps, [r.train_score for r in history.steps], "o-", label="train (batch) score")
         if history.initial_val_score is not None:
-            val_x = [0, *steps]
-            val_y = [history.initial_val_score, *(_or_nan(r.val_score) for r in history.steps)]
-            ax.plot(val_x, val_y, "s-", label="validation score")
-            rejected = [r for r in history.steps if not r.kept and r.val_score is not None]
-            if rejected:
-                ax.plot(
-                    [r.step for r in rejected],
-                    [_or_nan(r.val_score) for r in rejected],
+            best = [history.initial_val_score]
+            for record in history.steps:
+                best.append(
+                    record.val_score if record.kept and record.val_score is not None else best[-1]
+                )
+            xs = [0, *steps]
+            top.step(
+                xs,
+                best,
+                where="post",
+                color="tab:blue",
+                label=_flat_label("best validation score (the values kept)", best),
+            )
+            tried = [
+                (r.step, t["val_score"], t["kept"])
+                for r in history.steps
+                for t in (r.trials or [{"val_score": r.val_score, "kept": r.kept}])
+                if t["val_score"] is not None and t.get("tried", True)
+            ]
+            kept = [(x, y) for x, y, k in tried if k]
+            rolled = [(x, y) for x, y, k in tried if not k]
+            if kept:
+                top.plot(
+                    *zip(*kept, strict=True),
+                    "o",
+                    color="tab:blue",
+                    markersize=8,
+                    label="update kept",
+                )
+            if rolled:
+                top.plot(
+                    *zip(*rolled, strict=True),
                     "x",
                     color="red",
                     markersize=10,
-                    label="rolled back",
+                    markeredgewidth=2,
+                    label="update rolled back",
                 )
-        ax.set_xlabel("step")
-        ax.set_ylabel("score (higher is better)")
-        ax.set_ylim(-0.05, 1.05)
-        ax.grid(True, alpha=0.3)
-        ax.legend(loc="lower right")
-        ax.set_title(f"training history ({history.stopped or 'in progress'})")
+            top.plot([0], [history.initial_val_score], "s", color="black", label="start")
+            if annotate:
+                for x, y in [(0, history.initial_val_score), *[(a, b) for a, b, _ in tried]]:
+                    top.annotate(
+                        f"{y:.2f}",
+                        (x, y),
+                        textcoords="offset points",
+                        xytext=(0, 7),
+                        ha="center",
+                        fontsize=7,
+                    )
+        else:
+            top.text(
+                0.5,
+                0.5,
+                "no validation set: every update was kept unjudged",
+                ha="center",
+                va="center",
+                transform=top.transAxes,
+            )
+        train = [r.train_score for r in history.steps]
+        bottom.plot(
+            steps,
+            train,
+            "o-",
+            color="tab:orange",
+            label=_flat_label("minibatch score (before the step's updates)", train),
+        )
+        if annotate:
+            for x, y in zip(steps, train, strict=True):
+                bottom.annotate(
+                    f"{y:.2f}",
+                    (x, y),
+                    textcoords="offset points",
+                    xytext=(0, 7),
+                    ha="center",
+                    fontsize=7,
+                )
+        for ax, title in ((top, "validation"), (bottom, "training minibatches")):
+            ax.set_ylim(-0.08, 1.12)
+            ax.set_ylabel("score (higher is better)")
+            ax.set_title(title, fontsize=10)
+            ax.grid(True, alpha=0.3)
+            ax.legend(loc="best", fontsize=8)
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        bottom.set_xlabel("step")
+        fig.suptitle(f"training history ({history.stopped or 'in progress'})")
+        fig.tight_layout()
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".png")
         os.close(fd)
@@ -257,6 +365,13 @@ def plot_history(history: TrainingHistory, path: str | os.PathLike[str]) -> Path
     finally:
         plt.close(fig)
     return target
+
+
+def _flat_label(label: str, values: list[float]) -> str:
+    """``label``, saying so when every value is the same (a flat line is easy to miss)."""
+    if values and max(values) - min(values) < 1e-12:
+        return f"{label}: flat at {values[0]:.3f}"
+    return label
 
 
 # -- progress ----------------------------------------------------------------------------------
@@ -282,10 +397,12 @@ class Trainer:
 
     ``loss_fn`` is a loss module (`plait.learning.losses`) returning `Feedback`;
     ``optimizer`` was built over ``model.parameters()`` (and bound to the
-    resources its own LLM calls should use).  ``resources`` are where the model's
-    and the loss's calls go (default: what ``model`` is bound to, else the
-    embedded local model).  ``checkpoint_dir`` makes the run resumable: a new
-    Trainer over the same directory continues from its last finished step.
+    resources its own LLM calls should use), or is a list of such optimizers,
+    applied in order at each step, each update judged on validation on its own.
+    ``resources`` are where the model's and the loss's calls go (default: what
+    ``model`` is bound to, else the embedded local model).  ``checkpoint_dir``
+    makes the run resumable: a new Trainer over the same directory continues from
+    its last finished step.
     ``max_steps`` caps the total number of optimizer steps (across resumes).
     ``on_event`` receives a `TrainingEvent` at each milestone, for progress bars.
 
@@ -368,7 +485,9 @@ class Trainer:
                 raise ValueError(f"{name} must be a positive integer or None, got {limit!r}")
         self.model = model
         self.loss_fn = loss_fn
-        self.optimizer = optimizer
+        #: The optimizers, in the order each step applies (and judges) their updates.
+        self.optimizers: list[Any] = _optimizer_list(optimizer)
+        self.optimizer = self.optimizers[0]
         self.train_data = load_examples(train_data, input_field, target_field)
         if not self.train_data:
             raise TrainerError("the training set is empty: give at least one example")
@@ -568,30 +687,44 @@ class Trainer:
         """
         return await self._on_workers(examples, "run_batch")
 
-    async def _minibatch(self, batch: list[Example]) -> float:
-        """The minibatch's mean score; its feedback put into the parameters, in batch order.
+    async def _minibatch(self, batch: list[Example]) -> tuple[float, list[Trace] | None]:
+        """The minibatch's mean score and its runs' traces; its feedback put into the
+        parameters, in batch order.
 
         Each example's loss runs in ``train()`` mode and its backward pass is
         collected on its own (`collect_feedback`); the feedback then goes to the
         parameters example by example, so their buffers, and the rewrite prompts
         made from them, do not depend on which example's backward finished first.
+        When no optimizer needs feedback (`BootstrapFewShot` learns from traces)
+        there is no backward pass.  Traces are None on Ray workers.
         """
+        needs_feedback = any(getattr(o, "needs_feedback", True) for o in self.optimizers)
         self.step_module.train()
         try:
             if self.on_workers:
-                return await self._minibatch_on_workers(batch)
-            losses = await asyncio.gather(
-                *(self.step_module(example, target=target) for example, target in batch)
-            )
+                return await self._minibatch_on_workers(batch, needs_feedback), None
+            runs = await asyncio.gather(*(self._run_example(example) for example in batch))
+            losses = [loss for loss, _ in runs]
             train_score = sum(_score(loss) for loss in losses) / len(losses)
-            collected = await asyncio.gather(*(collect_feedback(loss) for loss in losses))
+            collected = (
+                await asyncio.gather(*(collect_feedback(loss) for loss in losses))
+                if needs_feedback
+                else []
+            )
         finally:
             self.step_module.eval()
         for received in collected:
             receive(received)
-        return train_score
+        return train_score, [trace for _, trace in runs]
 
-    async def _minibatch_on_workers(self, batch: list[Example]) -> float:
+    async def _run_example(self, example: Example) -> tuple[Any, Trace]:
+        """One example through the step (train mode), with its LLM calls logged."""
+        with TraceLog(self.model) as log:
+            loss = await self.step_module(example[0], target=example[1])
+        failed = isinstance(loss, Value) and loss.is_error
+        return loss, log.trace(example, 0.0 if failed else _score(loss), failed)
+
+    async def _minibatch_on_workers(self, batch: list[Example], needs_feedback: bool) -> float:
         """`_minibatch` with the forward, loss and backward passes on the Ray workers.
 
         The step goes to the workers in ``train()`` mode with the parameters' current
@@ -606,6 +739,8 @@ class Trainer:
             for row in rows
         ]
         train_score = sum(_score(output) for output in outputs) / len(outputs)
+        if not needs_feedback:
+            return train_score
         params = dict(self.step_module.named_parameters())
         for row in rows:
             receive(
@@ -614,56 +749,90 @@ class Trainer:
         return train_score
 
     async def _train_step(self, batch: list[Example]) -> StepRecord:
-        before = copy.deepcopy(self.model.state_dict())
-        self.optimizer.zero_feedback()
-        train_score = await self._minibatch(batch)
-        refused = getattr(self.optimizer, "rejected", None)
-        seen = len(refused) if isinstance(refused, list) else 0
-        try:
-            await self.optimizer.step()
-        except BaseException:
-            # A step that failed part-way may have rewritten some parameters: put every
-            # value back so the checkpoint and the model agree on the last good state.
-            self.model.load_state_dict(before)
-            raise
-        finally:
-            self.optimizer.zero_feedback()
-        after = self.model.state_dict()
-        changed = [name for name, value in after.items() if before.get(name) != value]
-        rejected = (
-            {r.name: r.reason for r in refused[seen:] if hasattr(r, "reason")}
-            if isinstance(refused, list)
-            else {}
+        spent = _spend()
+        for optimizer in self.optimizers:
+            optimizer.zero_feedback()
+        train_score, traces = await self._minibatch(batch)
+        view = TrainingBatch(
+            examples=list(batch),
+            traces=traces,
+            loss_fn=self.loss_fn,
+            evaluate=self.evaluate if self.val_data is not None else None,
         )
-        val_score: float | None = None
-        kept, improved = True, False
-        if self.val_data is not None:
-            val_score = await self.evaluate()
-            best = self.history.best_val_score
-            # The gate: only an update validation scores better (by min_delta, or at all)
-            # is kept; a tie keeps the values already proven, so training can never leave
-            # the pipeline worse on validation than it started.
-            kept = improved = best is None or self._better(val_score, best)
-            if kept:
-                self.history.best_val_score = val_score
-            else:
-                self.model.load_state_dict(before)
+        trials = [await self._trial(optimizer, view) for optimizer in self.optimizers]
+        improved = any(trial.kept and trial.val_score is not None for trial in trials)
         self.stale_steps = 0 if improved else self.stale_steps + 1
         self.global_step += 1
+        calls, tokens = (now - then for now, then in zip(_spend(), spent, strict=True))
+        scored = [trial.val_score for trial in trials if trial.val_score is not None]
         record = StepRecord(
             step=self.global_step,
             epoch=self.epoch,
             batch=self.batch_index,
             train_score=train_score,
             train_loss=1.0 - train_score,
-            val_score=val_score,
-            kept=kept,
+            val_score=scored[-1] if scored else None,
+            kept=any(trial.kept for trial in trials),
             improved=improved,
-            changed=changed,
-            rejected=rejected,
+            changed=list(dict.fromkeys(name for trial in trials for name in trial.tried)),
+            rejected={k: v for trial in trials for k, v in trial.rejected.items()},
+            trials=[trial.to_json() for trial in trials],
+            calls=calls,
+            tokens=tokens,
         )
         self.history.steps.append(record)
         return record
+
+    async def _trial(self, optimizer: Any, batch: TrainingBatch) -> Trial:
+        """One optimizer's update: shown the batch, stepped, then kept only if validation
+        scores it better than the best so far (by ``min_delta``), else rolled back."""
+        before = copy.deepcopy(self.model.state_dict())
+        refused = getattr(optimizer, "rejected", None)
+        seen = len(refused) if isinstance(refused, list) else 0
+        try:
+            observe = getattr(optimizer, "observe", None)
+            if observe is not None:
+                await observe(batch)
+            await optimizer.step()
+        except BaseException:
+            # A step that failed part-way may have rewritten some parameters: put every
+            # value back so the checkpoint and the model agree on the last good state.
+            self.model.load_state_dict(before)
+            raise
+        finally:
+            optimizer.zero_feedback()
+        after = self.model.state_dict()
+        tried = {name: value for name, value in after.items() if before.get(name) != value}
+        rejected = (
+            {r.name: r.reason for r in refused[seen:] if hasattr(r, "reason")}
+            if isinstance(refused, list)
+            else {}
+        )
+        trial = Trial(
+            optimizer=type(optimizer).__name__,
+            tried=copy.deepcopy(tried),
+            val_score=None,
+            kept=True,
+            rejected=rejected,
+            candidates=list(getattr(optimizer, "candidate_scores", None) or []),
+        )
+        if self.val_data is None:
+            return trial
+        if not tried:
+            # Nothing changed: the values are the proven ones, with the score they have.
+            trial.kept, trial.val_score = False, self.history.best_val_score
+            return trial
+        trial.val_score = await self.evaluate()
+        best = self.history.best_val_score
+        # The gate: only an update validation scores better (by min_delta, or at all)
+        # is kept; a tie keeps the values already proven, so training can never leave
+        # the pipeline worse on validation than it started.
+        trial.kept = best is None or self._better(trial.val_score, best)
+        if trial.kept:
+            self.history.best_val_score = trial.val_score
+        else:
+            self.model.load_state_dict(before)
+        return trial
 
     async def _finish(self, reason: str) -> TrainingHistory:
         if self.test_data is not None:
@@ -700,9 +869,7 @@ class Trainer:
 
     def state_dict(self) -> dict[str, Any]:
         """Everything a resumed run needs, as JSON-ready data."""
-        optimizer_state = (
-            self.optimizer.state_dict() if hasattr(self.optimizer, "state_dict") else None
-        )
+        states = [o.state_dict() if hasattr(o, "state_dict") else None for o in self.optimizers]
         return {
             "format": CHECKPOINT_FORMAT,
             **self._identity(),
@@ -711,7 +878,8 @@ class Trainer:
             "global_step": self.global_step,
             "stale_steps": self.stale_steps,
             "parameters": self.model.state_dict(),
-            "optimizer": optimizer_state,
+            "optimizer": states[0],
+            "optimizers": states,
             "history": self.history.to_json(),
         }
 
@@ -761,8 +929,16 @@ class Trainer:
                 "(delete the directory or choose another)"
             )
         self.model.load_state_dict(state["parameters"])
-        if state.get("optimizer") is not None and hasattr(self.optimizer, "load_state_dict"):
-            self.optimizer.load_state_dict(state["optimizer"])
+        states = state.get("optimizers", [state.get("optimizer")])
+        if len(states) != len(self.optimizers):
+            raise TrainerError(
+                f"the checkpoint in {self.checkpoint_dir} was written with {len(states)} "
+                f"optimizer(s), this run has {len(self.optimizers)}; resume with the same "
+                "optimizers, or start fresh (delete the directory or choose another)"
+            )
+        for optimizer, saved in zip(self.optimizers, states, strict=True):
+            if saved is not None and hasattr(optimizer, "load_state_dict"):
+                optimizer.load_state_dict(saved)
         self.history = TrainingHistory.from_json(state["history"])
         self.epoch = int(state["epoch"])
         self.batch_index = int(state["batch"])
@@ -790,15 +966,36 @@ def _score(result: Any) -> float:
     )
 
 
+def _optimizer_list(optimizer: Any) -> list[Any]:
+    """The optimizers a Trainer was given: one, or a list applied in order each step."""
+    found = list(optimizer) if isinstance(optimizer, list | tuple) else [optimizer]
+    if not found:
+        raise TrainerError("no optimizer: give one, or a list such as [bootstrap, sfa]")
+    for item in found:
+        missing = [name for name in ("step", "zero_feedback") if not hasattr(item, name)]
+        if missing:
+            raise TypeError(
+                f"a Trainer optimizer needs step() and zero_feedback(); a "
+                f"{type(item).__name__} has no {' or '.join(missing)}"
+            )
+    return found
+
+
+def _spend() -> tuple[int, int]:
+    """Requests sent and tokens used so far in this process (its Ray workers included)."""
+    from plait.resources.usage import usage
+
+    rows = usage().as_dict().values()
+    return (
+        sum(int(row["requests"]) for row in rows),
+        sum(int(row["prompt_tokens"]) + int(row["completion_tokens"]) for row in rows),
+    )
+
+
 def _ray_running() -> bool:
     from plait.ray.cluster import import_ray
 
     return bool(import_ray().is_initialized())
-
-
-def _or_nan(score: float | None) -> float:
-    """A gap in a plotted line where there is no score."""
-    return math.nan if score is None else score
 
 
 def _write_atomic(path: Path, text: str) -> None:

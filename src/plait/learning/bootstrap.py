@@ -1,0 +1,381 @@
+"""`BootstrapFewShot`: learn demonstrations from the pipeline's own successful runs.
+
+A small model follows examples far better than instructions, so the most
+reliable way to teach it a task is to show it the task done right.  The traced
+graph gives plait what that takes for free: in every run, each `LLMInference`
+stage's own input and output.  So the optimizer
+
+1. runs the pipeline over training examples (the `Trainer`'s minibatch, or a
+   *teacher*: another module of the same structure, or the same pipeline on
+   another alias, e.g. a stronger model) with a `CallLog`;
+2. keeps the runs whose loss passed (score >= ``threshold``) and, from them, each
+   stage's (input, output) pair, filed under the stage's module path, so a
+   multi-stage pipeline gets demonstrations for every stage;
+3. proposes ``candidates`` demonstration sets, each of up to ``max_demos`` pairs
+   per stage; with a validation set the `Trainer` lets it score every candidate
+   and it installs the best (the Trainer's gate then keeps it only if it beats
+   the best values so far).
+
+When no run has passed yet (a start near 0% is the usual case), it falls back to
+*labelled* demonstrations: for the stage whose output is the pipeline's output,
+the stage's recorded input paired with the example's target.  Bootstrapped pairs
+come first; labelled ones fill the remaining places.
+
+It only sets demonstrations (`LLMInference(..., demos=[])` parameters); give the
+`Trainer` a list, ``[BootstrapFewShot(...), SFAOptimizer(...)]``, to rewrite the
+instructions in the same run, each update gated on validation on its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import random
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from plait.demos import normalize_demos
+from plait.handlers.calls import CallLog, CallRecord
+from plait.module import LLMInference, Module
+from plait.parameter import Parameter
+from plait.values import Value
+
+__all__ = [
+    "BootstrapFewShot",
+    "Trace",
+    "TraceLog",
+    "TrainingBatch",
+    "demo_parameters",
+    "run_traced",
+]
+
+Example = tuple[Any, Any]
+
+
+@dataclass(slots=True)
+class Trace:
+    """One example run through the pipeline: its loss score, output and LLM calls."""
+
+    example: Example
+    score: float
+    #: The pipeline's output (None when the run failed).
+    output: Any
+    calls: list[CallRecord] = field(default_factory=list)
+    failed: bool = False
+
+
+@dataclass(slots=True)
+class TrainingBatch:
+    """What the `Trainer` shows an optimizer before its step (`Optimizer.observe`).
+
+    ``traces`` are the minibatch's runs with the current values (None when they ran
+    where calls could not be logged, on Ray workers); ``evaluate`` scores the
+    validation set with the values of the moment (None without one).
+    """
+
+    examples: list[Example]
+    traces: list[Trace] | None
+    loss_fn: Module
+    evaluate: Callable[[], Awaitable[float]] | None = None
+
+
+def demo_parameters(params: Iterable[Parameter]) -> list[Parameter]:
+    """The parameters among ``params`` that are some `LLMInference`'s ``demos``."""
+    found: list[Parameter] = []
+    for param in params:
+        owner = param.owner
+        if isinstance(owner, LLMInference) and owner.demos is param:
+            found.append(param)
+    return found
+
+
+async def run_traced(model: Module, loss_fn: Module, example: Example) -> Trace:
+    """Run ``example`` through ``model`` and ``loss_fn`` (eval mode) with a `CallLog`.
+
+    A run that fails scores 0 and is marked ``failed``: it teaches nothing, and
+    one bad example does not stop the others.
+    """
+    from plait.learning.feedback import Feedback
+    from plait.learning.step import TrainingStep
+
+    step = TrainingStep(model, loss_fn).eval()
+    with TraceLog(model) as log:
+        try:
+            result = await step(example[0], target=example[1])
+        except Exception:
+            return log.trace(example, 0.0, failed=True)
+    payload = result.payload if isinstance(result, Value) else result
+    score = payload.score if isinstance(payload, Feedback) else 0.0
+    return log.trace(example, float(score))
+
+
+class TraceLog(CallLog):
+    """A `CallLog` that also keeps the output of one module (the pipeline's), so a
+    run can be turned into a `Trace`."""
+
+    sees_composite_calls = True
+
+    def __init__(self, module: Module) -> None:
+        super().__init__()
+        self.module = module
+        self.output: Any = None
+
+    def postprocess(self, msg: Any) -> None:
+        if msg.module is self.module and msg.error is None:
+            value = msg.value
+            self.output = getattr(value, "payload", value)
+        if msg.type == "llm":
+            super().postprocess(msg)
+
+    def trace(self, example: Example, score: float, failed: bool = False) -> Trace:
+        return Trace(example, score, None if failed else self.output, list(self.calls), failed)
+
+
+class BootstrapFewShot:
+    """Sets each `LLMInference`'s demonstrations from runs that passed (see the module doc).
+
+    ``params``: the pipeline's parameters (``model.parameters()``); the optimizer
+    holds those that are demonstrations and refuses a set without any.
+    ``max_demos``: pairs per stage.  ``threshold``: the loss score a run needs to
+    count as passed.  ``candidates``: demonstration sets tried per step (scored on
+    validation when there is one).  ``teacher``: a module of the same structure
+    whose runs supply the traces; ``teacher_alias``: run a copy of the pipeline
+    with every call on this alias instead (a stronger model).  Without either,
+    the Trainer's own minibatch runs are used.  ``seed`` fixes the sampling.
+    """
+
+    #: The Trainer skips the backward pass when no optimizer of a step needs feedback.
+    needs_feedback = False
+
+    def __init__(
+        self,
+        params: Iterable[Parameter],
+        *,
+        max_demos: int = 4,
+        threshold: float = 1.0,
+        candidates: int = 4,
+        teacher: Module | None = None,
+        teacher_alias: str | None = None,
+        seed: int = 0,
+    ) -> None:
+        if isinstance(params, Module):
+            raise TypeError(
+                "BootstrapFewShot() takes parameters, not a module: module.parameters()"
+            )
+        given = list(params)
+        held = demo_parameters(given)
+        if not held:
+            raise ValueError(
+                "BootstrapFewShot found no demonstrations to learn among "
+                f"{len(given)} parameter(s): give the LLMInference calls that should learn "
+                "from examples demos=[] (LLMInference(alias, system_prompt, demos=[]))"
+            )
+        for name, value in (("max_demos", max_demos), ("candidates", candidates)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if teacher is not None and teacher_alias is not None:
+            raise ValueError("give a teacher module or a teacher_alias, not both")
+        if teacher is not None and not isinstance(teacher, Module):
+            raise TypeError(f"teacher must be a plait Module, got {type(teacher).__name__}")
+        self.params: list[Parameter] = list({id(p): p for p in held}.values())
+        self.max_demos = max_demos
+        self.threshold = float(threshold)
+        self.candidates = candidates
+        self.teacher = teacher
+        self.teacher_alias = teacher_alias
+        self.seed = seed
+        self.steps = 0
+        #: Per stage (module path): bootstrapped pairs, input -> output, oldest first.
+        self.passed: dict[str, dict[str, Any]] = {}
+        #: Per stage: labelled pairs (the stage's input -> the example's target).
+        self.labelled: dict[str, dict[str, Any]] = {}
+        #: The validation score of each candidate tried at the last step.
+        self.candidate_scores: list[float] = []
+        self.rejected: list[Any] = []
+        self._evaluate: Callable[[], Awaitable[float]] | None = None
+
+    # -- the Trainer's protocol ------------------------------------------------------
+    def zero_feedback(self) -> None:
+        """Nothing to clear: demonstrations are learned from traces, not feedback."""
+
+    async def observe(self, batch: TrainingBatch) -> None:
+        """File the stages' pairs of the batch's runs that passed (see the module doc)."""
+        self._evaluate = batch.evaluate
+        traces = batch.traces
+        if traces is None or self.teacher is not None or self.teacher_alias is not None:
+            teacher = self._teacher(batch)
+            traces = list(
+                await asyncio.gather(
+                    *(run_traced(teacher, batch.loss_fn, example) for example in batch.examples)
+                )
+            )
+        stages = set(self._paths().values())
+        for trace in traces:
+            if trace.failed:
+                continue
+            mine = [(_path(call), call) for call in trace.calls if _path(call) in stages]
+            if trace.score >= self.threshold:
+                for path, call in mine:
+                    self.passed.setdefault(path, {})[call.input] = _output_of(call)
+            target = trace.example[1]
+            if target is None:
+                continue
+            final = _final_call(mine, trace.output)
+            if final is not None:
+                self.labelled.setdefault(final[0], {})[final[1].input] = target
+
+    async def step(self) -> dict[str, Any]:
+        """Install the best of ``candidates`` demonstration sets; new values by name."""
+        rng = random.Random(f"{self.seed}:{self.steps}")
+        stages = {path: param for param, path in self._paths().items()}
+        sets = [self._candidate(stages, rng) for _ in range(self.candidates)]
+        sets = [s for i, s in enumerate(sets) if s and s not in sets[:i]]
+        self.candidate_scores = []
+        self.steps += 1
+        if not sets:
+            return {}
+        best = sets[0]
+        if len(sets) > 1 and self._evaluate is not None:
+            before = {path: param.value for path, param in stages.items()}
+            best_score = -1.0
+            for candidate in sets:
+                for path, demos in candidate.items():
+                    stages[path].value = demos
+                score = await self._evaluate()
+                self.candidate_scores.append(score)
+                if score > best_score:
+                    best, best_score = candidate, score
+            for path, value in before.items():
+                stages[path].value = value
+        applied: dict[str, Any] = {}
+        for path, demos in best.items():
+            param = stages[path]
+            if param.value != demos:
+                param.apply_update(demos)
+                applied[param.qualified_name] = demos
+        return applied
+
+    # -- helpers -------------------------------------------------------------------------
+    def _paths(self) -> dict[Parameter, str]:
+        """Each held parameter's stage: its LLMInference's module path."""
+        paths: dict[Parameter, str] = {}
+        for param in self.params:
+            owner = param.owner
+            assert isinstance(owner, LLMInference)
+            paths[param] = owner.qualified_path
+        return paths
+
+    def _candidate(self, stages: dict[str, Parameter], rng: random.Random) -> dict[str, Any]:
+        """One demonstration set per stage: bootstrapped pairs first, labelled ones after."""
+        chosen: dict[str, Any] = {}
+        for path in stages:
+            passed = list(self.passed.get(path, {}).items())
+            rng.shuffle(passed)
+            picked = passed[: self.max_demos]
+            if len(picked) < self.max_demos:
+                used = {inp for inp, _ in picked}
+                labelled = [p for p in self.labelled.get(path, {}).items() if p[0] not in used]
+                rng.shuffle(labelled)
+                picked += labelled[: self.max_demos - len(picked)]
+            if picked:
+                chosen[path] = normalize_demos(picked, f"the demonstrations for {path}")
+        return chosen
+
+    def _teacher(self, batch: TrainingBatch) -> Module:
+        """The module whose runs supply traces: the teacher, or the pipeline itself
+        (on ``teacher_alias`` if given) with its parameters' current values."""
+        if self.teacher is not None:
+            return self.teacher
+        model = _root_of(self.params)
+        if self.teacher_alias is None:
+            return model
+        try:
+            twin = copy.deepcopy(model)
+        except Exception as exc:
+            raise TypeError(
+                f"teacher_alias needs a copy of the pipeline, and {type(model).__name__} cannot "
+                f"be copied ({type(exc).__name__}: {exc}); pass teacher=<a module built the "
+                "same way on the teacher's alias> instead"
+            ) from None
+        for module in twin.modules():
+            if isinstance(module, LLMInference):
+                module.alias = self.teacher_alias
+        return twin
+
+    # -- persistence ---------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "type": type(self).__name__,
+            "steps": self.steps,
+            "passed": {path: list(pairs.items()) for path, pairs in self.passed.items()},
+            "labelled": {path: list(pairs.items()) for path, pairs in self.labelled.items()},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        kind = state.get("type")
+        if kind != type(self).__name__:
+            raise ValueError(f"state_dict of a {kind} cannot be loaded into {type(self).__name__}")
+        self.steps = int(state.get("steps", 0))
+        self.passed = {p: dict(map(tuple, pairs)) for p, pairs in state.get("passed", {}).items()}
+        self.labelled = {
+            p: dict(map(tuple, pairs)) for p, pairs in state.get("labelled", {}).items()
+        }
+
+    def __repr__(self) -> str:
+        return (
+            f"BootstrapFewShot({len(self.params)} demonstration parameter(s), "
+            f"max_demos={self.max_demos}, steps={self.steps})"
+        )
+
+
+def _path(call: CallRecord) -> str:
+    module = call.module
+    return module.qualified_path if isinstance(module, LLMInference) else ""
+
+
+def _output_of(call: CallRecord) -> Any:
+    """A call's reply as a demonstration shows it: the text the assistant wrote."""
+    return call.text
+
+
+def _final_call(
+    calls: Sequence[tuple[str, CallRecord]], output: Any
+) -> tuple[str, CallRecord] | None:
+    """The stage whose reply is the pipeline's output as it is, if exactly one is.
+
+    Only that stage's input can be paired with the example's target: any other
+    stage's right answer is not what the target says.
+    """
+    if output is None:
+        return None
+    found = [(path, call) for path, call in calls if _same(call.payload, output)]
+    return found[-1] if len(found) == 1 else None
+
+
+def _same(payload: Any, output: Any) -> bool:
+    try:
+        return bool(payload == output)
+    except Exception:
+        return False
+
+
+def _root_of(params: Sequence[Parameter]) -> Module:
+    """The root module that owns the held parameters (the pipeline being trained)."""
+    roots: dict[int, Module] = {}
+    for param in params:
+        node = param.owner
+        assert node is not None
+        seen: set[int] = set()
+        while node._parent_module() is not None and id(node) not in seen:
+            seen.add(id(node))
+            parent = node._parent_module()
+            assert parent is not None
+            node = parent
+        roots[id(node)] = node
+    if len(roots) != 1:
+        raise ValueError(
+            "BootstrapFewShot's demonstrations belong to several pipelines: give it the "
+            "parameters of one root module"
+        )
+    return next(iter(roots.values()))
