@@ -481,7 +481,9 @@ def main() -> int:
     notes = text.index("## Notes")
     spliced = checkpoint_cost.section(ckpt) + scale_out.section(scale)
     text = text[:notes] + "\n".join(spliced) + "\n" + text[notes:]
-    args.output.write_text(text)
+    import learning  # beside this file: its section (measured on its own, slowly) is kept
+
+    args.output.write_text(learning.keep_section(args.output, text))
     print(f"wrote {args.output} ({elapsed:.0f} s)")
     for m in missed:
         print(f"TARGET MISSED: {m}")
