@@ -307,15 +307,7 @@ def plot_history(history: TrainingHistory, path: str | os.PathLike[str]) -> Path
                 )
             top.plot([0], [history.initial_val_score], "s", color="black", label="start")
             if annotate:
-                for x, y in [(0, history.initial_val_score), *[(a, b) for a, b, _ in tried]]:
-                    top.annotate(
-                        f"{y:.2f}",
-                        (x, y),
-                        textcoords="offset points",
-                        xytext=(0, 7),
-                        ha="center",
-                        fontsize=7,
-                    )
+                _label_points(top, [(0, history.initial_val_score), *[(a, b) for a, b, _ in tried]])
         else:
             top.text(
                 0.5,
@@ -334,15 +326,7 @@ def plot_history(history: TrainingHistory, path: str | os.PathLike[str]) -> Path
             label=_flat_label("minibatch score (before the step's updates)", train),
         )
         if annotate:
-            for x, y in zip(steps, train, strict=True):
-                bottom.annotate(
-                    f"{y:.2f}",
-                    (x, y),
-                    textcoords="offset points",
-                    xytext=(0, 7),
-                    ha="center",
-                    fontsize=7,
-                )
+            _label_points(bottom, list(zip(steps, train, strict=True)))
         for ax, title in ((top, "validation"), (bottom, "training minibatches")):
             ax.set_ylim(-0.08, 1.12)
             ax.set_ylabel("score (higher is better)")
@@ -365,6 +349,14 @@ def plot_history(history: TrainingHistory, path: str | os.PathLike[str]) -> Path
     finally:
         plt.close(fig)
     return target
+
+
+def _label_points(ax: Any, points: list[tuple[float, float]]) -> None:
+    """Write each point's score just above it."""
+    for x, y in points:
+        ax.annotate(
+            f"{y:.2f}", (x, y), textcoords="offset points", xytext=(0, 7), ha="center", fontsize=7
+        )
 
 
 def _flat_label(label: str, values: list[float]) -> str:
