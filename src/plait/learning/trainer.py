@@ -149,7 +149,8 @@ class StepRecord:
     train_score: float
     #: ...and the loss proper, ``1 - train_score``, for those who plot losses going down.
     train_loss: float
-    #: Mean validation score after the update (None without a validation set).
+    #: Mean validation score after the update (None without a validation set); with
+    #: several optimizers, after the last one's (``trials`` has each).
     val_score: float | None
     #: Whether the update was kept (validation improved) or rolled back.
     kept: bool
@@ -267,11 +268,16 @@ def plot_history(history: TrainingHistory, path: str | os.PathLike[str]) -> Path
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), dpi=100, sharex=True)
     try:
         if history.initial_val_score is not None:
+            tried = [
+                (r.step, t["val_score"], t["kept"])
+                for r in history.steps
+                for t in (r.trials or [{"val_score": r.val_score, "kept": r.kept}])
+                if t["val_score"] is not None and t.get("tried", True)
+            ]
             best = [history.initial_val_score]
-            for record in history.steps:
-                best.append(
-                    record.val_score if record.kept and record.val_score is not None else best[-1]
-                )
+            for step in steps:  # the score of the values each step ended with
+                scores = [y for x, y, k in tried if x == step and k]
+                best.append(scores[-1] if scores else best[-1])
             xs = [0, *steps]
             top.step(
                 xs,
@@ -280,12 +286,6 @@ def plot_history(history: TrainingHistory, path: str | os.PathLike[str]) -> Path
                 color="tab:blue",
                 label=_flat_label("best validation score (the values kept)", best),
             )
-            tried = [
-                (r.step, t["val_score"], t["kept"])
-                for r in history.steps
-                for t in (r.trials or [{"val_score": r.val_score, "kept": r.kept}])
-                if t["val_score"] is not None and t.get("tried", True)
-            ]
             kept = [(x, y) for x, y, k in tried if k]
             rolled = [(x, y) for x, y, k in tried if not k]
             if kept:
