@@ -207,3 +207,17 @@ def test_bootstrap_training_on_the_embedded_model_lifts_validation_from_its_star
     assert history.initial_val_score is not None and history.initial_val_score < 1.0
     assert record.kept and history.best_val_score > history.initial_val_score
     assert sorted(map(tuple, (d.values() for d in model.llm.demos.value))) == sorted(ORDER_DEMOS)
+
+
+async def test_a_rewrite_cut_off_mid_json_is_refused_not_a_failed_step() -> None:
+    from plait.learning import SFAOptimizer
+
+    prompt = plait.Parameter("Extract the order number.", description="the task")
+    prompt.accumulate_feedback("answer with the bare number, no sentence")
+    optimizer = SFAOptimizer([prompt], alias="local")
+    optimizer.rewriter.max_tokens = 3  # the reply stops inside its JSON, twice
+    applied = await optimizer.step()
+    assert applied == {} and prompt.value == "Extract the order number."
+    (refusal,) = optimizer.rejected
+    assert "the rewriter's reply was not a value" in refusal.reason
+    assert prompt.get_accumulated_feedback()  # kept, for the next step to try again

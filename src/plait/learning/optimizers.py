@@ -38,6 +38,8 @@ from plait.handlers.overriding import override
 from plait.learning.backward import upstream_rank
 from plait.module import LLMInference, Module
 from plait.parameter import Parameter
+from plait.providers.base import ReplyFormatError
+from plait.values import ExecutionError
 
 if TYPE_CHECKING:
     from plait.resources.config import ResourceConfig
@@ -71,6 +73,8 @@ class Proposal:
     feedback: str
     markers: tuple[str, ...] = ()
     """Headings and delimiters of the prompt that asked for it (an echo of one is refused)."""
+    refused: str | None = None
+    """Why there is no usable value (the rewriter's reply was not one): always refused."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,7 +202,9 @@ class Optimizer:
                     failures[name] = result
                     continue
                 old_value = param.value
-                reason = self._check(param, result)
+                reason = (
+                    result.refused if result.refused is not None else self._check(param, result)
+                )
                 if reason is not None:
                     self.rejected.append(Rejection(self.steps, name, result.value, reason))
                     continue
@@ -522,11 +528,20 @@ class SFAOptimizer(Optimizer):
     async def _propose(self, param: Parameter, name: str, earlier: tuple[Update, ...]) -> Proposal:
         feedback = await self._feedback_text(param, name)
         prompt = self.rewrite_prompt(param, name, feedback, earlier)
-        if self.rewriter.max_tokens is None:
-            with override("rewriter", max_tokens=rewrite_max_tokens(param.value)):
+        try:
+            if self.rewriter.max_tokens is None:
+                with override("rewriter", max_tokens=rewrite_max_tokens(param.value)):
+                    reply = await self._rewriter(prompt)
+            else:
                 reply = await self._rewriter(prompt)
-        else:
-            reply = await self._rewriter(prompt)
+        except ExecutionError as exc:
+            if not isinstance(exc.__cause__, ReplyFormatError):
+                raise  # the endpoint failed: the step fails (OptimizerStepError)
+            # The rewriter answered, but not with a value (a small model running past
+            # max_tokens mid-JSON): a refused rewrite, like an echo, not a broken run.
+            return Proposal(
+                None, feedback, refused=f"the rewriter's reply was not a value ({exc.__cause__})"
+            )
         if isinstance(reply, dict):  # the structured reply (a plain-text handler gives str)
             reply = reply.get("new_value", "")
         return Proposal(_parse_reply(reply, param, name), feedback, meta_markers(prompt))
@@ -706,7 +721,6 @@ def _parse_reply(reply: Any, param: Parameter, name: str) -> Any:
         text = text[3:-3].strip()
     if not text or isinstance(param.value, str):
         return text  # an empty value is refused by `check_rewrite`, not an error
-        return text
     try:
         return json.loads(text)
     except ValueError as exc:

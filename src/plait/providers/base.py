@@ -14,6 +14,7 @@ __all__ = [
     "LLMResponse",
     "Provider",
     "ProviderError",
+    "ReplyFormatError",
     "Usage",
     "status_error",
 ]
@@ -95,6 +96,11 @@ class ProviderError(RuntimeError):
         self.status = status
         self.retryable = retryable
         self.retry_after = retry_after
+
+
+class ReplyFormatError(ProviderError):
+    """The endpoint answered, but not in the ``response_format`` asked for (after one
+    re-ask): the model's failure, not the transport's, so it is never retried."""
 
 
 def status_error(status: int, message: str, retry_after: str | float | None) -> ProviderError:

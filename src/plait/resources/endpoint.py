@@ -17,7 +17,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from plait._secrets import scrub
-from plait.providers.base import LLMRequest, LLMResponse, Provider, ProviderError
+from plait.providers.base import (
+    LLMRequest,
+    LLMResponse,
+    Provider,
+    ProviderError,
+    ReplyFormatError,
+)
 from plait.resources.config import EndpointConfig
 from plait.resources.limits import Priority, PriorityLimiter
 from plait.resources.rate import RateGovernor
@@ -126,7 +132,7 @@ class Endpoint:
         try:
             second.parsed = parse_reply(request.response_format, second.text)
         except ValueError as exc:
-            raise ProviderError(f"{exc} (also after re-asking once with the error)") from exc
+            raise ReplyFormatError(f"{exc} (also after re-asking once with the error)") from exc
         return second
 
     async def _send_with_retries(
