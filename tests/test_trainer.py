@@ -457,3 +457,27 @@ def test_a_killed_run_resumes_from_its_last_checkpoint(server: Any, tmp_path: Pa
     # only the two remaining steps ran: two batches of two and two validations of four
     assert result["classifier_calls"] == 2 * 2 + 2 * 4
     assert result["prompt"] == "Answer GOOD."
+
+
+def test_an_example_whose_input_is_a_list_is_one_input_not_a_batch(
+    resources: plait.ResourceConfig,
+) -> None:
+    class Joiner(plait.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.llm = plait.LLMInference(
+                "fast", system_prompt=plait.Parameter("Join.", description="the task")
+            )
+
+        def forward(self, words: list[str]) -> Any:
+            return self.llm(" ".join(words))
+
+    model = Joiner()
+    data = [(["a", "b"], "a b"), (["c", "d", "e"], "c d e")]
+    trainer = Trainer(
+        model, ExactMatch(), SFAOptimizer(model.parameters(), alias="smart"), data, data,
+        batch_size=2, resources=resources,
+    )  # fmt: skip
+    with mock({"fast": lambda request: request.prompt_text, "rewriter": "Join them."}):
+        history = trainer.fit_sync()
+    assert history.initial_val_score == 1.0 and history.steps[0].train_score == 1.0

@@ -94,6 +94,15 @@ def call_bound(
     return _run_single(module, args, forward_kwargs, opts)
 
 
+def call_single(module: Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """`call_bound` for exactly one input, even one that is a list (a sequence to scan,
+    a dataset example whose input is a list): never run as a batch."""
+    forward_kwargs, call_options = split_kwargs(module, kwargs)
+    bound_resources, bound_config = module._binding()
+    opts = resolve_options(call_options, bound_config, bound_resources)
+    return _run_single(module, args, forward_kwargs, opts)
+
+
 def stream_bound(module: Module, inputs: Any, options: dict[str, Any]) -> AsyncIterator[Any]:
     if not is_batch(inputs) and not isinstance(inputs, Iterable):
         raise TypeError(f"stream() takes a list or iterable of inputs, got {type(inputs).__name__}")

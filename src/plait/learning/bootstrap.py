@@ -46,6 +46,7 @@ __all__ = [
     "Trace",
     "TraceLog",
     "TrainingBatch",
+    "call_step",
     "demo_parameters",
     "run_traced",
 ]
@@ -102,12 +103,20 @@ async def run_traced(model: Module, loss_fn: Module, example: Example) -> Trace:
     step = TrainingStep(model, loss_fn).eval()
     with TraceLog(model) as log:
         try:
-            result = await step(example[0], target=example[1])
+            result = await call_step(step, example)
         except Exception:
             return log.trace(example, 0.0, failed=True)
     payload = result.payload if isinstance(result, Value) else result
     score = payload.score if isinstance(payload, Feedback) else 0.0
     return log.trace(example, float(score))
+
+
+def call_step(step: Module, example: Example) -> Any:
+    """``step(input, target=target)`` as one call: an input that is a list (a sequence
+    for a scan) is one input, not a batch of them."""
+    from plait.execution.runtime import call_single
+
+    return call_single(step, (example[0],), {"target": example[1]})
 
 
 class TraceLog(CallLog):

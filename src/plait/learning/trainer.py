@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from plait.learning.backward import Received, collect_feedback, receive
-from plait.learning.bootstrap import Trace, TraceLog, TrainingBatch
+from plait.learning.bootstrap import Trace, TraceLog, TrainingBatch, call_step
 from plait.learning.feedback import Feedback
 from plait.learning.step import TrainingStep
 from plait.module import Module
@@ -629,9 +629,7 @@ class Trainer:
         if self.on_workers:
             results = await self._score_on_workers(examples)
         else:
-            results = await asyncio.gather(
-                *(self.step_module(example, target=target) for example, target in examples)
-            )
+            results = await asyncio.gather(*(self._call(example) for example in examples))
         return sum(_score(result) for result in results) / len(results)
 
     def _spec(self) -> Any:
@@ -709,10 +707,14 @@ class Trainer:
             receive(received)
         return train_score, [trace for _, trace in runs]
 
+    def _call(self, example: Example) -> Any:
+        """The step on one example: its input is one input even when it is a list."""
+        return call_step(self.step_module, example)
+
     async def _run_example(self, example: Example) -> tuple[Any, Trace]:
         """One example through the step (train mode), with its LLM calls logged."""
         with TraceLog(self.model) as log:
-            loss = await self.step_module(example[0], target=example[1])
+            loss = await self._call(example)
         failed = isinstance(loss, Value) and loss.is_error
         return loss, log.trace(example, 0.0 if failed else _score(loss), failed)
 
