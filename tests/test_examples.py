@@ -186,6 +186,35 @@ def check_train_classifier(out: str) -> None:
     assert lines[-1].startswith("(3 steps in ")  # its duration is not checked
 
 
+def check_summarize_long(out: str) -> None:
+    from plait.sequences import chunk_text
+    from plait.sequences.modules import COMBINE_INSTRUCTION, MAP_INSTRUCTION, REFINE_INSTRUCTION
+
+    document = (EXAMPLES / "data" / "long_document.txt").read_text(encoding="utf-8")
+    chunks = chunk_text(document, 700, 80)
+    summary = "(nothing yet)"
+    for chunk in chunks:  # one call per chunk, each on the summary so far
+        summary = reply(
+            REFINE_INSTRUCTION, f"Summary so far:\n{summary}\n\nNext part:\n{chunk}", 96
+        )
+    answers = [reply(MAP_INSTRUCTION, chunk, 96) for chunk in chunks]
+    while len(answers) > 1:  # combined three at a time
+        groups = [answers[i : i + 3] for i in range(0, len(answers), 3)]
+        answers = [
+            g[0]
+            if len(g) == 1
+            else reply(
+                COMBINE_INSTRUCTION, "\n\n".join(f"Part {n}:\n{a}" for n, a in enumerate(g, 1)), 96
+            )
+            for g in groups
+        ]
+    assert out.splitlines() == [
+        f"{len(document)} characters in {len(chunks)} chunks",
+        f"refine: {' '.join(summary.split())}",
+        f"map-reduce: {' '.join(answers[0].split())}",
+    ]
+
+
 #: Every check_NAME above, by NAME: the example scripts this file knows how to check.
 CHECKS: dict[str, Callable[[str], None]] = {
     name.removeprefix("check_"): check

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from plait.resources import EndpointConfig, ResourceConfig, ResourceManager
     from plait.resources.config import ConfigurationError
     from plait.resources.usage import reset_usage, usage
+    from plait.sequences import MapReduce, Recurrence, Refine, chunk_text
 
 __version__ = "0.1.0"
 
@@ -44,6 +45,10 @@ _LAZY = {
     "functional": "plait.functional",
     "Blueprint": "plait.blueprint",
     "make_from_argv": "plait.blueprint",
+    "Recurrence": "plait.sequences",
+    "Refine": "plait.sequences",
+    "MapReduce": "plait.sequences",
+    "chunk_text": "plait.sequences",
 }
 
 
@@ -61,12 +66,15 @@ __all__ = [
     "ExecutionError",
     "ExecutionSettings",
     "LLMInference",
+    "MapReduce",
     "Module",
     "ModuleDict",
     "ModuleList",
     "Parameter",
     "ParameterDict",
     "ParameterList",
+    "Recurrence",
+    "Refine",
     "ResourceConfig",
     "ResourceManager",
     "Sequential",
@@ -74,6 +82,7 @@ __all__ = [
     "Value",
     "ValueKind",
     "__version__",
+    "chunk_text",
     "functional",
     "handlers",
     "make_from_argv",

@@ -1,0 +1,203 @@
+"""Reading a document longer than one call: `Refine` and `MapReduce`.
+
+* `Refine` reads the chunks in order and carries a running answer (a summary,
+  say) from each to the next: one call per chunk, each seeing the answer so far.
+  It is a `Recurrence`, so its scan is unrolled into the graph and its prompt
+  learns through every step.
+* `MapReduce` reads every chunk at once (one call each, all in parallel), then
+  combines the answers in a tree of calls, at most ``fan_in`` answers per
+  combine, until one is left.  ``max_prompt_chars`` lowers the fan-in so that no
+  combine prompt can exceed it (each answer is at most its call's ``max_tokens``).
+
+Both take the whole document as text (chunked with `chunk_text`) or a list of
+chunks, and both keep their instructions as learnable `Parameter`s.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from plait.module import LLMInference, Module
+from plait.parameter import Parameter
+from plait.sequences.chunking import chunk_text
+from plait.sequences.recurrence import Recurrence
+
+__all__ = ["MapReduce", "Refine"]
+
+REFINE_INSTRUCTION = (
+    "You keep a running summary of a long document that you read part by part. Given the "
+    "summary so far and the next part, write the updated summary: keep what still "
+    "matters, add what the new part says. Reply with the summary only."
+)
+MAP_INSTRUCTION = "Summarize this part of a longer document in a few sentences."
+COMBINE_INSTRUCTION = (
+    "Combine these summaries of consecutive parts of one document into one summary. "
+    "Reply with the summary only."
+)
+#: Characters a token stands for, to bound a reply's length from its ``max_tokens``.
+CHARS_PER_TOKEN = 4
+#: What a combine prompt adds around each answer ("Part 3:\n...\n\n").
+_PART_OVERHEAD = 16
+
+
+def _instruction(value: str | Parameter, description: str) -> Parameter:
+    if isinstance(value, Parameter):
+        return value
+    return Parameter(value, description=description)
+
+
+def _chunks(document: Any, size: int, overlap: int) -> Any:
+    """A text chunked; a list of chunks (or anything else) as it is."""
+    if isinstance(document, str):
+        return chunk_text(document, size, overlap)
+    return document
+
+
+class Refine(Recurrence):
+    """A running answer over a document's chunks: ``forward(document) -> final answer``.
+
+    ``instruction`` (a str or `Parameter`; learnable by default) is the system
+    prompt of the one `LLMInference` every step calls, on alias ``alias``.
+    ``initial`` is the answer before the first chunk.  Chunks are
+    ``chunk_size`` characters with ``overlap`` (a list of chunks is used as it is).
+    ``static=False`` runs the steps one after the other on real values (see
+    `Recurrence`).
+    """
+
+    def __init__(
+        self,
+        alias: str,
+        instruction: str | Parameter = REFINE_INSTRUCTION,
+        *,
+        initial: str = "",
+        chunk_size: int = 2000,
+        overlap: int = 200,
+        max_tokens: int | None = 256,
+        temperature: float | None = 0.0,
+        static: bool = True,
+    ) -> None:
+        super().__init__(static=static)
+        chunk_text("check", chunk_size, overlap)  # a bad size is an error now, not mid-run
+        self.chunk_size = chunk_size
+        self.overlap = overlap
+        self.initial = initial
+        self.refine = LLMInference(
+            alias,
+            _instruction(
+                instruction,
+                "How to update a running summary of a long document from its next part.",
+            ),
+            temperature=temperature,
+            max_tokens=max_tokens,
+        )
+
+    def initial_state(self, items: Any) -> Any:
+        return self.initial or "(nothing yet)"
+
+    def step(self, item: Any, state: Any) -> tuple[Any, Any]:
+        updated = self.refine(f"Summary so far:\n{state}\n\nNext part:\n{item}")
+        return updated, updated
+
+    def forward(self, document: Any, state: Any = None, resets: Any = None) -> Any:
+        result = self.apply(_chunks(document, self.chunk_size, self.overlap), state, resets)
+        if self.static:
+            return result[1]
+        return _final(result)
+
+
+async def _final(result: Any) -> Any:
+    _outputs, state = await result
+    return state
+
+
+class MapReduce(Module):
+    """Every chunk answered in parallel, then the answers combined in a tree.
+
+    ``map_instruction`` and ``combine_instruction`` (str or `Parameter`) are the
+    system prompts of the two `LLMInference` calls (``map_alias``, and
+    ``combine_alias`` defaulting to the same).  Each combine call reads at most
+    ``fan_in`` answers; with ``max_prompt_chars`` the fan-in is lowered so that
+    ``fan_in * (max_tokens * 4 + 16)`` stays within it (the map and combine calls
+    then need ``max_tokens``).  ``forward(document) -> the combined answer``.
+    """
+
+    def __init__(
+        self,
+        map_alias: str,
+        map_instruction: str | Parameter = MAP_INSTRUCTION,
+        combine_instruction: str | Parameter = COMBINE_INSTRUCTION,
+        *,
+        combine_alias: str | None = None,
+        fan_in: int = 4,
+        max_prompt_chars: int | None = None,
+        chunk_size: int = 2000,
+        overlap: int = 200,
+        max_tokens: int | None = 256,
+        temperature: float | None = 0.0,
+    ) -> None:
+        super().__init__()
+        chunk_text("check", chunk_size, overlap)
+        if isinstance(fan_in, bool) or not isinstance(fan_in, int) or fan_in < 2:
+            raise ValueError(f"fan_in must be an integer >= 2, got {fan_in!r}")
+        self.chunk_size = chunk_size
+        self.overlap = overlap
+        self.map = LLMInference(
+            map_alias,
+            _instruction(map_instruction, "How to summarize one part of a long document."),
+            temperature=temperature,
+            max_tokens=max_tokens,
+        )
+        self.combine = LLMInference(
+            combine_alias or map_alias,
+            _instruction(
+                combine_instruction, "How to combine summaries of parts into one summary."
+            ),
+            temperature=temperature,
+            max_tokens=max_tokens,
+        )
+        self.fan_in = self._fan_in(fan_in, max_prompt_chars, max_tokens)
+
+    @staticmethod
+    def _fan_in(fan_in: int, max_prompt_chars: int | None, max_tokens: int | None) -> int:
+        if max_prompt_chars is None:
+            return fan_in
+        if max_tokens is None:
+            raise ValueError(
+                "max_prompt_chars bounds a combine prompt by its answers' max_tokens: give "
+                "max_tokens too"
+            )
+        per_answer = max_tokens * CHARS_PER_TOKEN + _PART_OVERHEAD
+        fits = max_prompt_chars // per_answer
+        if fits < 2:
+            raise ValueError(
+                f"max_prompt_chars={max_prompt_chars} holds {fits} answer(s) of up to "
+                f"{max_tokens} tokens; a combine needs room for 2: raise it to at least "
+                f"{2 * per_answer} or lower max_tokens"
+            )
+        return min(fan_in, fits)
+
+    def levels(self, chunks: int) -> int:
+        """How many rounds of combine calls ``chunks`` answers take."""
+        return 0 if chunks <= 1 else math.ceil(math.log(chunks, self.fan_in) - 1e-9)
+
+    def forward(self, document: Any) -> Any:
+        chunks = _chunks(document, self.chunk_size, self.overlap)
+        if isinstance(chunks, str | bytes) or not isinstance(chunks, list | tuple):
+            raise TypeError(
+                f"MapReduce reads a text or a list of chunks, got {type(chunks).__name__}"
+            )
+        if not chunks:
+            raise ValueError("MapReduce got an empty document: nothing to read")
+        answers = [self.map(chunk) for chunk in chunks]
+        while len(answers) > 1:
+            groups = [answers[i : i + self.fan_in] for i in range(0, len(answers), self.fan_in)]
+            answers = [group[0] if len(group) == 1 else self._combine(group) for group in groups]
+        return answers[0]
+
+    def _combine(self, group: list[Any]) -> Any:
+        parts = "\n\n".join(f"Part {n}:\n{answer}" for n, answer in enumerate(group, 1))
+        return self.combine(parts)
+
+    def extra_repr(self) -> str:
+        return f"fan_in={self.fan_in}"
