@@ -397,3 +397,9 @@ def test_pipeline_gets_typed_replies_from_anthropic(server: FakeAnthropicServer)
     result = module.bind(resources=claude_resources(server)).run_sync("rate it")
 
     assert result == Answer(title="x", score=1.0, tags=["x"])
+
+
+async def test_a_run_seed_is_not_sent_to_the_messages_api(server: FakeAnthropicServer) -> None:
+    # The API has no seed field; plait's derived seed keys caches, it is not sent.
+    await make_provider(server).send(ask("hello", extra={"seed": 1234}))
+    assert "seed" not in received(server)[-1]

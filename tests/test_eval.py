@@ -225,3 +225,21 @@ def test_parameters_the_file_does_not_set_keep_defaults_with_a_note(
     assert "does not set llm.system_prompt; they keep their defaults" in run.stderr
     assert "mean 1.0000" in run.stdout
     assert system_prompts(server) == ["S"]
+
+
+def test_eval_seed_scores_the_same_samples_again(project: Path) -> None:
+    data = write_jsonl(
+        project / "data.jsonl",
+        [{"input": f"q{i} [[sample:1000000]]", "target": "x"} for i in range(3)],
+    )
+
+    def outputs(seed: str, name: str) -> list[str]:
+        rows_file = project / name
+        run = evaluate(project, "--data", data, "--seed", seed, "--output", rows_file)
+        assert run.returncode == 0, run.stderr
+        return [json.loads(line)["output"] for line in rows_file.read_text().splitlines()]
+
+    seven = outputs("7", "a.jsonl")
+    assert all(" ~draw " in output for output in seven) and len(set(seven)) == 3
+    assert outputs("7", "b.jsonl") == seven
+    assert not set(outputs("8", "c.jsonl")) & set(seven)

@@ -221,3 +221,15 @@ async def test_a_rewrite_cut_off_mid_json_is_refused_not_a_failed_step() -> None
     (refusal,) = optimizer.rejected
     assert "the rewriter's reply was not a value" in refusal.reason
     assert prompt.get_accumulated_feedback()  # kept, for the next step to try again
+
+
+# -- reproducible sampling (issue 14) ----------------------------------------------------------
+def test_a_seeded_sampled_run_on_the_embedded_model_repeats_and_another_seed_differs() -> None:
+    # Temperature 0.8: without a seed each call would sample as llama.cpp's stream goes.
+    module = plait.LLMInference("local", temperature=0.8, max_tokens=16, n=3)
+    first = module.run_sync("Write a name for a cat.", seed=1)
+    again = module.run_sync("Write a name for a cat.", seed=1)
+    other = module.run_sync("Write a name for a cat.", seed=2)
+    assert first == again
+    assert len(set(first)) == 3  # three samples, three seeds, three answers
+    assert other != first

@@ -314,3 +314,18 @@ def test_an_input_that_kills_its_workers_becomes_its_error_row(server: FakeOpenA
     crashed = out[3]
     assert isinstance(crashed, plait.Value) and crashed.meta["error_type"] == WorkerDied.__name__
     assert f"died {MAX_LOSSES} times" in crashed.meta["message"]
+
+
+def test_a_seeded_batch_on_workers_draws_the_same_seeds_as_one_process(
+    server: FakeOpenAIServer,
+) -> None:
+    from .test_sampling import Drawn
+
+    resources = make_resources(server, max_concurrent=8)
+    inputs = [f"item {i} [[sample:1000000]]" for i in range(12)]
+    here = Drawn().bind(resources=resources).run_sync(inputs)
+    pipeline = Drawn().bind(resources=resources)
+    assert pipeline.run_sync(inputs, workers=2) == here  # the Rng's draw, made by the driver
+    assert pipeline.rng.counter.value == 1
+    seeded = pipeline.run_sync(inputs, seed=5)
+    assert pipeline.run_sync(inputs, seed=5, workers=2) == seeded != here

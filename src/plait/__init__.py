@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from plait.resources import EndpointConfig, ResourceConfig, ResourceManager
     from plait.resources.config import ConfigurationError
     from plait.resources.usage import reset_usage, usage
+    from plait.sampling import Rng
     from plait.sequences import MapReduce, Recurrence, Refine, chunk_text
 
 __version__ = "0.1.0"
@@ -49,6 +50,7 @@ _LAZY = {
     "Refine": "plait.sequences",
     "MapReduce": "plait.sequences",
     "chunk_text": "plait.sequences",
+    "Rng": "plait.sampling",
 }
 
 
@@ -77,6 +79,7 @@ __all__ = [
     "Refine",
     "ResourceConfig",
     "ResourceManager",
+    "Rng",
     "Sequential",
     "TracingError",
     "Value",

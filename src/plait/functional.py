@@ -93,6 +93,8 @@ _RESERVED_EXTRA = {
     "alias": "pass the alias as the first argument",
     "prompt": "chat_complete takes messages; use complete(alias, prompt) for one prompt",
     "system": "put F.system(text) first in messages, or use complete(alias, prompt, system=...)",
+    "n": "plait reads one reply per request; for n samples use LLMInference(n=...), or make "
+    "n calls (inside a seeded run each gets its own seed)",
 }
 _NAMED = ("temperature", "max_tokens", "response_format", "resources", "name")
 
@@ -393,6 +395,15 @@ class _CallSite:
 
     async def invoke(self, request: LLMRequest) -> Value:
         engine, resources, priority = self.engine, self.resources, self.priority
+        if engine is not None and engine.seed is not None and "seed" not in request.extra:
+            # The call counter: the k-th call from this site for this input.
+            site = (self.index, self.node_id)
+            count = engine.site_calls.get(site, 0)
+            engine.site_calls[site] = count + 1
+            from plait.sampling import call_seed
+
+            seed = call_seed(engine.seed, self.name, self.index, self.node_id, request, count)
+            request.extra = {**request.extra, "seed": seed}
         send: Sender
         if engine is not None and priority is not None and resources is engine.resources:
 

@@ -405,6 +405,12 @@ class LLMInference(Module):
     `Parameter` holding such a list is used as it is (``requires_grad=False``
     fixes the examples).  They are sent as user/assistant turns after the system
     prompt and before the input.  Without ``demos`` the call has none.
+
+    ``n`` asks for that many samples of the same request: the call returns a list
+    of ``n`` outputs, each a request of its own with its own seed (`plait.sampling`),
+    sent concurrently and cached, recorded and checkpointed one by one.  In a
+    traced ``forward`` the result is a list of ``n`` values to index, iterate or
+    pass on.  It is meant for ``temperature > 0`` (self-consistency, best-of-n).
     """
 
     _calls_llm: ClassVar[bool] = True
@@ -415,6 +421,7 @@ class LLMInference(Module):
     response_format: Any
     system_prompt: Parameter | None
     demos: Parameter | None
+    n: int
 
     def __init__(
         self,
@@ -424,8 +431,14 @@ class LLMInference(Module):
         max_tokens: int | None = None,
         response_format: type | Any = None,
         demos: Sequence[Any] | Parameter | None = None,
+        n: int = 1,
     ) -> None:
         super().__init__()
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(
+                f"LLMInference(n=...) is the number of samples, a positive integer; got {n!r}"
+            )
+        self.n = n
         if not isinstance(alias, str) or not alias:
             raise ValueError(f"LLMInference(alias=...) must be a non-empty string, got {alias!r}")
         if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
@@ -507,6 +520,8 @@ class LLMInference(Module):
             parts.append(f"max_tokens={self.max_tokens}")
         if self.response_format is not None:
             parts.append(f"response_format={getattr(self.response_format, '__name__', '?')}")
+        if self.n != 1:
+            parts.append(f"n={self.n}")
         if self.demos is not None:
             count = self.demos.current()
             parts.append(f"demos={len(count) if isinstance(count, list) else '?'}")

@@ -16,7 +16,13 @@ import sys
 from pathlib import Path
 from typing import IO, Any
 
-from plait.cli.options import UsageError, parse_target_args, report_error, target_parser
+from plait.cli.options import (
+    UsageError,
+    parse_target_args,
+    report_error,
+    seed_value,
+    target_parser,
+)
 from plait.cli.parameters import ParametersError, load_parameters
 from plait.cli.target import Target, TargetError
 from plait.learning.step import TrainingStep
@@ -82,6 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--parameters",
         metavar="FILE",
         help="load learned values (the parameters.json plait train writes)",
+    )
+    parser.add_argument(
+        "--seed",
+        type=seed_value,
+        metavar="N",
+        help="run seed for sampled calls: the same seed scores the same samples",
     )
     parser.add_argument("-o", "--output", metavar="FILE", help="one JSON line per example")
     parser.add_argument("-h", "--help", action="store_true", help="show this help and exit")
@@ -150,7 +162,7 @@ def _eval(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
                 f"cannot write --output {ns.output}: give a file in an existing folder"
             )
     step = _ScoredStep(module, _make_loss(ns))
-    rows = asyncio.run(_score_all(step, examples, resources))
+    rows = asyncio.run(_score_all(step, examples, resources, ns.seed))
     if ns.output is not None:
         try:
             with Path(ns.output).open("w", encoding="utf-8") as writer:
@@ -189,7 +201,7 @@ class _ScoredStep(TrainingStep):
 
 
 async def _score_all(
-    step: _ScoredStep, examples: list[Any], resources: Any
+    step: _ScoredStep, examples: list[Any], resources: Any, seed: int | None = None
 ) -> list[dict[str, Any]]:
     from plait.execution.settings import ExecutionSettings
     from plait.resources.manager import ResourceManager
@@ -206,7 +218,7 @@ async def _score_all(
         row.update(output=_plain(result["output"]), score=_score(result["feedback"]))
         return row
 
-    async with ExecutionSettings(resources=ResourceManager.coerce(resources)):
+    async with ExecutionSettings(resources=ResourceManager.coerce(resources), seed=seed):
         return list(
             await asyncio.gather(
                 *(one(index, input, target) for index, (input, target) in enumerate(examples))

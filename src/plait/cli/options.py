@@ -37,6 +37,19 @@ def non_negative_float(text: str) -> float:
     return value
 
 
+def seed_value(text: str) -> int:
+    """An argparse type: a run seed (`plait.sampling`)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a seed, an integer >= 0, got {text!r}"
+        ) from None
+    if not 0 <= value < 2**63:
+        raise argparse.ArgumentTypeError(f"expected a seed, an integer >= 0, got {value}")
+    return value
+
+
 def positive_int(text: str) -> int:
     """An argparse type: counts and limits, where 0 or less is always a mistake."""
     try:

@@ -35,6 +35,7 @@ from plait.cli.options import (
     parse_target_args,
     positive_int,
     report_error,
+    seed_value,
     target_parser,
 )
 from plait.cli.outputs import OutputWriter, error_record, silence_stdout
@@ -50,6 +51,7 @@ from plait.module import Module
 from plait.resources.config import ConfigurationError, ResourceConfig
 from plait.resources.manager import ResourceManager
 from plait.resources.usage import reset_usage, usage
+from plait.sampling import SeedError, run_seed
 from plait.values import Value, error_value
 
 __all__ = ["build_parser", "main"]
@@ -138,6 +140,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="join this Ray cluster ('auto': the local one) instead of starting Ray",
     )
     parser.add_argument(
+        "--seed",
+        type=seed_value,
+        metavar="N",
+        help="run seed: every LLM call sends a seed derived from it, so a sampled run repeats",
+    )
+    parser.add_argument(
         "--show", action="store_true", help="print a table of the results when done"
     )
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress display")
@@ -164,6 +172,7 @@ class _Command:
     def __init__(self, ns: argparse.Namespace) -> None:
         self.ns = ns
         self.err: IO[str] = sys.stderr
+        self.seed: int | None = None
 
     def say(self, message: str) -> None:
         print(f"plait run: {message}", file=self.err, flush=True)
@@ -180,6 +189,14 @@ class _Command:
             # Before the checkpoint is opened: its producer hashes the loaded values.
             load_parameters(module, ns.parameters, "run", self.err)
         source = open_inputs(ns.input, ns.format, ns.field, module.forward)
+        # Drawn once (from the pipeline's Rng when no seed is given): the checkpoint's
+        # producer and every input of the run use this one.
+        explicit = ns.seed if ns.seed is not None else module._bound_config.get("seed")
+        try:
+            self.seed, _ = run_seed(module, explicit)
+        except SeedError as exc:
+            source.close()
+            raise UsageError(str(exc)) from None
         try:
             resources = self._resources(module)
             checkpoint = self._checkpoint(module, resources)
@@ -250,7 +267,7 @@ class _Command:
                         "add --fresh to delete the checkpoint and start over"
                     )
         try:
-            producer = producer_of(module, resources)
+            producer = producer_of(module, resources, self.seed)
             checkpoint = Checkpoint(directory, pipeline, producer).open()
         except CheckpointError as exc:
             if not exc.fresh_helps:
@@ -291,6 +308,7 @@ class _Command:
         if ns.max_concurrent is not None:
             options["max_concurrent"] = ns.max_concurrent
         opts = resolve_options(options, module._bound_config, None)
+        opts["seed"] = self.seed
         # The command owns the checkpoint (opened above) and the order, whatever bind() said.
         opts["checkpoint_dir"] = None
         opts["preserve_order"] = bool(ns.preserve_order)

@@ -56,10 +56,11 @@ class CheckpointBusy(CheckpointError):
         self.holder = holder
 
 
-def producer_of(module: Any, resources: Any) -> dict[str, Any]:
+def producer_of(module: Any, resources: Any, seed: int | None = None) -> dict[str, Any]:
     """What a run's outputs depend on besides its inputs: each alias's endpoint
-    (provider, model, and a hash of its URL, which may hold credentials) and each
-    parameter's value (hashed).  A checkpoint refuses to resume under another."""
+    (provider, model, and a hash of its URL, which may hold credentials), each
+    parameter's value (hashed) and the run seed (`plait.sampling`; an `Rng`'s own
+    parameters are that seed).  A checkpoint refuses to resume under another."""
     import hashlib
 
     def digest(value: Any) -> str:
@@ -75,7 +76,12 @@ def producer_of(module: Any, resources: Any) -> dict[str, Any]:
             "model": config.model or "default",
             "url": digest(config.base_url or ""),
         }
-    parameters = {name: digest(param._value) for name, param in module.named_parameters()}
+    from plait.sampling import rng_parameter_names
+
+    drawn = rng_parameter_names(module)
+    parameters = {
+        name: digest(param._value) for name, param in module.named_parameters() if name not in drawn
+    }
     # Each LLM call's own settings change its replies as much as its prompt does.
     calls = {}
     for path, part in module.named_modules():
@@ -87,12 +93,14 @@ def producer_of(module: Any, resources: Any) -> dict[str, Any]:
                     getattr(part, "temperature", None),
                     getattr(part, "max_tokens", None),
                     canonical_schema_json(schema) if schema is not None else None,
+                    *([part.n] if getattr(part, "n", 1) != 1 else []),
                 ]
             )
     return {
         "endpoints": endpoints,
         "parameters": parameters,
         "calls": calls,
+        "seed": seed,
         "configured": bool(resources.config),
     }
 
@@ -122,8 +130,14 @@ def _differences(before: dict[str, Any], now: dict[str, Any]) -> tuple[list[str]
     for path in sorted(set(old_calls) | set(new_calls)):
         if old_calls.get(path) != new_calls.get(path):
             params.append(
-                f"the LLM call {path!r} changed (alias, temperature, max_tokens or response_format)"
+                f"the LLM call {path!r} changed (alias, temperature, max_tokens, "
+                "response_format or n)"
             )
+    if before.get("seed") != now.get("seed"):
+        params.append(
+            f"the run seed changed ({before.get('seed')!r} -> {now.get('seed')!r}; an Rng "
+            "draws a new one for each run: restore its counter, or pass the same seed=)"
+        )
     return found, params
 
 

@@ -18,6 +18,7 @@ import contextvars
 import threading
 import time
 from collections.abc import Callable, Coroutine
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from plait.handlers.stack import (
@@ -104,9 +105,18 @@ class _CallPriority(Priority):
 
 class Engine:
     def __init__(
-        self, root: Module, resources: ResourceManager, max_concurrent: int, draining: bool = True
+        self,
+        root: Module,
+        resources: ResourceManager,
+        max_concurrent: int,
+        draining: bool = True,
+        seed: int | None = None,
     ) -> None:
         self.root = root
+        #: The run seed (`plait.sampling`): each LLM call sends a seed derived from it.
+        self.seed = seed
+        #: Functional calls made so far per (input, call site): their call counter.
+        self.site_calls: dict[tuple[int | None, str | None], int] = {}
         self.resources = resources
         self.paths = module_paths(root)
         self.params = list(root.parameters())
@@ -246,18 +256,38 @@ class Engine:
         def send(request: LLMRequest, timing: CallTiming) -> Coroutine[Any, Any, LLMResponse]:
             return self._send(request, priority, timing)
 
-        reply = await _invoke(
-            request,
-            self.resources,
-            send,
-            name=node.path,
-            module=module,
-            node_id=prefix + node.key,
-            input_index=priority.index,
-            upstream=upstream,
-            ref=f"node:{node.id}",
-        )
-        return _module_output(reply)
+        node_id = prefix + node.key
+        samples = module.n
+
+        async def one(sample: int) -> Value:
+            call = request
+            if self.seed is not None or samples > 1:
+                seed = self._call_seed(node, node_id, priority.index, request, sample)
+                call = replace(request, extra={**request.extra, "seed": seed})
+            reply = await _invoke(
+                call,
+                self.resources,
+                send,
+                name=node.path,
+                module=module,
+                node_id=node_id if samples == 1 else f"{node_id}#{sample}",
+                input_index=priority.index,
+                upstream=upstream,
+                ref=f"node:{node.id}",
+            )
+            return _module_output(reply)
+
+        if samples == 1:
+            return await one(0)
+        outputs = await asyncio.gather(*(one(i) for i in range(samples)))
+        return _samples_output(outputs, node, ref=f"node:{node.id}")
+
+    def _call_seed(
+        self, node: Node, node_id: str, index: int, request: LLMRequest, sample: int
+    ) -> int:
+        from plait.sampling import call_seed
+
+        return call_seed(self.seed, node.path, index, node_id, request, sample)
 
     async def _send(
         self, request: LLMRequest, priority: _CallPriority, timing: CallTiming
@@ -542,3 +572,22 @@ def _apply_op(node: Node, results: dict[int, Value]) -> Value:
             raise
         return error_value(failure, module_path=node.path, ref=f"node:{node.id}")
     return Value(kind_of(payload), payload, ref=f"node:{node.id}")
+
+
+def _samples_output(outputs: list[Value], node: Node, ref: str) -> Value:
+    """The output of an ``n > 1`` call: the list of its samples, or the first failed
+    sample's error (named as such: a partial list would hide a lost sample)."""
+    for sample, value in enumerate(outputs):
+        if value.kind is ValueKind.ERROR:
+            value.meta["module_path"] = f"{node.path} (sample {sample + 1} of {len(outputs)})"
+            return value
+    from plait.providers.base import Usage
+
+    usage = Usage()
+    for value in outputs:
+        used = value.meta.get("usage")
+        if used is not None:
+            usage.prompt_tokens += used.prompt_tokens
+            usage.completion_tokens += used.completion_tokens
+    meta = {"module_path": node.path, "usage": usage}
+    return Value(ValueKind.STRUCTURED, [value.payload for value in outputs], ref=ref, meta=meta)

@@ -22,6 +22,7 @@ from plait.execution.settings import SETTING_NAMES, resolve_options
 from plait.execution.tape import Tape
 from plait.handlers.stack import current_stack
 from plait.resources.manager import ResourceManager
+from plait.sampling import run_seed
 from plait.values import ExecutionError, Value, ValueKind, error_value, kind_of
 
 if TYPE_CHECKING:
@@ -134,20 +135,30 @@ class _Run:
     def __init__(self, module: Module, opts: dict[str, Any], batch: bool = False) -> None:
         self.module = module
         self.training = module.training
-        self.engine = Engine(
-            module,
-            ResourceManager.coerce(opts["resources"]),
-            opts["max_concurrent"],
-            draining=not batch,
-        )
-        self.window = opts["max_inputs_in_flight"] or max(64, 2 * opts["max_concurrent"])
-        self.checkpoint: Checkpoint | None = None
-        if opts["checkpoint_dir"] is not None:
-            pipeline = f"{type(module).__module__}.{type(module).__qualname__}"
-            producer = producer_of(module, self.engine.resources)
-            self.checkpoint = Checkpoint(opts["checkpoint_dir"], pipeline, producer).open()
+        seed, self.give_back_seed = run_seed(module, opts.get("seed"))
+        try:
+            self.engine = Engine(
+                module,
+                ResourceManager.coerce(opts["resources"]),
+                opts["max_concurrent"],
+                draining=not batch,
+                seed=seed,
+            )
+            self.window = opts["max_inputs_in_flight"] or max(64, 2 * opts["max_concurrent"])
+            self.checkpoint: Checkpoint | None = None
+            if opts["checkpoint_dir"] is not None:
+                pipeline = f"{type(module).__module__}.{type(module).__qualname__}"
+                producer = producer_of(module, self.engine.resources, seed)
+                self.checkpoint = Checkpoint(opts["checkpoint_dir"], pipeline, producer).open()
+        except BaseException:
+            self.give_back_seed()
+            raise
 
-    def close(self) -> None:
+    def close(self, finished: bool = True) -> None:
+        """End the run; one that did not finish gives its `Rng` draw back, so running
+        it again (resuming its checkpoint) draws the same seeds."""
+        if not finished:
+            self.give_back_seed()
         if self.checkpoint is not None:
             self.checkpoint.close()
 
@@ -254,8 +265,10 @@ async def _run_single(
                 value = await state.one(0, args, kwargs)
         else:
             value = await state.one(0, args, kwargs)
-    finally:
-        state.close()
+    except BaseException:
+        state.close(finished=False)
+        raise
+    state.close()
     if value.kind is ValueKind.ERROR:
         raise ExecutionError(value)
     return state.shape(value)
@@ -276,8 +289,10 @@ async def _run_batch(
 
     try:
         await state.drive(items, extra, kwargs, deliver, asyncio.Semaphore(state.window), True)
-    finally:
-        state.close()
+    except BaseException:
+        state.close(finished=False)
+        raise
+    state.close()
     return [outputs[i] for i in range(len(outputs))]
 
 
@@ -298,12 +313,19 @@ async def _run_distributed(
             "run training batches without workers (Trainer(workers=N) scores on workers)"
         )
     resources = ResourceManager.coerce(opts["resources"])
+    # Drawn here, once: the workers run with this seed, not draws of their own.
+    seed, give_back = run_seed(module, opts.get("seed"))
+    opts = {**opts, "seed": seed}
     checkpoint = None
     if opts["checkpoint_dir"] is not None:
         pipeline = f"{type(module).__module__}.{type(module).__qualname__}"
-        checkpoint = Checkpoint(
-            opts["checkpoint_dir"], pipeline, producer_of(module, resources)
-        ).open()
+        try:
+            checkpoint = Checkpoint(
+                opts["checkpoint_dir"], pipeline, producer_of(module, resources, seed)
+            ).open()
+        except BaseException:
+            give_back()
+            raise
     outputs: dict[int, Any] = {}
 
     def deliver(index: int, item: Any, value: Value) -> None:
@@ -325,6 +347,9 @@ async def _run_distributed(
 
     try:
         await asyncio.to_thread(drive)
+    except BaseException:
+        give_back()
+        raise
     finally:
         if checkpoint is not None:
             checkpoint.close()
@@ -362,10 +387,12 @@ async def _stream(
     producer = asyncio.create_task(produce())
     pending: dict[int, BatchResult] = {}
     next_index = 0
+    finished = False
     try:
         while True:
             item = await queue.get()
             if item is None:
+                finished = True
                 break
             if isinstance(item, BaseException):
                 raise item
@@ -384,4 +411,4 @@ async def _stream(
             producer.cancel()
             with contextlib.suppress(BaseException):
                 await producer
-        state.close()
+        state.close(finished)

@@ -29,6 +29,7 @@ DEFAULTS: dict[str, Any] = {
     "max_inputs_in_flight": None,
     "workers": None,
     "ray_address": None,
+    "seed": None,
 }
 SETTING_NAMES = frozenset(DEFAULTS)
 
@@ -55,7 +56,8 @@ class ExecutionSettings:
     ``max(64, 2 * max_concurrent)``), ``workers`` (run batches on this many Ray
     worker processes, with every endpoint's limits held cluster-wide: `plait.ray`),
     ``ray_address`` (join this Ray cluster, ``"auto"`` for the local one, instead of
-    starting Ray for the run).
+    starting Ray for the run), ``seed`` (the run seed: every LLM call sends a seed
+    derived from it, so a sampled run repeats exactly; see `plait.sampling`).
     """
 
     def __init__(
@@ -68,6 +70,7 @@ class ExecutionSettings:
         max_inputs_in_flight: int | None = None,
         workers: int | None = None,
         ray_address: str | None = None,
+        seed: int | None = None,
     ) -> None:
         self.resources = resources
         self.max_concurrent = max_concurrent
@@ -77,6 +80,7 @@ class ExecutionSettings:
         self.max_inputs_in_flight = max_inputs_in_flight
         self.workers = workers
         self.ray_address = ray_address
+        self.seed = seed
         _validate(self.explicit())
         self._tokens: list[Token[ExecutionSettings | None]] = []
 
@@ -116,6 +120,10 @@ def _validate(options: dict[str, Any]) -> None:
         value = options.get(name)
         if value is not None and (not isinstance(value, int) or value < 1):
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if options.get("seed") is not None:
+        from plait.sampling import check_seed
+
+        check_seed(options["seed"], "seed")
 
 
 def resolve_options(

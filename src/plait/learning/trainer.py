@@ -58,6 +58,7 @@ from plait.learning.bootstrap import Trace, TraceLog, TrainingBatch, call_step
 from plait.learning.feedback import Feedback
 from plait.learning.step import TrainingStep
 from plait.module import Module
+from plait.sampling import rng_parameter_names, run_seed
 from plait.values import Value, kind_of
 
 __all__ = [
@@ -642,6 +643,8 @@ class Trainer:
 
         bound_resources, bound_config = self.step_module._binding()
         opts = resolve_options({}, bound_config, bound_resources)
+        # One draw from the model's Rng for the pass, made here as a batch run makes it.
+        opts["seed"], _ = run_seed(self.step_module, opts["seed"])
         return make_spec(self.step_module, opts["resources"], opts)
 
     async def _on_workers(self, examples: list[Example], method: str) -> list[Value]:
@@ -780,7 +783,15 @@ class Trainer:
     async def _trial(self, optimizer: Any, batch: TrainingBatch) -> Trial:
         """One optimizer's update: shown the batch, stepped, then kept only if validation
         scores it better than the best so far (by ``min_delta``), else rolled back."""
-        before = copy.deepcopy(self.model.state_dict())
+        # An Rng's seed and counter are not the optimizer's to change, and running the
+        # pipeline (validation, a bootstrap pass) advances the counter: leave them out
+        # of what counts as tried and of what a roll-back restores.
+        drawn = rng_parameter_names(self.model)
+        before = {
+            name: value
+            for name, value in copy.deepcopy(self.model.state_dict()).items()
+            if name not in drawn
+        }
         refused = getattr(optimizer, "rejected", None)
         seen = len(refused) if isinstance(refused, list) else 0
         try:
@@ -796,7 +807,11 @@ class Trainer:
         finally:
             optimizer.zero_feedback()
         after = self.model.state_dict()
-        tried = {name: value for name, value in after.items() if before.get(name) != value}
+        tried = {
+            name: value
+            for name, value in after.items()
+            if name not in drawn and before.get(name) != value
+        }
         rejected = (
             {r.name: r.reason for r in refused[seen:] if hasattr(r, "reason")}
             if isinstance(refused, list)

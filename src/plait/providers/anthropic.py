@@ -164,6 +164,9 @@ class AnthropicProvider:
         # Sampling settings go in the raw body: newer SDKs dropped them from `create`'s
         # signature, while the API still takes them.
         body = dict(request.extra)
+        # The Messages API has no seed (it would refuse the field): a run seed still
+        # keys the cache and checkpoint entries, but the reply is not reproducible.
+        body.pop("seed", None)
         if request.temperature is not None:
             body.setdefault("temperature", request.temperature)
         if body:

@@ -57,6 +57,11 @@ class OpenAIProvider:
                 },
             }
         body.update(request.extra)
+        if body.get("n", 1) != 1:
+            raise ProviderError(
+                f"n={body['n']!r}: plait reads one reply per request, so the other choices "
+                "would be lost; use LLMInference(n=...) for several samples"
+            )
         return body
 
     async def send(self, request: LLMRequest) -> LLMResponse:

@@ -74,7 +74,9 @@ def make_spec(
         object.__setattr__(module, "_bound_config", bound[1])
         for source in registered:
             cloudpickle.unregister_pickle_by_value(source)
-    keep = {k: v for k, v in options.items() if k in ("max_concurrent", "max_inputs_in_flight")}
+    keep = {
+        k: v for k, v in options.items() if k in ("max_concurrent", "max_inputs_in_flight", "seed")
+    }
     from pydantic import SecretStr
 
     secrets = {}
@@ -87,7 +89,7 @@ def make_spec(
         resources=config,
         options=keep,
         pipeline=f"{type(module).__module__}.{type(module).__qualname__}",
-        producer=producer_of(module, manager),
+        producer=producer_of(module, manager, options.get("seed")),
         checkpoint_dir=str(checkpoint.directory) if checkpoint is not None else None,
         secrets=secrets,
     )

@@ -12,6 +12,9 @@ Replies are a pure function of the request so that tests can predict them:
   ``[[latency_ms:250]]``, ``[[reply:any text]]`` and ``[[gate:NAME]]``, which parks the
   request (it counts as in flight) until ``POST /_gate {"open": "NAME"}``; ``/_stats``
   counts the requests parked at each gate, so a test waits for a state, never for time;
+* ``[[sample:N]]`` makes the reply a sample: `` ~draw K`` is appended, K in ``[0, N)``
+  drawn from the request's integer ``seed`` (the same seed, the same K) or, without
+  one, from the server's own random stream (as a real sampler would);
 * a JSON-schema ``response_format`` yields a minimal instance of the schema.
 
 Server-wide behaviour (latency, jitter, random faults) is changed at runtime through
@@ -105,7 +108,7 @@ class PlaceholderLog:
         return {"total": self.total, "requests": list(self.records)}
 
 
-_DIRECTIVE = re.compile(r"\[\[(status|latency_ms|reply|gate):(.*?)\]\]", re.DOTALL)
+_DIRECTIVE = re.compile(r"\[\[(status|latency_ms|reply|gate|sample):(.*?)\]\]", re.DOTALL)
 _JSON_HEADERS: Final = {"Content-Type": "application/json"}
 _MAX_SCHEMA_DEPTH: Final = 64
 # Values for string formats that pydantic validates, so structured replies parse as models.
@@ -492,10 +495,11 @@ def _content_text(content: Any) -> str:
 
 
 class _Directives:
-    __slots__ = ("gate", "latency_ms", "reply", "status", "text")
+    __slots__ = ("gate", "latency_ms", "reply", "sample", "status", "text")
 
     def __init__(self, text: str) -> None:
         self.gate: str | None = None
+        self.sample: int | None = None
         self.status: int | None = None
         self.latency_ms: float | None = None
         self.reply: str | None = None
@@ -525,6 +529,10 @@ class _Directives:
                 if not value.strip():
                     raise _BadRequest("[[gate:NAME]] needs a name")
                 self.gate = value.strip()
+            elif name == "sample":
+                if not (value.isascii() and value.isdigit() and int(value) >= 1):
+                    raise _BadRequest("[[sample:N]] needs a positive integer N")
+                self.sample = int(value)
             else:
                 self.reply = value
         if found:
@@ -737,6 +745,9 @@ class FakeOpenAIApp:
         if failed:
             return self._fault(500)
 
+        if directives.sample is not None:
+            source = random.Random(plan.seed) if plan.seed is not None else rng
+            plan.draw = source.randrange(directives.sample)
         text, finish_reason = plan.reply()
         completion_tokens = estimate_tokens(len(text))
         outcome.completion_tokens = completion_tokens
@@ -777,7 +788,7 @@ class FakeOpenAIApp:
 class _Plan:
     """A validated chat request, reduced to what is needed to produce its reply."""
 
-    __slots__ = ("directives", "max_tokens", "model", "structured", "system")
+    __slots__ = ("directives", "draw", "max_tokens", "model", "seed", "structured", "system")
 
     def __init__(
         self,
@@ -786,8 +797,12 @@ class _Plan:
         directives: _Directives,
         structured: str | None,
         max_tokens: int | None,
+        seed: int | None = None,
     ) -> None:
         self.model = model
+        self.seed = seed
+        #: The sample drawn for a ``[[sample:N]]`` request (set when it is answered).
+        self.draw: int | None = None
         self.system = system
         self.directives = directives
         self.structured = structured
@@ -802,6 +817,8 @@ class _Plan:
             text = f"[{self.system}] {self.directives.text}"
         else:
             text = self.directives.text
+        if self.draw is not None:
+            text = f"{text} ~draw {self.draw}"
         if self.max_tokens is not None and estimate_tokens(len(text)) > self.max_tokens:
             return text[: self.max_tokens * 4], "length"
         return text, "stop"
@@ -846,12 +863,15 @@ def _parse_request(raw: bytes, outcome: _Outcome) -> _Plan:
         not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1
     ):
         raise _BadRequest("max_tokens must be a positive integer")
+    seed = body.get("seed")
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+        raise _BadRequest("seed must be an integer")
 
     directives = _Directives(last_user)
     structured = None
     if directives.reply is None:
         structured = _structured_reply(body.get("response_format"))
-    return _Plan(model, system, directives, structured, max_tokens)
+    return _Plan(model, system, directives, structured, max_tokens, seed)
 
 
 def _structured_reply(response_format: Any) -> str | None:

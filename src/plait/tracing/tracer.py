@@ -470,7 +470,12 @@ class Tracer(Handler):
                 tuple(params.values()),
             )
         )
-        return TracedValue(self, node.id, path)
+        out = TracedValue(self, node.id, path)
+        samples = getattr(module, "n", 1) if module._calls_llm else 1
+        if samples != 1:
+            # n samples: a list of n values, so forward can index, iterate and pass them.
+            return [out[i] for i in range(samples)]
+        return out
 
     def record_op(
         self,
