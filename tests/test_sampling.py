@@ -384,6 +384,26 @@ def test_functional_calls_in_a_seeded_run_get_their_own_seeds(server: FakeOpenAI
     assert pipeline.run_sync(SAMPLED, seed=2)[:2] != first[:2]
 
 
+class AsksTwice(plait.Module):
+    """An async forward calling the same module twice on the same prompt."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gen = plait.LLMInference("fast", temperature=0.8)
+
+    async def forward(self, text: str) -> Any:
+        return [await self.gen(text), await self.gen(text)]
+
+
+def test_a_module_called_twice_from_an_async_forward_draws_twice(
+    server: FakeOpenAIServer,
+) -> None:
+    pipeline = AsksTwice().bind(resources=make_resources(server))
+    first = pipeline.run_sync([SAMPLED, SAMPLED], seed=1)
+    assert len({reply for row in first for reply in row}) == 4
+    assert pipeline.run_sync([SAMPLED, SAMPLED], seed=1) == first
+
+
 def test_plait_run_seed_repeats_and_a_checkpoint_refuses_another_seed(
     server: FakeOpenAIServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

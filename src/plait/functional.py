@@ -396,13 +396,7 @@ class _CallSite:
     async def invoke(self, request: LLMRequest) -> Value:
         engine, resources, priority = self.engine, self.resources, self.priority
         if engine is not None and engine.seed is not None and "seed" not in request.extra:
-            # The call counter: the k-th call from this site for this input.
-            site = (self.index, self.node_id)
-            count = engine.site_calls.get(site, 0)
-            engine.site_calls[site] = count + 1
-            from plait.sampling import call_seed
-
-            seed = call_seed(engine.seed, self.name, self.index, self.node_id, request, count)
+            seed = engine.call_seed(self.name, self.index, self.node_id, request)
             request.extra = {**request.extra, "seed": seed}
         send: Sender
         if engine is not None and priority is not None and resources is engine.resources:

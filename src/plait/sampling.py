@@ -157,15 +157,19 @@ def call_seed(
     index: int | None,
     node: str | None,
     request: LLMRequest,
-    sample: int,
+    counter: int,
+    sample: int = 0,
 ) -> int:
     """The seed of one LLM call in a run seeded ``run`` (None: run seed 0, used only
-    for the samples of an ``n > 1`` call)."""
+    for the samples of an ``n > 1`` call).  ``counter`` tells apart the calls one
+    call site makes for one input (an ``async def forward`` calling a module twice,
+    a functional call in a loop); ``sample`` the samples of one call."""
     return fold(
         run or 0,
         path,
         -1 if index is None else index,
         node or "",
         request.fingerprint(),
+        counter,
         sample,
     )

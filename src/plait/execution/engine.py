@@ -115,8 +115,8 @@ class Engine:
         self.root = root
         #: The run seed (`plait.sampling`): each LLM call sends a seed derived from it.
         self.seed = seed
-        #: Functional calls made so far per (input, call site): their call counter.
-        self.site_calls: dict[tuple[int | None, str | None], int] = {}
+        #: Seeded calls made so far per input and call site (see `_count_call`).
+        self.site_calls: dict[int | None, dict[str | None, int]] = {}
         self.resources = resources
         self.paths = module_paths(root)
         self.params = list(root.parameters())
@@ -159,6 +159,7 @@ class Engine:
             return self.output_of(graph, results), graph, results
         finally:
             release_snapshot(token)
+            self.site_calls.pop(index, None)
 
     def output_of(self, graph: Graph, results: dict[int, Value]) -> Value:
         failures = [
@@ -258,11 +259,15 @@ class Engine:
 
         node_id = prefix + node.key
         samples = module.n
+        seeded = self.seed is not None or samples > 1
+        counter = self._count_call(priority.index, node_id) if seeded else 0
 
         async def one(sample: int) -> Value:
             call = request
-            if self.seed is not None or samples > 1:
-                seed = self._call_seed(node, node_id, priority.index, request, sample)
+            if seeded:
+                seed = self.call_seed(
+                    node.path, priority.index, node_id, request, counter=counter, sample=sample
+                )
                 call = replace(request, extra={**request.extra, "seed": seed})
             reply = await _invoke(
                 call,
@@ -282,12 +287,30 @@ class Engine:
         outputs = await asyncio.gather(*(one(i) for i in range(samples)))
         return _samples_output(outputs, node, ref=f"node:{node.id}")
 
-    def _call_seed(
-        self, node: Node, node_id: str, index: int, request: LLMRequest, sample: int
+    def _count_call(self, index: int | None, node_id: str | None) -> int:
+        """How many calls this call site made for this input before this one: a graph
+        node runs once, but code running on real values (an ``async def forward``, a
+        functional call in a loop) may call from one site again and again."""
+        sites = self.site_calls.setdefault(index, {})
+        count = sites.get(node_id, 0)
+        sites[node_id] = count + 1
+        return count
+
+    def call_seed(
+        self,
+        path: str,
+        index: int | None,
+        node_id: str | None,
+        request: LLMRequest,
+        counter: int | None = None,
+        sample: int = 0,
     ) -> int:
+        """The seed this run sends with one LLM call (`plait.sampling.call_seed`)."""
         from plait.sampling import call_seed
 
-        return call_seed(self.seed, node.path, index, node_id, request, sample)
+        if counter is None:
+            counter = self._count_call(index, node_id)
+        return call_seed(self.seed, path, index, node_id, request, counter, sample)
 
     async def _send(
         self, request: LLMRequest, priority: _CallPriority, timing: CallTiming
