@@ -22,7 +22,7 @@ from plait.execution import CheckpointError
 from plait.handlers import Handler, Message
 from plait.handlers.caching import cache
 from plait.handlers.recording import NotRecordedError, record, replay
-from plait.learning.state import snapshot
+from plait.learning.state import lock, snapshot
 from plait.providers.base import ProviderError
 from plait.sampling import SEED_LIMIT, SeedError
 from plait.testing import FakeOpenAIServer
@@ -303,6 +303,11 @@ def test_an_rng_draws_a_new_seed_each_run_and_its_state_repeats_them(
     assert "rng.counter" not in trainable
     assert dict(trainable.merge(frozen)) == dict(snapshot(pipeline))
     assert all(not param.requires_grad for param in pipeline.rng.parameters())
+
+    # Under lock() no parameter may be created, yet the counter (a value) still moves.
+    with lock():
+        pipeline.run_sync(SAMPLED)
+    assert pipeline.rng.counter.value == 4
 
     # An explicit seed is the run seed: the Rng is not consulted and does not advance.
     before = pipeline.rng.counter.value
