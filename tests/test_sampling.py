@@ -389,6 +389,25 @@ def test_functional_calls_in_a_seeded_run_get_their_own_seeds(server: FakeOpenAI
     assert pipeline.run_sync(SAMPLED, seed=2)[:2] != first[:2]
 
 
+def test_functional_calls_outside_a_run_take_the_settings_seed(server: FakeOpenAIServer) -> None:
+    async def two() -> list[str]:
+        first = await F.complete("fast", SAMPLED, temperature=0.8)
+        second = await F.complete("fast", SAMPLED, temperature=0.8)
+        return [F.text_of(first), F.text_of(second)]
+
+    resources = make_resources(server)
+    with plait.ExecutionSettings(resources=resources, seed=3):
+        drawn = asyncio.run(two())
+    with plait.ExecutionSettings(resources=resources, seed=3):
+        assert asyncio.run(two()) == drawn  # a new block counts from the start again
+    with plait.ExecutionSettings(resources=resources, seed=4):
+        assert not set(asyncio.run(two())) & set(drawn)
+    assert drawn[0] != drawn[1]  # the same request twice: two seeds
+    with plait.ExecutionSettings(resources=resources):
+        asyncio.run(two())
+    assert seeds(server)[-2:] == [None, None]  # no seed in force: none sent
+
+
 class AsksTwice(plait.Module):
     """An async forward calling the same module twice on the same prompt."""
 

@@ -395,9 +395,22 @@ class _CallSite:
 
     async def invoke(self, request: LLMRequest) -> Value:
         engine, resources, priority = self.engine, self.resources, self.priority
-        if engine is not None and engine.seed is not None and "seed" not in request.extra:
-            seed = engine.call_seed(self.name, self.index, self.node_id, request)
-            request.extra = {**request.extra, "seed": seed}
+        if "seed" not in request.extra:
+            if engine is not None:
+                if engine.seed is not None:
+                    seed = engine.call_seed(self.name, self.index, self.node_id, request)
+                    request.extra = {**request.extra, "seed": seed}
+            else:
+                from plait.execution.settings import get_execution_settings
+
+                settings = get_execution_settings()
+                if settings is not None and settings.seed is not None:
+                    # Outside a run: the k-th identical call in this settings block.
+                    from plait.sampling import call_seed
+
+                    counter = settings.count_call(f"{self.name}\0{request.fingerprint()}")
+                    seed = call_seed(settings.seed, self.name, None, None, request, counter)
+                    request.extra = {**request.extra, "seed": seed}
         send: Sender
         if engine is not None and priority is not None and resources is engine.resources:
 
