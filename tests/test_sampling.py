@@ -185,6 +185,20 @@ def test_n_samples_are_n_cache_entries_and_a_warm_rerun_costs_nothing(
     assert warm.stats()["entries"] == 10
 
 
+def test_the_sample_count_is_a_knob_only_where_the_call_already_samples(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    made = plait.make_from_argv(Vote, ["gen.n=7"])
+    assert made.gen.n == 7 and made.judge.n == 1
+    with pytest.raises(SystemExit) as info:
+        plait.make_from_argv(Vote, ["gen.n=1"])  # one value where forward reads a list
+    assert info.value.code == 2
+    assert "whole number >= 2" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        plait.make_from_argv(Vote, ["judge.n=3"])  # a single call stays single
+    assert "judge.n" in capsys.readouterr().err
+
+
 class FailSecondCall(Handler):
     """Fails the second LLM call it sees, as an endpoint refusing it would."""
 

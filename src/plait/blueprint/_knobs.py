@@ -62,6 +62,18 @@ def _max_tokens(value: Any) -> int | None:
     return result
 
 
+def _samples(value: Any) -> int:
+    """How many samples a call that samples draws (``vote.n=9``).  At least 2: the
+    pipeline was written for a list of samples, and n=1 would hand it one value."""
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())
+    if isinstance(value, bool) or not isinstance(value, int) or value < 2:
+        raise CastError(
+            f"expected a whole number >= 2 (the call returns a list of samples), got {value!r}"
+        )
+    return value
+
+
 def _system_prompt(value: Any) -> str:
     from plait.parameter import Parameter
 
@@ -132,6 +144,7 @@ _LLM_KNOBS: tuple[tuple[str, str, Callable[[Any], Any]], ...] = (
     ("max_tokens", "int | None", _max_tokens),
     ("system_prompt", "str", _system_prompt),
     ("demos", "list[demo]", _demos),
+    ("n", "int", _samples),
 )
 
 #: Knobs whose value lives in a `Parameter` of the module.
@@ -150,6 +163,8 @@ def knobs_of(root: Module) -> list[Knob]:
             for name, type_name, convert in _LLM_KNOBS:
                 if name == "demos" and module.demos is None:
                     continue  # a call without demonstrations has no such setting
+                if name == "n" and module.n == 1:
+                    continue  # one sample is one value, not a list: not a setting to flip
                 full = f"{path}.{name}" if path else name
                 found.append(Knob(full, module, name, type_name, convert))
     return found
