@@ -185,6 +185,21 @@ def test_n_samples_are_n_cache_entries_and_a_warm_rerun_costs_nothing(
     assert warm.stats()["entries"] == 10
 
 
+def test_a_profile_shows_every_sample_and_the_judge_waiting_on_them(
+    server: FakeOpenAIServer, tmp_path: Path
+) -> None:
+    from plait.handlers import profile
+
+    pipeline = Vote().bind(resources=make_resources(server, ("fast", "smart")))
+    with profile(tmp_path / "trace.json") as profiler:
+        pipeline.run_sync(SAMPLED, seed=1)
+    path = [link.node.name for link in profiler.summary().critical_path]
+    assert path == ["gen", "judge"]
+    events = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    calls = [e for e in events if e.get("ph") == "X" and e.get("name") == "gen"]
+    assert len(calls) == 5
+
+
 def test_the_sample_count_is_a_knob_only_where_the_call_already_samples(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -275,7 +275,7 @@ class Engine:
                 send,
                 name=node.path,
                 module=module,
-                node_id=node_id if samples == 1 else f"{node_id}#{sample}",
+                node_id=node_id,  # one node: its samples differ by their seeds
                 input_index=priority.index,
                 upstream=upstream,
                 ref=f"node:{node.id}",
