@@ -393,24 +393,32 @@ class _CallSite:
                 "or to ExecutionSettings), or call one of the configured aliases"
             )
 
+    def seed(self, request: LLMRequest) -> int | None:
+        """The seed this call sends: from its run's seed, or outside any run from the
+        ``ExecutionSettings(seed=...)`` block it is in (the k-th identical call of the
+        block gets the k-th seed); None when no seed is in force."""
+        if self.engine is not None:
+            if self.engine.seed is None:
+                return None
+            return self.engine.call_seed(self.name, self.index, self.node_id, request)
+        from plait.execution.settings import get_execution_settings
+        from plait.sampling import call_seed
+
+        settings = get_execution_settings()
+        if settings is None or settings.seed is None:
+            return None
+        request_digest = request.fingerprint()
+        counter = settings.calls.next((self.name, request_digest))
+        return call_seed(settings.seed, self.name, None, None, request_digest, counter)
+
     async def invoke(self, request: LLMRequest) -> Value:
         engine, resources, priority = self.engine, self.resources, self.priority
-        if "seed" not in request.extra:
-            if engine is not None:
-                if engine.seed is not None:
-                    seed = engine.call_seed(self.name, self.index, self.node_id, request)
-                    request.extra = {**request.extra, "seed": seed}
-            else:
-                from plait.execution.settings import get_execution_settings
+        if "seed" not in request.extra:  # a seed the call gives itself is kept
+            seed = self.seed(request)
+            if seed is not None:
+                from plait.sampling import with_seed
 
-                settings = get_execution_settings()
-                if settings is not None and settings.seed is not None:
-                    # Outside a run: the k-th identical call in this settings block.
-                    from plait.sampling import call_seed
-
-                    counter = settings.count_call(f"{self.name}\0{request.fingerprint()}")
-                    seed = call_seed(settings.seed, self.name, None, None, request, counter)
-                    request.extra = {**request.extra, "seed": seed}
+                request = with_seed(request, seed)
         send: Sender
         if engine is not None and priority is not None and resources is engine.resources:
 

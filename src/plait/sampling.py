@@ -26,7 +26,8 @@ by it; their replies are not reproducible.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from plait._digest import digest
@@ -38,12 +39,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SEED_LIMIT",
+    "CallCounts",
     "Rng",
     "SeedError",
     "call_seed",
     "check_seed",
     "rng_parameter_names",
     "run_seed",
+    "with_seed",
 ]
 
 #: Seeds are below 2**31: every provider that takes one takes a 32-bit signed integer.
@@ -156,12 +159,13 @@ def call_seed(
     path: str,
     index: int | None,
     node: str | None,
-    request: LLMRequest,
+    request_digest: str,
     counter: int,
     sample: int = 0,
 ) -> int:
     """The seed of one LLM call in a run seeded ``run`` (None: run seed 0, used only
-    for the samples of an ``n > 1`` call).  ``counter`` tells apart the calls one
+    for the samples of an ``n > 1`` call).  ``request_digest`` is the request's
+    `~LLMRequest.fingerprint` before any seed; ``counter`` tells apart the calls one
     call site makes for one input (an ``async def forward`` calling a module twice,
     a functional call in a loop); ``sample`` the samples of one call."""
     return fold(
@@ -169,7 +173,27 @@ def call_seed(
         path,
         -1 if index is None else index,
         node or "",
-        request.fingerprint(),
+        request_digest,
         counter,
         sample,
     )
+
+
+def with_seed(request: LLMRequest, seed: int) -> LLMRequest:
+    """A copy of ``request`` that sends ``seed`` (the original may serve other samples)."""
+    return replace(request, extra={**request.extra, "seed": seed})
+
+
+class CallCounts:
+    """How many calls each call site has made so far: the ``counter`` of `call_seed`."""
+
+    __slots__ = ("_counts",)
+
+    def __init__(self) -> None:
+        self._counts: dict[Hashable, int] = {}
+
+    def next(self, site: Hashable) -> int:
+        """The number of calls ``site`` made before this one (0 for its first)."""
+        count = self._counts.get(site, 0)
+        self._counts[site] = count + 1
+        return count

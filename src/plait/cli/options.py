@@ -38,16 +38,19 @@ def non_negative_float(text: str) -> float:
 
 
 def seed_value(text: str) -> int:
-    """An argparse type: a run seed (`plait.sampling`)."""
+    """An argparse type: a run seed (`plait.sampling.check_seed` says what one is)."""
+    from plait.sampling import SeedError, check_seed
+
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"expected a seed, an integer >= 0, got {text!r}"
         ) from None
-    if not 0 <= value < 2**63:
-        raise argparse.ArgumentTypeError(f"expected a seed, an integer >= 0, got {value}")
-    return value
+    try:
+        return check_seed(value, "a seed")
+    except SeedError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def positive_int(text: str) -> int:

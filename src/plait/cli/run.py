@@ -191,8 +191,8 @@ class _Command:
         source = open_inputs(ns.input, ns.format, ns.field, module.forward)
         # Drawn once (from the pipeline's Rng when no seed is given): the checkpoint's
         # producer and every input of the run use this one.
-        explicit = ns.seed if ns.seed is not None else module._bound_config.get("seed")
         try:
+            explicit = resolve_options({"seed": ns.seed}, module._bound_config, None)["seed"]
             self.seed, _ = run_seed(module, explicit)
         except SeedError as exc:
             source.close()

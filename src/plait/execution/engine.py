@@ -18,7 +18,6 @@ import contextvars
 import threading
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from plait.handlers.stack import (
@@ -34,6 +33,7 @@ from plait.providers.base import LLMRequest, LLMResponse
 from plait.resources.endpoint import CallTiming
 from plait.resources.limits import Priority, PriorityLimiter
 from plait.resources.manager import ResourceManager
+from plait.sampling import CallCounts, call_seed, with_seed
 from plait.tracing.graph import Graph, Node, resolve
 from plait.tracing.tracer import Tracer, active_trace, module_paths, trace
 from plait.values import ExecutionError, Value, ValueKind, error_value, kind_of
@@ -115,8 +115,8 @@ class Engine:
         self.root = root
         #: The run seed (`plait.sampling`): each LLM call sends a seed derived from it.
         self.seed = seed
-        #: Seeded calls made so far per input and call site (see `_count_call`).
-        self.site_calls: dict[int | None, dict[str | None, int]] = {}
+        #: Seeded calls made so far per input, by call site (see `_count_call`).
+        self.site_calls: dict[int | None, CallCounts] = {}
         self.resources = resources
         self.paths = module_paths(root)
         self.params = list(root.parameters())
@@ -258,17 +258,20 @@ class Engine:
             return self._send(request, priority, timing)
 
         node_id = prefix + node.key
+        index = priority.index
         samples = module.n
         seeded = self.seed is not None or samples > 1
-        counter = self._count_call(priority.index, node_id) if seeded else 0
+        if seeded:
+            counter = self._count_call(index, node_id)
+            request_digest = request.fingerprint()
 
         async def one(sample: int) -> Value:
             call = request
             if seeded:
-                seed = self.call_seed(
-                    node.path, priority.index, node_id, request, counter=counter, sample=sample
+                seed = call_seed(
+                    self.seed, node.path, index, node_id, request_digest, counter, sample
                 )
-                call = replace(request, extra={**request.extra, "seed": seed})
+                call = with_seed(request, seed)
             reply = await _invoke(
                 call,
                 self.resources,
@@ -276,7 +279,7 @@ class Engine:
                 name=node.path,
                 module=module,
                 node_id=node_id,  # one node: its samples differ by their seeds
-                input_index=priority.index,
+                input_index=index,
                 upstream=upstream,
                 ref=f"node:{node.id}",
             )
@@ -291,26 +294,17 @@ class Engine:
         """How many calls this call site made for this input before this one: a graph
         node runs once, but code running on real values (an ``async def forward``, a
         functional call in a loop) may call from one site again and again."""
-        sites = self.site_calls.setdefault(index, {})
-        count = sites.get(node_id, 0)
-        sites[node_id] = count + 1
-        return count
+        sites = self.site_calls.get(index)
+        if sites is None:
+            sites = self.site_calls[index] = CallCounts()
+        return sites.next(node_id)
 
     def call_seed(
-        self,
-        path: str,
-        index: int | None,
-        node_id: str | None,
-        request: LLMRequest,
-        counter: int | None = None,
-        sample: int = 0,
+        self, path: str, index: int | None, node_id: str | None, request: LLMRequest
     ) -> int:
-        """The seed this run sends with one LLM call (`plait.sampling.call_seed`)."""
-        from plait.sampling import call_seed
-
-        if counter is None:
-            counter = self._count_call(index, node_id)
-        return call_seed(self.seed, path, index, node_id, request, counter, sample)
+        """The seed this run sends with one call from a call site (`plait.sampling`)."""
+        counter = self._count_call(index, node_id)
+        return call_seed(self.seed, path, index, node_id, request.fingerprint(), counter)
 
     async def _send(
         self, request: LLMRequest, priority: _CallPriority, timing: CallTiming

@@ -83,15 +83,11 @@ class ExecutionSettings:
         self.seed = seed
         _validate(self.explicit())
         self._tokens: list[Token[ExecutionSettings | None]] = []
-        #: Seeded functional calls made in this block outside any run, per call.
-        self._calls: dict[str, int] = {}
+        from plait.sampling import CallCounts
 
-    def count_call(self, key: str) -> int:
-        """How many calls with this key the block made before (a seeded functional
-        call outside a run: the same request twice gets two seeds)."""
-        count = self._calls.get(key, 0)
-        self._calls[key] = count + 1
-        return count
+        #: Seeded functional calls made in this block outside any run: the same
+        #: request twice gets two seeds.
+        self.calls = CallCounts()
 
     def explicit(self) -> dict[str, Any]:
         """The options this block sets itself."""
