@@ -66,6 +66,8 @@ def normalize_demos(value: Any, where: str = "demos") -> list[dict[str, Any]]:
         for side, part in zip(("input", "output"), pair, strict=True):
             if part is None or (isinstance(part, str) and not part.strip()):
                 raise DemoError(f"{where}[{index}] has an empty {side}: a demonstration needs both")
+            if isinstance(part, str):
+                continue  # text always has a JSON form (this runs at every call)
             try:
                 json.dumps(part)
             except (TypeError, ValueError):

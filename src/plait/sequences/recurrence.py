@@ -164,25 +164,26 @@ class Recurrence(Module):
         return f"static={self.static}"
 
 
-class _StepCall(Module):
-    """``step`` as a module of its own, so a dynamic scan can trace and run one step."""
+class _OwnedCall(Module):
+    """A method of a `Recurrence` as a module of its own, so a dynamic scan can trace
+    and run it (the owner is not registered: its parameters stay the owner's)."""
 
     owner: Recurrence
 
     def __init__(self, owner: Recurrence) -> None:
         super().__init__()
         object.__setattr__(self, "owner", owner)
+
+
+class _StepCall(_OwnedCall):
+    """``step``, one step at a time."""
 
     def forward(self, item: Any, state: Any) -> Any:
         return tuple(_pair(self.owner.step(item, state), type(self.owner).__name__))
 
 
-class _InitialCall(Module):
-    owner: Recurrence
-
-    def __init__(self, owner: Recurrence) -> None:
-        super().__init__()
-        object.__setattr__(self, "owner", owner)
+class _InitialCall(_OwnedCall):
+    """``initial_state``, at the start and at each reset."""
 
     def forward(self, items: list[Any]) -> Any:
         return self.owner.initial_state(items)
