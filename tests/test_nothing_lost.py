@@ -115,8 +115,12 @@ def test_every_input_is_a_row_and_the_summary_counts_the_rows(
         done = plait_cli("run", f"{target}:Odd", "-i", inputs, "-o", out, *order)
         rows = [json.loads(line) for line in out.read_text().splitlines()]
         assert sorted(row["index"] for row in rows) == [0, 1, 2, 3], done.stderr
-        assert "4 input(s): 4 succeeded, 0 failed" in done.stderr
-        assert done.returncode == 0
+        # a function is code, not an output: that input's error row, naming the type
+        assert "4 input(s): 3 succeeded, 1 failed" in done.stderr
+        assert done.returncode == 1
+        odd = next(row for row in rows if row["index"] == 1)
+        assert odd["error"]["type"] == "UnwritableOutput" and "output" not in odd
+        assert "it holds a function" in odd["error"]["message"]
         assert {row["index"]: row["output"] for row in rows if row["index"] != 1} == {
             0: "A",
             2: "B",

@@ -12,6 +12,9 @@ neither value is lost.
 An output that cannot be written at all (a pydantic model holding a function, an
 object whose ``str()`` raises) becomes that input's error row, of type
 ``UnwritableOutput``: every input still ends as exactly one row, and the run goes on.
+So does an output that is code rather than data (a function, lambda, method,
+class, Python module, generator or coroutine, anywhere in the output): its text
+would be ``"<function ...>"``, a row that looks like a success and holds nothing.
 
 The file is rewritten from the start on every run.  A resumed run still delivers
 every input (the finished ones straight from the checkpoint, at no cost), so the
@@ -22,9 +25,11 @@ interrupted run can be left behind or duplicated.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import sys
+import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
@@ -39,8 +44,28 @@ class UnwritableOutput(TypeError):
     """An output the writer could not turn into JSON: that input's error row."""
 
 
+#: Objects that are code, not data: written as text they would pass for an output.
+_NOT_DATA = (
+    types.FunctionType,
+    types.BuiltinFunctionType,
+    types.MethodType,
+    types.ModuleType,
+    types.GeneratorType,
+    types.CoroutineType,
+    types.AsyncGeneratorType,
+    functools.partial,
+    type,
+)
+
+
 def json_default(obj: Any) -> Any:
     """JSON for what pipelines return besides plain data: models, dataclasses, sets."""
+    if isinstance(obj, _NOT_DATA):
+        if isinstance(obj, types.CoroutineType):
+            obj.close()  # never awaited, and never will be: no warning about it
+        raise TypeError(
+            f"it holds a {type(obj).__name__} ({_name_of(obj)}), which is code, not data"
+        )
     dump = getattr(obj, "model_dump", None)
     if callable(dump):
         return dump(mode="json")
@@ -51,6 +76,11 @@ def json_default(obj: Any) -> Any:
     if isinstance(obj, Value):
         return obj.payload
     return str(obj)
+
+
+def _name_of(obj: Any) -> str:
+    name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
+    return str(name) if name else type(obj).__name__
 
 
 def _plain(obj: Any, depth: int = 0) -> Any:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from plait.module import Module
 
@@ -18,9 +18,11 @@ class ParametersError(Exception):
 def load_parameters(module: Module, path: str, command: str, err: IO[str]) -> None:
     """Load ``path`` (a JSON object: ``state_dict()`` name -> value) into ``module``.
 
-    Strict about what the file says: unreadable, not JSON, not an object, or a
-    name the pipeline has no parameter for is an error naming the file.  Names
-    the file does not mention keep their defaults; one stderr line lists them.
+    Strict about what the file says: unreadable, not JSON, not an object, a name
+    the pipeline has no parameter for, or a value of another kind than the
+    parameter holds (``null`` or ``5`` for a prompt would be sent as the text
+    "None" or "5") is an error naming the file.  Names the file does not mention
+    keep their defaults; one stderr line lists them.
     """
     try:
         text = Path(path).read_text(encoding="utf-8")
@@ -44,6 +46,17 @@ def load_parameters(module: Module, path: str, command: str, err: IO[str]) -> No
             f"--parameters {path} names parameter(s) the pipeline does not have: "
             f"{', '.join(unknown)} (its parameters: {', '.join(known) or 'none'})"
         )
+    wrong = [
+        f"{name} (expected {_kind(known[name])}, given {_kind(value)})"
+        for name, value in values.items()
+        if _kind(known[name]) in _CHECKED and _kind(value) != _kind(known[name])
+    ]
+    if wrong:
+        raise ParametersError(
+            f"--parameters {path} gives parameter(s) a value of the wrong type: "
+            f"{'; '.join(wrong)}; give each the kind of value it holds (the "
+            "parameters.json plait train wrote does)"
+        )
     module.load_state_dict(values)
     missing = [name for name in known if name not in values]
     if missing:
@@ -53,3 +66,25 @@ def load_parameters(module: Module, path: str, command: str, err: IO[str]) -> No
             file=err,
             flush=True,
         )
+
+
+#: Kinds of current value a loaded value is checked against (a parameter holding
+#: None, or an object of its own, takes what the file gives).
+_CHECKED = frozenset({"boolean", "number", "text", "list", "object"})
+
+
+def _kind(value: Any) -> str:
+    """The JSON kind of a value, which a loaded value must share with the current one."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "text"
+    if isinstance(value, list | tuple):
+        return "list"
+    if isinstance(value, dict):
+        return "object"
+    return type(value).__name__
