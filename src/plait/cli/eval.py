@@ -24,6 +24,7 @@ from plait.cli.options import (
     target_parser,
 )
 from plait.cli.parameters import ParametersError, load_parameters
+from plait.cli.progress import Display, Tally, make_display
 from plait.cli.target import Target, TargetError
 from plait.learning.step import TrainingStep
 from plait.resources.config import ConfigurationError, ResourceConfig
@@ -45,9 +46,15 @@ TARGET is file.py:Name or package.module:Name; key=value arguments configure it,
 as for `plait run`.  --parameters FILE loads the values `plait train` learned
 (its parameters.json); names the file does not set keep their defaults.
 
-Data (--data): a JSONL file, one object per line; --input-field (default
-"input") is passed to the pipeline and --target-field (default "target") to the
-loss.  Losses: exact (output equals target), contains (output contains the
+Data (--data): a JSONL (or CSV) file, one object per line, read as `plait run`
+reads its inputs; --target-field (default "target") is passed to the loss, and
+must be in every example (its absence is an error naming the fields, unless the
+loss is judge and --target-field is not given).  --input-field NAME is passed
+to the pipeline; without it, the fields named like forward's parameters (the
+target aside) are passed, else the field "input"; an example that has neither
+is refused, naming its fields.  An input that is a list is one input.
+
+Losses: exact (output equals target), contains (output contains the
 target text(s)), judge (an LLM grades the output against --criteria; its calls
 use the alias --judge-alias).  Scores lie in [0, 1].
 
@@ -72,8 +79,13 @@ def build_parser() -> argparse.ArgumentParser:
         DESCRIPTION,
     )
     parser.add_argument("--data", metavar="FILE", help="examples to score (JSONL)")
-    parser.add_argument("--input-field", default="input", metavar="NAME", help="(input)")
-    parser.add_argument("--target-field", default="target", metavar="NAME", help="(target)")
+    parser.add_argument(
+        "--input-field",
+        metavar="NAME",
+        help="the field passed to the pipeline (default: fields named like forward's "
+        "parameters, else input)",
+    )
+    parser.add_argument("--target-field", metavar="NAME", help="(target)")
     parser.add_argument("--loss", choices=LOSSES, default="exact", help="(default: exact)")
     parser.add_argument(
         "--criteria", action="append", metavar="TEXT", help="what the judge grades (repeatable)"
@@ -96,6 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="run seed for sampled calls: the same seed scores the same samples",
     )
     parser.add_argument("-o", "--output", metavar="FILE", help="one JSON line per example")
+    parser.add_argument(
+        "-q", "--quiet", action="store_true", help="no progress display: errors and the result"
+    )
     parser.add_argument("-h", "--help", action="store_true", help="show this help and exit")
     return parser
 
@@ -141,15 +156,28 @@ def confidence_interval(scores: list[float]) -> tuple[float, float, str]:
 
 
 def _eval(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    from plait.cli.run import refuse_to_clobber
     from plait.cli.train import _make_loss
     from plait.learning.trainer import load_examples
 
+    refuse_to_clobber(
+        {"--data": ns.data, "--parameters": ns.parameters, "--resources": ns.resources},
+        {"--output": ns.output},
+    )
     module = Target(ns.target, ns.assignments).make()
     if ns.parameters is not None:
         load_parameters(module, ns.parameters, "eval", err)
     if ns.loss == "judge" and not ns.criteria:
         raise UsageError("--loss judge needs --criteria TEXT: what the judge should grade")
-    examples = load_examples(ns.data, ns.input_field, ns.target_field)
+    target_field = ns.target_field or "target"
+    examples = load_examples(
+        ns.data,
+        ns.input_field,
+        target_field,
+        forward=module.forward,
+        require_target=ns.loss != "judge" or ns.target_field is not None,
+        on_unused=lambda note: print(f"plait eval: {note}", file=err, flush=True),
+    )
     if not examples:
         raise UsageError(f"--data {ns.data} holds no examples")
     resources: Any = module._bound_resources
@@ -162,7 +190,13 @@ def _eval(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
                 f"cannot write --output {ns.output}: give a file in an existing folder"
             )
     step = _ScoredStep(module, _make_loss(ns))
-    rows = asyncio.run(_score_all(step, examples, resources, ns.seed))
+    tally = Tally(len(examples))
+    display = make_display(tally, err, quiet=ns.quiet, command="eval")
+    display.start()
+    try:
+        rows = asyncio.run(_score_all(step, examples, resources, ns.seed, tally, display))
+    finally:
+        display.stop()
     if ns.output is not None:
         try:
             with Path(ns.output).open("w", encoding="utf-8") as writer:
@@ -201,21 +235,36 @@ class _ScoredStep(TrainingStep):
 
 
 async def _score_all(
-    step: _ScoredStep, examples: list[Any], resources: Any, seed: int | None = None
+    step: _ScoredStep,
+    examples: list[Any],
+    resources: Any,
+    seed: int | None = None,
+    tally: Tally | None = None,
+    display: Display | None = None,
 ) -> list[dict[str, Any]]:
     from plait.execution.settings import ExecutionSettings
+    from plait.learning.bootstrap import call_step
     from plait.resources.manager import ResourceManager
 
     step.eval()
+    tally = tally if tally is not None else Tally(len(examples))
 
     async def one(index: int, input: Any, target: Any) -> dict[str, Any]:
         row: dict[str, Any] = {"index": index, "input": input, "target": target}
+        tally.in_flight += 1
         try:
-            result = await step(input, target=target)
+            # one example, even when its input is a list (as plait train calls it)
+            result = await call_step(step, (input, target))
         except Exception as exc:  # a pipeline or loss error scores 0, and is reported
             row.update(output=None, score=0.0, error=f"{type(exc).__name__}: {exc}")
-            return row
-        row.update(output=_plain(result["output"]), score=_score(result["feedback"]))
+            tally.failed += 1
+        else:
+            row.update(output=_plain(result["output"]), score=_score(result["feedback"]))
+            tally.succeeded += 1
+        finally:
+            tally.in_flight -= 1
+            if display is not None:
+                display.changed()
         return row
 
     async with ExecutionSettings(resources=ResourceManager.coerce(resources), seed=seed):

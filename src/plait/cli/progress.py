@@ -175,9 +175,16 @@ class RichDisplay(Display):
 class PlainDisplay(Display):
     """Lines for logs and pipes: every few seconds, and at each tenth of a known total."""
 
-    def __init__(self, tally: Tally, stream: IO[str], interval: float = PLAIN_INTERVAL_S) -> None:
+    def __init__(
+        self,
+        tally: Tally,
+        stream: IO[str],
+        interval: float = PLAIN_INTERVAL_S,
+        command: str = "run",
+    ) -> None:
         super().__init__(tally, stream)
         self.interval = interval
+        self.command = command
         self._lock = threading.Lock()
         self._stopped = threading.Event()
         self._step = 0
@@ -187,7 +194,7 @@ class PlainDisplay(Display):
     def _line(self) -> None:
         with self._lock:
             self._shown = self.tally.finished
-            self.stream.write(f"plait run: {self.tally.status()}\n")
+            self.stream.write(f"plait {self.command}: {self.tally.status()}\n")
             self.stream.flush()
 
     def _tick(self) -> None:
@@ -228,9 +235,11 @@ def is_terminal(stream: IO[str]) -> bool:
         return False
 
 
-def make_display(tally: Tally, stream: IO[str], quiet: bool = False) -> Display:
+def make_display(
+    tally: Tally, stream: IO[str], quiet: bool = False, command: str = "run"
+) -> Display:
     if quiet:
         return Display(tally, stream)
     if is_terminal(stream):
         return RichDisplay(tally, stream)
-    return PlainDisplay(tally, stream)
+    return PlainDisplay(tally, stream, command=command)

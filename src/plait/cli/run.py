@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import shutil
@@ -54,7 +55,7 @@ from plait.resources.usage import reset_usage, usage
 from plait.sampling import SeedError, run_seed
 from plait.values import Value, error_value
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "main", "refuse_to_clobber"]
 
 #: Where the CLI notes the command that wrote a checkpoint, beside the runtime's files.
 COMMAND_FILE = "cli.json"
@@ -72,13 +73,20 @@ that returns a Module.  key=value arguments configure it (blueprint arguments:
 
 Inputs (--input FILE, or - for stdin; the format comes from the file's suffix,
 .jsonl/.json/.ndjson, .csv/.tsv, .txt, or is sniffed; --format overrides):
-  JSONL  one JSON value per line
-  CSV    a header row, then one input per row (an object of column -> text)
-  text   one input per non-empty line
+  JSONL     one JSON value per line
+  CSV       a header row, then one input per row (an object of column -> text)
+  text      one input per non-empty line
+  document  the whole file (or stdin) is one input
+--input DIR: each regular file in the directory (sorted by name) is one input,
+its whole text (the output's "input" is the file's path).
 An object (JSON object or CSV row) with --field NAME passes that field.  Without
---field, an object whose keys all name parameters of forward() (and include the
-required ones) is passed as keyword arguments; any other object is passed whole
-as the one argument.  Every other value is the one argument.
+--field, an object whose fields include every required parameter of forward()
+passes those fields by name (the others are not passed: stderr names them once);
+one that does not is passed whole only to a forward() whose one parameter is
+annotated dict/Mapping or named record, row, example, item or data, and is
+refused otherwise (before the run, when it is the first record).  Every other
+value is the one argument.  A CSV file whose quoting is broken is refused,
+naming the line where the unclosed quoted field starts.
 
 --parameters FILE loads the values `plait train` learned (its parameters.json)
 before the run; names the file does not set keep their defaults.  The values
@@ -102,7 +110,12 @@ def build_parser() -> argparse.ArgumentParser:
         "-o", "--output", default="-", metavar="FILE", help="JSONL outputs (default: - , stdout)"
     )
     parser.add_argument(
-        "--format", choices=FORMATS, default="auto", help="input format (default: by suffix)"
+        "--format",
+        "--input-format",
+        dest="format",
+        choices=FORMATS,
+        default="auto",
+        help="input format (default: by suffix; document: the whole file is one input)",
     )
     parser.add_argument("--field", metavar="NAME", help="pass this field of each input object")
     parser.add_argument(
@@ -148,7 +161,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--show", action="store_true", help="print a table of the results when done"
     )
-    parser.add_argument("-q", "--quiet", action="store_true", help="no progress display")
+    parser.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="no progress display, no usage table: the summary line and errors only",
+    )
     parser.add_argument("-h", "--help", action="store_true", help="show this help and exit")
     return parser
 
@@ -173,6 +191,7 @@ class _Command:
         self.ns = ns
         self.err: IO[str] = sys.stderr
         self.seed: int | None = None
+        self.items: Iterator[Item] = iter(())
 
     def say(self, message: str) -> None:
         print(f"plait run: {message}", file=self.err, flush=True)
@@ -188,7 +207,12 @@ class _Command:
         if ns.parameters is not None:
             # Before the checkpoint is opened: its producer hashes the loaded values.
             load_parameters(module, ns.parameters, "run", self.err)
-        source = open_inputs(ns.input, ns.format, ns.field, module.forward)
+        source = open_inputs(ns.input, ns.format, ns.field, module.forward, self.say)
+        try:
+            self.items = _refuse_unfit(source.items(), ns.field)
+        except BaseException:
+            source.close()
+            raise
         # Drawn once (from the pipeline's Rng when no seed is given): the checkpoint's
         # producer and every input of the run use this one.
         try:
@@ -301,7 +325,7 @@ class _Command:
             tally.total = min(count, ns.limit) if ns.limit is not None else count
 
         count_inputs(source, counted)
-        items: Iterator[Item] = source.items()
+        items: Iterator[Item] = self.items
         if ns.limit is not None:
             items = _first(items, ns.limit)
         options: dict[str, Any] = {"resources": resources, "checkpoint_dir": None}
@@ -390,14 +414,7 @@ class _Command:
             self.say("this run had no checkpoint, so a re-run starts over (see --checkpoint)")
         return 130
 
-    def _summary(self, tally: Tally, checkpoint: Checkpoint | None, elapsed: float) -> int:
-        resumed = f", {tally.resumed} from the checkpoint" if tally.resumed else ""
-        self.say(
-            f"{tally.finished} input(s): {tally.succeeded} succeeded, {tally.failed} failed"
-            f"{resumed}, in {duration(elapsed)}"
-        )
-        if self.ns.show and self.ns.output != "-":
-            _print_results(Path(self.ns.output))
+    def _where_things_are(self, checkpoint: Checkpoint | None) -> None:
         self.say(f"outputs: {self._where()}")
         if checkpoint is not None:
             self.say(f"checkpoint: {checkpoint.directory} (re-running resumes; --fresh restarts)")
@@ -408,6 +425,17 @@ class _Command:
         report = usage()
         if report.rows:
             console(self.err).print(report.table())
+
+    def _summary(self, tally: Tally, checkpoint: Checkpoint | None, elapsed: float) -> int:
+        resumed = f", {tally.resumed} from the checkpoint" if tally.resumed else ""
+        self.say(
+            f"{tally.finished} input(s): {tally.succeeded} succeeded, {tally.failed} failed"
+            f"{resumed}, in {duration(elapsed)}"
+        )
+        if self.ns.show and self.ns.output != "-":
+            _print_results(Path(self.ns.output))
+        if not self.ns.quiet:  # -q: the summary line and the errors, nothing else
+            self._where_things_are(checkpoint)
         if tally.failed:
             shown = "; ".join(
                 f"#{index} {error['type']}"
@@ -571,6 +599,18 @@ def _print_results(path: Path) -> None:
     console(sys.stdout).print(table)
 
 
+def _refuse_unfit(items: Iterator[Item], field_name: str | None) -> Iterator[Item]:
+    """The inputs, once the first is known to fit ``forward``: a first record whose
+    fields fit no parameter means every record does not, so the run is refused now,
+    before anything is paid for (a later record like it is that input's error)."""
+    first = next(items, None)
+    if first is None:
+        return items
+    if first.unfit and first.problem is not None:
+        raise UsageError(first.problem)
+    return itertools.chain([first], items)
+
+
 def _first(items: Iterator[Item], limit: int) -> Iterator[Item]:
     for count, item in enumerate(items, start=1):
         yield item
@@ -622,22 +662,38 @@ def _refuse_to_clobber(ns: argparse.Namespace) -> None:
             f"--profile {ns.profile} is the --output file: the trace would replace the "
             "outputs at the end of the run; give --profile another path"
         )
-    for flag, target in (("--output", ns.output), ("--profile", ns.profile)):
-        if target in (None, "-"):
-            continue
-        if ns.input == "-":
-            if _is_stdin(Path(target)):
-                raise UsageError(
-                    f"{flag} {target} is the file stdin reads the inputs from: writing it would "
-                    f"destroy the inputs before they are read; give {flag} another path"
-                )
-        elif _same_file(Path(ns.input), Path(target)):
-            raise UsageError(
-                f"{flag} {target} is the input file {ns.input}: writing it would destroy "
-                f"the inputs before they are read; give {flag} another path"
-            )
+    refuse_to_clobber(
+        {"--input": ns.input, "--parameters": ns.parameters, "--resources": ns.resources},
+        {"--output": ns.output, "--profile": ns.profile},
+    )
     if ns.profile not in (None, "-"):
         _check_writable("--profile", Path(ns.profile))
+
+
+def refuse_to_clobber(reads: dict[str, str | None], writes: dict[str, str | None]) -> None:
+    """Refuse a file a command writes that is one it reads (``-`` being stdin): writing
+    it would destroy what it holds, an input file, a dataset, the learned parameters.
+
+    Every command that writes a file checks with this, before it opens anything.
+    """
+    for flag, target in writes.items():
+        if target in (None, "-"):
+            continue
+        for source_flag, source in reads.items():
+            if source is None:
+                continue
+            what = "input file" if source_flag == "--input" else f"{source_flag} file"
+            if source == "-":
+                if _is_stdin(Path(target)):
+                    raise UsageError(
+                        f"{flag} {target} is the file stdin reads the inputs from: writing it "
+                        f"would destroy the inputs before they are read; give {flag} another path"
+                    )
+            elif _same_file(Path(source), Path(target)):
+                raise UsageError(
+                    f"{flag} {target} is the {what} {source}: writing it would destroy "
+                    f"what it holds; give {flag} another path"
+                )
 
 
 def _is_stdin(path: Path) -> bool:

@@ -48,12 +48,17 @@ Train TARGET's learnable Parameters (its prompts) on a dataset of examples.
 TARGET is file.py:Name or package.module:Name: a Module class, or a function
 that returns a Module.  key=value arguments configure it, as for `plait run`.
 
-Data (--data, --val): JSONL files, one object per line; --input-field (default
-"input") is passed to the pipeline and --target-field (default "target") to
-the loss.  Each step trains on a minibatch, lets the optimizer rewrite the
-prompts, then scores the validation set: the update is kept only if that score
-improved, by at least --min-delta (default: strictly better; a tie restores the
-previous prompts too).  --patience N stops after N steps without a kept update.
+Data (--data, --val): JSONL (or CSV) files, one object per line, read as `plait
+run` reads its inputs; --target-field (default "target") is passed to the loss
+and must be in every example (unless the loss is judge and --target-field is not
+given).  --input-field NAME is passed to the pipeline; without it, the fields
+named like forward's parameters (the target aside) are passed, else the field
+"input"; an example that has neither is refused, naming its fields.
+
+Each step trains on a minibatch, lets the optimizer rewrite the prompts, then
+scores the validation set: the update is kept only if that score improved, by
+at least --min-delta (default: strictly better; a tie restores the previous
+prompts too).  --patience N stops after N steps without a kept update.
 --test FILE scores a held-out set before the first update and after the last and
 prints both.
 
@@ -94,8 +99,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--data", metavar="FILE", help="training examples (JSONL)")
     parser.add_argument("--val", metavar="FILE", help="validation examples (JSONL)")
-    parser.add_argument("--input-field", default="input", metavar="NAME", help="(input)")
-    parser.add_argument("--target-field", default="target", metavar="NAME", help="(target)")
+    parser.add_argument(
+        "--input-field",
+        metavar="NAME",
+        help="the field passed to the pipeline (default: fields named like forward's "
+        "parameters, else input)",
+    )
+    parser.add_argument("--target-field", metavar="NAME", help="(target)")
     parser.add_argument("--loss", choices=LOSSES, default="exact", help="(default: exact)")
     parser.add_argument(
         "--criteria", action="append", metavar="TEXT", help="what the judge grades (repeatable)"
@@ -201,6 +211,7 @@ def _train(ns: argparse.Namespace, err: IO[str]) -> int:
             f"{ns.target} has no learnable Parameter: give it a plait.Parameter(..., "
             "description=...) (for example as an LLMInference system_prompt) to train"
         )
+    _check_data(ns, module, err)
     resources: Any = module._bound_resources
     if ns.resources is not None:
         resources = ResourceConfig.load(ns.resources)
@@ -224,7 +235,7 @@ def _train(ns: argparse.Namespace, err: IO[str]) -> int:
         seed=ns.seed,
         max_steps=ns.max_steps,
         input_field=ns.input_field,
-        target_field=ns.target_field,
+        target_field=ns.target_field or "target",
         on_event=display.event,
         workers=ns.workers,
         ray_address=ns.ray_address,
@@ -267,6 +278,30 @@ def _train(ns: argparse.Namespace, err: IO[str]) -> int:
             file=err,
         )
     return 0
+
+
+def _check_data(ns: argparse.Namespace, module: Module, err: IO[str]) -> None:
+    """Read every data file before anything is paid for: a missing input or target
+    field is a usage error naming the field and the fields the examples have."""
+    from plait.learning.trainer import load_examples
+
+    noted: list[str] = []
+
+    def note(text: str) -> None:
+        if not noted:  # once for the command, not once per file
+            print(f"plait train: {text}", file=err, flush=True)
+            noted.append(text)
+
+    for data in (ns.data, ns.val, ns.test):
+        if data is not None:
+            load_examples(
+                data,
+                ns.input_field,
+                ns.target_field or "target",
+                forward=module.forward,
+                require_target=ns.loss != "judge" or ns.target_field is not None,
+                on_unused=note,
+            )
 
 
 def _make_loss(ns: argparse.Namespace) -> Module:

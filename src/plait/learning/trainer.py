@@ -91,49 +91,86 @@ class TrainerError(Exception):
 # -- data --------------------------------------------------------------------------------------
 def load_examples(
     data: str | os.PathLike[str] | Iterable[Any],
-    input_field: str = "input",
+    input_field: str | None = None,
     target_field: str = "target",
+    *,
+    forward: Callable[..., Any] | None = None,
+    require_target: bool = False,
+    on_unused: Callable[[str], None] | None = None,
 ) -> list[Example]:
-    """``(input, target)`` pairs from pairs, mappings, or a JSONL file of mappings.
+    """``(input, target)`` pairs from pairs, mappings, or a data file of mappings.
 
-    A mapping without the target field gives a target of None (a loss that needs
-    no reference, such as a judge, can still score it).  A mapping without the
-    input field is an error naming the fields it has, since silently passing the
-    whole record would train on the wrong text.
+    A file is read as ``plait run`` reads its inputs (JSONL or CSV by suffix, a
+    UTF-8 BOM dropped).  A mapping's input is its ``input_field``; without one,
+    the fields named like ``forward``'s parameters (when they include every
+    required one, the target field aside), else the field ``input``
+    (`plait.cli.inputs.map_record`, the rule ``plait run`` follows too).  A
+    mapping that gives no input is an error naming the fields it has, since
+    passing the whole record would put the target inside the prompt.  A mapping
+    without the target field gives a target of None (a loss that needs no
+    reference, such as a judge, can still score it) unless ``require_target``.
     """
+    from plait.cli.inputs import CallShape, InputError, map_record, read_records
+
     if isinstance(data, str | os.PathLike):
         path = Path(data)
+        if path.is_dir():
+            raise TrainerError(f"the dataset {path} is a directory; give a JSONL or CSV file")
         try:
-            lines = path.read_text(encoding="utf-8").splitlines()
-        except OSError as exc:
+            read = read_records(str(path))
+        except InputError as exc:
             raise TrainerError(f"cannot read the dataset {path}: {exc}") from None
-        records: list[Any] = []
-        for number, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            try:
-                records.append(json.loads(line))
-            except ValueError as exc:
-                raise TrainerError(f"{path}, line {number}: not JSON ({exc})") from None
-        where = str(path)
+        bad = next((record for record in read if record.problem is not None), None)
+        if bad is not None:
+            raise TrainerError(str(bad.problem))
+        records = [(record.where, record.value) for record in read]
     else:
-        records, where = list(data), "the dataset"
+        records = [(f"the dataset, record {n}", record) for n, record in enumerate(data, 1)]
+    shape = CallShape.of(forward) if forward is not None else None
     examples: list[Example] = []
-    for index, record in enumerate(records):
+    for where, record in records:
         if isinstance(record, Mapping):
-            if input_field not in record:
+            fields = dict(record)
+            if require_target and target_field not in fields:
                 raise TrainerError(
-                    f"{where}, record {index + 1} has no {input_field!r} field (it has: "
-                    f"{', '.join(map(str, record)) or 'none'}); name the input field "
-                    "(input_field=... or --input-field)"
+                    f"{where} has no target field {target_field!r} (its fields: "
+                    f"{', '.join(map(str, fields)) or 'none'}); name the target field "
+                    "(--target-field NAME, or target_field=...)"
                 )
-            examples.append((record[input_field], record.get(target_field)))
+            mapped = map_record(
+                fields,
+                shape,
+                input_field,
+                where,
+                field_flag="--input-field",
+                skip=frozenset({target_field}),
+                fallback_field="input",
+            )
+            if mapped.problem is not None:
+                raise TrainerError(mapped.problem)
+            if mapped.kwargs:
+                if len(mapped.kwargs) > 1:
+                    raise TrainerError(
+                        f"{where} fills {len(mapped.kwargs)} parameters of forward by name "
+                        f"({', '.join(mapped.kwargs)}), but an example has one input: give "
+                        "--input-field NAME (input_field=...), or take one parameter"
+                    )
+                ((name, value),) = mapped.kwargs.items()
+                if on_unused is not None and mapped.unused:
+                    on_unused(
+                        f"the input is the field {name!r}; the field(s) "
+                        f"{', '.join(mapped.unused)} are not passed to the pipeline"
+                    )
+                    on_unused = None  # once, not per example
+                examples.append((value, fields.get(target_field)))
+            else:
+                examples.append((mapped.args[0], fields.get(target_field)))
         elif isinstance(record, tuple | list) and len(record) == 2:
             examples.append((record[0], record[1]))
         else:
             raise TrainerError(
-                f"{where}, record {index + 1} is a {type(record).__name__}; expected an "
-                f"(input, target) pair or an object with {input_field!r} and {target_field!r}"
+                f"{where} is a {type(record).__name__}; expected an (input, target) pair or "
+                f"an object with {input_field or 'input'!r} and {target_field!r}"
             )
     return examples
 
@@ -451,7 +488,7 @@ class Trainer:
         seed: int = 0,
         shuffle: bool = True,
         max_steps: int | None = None,
-        input_field: str = "input",
+        input_field: str | None = None,
         target_field: str = "target",
         on_event: Callable[[TrainingEvent], None] | None = None,
         workers: int | None = None,
@@ -481,16 +518,22 @@ class Trainer:
         #: The optimizers, in the order each step applies (and judges) their updates.
         self.optimizers: list[Any] = _optimizer_list(optimizer)
         self.optimizer = self.optimizers[0]
-        self.train_data = load_examples(train_data, input_field, target_field)
+        self.train_data = load_examples(
+            train_data, input_field, target_field, forward=model.forward
+        )
         if not self.train_data:
             raise TrainerError("the training set is empty: give at least one example")
         self.val_data = (
-            load_examples(val_data, input_field, target_field) if val_data is not None else None
+            load_examples(val_data, input_field, target_field, forward=model.forward)
+            if val_data is not None
+            else None
         )
         if self.val_data is not None and not self.val_data:
             raise TrainerError("the validation set is empty: give examples, or val_data=None")
         self.test_data = (
-            load_examples(test_data, input_field, target_field) if test_data is not None else None
+            load_examples(test_data, input_field, target_field, forward=model.forward)
+            if test_data is not None
+            else None
         )
         if self.test_data is not None and not self.test_data:
             raise TrainerError("the test set is empty: give examples, or test_data=None")
