@@ -338,6 +338,9 @@ def test_a_whole_file_or_each_file_of_a_directory_is_one_input(server: Any, proj
     assert rows[0] == {"index": 0, "input": str(folder / "a.md"), "output": "[S] first doc"}
     assert rows[1]["output"] == "[S] second\n\nparagraph two\n"
     assert len(rows) == 2
+    # an output inside the directory would be an input of the next run: refused
+    line = one_line_error(command(project, "run", "Labeller", "-i", folder, "-o", folder / "o"))
+    assert "inside the input directory" in line and not (folder / "o").exists()
     server.reset()
     out = project / "one.jsonl"
     run = command(

@@ -108,7 +108,7 @@ def main(argv: list[str]) -> int:
 def _sample(module: Module, ns: argparse.Namespace) -> Item:
     """The input to trace with: the text given, a file's first input, or placeholders."""
     text: str | None = ns.input
-    if text is not None and (text == "-" or Path(text).is_file()):
+    if text is not None and (text == "-" or Path(text).is_file() or Path(text).is_dir()):
         source = open_inputs(text, ns.input_format, ns.field, module.forward)
         try:
             found = first_item(source)

@@ -689,6 +689,13 @@ def refuse_to_clobber(reads: dict[str, str | None], writes: dict[str, str | None
                         f"{flag} {target} is the file stdin reads the inputs from: writing it "
                         f"would destroy the inputs before they are read; give {flag} another path"
                     )
+            elif Path(source).is_dir():
+                if _same_file(Path(target).parent, Path(source)):
+                    raise UsageError(
+                        f"{flag} {target} is inside the input directory {source}, each file of "
+                        f"which is an input: the next run would read it as one; give {flag} a "
+                        "path outside it"
+                    )
             elif _same_file(Path(source), Path(target)):
                 raise UsageError(
                     f"{flag} {target} is the {what} {source}: writing it would destroy "
