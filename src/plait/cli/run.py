@@ -105,7 +105,9 @@ error, 130 interrupted.
 
 def build_parser() -> argparse.ArgumentParser:
     parser = target_parser("run", "plait run TARGET [key=value ...] [options]", DESCRIPTION)
-    parser.add_argument("-i", "--input", default="-", metavar="FILE", help="inputs (- is stdin)")
+    parser.add_argument(
+        "-i", "--input", default="-", metavar="FILE", help="inputs: a file, a directory, - (stdin)"
+    )
     parser.add_argument(
         "-o", "--output", default="-", metavar="FILE", help="JSONL outputs (default: - , stdout)"
     )
