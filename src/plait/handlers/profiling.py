@@ -25,6 +25,7 @@ from typing import Any, Self
 
 from rich.table import Table
 
+from plait._secrets import scrub
 from plait.handlers.stack import Handler, Message
 from plait.resources.endpoint import CallTiming, Span
 
@@ -200,7 +201,7 @@ class Profiler(Handler):
         timing = msg.meta.get("timing")
         spans = list(timing.spans) if isinstance(timing, CallTiming) else []
         outcome = _outcome(msg, spans)
-        error = None if msg.error is None else f"{type(msg.error).__name__}: {msg.error}"
+        error = None if msg.error is None else scrub(f"{type(msg.error).__name__}: {msg.error}")
         with self._lock:
             record = self._open.pop(id(msg), None)
             if record is None:
@@ -273,7 +274,8 @@ class Profiler(Handler):
     def write(self, path: str | os.PathLike[str]) -> Path:
         """Write the trace as JSON to ``path`` and return it."""
         target = Path(path)
-        target.write_text(json.dumps(self.trace(), separators=(",", ":")), encoding="utf-8")
+        text = scrub(json.dumps(self.trace(), separators=(",", ":")))
+        target.write_text(text, encoding="utf-8")
         return target
 
     # -- the summary ---------------------------------------------------------------------
