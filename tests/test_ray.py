@@ -183,6 +183,37 @@ def test_a_budget_is_one_hard_limit_across_workers(server: FakeOpenAIServer) -> 
     assert spent.calls == 10 and spent.refused == 20
 
 
+@pytest.mark.parametrize("limit", ["max_tokens", "max_cost"])
+def test_tokens_and_cost_budgets_are_hard_limits_across_workers(
+    server: FakeOpenAIServer, limit: str
+) -> None:
+    prices = {"input_price_per_mtok": 1000.0, "output_price_per_mtok": 3000.0}
+    resources = make_resources(server, model=f"cluster-{limit}", max_concurrent=8, **prices)
+    assert Echo("t").bind(resources=resources).run_sync("q00") == echo("t", "q00")
+    (record,) = server.stats()["requests"]
+    server.reset()
+    tokens = record["prompt_tokens"] + record["completion_tokens"]
+    cost = (record["prompt_tokens"] * 1000.0 + record["completion_tokens"] * 3000.0) / 1e6
+    # 5 calls' worth, less a little: each request reserves its estimate in the broker's
+    # ledger when admitted (estimates are above what a call spends), so the cluster
+    # sends exactly 5, however the 32 calls are spread over the workers (a batch of 16
+    # on each: both workers admit requests at once).
+    spent = (
+        budget(max_tokens=5 * tokens - 1) if limit == "max_tokens" else budget(max_cost=4.5 * cost)
+    )
+    inputs = [f"q{i:02d}" for i in range(32)]
+    with spent:
+        out = Echo("t").bind(resources=resources).run_sync(inputs, workers=2)
+    assert server.stats()["requests_total"] == 5
+    ok = [o for o in out if isinstance(o, str)]
+    refused = [o for o in out if isinstance(o, plait.Value)]
+    assert len(ok) == 5 and len(refused) == 27
+    assert {v.meta["error_type"] for v in refused} == {BudgetExceeded.__name__}
+    assert all(f"of {limit}=" in v.meta["message"] for v in refused)
+    assert spent.calls == 5 and spent.refused == 27
+    assert spent.tokens == 5 * tokens and spent.cost == pytest.approx(5 * cost)
+
+
 def test_profile_draws_one_trace_with_a_process_per_worker(
     server: FakeOpenAIServer, tmp_path: Path
 ) -> None:

@@ -221,14 +221,7 @@ class LimitBroker:
         lease it up to ``want`` calls while no limit is reached (see `plait.ray.handlers`)."""
         from plait.ray.handlers import budget_block, budget_limit_reached
 
-        ledger = self._budgets.get(spec.budget_id)
-        if ledger is None:
-            ledger = self._budgets[spec.budget_id] = {
-                "granted": spec.calls,
-                "tokens": float(spec.tokens),
-                "cost": float(spec.cost),
-                "askers": set(),
-            }
+        ledger = self._budget_ledger(spec)
         ledger["granted"] -= returned
         ledger["tokens"] += tokens
         ledger["cost"] += cost
@@ -243,6 +236,73 @@ class LimitBroker:
             ledger["granted"] += calls
         return {"calls": calls, "reached": reached}
 
+    async def budget_reserve(
+        self, spec: Any, worker: str, tokens: float, cost: float
+    ) -> dict[str, Any]:
+        """Reserve one request's estimated ``tokens`` and ``cost`` against a cluster-wide
+        budget's limits, as a `Budget` does in one process: ``reserved`` once done;
+        ``reached`` (the limit, what was spent, the maximum) once spent up; neither when
+        the reservations in flight still hold what is left after a short wait for them
+        to settle (the worker asks again)."""
+        from plait.handlers.budgeting import spend_verdict
+
+        ledger = self._budget_ledger(spec)
+        deadline = time.monotonic() + _WAIT_S
+        while True:
+            verdict = spend_verdict(
+                ("max_tokens", ledger["tokens"], ledger["held_tokens"], spec.max_tokens),
+                ("max_cost", ledger["cost"], ledger["held_cost"], spec.max_cost),
+            )
+            if verdict is None:
+                self._hold(ledger, worker, tokens, cost)
+                return {"reserved": True, "reached": None}
+            if not isinstance(verdict, str):
+                return {"reserved": False, "reached": verdict}
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return {"reserved": False, "reached": None}
+            await self._wait(remaining)
+
+    async def budget_settle(
+        self,
+        spec: Any,
+        worker: str,
+        held_tokens: float,
+        held_cost: float,
+        tokens: float,
+        cost: float,
+    ) -> None:
+        """A reserved request is done: its reply's ``tokens`` and ``cost`` replace what it
+        held (0 and 0 for one that failed or was never sent)."""
+        ledger = self._budget_ledger(spec)
+        self._hold(ledger, worker, -held_tokens, -held_cost)
+        ledger["tokens"] += tokens
+        ledger["cost"] += cost
+        self._notify()
+
+    @staticmethod
+    def _hold(ledger: dict[str, Any], worker: str, tokens: float, cost: float) -> None:
+        """Add to what ``worker`` holds (per worker: a worker that is gone gives it back)."""
+        held = ledger["held_by"].setdefault(worker, [0.0, 0.0])
+        held[0] += tokens
+        held[1] += cost
+        ledger["held_tokens"] = sum(h[0] for h in ledger["held_by"].values())
+        ledger["held_cost"] = max(0.0, sum(h[1] for h in ledger["held_by"].values()))
+
+    def _budget_ledger(self, spec: Any) -> dict[str, Any]:
+        ledger = self._budgets.get(spec.budget_id)
+        if ledger is None:
+            ledger = self._budgets[spec.budget_id] = {
+                "granted": spec.calls,
+                "tokens": float(spec.tokens),
+                "cost": float(spec.cost),
+                "held_tokens": 0.0,
+                "held_cost": 0.0,
+                "held_by": {},
+                "askers": set(),
+            }
+        return ledger
+
     async def forget(self, worker: str) -> None:
         """``worker`` is gone: its slots go back at once."""
         self._drop(worker)
@@ -252,6 +312,10 @@ class LimitBroker:
         for state in self._aliases.values():
             state.held.pop(worker, None)
             state.wanted.pop(worker, None)
+        for ledger in self._budgets.values():  # its budget reservations, too
+            if ledger["held_by"].pop(worker, None) is not None:
+                self._hold(ledger, worker, 0.0, 0.0)
+                ledger["held_by"].pop(worker, None)
         self._notify()
 
     async def status(self) -> dict[str, Any]:

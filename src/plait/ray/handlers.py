@@ -5,10 +5,12 @@ it in every worker, in the same order, so each call passes through the same
 handlers as in one process.  Handlers that count or collect are made whole again:
 
 - `budget`: one limit for the cluster.  Workers lease calls from the broker in
-  small blocks and report tokens and cost as they spend them; a call is started
-  only with a leased allowance, so ``max_calls`` is a hard stop across workers
-  (tokens and cost stop new calls once reached; calls in flight finish, as in one
-  process).  The driver's `Budget` ends with the cluster's totals.
+  small blocks; a call is started only with a leased allowance, so ``max_calls`` is
+  a hard stop across workers.  Under ``max_tokens`` or ``max_cost`` each request
+  reserves its estimate in the broker's ledger when its endpoint admits it, and its
+  reply's usage replaces the reservation there: the same rule as in one process
+  (`plait.handlers.budgeting`), with one ledger for every worker.  The driver's
+  `Budget` ends with the cluster's totals.
 - `profile`: each worker records its calls; the driver's profiler receives them
   with each batch and draws one trace with a process per worker.
 - usage (`plait.usage()`, ``plait run``'s table): each worker's counters reach the
@@ -278,7 +280,9 @@ class _BudgetCollector:
 
 class LeasedBudget(Handler):
     """A worker's view of a cluster-wide `Budget`: calls are started on allowances
-    leased from the broker, and what is spent is reported there."""
+    leased from the broker, each request reserves its estimated tokens and cost in
+    the broker's ledger when its endpoint admits it (as a `Budget` does in one
+    process), and its reply's usage replaces the reservation there."""
 
     sees_composite_calls = False
 
@@ -288,19 +292,31 @@ class LeasedBudget(Handler):
         self.spec = spec
         self.broker = broker
         self.worker = worker
-        # The local counters and the refusal logic are a plain Budget's; only the
-        # reservation asks the cluster.
+        # The local counters are a plain Budget's (what this worker spent, for the
+        # driver's totals); the limits are the cluster's, in the broker.
         self.local = Budget()
         self.allowance = 0
         self._unreported_tokens = 0
         self._unreported_cost = 0.0
         self._lock = threading.Lock()
         self._exhausted: tuple[str, float, float] | None = None
+        # Settlements sent to the broker, awaited when the batch gives back its lease.
+        self._settling: list[Any] = []
+
+    @property
+    def reserves(self) -> bool:
+        """Whether requests reserve in the broker (only tokens and cost need it)."""
+        return self.spec.max_tokens is not None or self.spec.max_cost is not None
 
     async def process(self, msg: Any) -> None:
         from plait.handlers.budgeting import BudgetExceeded
+        from plait.resources.endpoint import CallTiming
 
         if msg.type != "llm" or msg.done or msg.meta.get("cache") == "hit" or msg.fn is None:
+            return
+        timing = msg.meta.get("timing")
+        key = f"leased_budget.{id(self):x}"
+        if not isinstance(timing, CallTiming) or key in msg.meta:
             return
         if self.allowance < 1:
             await self._lease(msg)
@@ -309,32 +325,14 @@ class LeasedBudget(Handler):
             self.local._refused += 1
             raise BudgetExceeded(*self._exhausted, module_path=msg.name)
         self.allowance -= 1
-        send = msg.fn
-        local = self.local
-
-        def counted(*args: Any, **kwargs: Any) -> Any:
-            local._calls += 1
-            return send(*args, **kwargs)
-
-        msg.fn = counted
-        msg.meta[f"leased_budget.{id(self):x}"] = True
+        ticket = msg.meta[key] = _LeasedTicket(self, msg.name)
+        timing.gates.append(ticket)
 
     def postprocess(self, msg: Any) -> None:
-        from plait.handlers.budgeting import _cost
-        from plait.handlers.llm import endpoint_config
-        from plait.providers.base import LLMResponse
-
-        if not msg.meta.pop(f"leased_budget.{id(self):x}", False):
-            return
-        reply = msg.value
-        if msg.error is not None or not isinstance(reply, LLMResponse):
-            return
-        cost = _cost(endpoint_config(msg), reply.usage)
-        with self._lock:
-            self.local._token_count += reply.usage.total_tokens
-            self.local._cost += cost
-            self._unreported_tokens += reply.usage.total_tokens
-            self._unreported_cost += cost
+        ticket = msg.meta.pop(f"leased_budget.{id(self):x}", None)
+        if isinstance(ticket, _LeasedTicket) and not ticket.counted:
+            with self._lock:
+                self.allowance += 1  # never sent (answered, or refused): the call is unused
 
     async def _lease(self, msg: Any) -> None:
         with self._lock:
@@ -348,15 +346,85 @@ class LeasedBudget(Handler):
         local = self.local
         return (local.calls, local.tokens, local.cost, local.refused)
 
-    def give_back(self) -> Any:
+    async def give_back(self) -> None:
         """Return the unspent allowance and unreported spend (at the end of a batch)."""
+        settling, self._settling = self._settling, []
+        for pending in settling:
+            await pending
         with self._lock:
             tokens, cost = self._unreported_tokens, self._unreported_cost
             self._unreported_tokens, self._unreported_cost = 0, 0.0
             back, self.allowance = self.allowance, 0
         if back or tokens or cost:
-            return self.broker.budget_lease.remote(self.spec, self.worker, 0, tokens, cost, back)
+            await self.broker.budget_lease.remote(self.spec, self.worker, 0, tokens, cost, back)
+
+
+class _LeasedTicket:
+    """One call under a `LeasedBudget`: its `AdmissionGate` at the endpoint."""
+
+    def __init__(self, budget: LeasedBudget, name: str) -> None:
+        self.budget = budget
+        self.name = name
+        self.config: Any = None
+        self.counted = False
+        self.new = False
+        self.reserved: tuple[float, float] | None = None
+
+    async def admit(self, endpoint: Any, request: Any, estimate: Any) -> Any:
+        import asyncio
+
+        from plait.handlers.budgeting import BudgetExceeded, _check_prices, _cost
+
+        budget, spec = self.budget, self.budget.spec
+        if spec.max_cost is not None:
+            _check_prices(endpoint.config, endpoint.alias, self.name)
+        if budget.reserves:
+            tokens, cost = float(estimate.total_tokens), _cost(endpoint.config, estimate)
+            reply = await budget.broker.budget_reserve.remote(spec, budget.worker, tokens, cost)
+            if reply["reached"]:
+                budget.local._refused += 1
+                limit, spent, maximum = reply["reached"]
+                raise BudgetExceeded(limit, spent, maximum, module_path=self.name)
+            if not reply["reserved"]:
+                return asyncio.sleep(0)  # the broker has waited already: ask again
+            self.reserved = (tokens, cost)
+        self.config = endpoint.config
+        if not self.counted:
+            budget.local._calls += 1
+            self.counted = self.new = True
         return None
+
+    def settle(self, usage: Any) -> None:
+        from plait.handlers.budgeting import _cost
+
+        budget = self.budget
+        self.new = False
+        tokens = usage.total_tokens if usage is not None else 0
+        cost = _cost(self.config, usage) if usage is not None and self.config else 0.0
+        with budget._lock:
+            budget.local._token_count += tokens
+            budget.local._cost += cost
+            if self.reserved is None:
+                budget._unreported_tokens += tokens
+                budget._unreported_cost += cost
+        self._release(tokens, cost)
+
+    def withdraw(self) -> None:
+        if self.new:
+            self.budget.local._calls -= 1
+            self.counted = self.new = False
+        self._release(0, 0.0)
+
+    def _release(self, tokens: float, cost: float) -> None:
+        if self.reserved is None:
+            return
+        budget, (held_tokens, held_cost) = self.budget, self.reserved
+        self.reserved = None
+        budget._settling.append(
+            budget.broker.budget_settle.remote(
+                budget.spec, budget.worker, held_tokens, held_cost, tokens, cost
+            )
+        )
 
 
 def budget_limit_reached(
