@@ -228,6 +228,26 @@ def test_profile_draws_one_trace_with_a_process_per_worker(
     assert len(calls) == 60
 
 
+def test_a_rerun_on_workers_draws_the_outputs_the_checkpoint_restored(
+    server: FakeOpenAIServer, tmp_path: Path
+) -> None:
+    resources = make_resources(server, model="cluster-restored")
+    pipeline = Echo("fast").bind(resources=resources)
+    inputs = [f"r{i}" for i in range(6)]
+    pipeline.run_sync(inputs[:4], workers=2, checkpoint_dir=tmp_path / "ckpt")
+    server.reset()
+    path = tmp_path / "trace.json"
+    with profile(path):
+        out = pipeline.run_sync(inputs, workers=2, checkpoint_dir=tmp_path / "ckpt")
+    assert out == [echo("fast", t) for t in inputs]
+    assert server.stats()["requests_total"] == 2
+    events = json.loads(path.read_text())["traceEvents"]
+    restored = [e for e in events if e.get("cat") == "checkpoint"]
+    assert sorted(e["args"]["input_index"] for e in restored) == [0, 1, 2, 3]
+    calls = [e for e in events if e.get("ph") == "X" and e.get("cat") == "llm"]
+    assert sorted(e["args"]["input_index"] for e in calls) == [4, 5]
+
+
 def test_a_cache_is_shared_by_the_workers_of_one_machine(
     server: FakeOpenAIServer, tmp_path: Path
 ) -> None:
