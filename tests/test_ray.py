@@ -248,6 +248,33 @@ def test_a_rerun_on_workers_draws_the_outputs_the_checkpoint_restored(
     assert sorted(e["args"]["input_index"] for e in calls) == [4, 5]
 
 
+def test_a_key_an_endpoint_quotes_reaches_no_row_or_trace_from_workers(
+    server: FakeOpenAIServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    key = "sk-CANARY-quoted-to-a-worker-77"
+    monkeypatch.setenv("PLAIT_TEST_QUOTED_KEY", key)
+    server.configure(quote_key_in_401=True)
+    resources = plait.ResourceConfig(
+        {
+            "fast": {
+                "provider": "openai",
+                "model": "cluster-quoted",
+                "base_url": server.base_url,
+                "api_key_env": "PLAIT_TEST_QUOTED_KEY",
+                "max_retries": 0,
+            }
+        }
+    )
+    path = tmp_path / "trace.json"
+    with profile(path):
+        out = Echo("fast").bind(resources=resources).run_sync(["a", "b"], workers=2)
+    assert server.stats()["status_counts"] == {"401": 2}
+    assert all(isinstance(v, plait.Value) and "401" in v.meta["message"] for v in out)
+    shown = [json.dumps({k: str(v) for k, v in row.meta.items()}) for row in out]
+    shown += [str(row.payload) for row in out] + [path.read_text()]
+    assert "401" in shown[-1] and not any(key in text for text in shown)
+
+
 def test_a_cache_is_shared_by_the_workers_of_one_machine(
     server: FakeOpenAIServer, tmp_path: Path
 ) -> None:

@@ -179,10 +179,12 @@ def test_a_key_the_endpoint_quotes_in_its_401_reaches_no_output(
         plait_cli(
             "eval", f"{target}:Copy", "--data", data, "--resources", resources, env=env,
         ),
+        plait_cli("check", "--resources", resources, env=env),
     ]  # fmt: skip
     # The server did quote the key: every call was refused with it in the body.
     assert server.stats()["status_counts"] == {"401": server.stats()["requests_total"]}
     assert all(d.returncode != 0 or d is done[2] for d in done)
+    assert "401" in done[3].stdout + done[3].stderr
     assert "401" in done[0].stderr and "401" in done[1].stderr
     shown = "\n".join(d.stdout + d.stderr for d in done)
     written = everything_written(out, trace, Path(f"{out}.checkpoint"), trained)
