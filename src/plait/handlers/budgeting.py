@@ -144,9 +144,12 @@ class Budget(Handler):
         self._token_count = 0
         self._cost = 0.0
         self._refused = 0
-        # Estimates of the requests admitted and not settled yet.
+        # Estimates of the requests admitted and not settled yet, and how many hold one
+        # (at none, both are exactly 0: float sums must not leave a phantom reservation
+        # that requests would wait on forever).
         self._reserved_tokens = 0
         self._reserved_cost = 0.0
+        self._holders = 0
         # Admissions waiting for those to settle (any loop, any thread).
         self._waiters: list[asyncio.Future[None]] = []
 
@@ -234,6 +237,7 @@ class Budget(Handler):
                     ticket.counted = ticket.new = True
                 self._reserved_tokens += tokens
                 self._reserved_cost += cost
+                self._holders += 1
                 ticket.reserved, ticket.config = (tokens, cost), endpoint.config
                 return None
             if isinstance(reached, str):  # "wait"
@@ -257,8 +261,9 @@ class Budget(Handler):
         """Give back ``ticket``'s reservation (lock held); the admissions to wake."""
         if ticket.reserved is not None:
             tokens, cost = ticket.reserved
+            self._holders -= 1
             self._reserved_tokens -= tokens
-            self._reserved_cost = max(0.0, self._reserved_cost - cost)
+            self._reserved_cost = self._reserved_cost - cost if self._holders else 0.0
             ticket.reserved = None
         waiters, self._waiters = self._waiters, []
         return waiters

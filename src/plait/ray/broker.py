@@ -254,7 +254,7 @@ class LimitBroker:
                 ("max_cost", ledger["cost"], ledger["held_cost"], spec.max_cost),
             )
             if verdict is None:
-                self._hold(ledger, worker, tokens, cost)
+                self._hold(ledger, worker, tokens, cost, 1)
                 return {"reserved": True, "reached": None}
             if not isinstance(verdict, str):
                 return {"reserved": False, "reached": verdict}
@@ -275,19 +275,23 @@ class LimitBroker:
         """A reserved request is done: its reply's ``tokens`` and ``cost`` replace what it
         held (0 and 0 for one that failed or was never sent)."""
         ledger = self._budget_ledger(spec)
-        self._hold(ledger, worker, -held_tokens, -held_cost)
+        self._hold(ledger, worker, -held_tokens, -held_cost, -1)
         ledger["tokens"] += tokens
         ledger["cost"] += cost
         self._notify()
 
     @staticmethod
-    def _hold(ledger: dict[str, Any], worker: str, tokens: float, cost: float) -> None:
-        """Add to what ``worker`` holds (per worker: a worker that is gone gives it back)."""
-        held = ledger["held_by"].setdefault(worker, [0.0, 0.0])
-        held[0] += tokens
-        held[1] += cost
-        ledger["held_tokens"] = sum(h[0] for h in ledger["held_by"].values())
-        ledger["held_cost"] = max(0.0, sum(h[1] for h in ledger["held_by"].values()))
+    def _hold(ledger: dict[str, Any], worker: str, tokens: float, cost: float, n: int) -> None:
+        """Add ``n`` reservations to what ``worker`` holds (per worker: a worker that is
+        gone gives its back); a worker holding none holds exactly 0 (no float residue
+        for requests to wait on)."""
+        holds = ledger["held_by"]
+        held = holds.setdefault(worker, [0.0, 0.0, 0])
+        held[0], held[1], held[2] = held[0] + tokens, held[1] + cost, held[2] + n
+        if held[2] <= 0:
+            del holds[worker]
+        ledger["held_tokens"] = sum(h[0] for h in holds.values())
+        ledger["held_cost"] = sum(h[1] for h in holds.values())
 
     def _budget_ledger(self, spec: Any) -> dict[str, Any]:
         ledger = self._budgets.get(spec.budget_id)
@@ -313,9 +317,9 @@ class LimitBroker:
             state.held.pop(worker, None)
             state.wanted.pop(worker, None)
         for ledger in self._budgets.values():  # its budget reservations, too
-            if ledger["held_by"].pop(worker, None) is not None:
-                self._hold(ledger, worker, 0.0, 0.0)
-                ledger["held_by"].pop(worker, None)
+            held = ledger["held_by"].get(worker)
+            if held is not None:
+                self._hold(ledger, worker, 0.0, 0.0, -held[2])
         self._notify()
 
     async def status(self) -> dict[str, Any]:
