@@ -275,7 +275,7 @@ class Budget(Handler):
                 self._token_count += usage.total_tokens
                 self._cost += _cost(ticket.config, usage)
             waiters = self._release(ticket)
-        _wake(waiters)
+        _wake_pending(waiters)
 
     def _withdraw(self, ticket: _Ticket) -> None:
         with self._lock:
@@ -283,7 +283,13 @@ class Budget(Handler):
                 self._calls -= 1
                 ticket.counted = ticket.new = False
             waiters = self._release(ticket)
-        _wake(waiters)
+        _wake_pending(waiters)
+
+
+def _wake_pending(waiters: list[asyncio.Future[None]]) -> None:
+    """Wake the admissions still waiting (one whose run was cancelled, its loop perhaps
+    closed since, is skipped)."""
+    _wake([w for w in waiters if not w.done() and not w.get_loop().is_closed()])
 
 
 def spend_verdict(
