@@ -2,11 +2,12 @@
 
 `Endpoint.complete` is the same for every provider: a concurrency slot from the
 endpoint's process-wide limiter, the call's admission gates (a `budget` reserves
-the call's estimated tokens and cost there, see `AdmissionGate`), the rate governor
-(RPM, TPM, Retry-After), one attempt by the provider, and on failure a retry with
-exponential backoff and jitter (the slot is given back while waiting).  A retry re-sends this one
-request; it never re-runs upstream work.  For a structured request the reply is
-validated, and an invalid one is re-asked once with the validation error.
+the call's estimated tokens and cost there, see `AdmissionGate`), the rate
+governor (RPM, TPM, Retry-After), one attempt by the provider, and on failure a
+retry with exponential backoff and jitter (the slot is given back while waiting).
+A retry re-sends this one request; it never re-runs upstream work.  For a
+structured request the reply is validated, and an invalid one is re-asked once
+with the validation error.
 """
 
 from __future__ import annotations
