@@ -311,3 +311,22 @@ def test_every_request_a_call_sends_is_admitted_and_paid_for_the_call_counted_on
     server.configure(rate_500=0.0)
     with limit, pytest.raises(plait.ExecutionError, match="max_calls=2"):
         Echo("t").bind(resources=resources).run_sync("q")
+
+
+@pytest.mark.parametrize("inner_is_smaller", [True, False])
+def test_nested_token_budgets_under_concurrency_send_what_the_smaller_allows(
+    server: FakeOpenAIServer, inner_is_smaller: bool
+) -> None:
+    # The larger budget admits each request first or last; when the smaller asks it to
+    # wait, the request gives the larger one's reservation back while it waits.
+    resources = make_resources(server, max_concurrent=8)
+    prompt, completion = _one_call(server, resources)
+    per_call = prompt + completion
+    small, large = budget(max_tokens=3 * per_call - 1), budget(max_tokens=1000 * per_call)
+    outer, inner = (large, small) if inner_is_smaller else (small, large)
+    with outer:
+        out = _budgeted(resources, inner, concurrently=True)
+    assert server.stats()["requests_total"] == 3
+    assert small.calls == large.calls == 3 and small.refused == 37 and large.refused == 0
+    assert small.tokens == large.tokens == served_tokens(server) == 3 * per_call
+    assert sum(isinstance(o, str) for o in out) == 3
