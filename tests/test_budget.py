@@ -51,19 +51,22 @@ def test_a_batch_stops_starting_calls_at_max_calls(
     assert all(o == expected(text) for text, o in finished)
 
 
-def test_in_flight_calls_finish_and_count_past_max_tokens(
+def test_a_call_waits_for_the_reservations_in_flight_then_is_refused(
     server: FakeOpenAIServer, resources: plait.ResourceConfig
 ) -> None:
-    # left and right start together (no tokens used yet) and both finish; combine is refused
+    # left and right are ready together: the first admitted reserves its estimate, the
+    # other waits for it to settle, then is refused (1 token was the whole budget)
     limit = budget(max_tokens=1)
     with limit, pytest.raises(plait.ExecutionError) as info:
         FanOutFanIn().bind(resources=resources).run_sync("x")
-    assert server.stats()["requests_total"] == 2
-    assert limit.calls == 2 and limit.refused == 1
+    assert server.stats()["requests_total"] == 1
+    assert limit.calls == 1 and limit.refused == 1
     assert limit.tokens == served_tokens(server) > 1
     assert isinstance(info.value.__cause__, BudgetExceeded)
     assert info.value.__cause__.limit == "max_tokens"
-    assert "max_tokens=1" in str(info.value) and "'combine'" in str(info.value)
+    message = str(info.value)
+    assert "max_tokens=1" in message and f"{limit.tokens} tokens used" in message
+    assert "'left'" in message or "'right'" in message
 
 
 def test_max_tokens_refuses_once_the_replies_add_up(
@@ -216,3 +219,114 @@ def test_a_checkpointed_run_resumes_under_a_larger_budget(
     assert sorted(outputs) == list(range(len(inputs)))  # every output recorded exactly once
     finished_early = [i for i, o in enumerate(second) if isinstance(o, str)]
     assert all(second[i] == expected(inputs[i]) for i in finished_early)
+
+
+def _one_call(server: FakeOpenAIServer, resources: plait.ResourceConfig) -> tuple[int, int]:
+    """What one call of `_budgeted` spends at the server: (prompt, completion) tokens."""
+    assert Echo("t").bind(resources=resources).run_sync("q00") == echo("t", "q00")
+    (record,) = server.stats()["requests"]
+    server.reset()
+    return record["prompt_tokens"], record["completion_tokens"]
+
+
+def _budgeted(resources: plait.ResourceConfig, limit: Budget, concurrently: bool) -> list[Any]:
+    """40 calls of the same size, ready at once: one batch, or two batches gathered."""
+    import asyncio
+
+    pipeline = Echo("t").bind(resources=resources)
+    inputs = [f"q{i:02d}" for i in range(40)]
+
+    async def both() -> list[Any]:
+        halves = await asyncio.gather(pipeline(inputs[:20]), pipeline(inputs[20:]))
+        return [*halves[0], *halves[1]]
+
+    with limit:
+        return asyncio.run(both()) if concurrently else pipeline.run_sync(inputs)
+
+
+@pytest.mark.parametrize("concurrently", [False, True], ids=["one batch", "two batches"])
+def test_max_tokens_is_a_hard_limit_under_concurrency(
+    server: FakeOpenAIServer, concurrently: bool
+) -> None:
+    resources = make_resources(server, max_concurrent=8)
+    prompt, completion = _one_call(server, resources)
+    per_call = prompt + completion
+    # Room for 5 calls' worth (less one token).  A request is admitted only while what
+    # was spent plus the estimates in flight is below the limit, and each estimate
+    # (prompt/4 + 256) is above what a call spends, so 5 calls are sent and no more:
+    # at every admission the calls before it, settled or reserved, took < the limit.
+    limit = budget(max_tokens=5 * per_call - 1)
+    out = _budgeted(resources, limit, concurrently)
+    assert server.stats()["requests_total"] == 5
+    assert limit.calls == 5 and limit.refused == 35
+    assert limit.tokens == served_tokens(server) == 5 * per_call
+    refused = [o for o in out if not isinstance(o, str)]
+    assert len(refused) == 35 and all(is_refusal(o, "max_tokens") for o in refused)
+    assert (
+        f"{5 * per_call} tokens used of max_tokens={5 * per_call - 1}"
+        in (refused[0].meta["message"])
+    )
+
+
+@pytest.mark.parametrize("concurrently", [False, True], ids=["one batch", "two batches"])
+def test_max_cost_is_a_hard_limit_under_concurrency(
+    server: FakeOpenAIServer, concurrently: bool
+) -> None:
+    prices = {"input_price_per_mtok": 1000.0, "output_price_per_mtok": 3000.0}
+    resources = make_resources(server, max_concurrent=8, **prices)
+    prompt, completion = _one_call(server, resources)
+    per_call = (prompt * 1000.0 + completion * 3000.0) / 1e6
+    limit = budget(max_cost=4.5 * per_call)  # 5 calls' worth, less half a call
+    out = _budgeted(resources, limit, concurrently)
+    assert server.stats()["requests_total"] == 5
+    assert limit.calls == 5 and limit.refused == 35
+    assert limit.cost == pytest.approx(5 * per_call)
+    refused = [o for o in out if not isinstance(o, str)]
+    assert len(refused) == 35 and all(is_refusal(o, "max_cost") for o in refused)
+
+
+def test_every_request_a_call_sends_is_admitted_and_paid_for_the_call_counted_once(
+    server: FakeOpenAIServer,
+) -> None:
+    from pydantic import BaseModel
+
+    class Person(BaseModel):
+        name: str
+
+    resources = make_resources(server, max_retries=3)
+    limit = budget(max_calls=2, max_tokens=10_000)
+    structured = plait.LLMInference("fast", response_format=Person).bind(resources=resources)
+    with limit:
+        # an invalid reply is re-asked: two requests, both spent, one call
+        assert isinstance(structured.run_sync("[[reply:not json]]who?"), Person)
+    assert server.stats()["requests_total"] == 2
+    assert (limit.calls, limit.tokens) == (1, served_tokens(server))
+    server.reset()
+    server.configure(rate_500=1.0)
+    with limit, pytest.raises(plait.ExecutionError, match="gave up after 4 attempts"):
+        Echo("t").bind(resources=resources).run_sync("q")
+    # one call, four failed attempts: nothing spent, nothing left reserved
+    assert server.stats()["requests_total"] == 4
+    assert (limit.calls, limit.refused) == (2, 0)
+    server.configure(rate_500=0.0)
+    with limit, pytest.raises(plait.ExecutionError, match="max_calls=2"):
+        Echo("t").bind(resources=resources).run_sync("q")
+
+
+@pytest.mark.parametrize("inner_is_smaller", [True, False])
+def test_nested_token_budgets_under_concurrency_send_what_the_smaller_allows(
+    server: FakeOpenAIServer, inner_is_smaller: bool
+) -> None:
+    # The larger budget admits each request first or last; when the smaller asks it to
+    # wait, the request gives the larger one's reservation back while it waits.
+    resources = make_resources(server, max_concurrent=8)
+    prompt, completion = _one_call(server, resources)
+    per_call = prompt + completion
+    small, large = budget(max_tokens=3 * per_call - 1), budget(max_tokens=1000 * per_call)
+    outer, inner = (large, small) if inner_is_smaller else (small, large)
+    with outer:
+        out = _budgeted(resources, inner, concurrently=True)
+    assert server.stats()["requests_total"] == 3
+    assert small.calls == large.calls == 3 and small.refused == 37 and large.refused == 0
+    assert small.tokens == large.tokens == served_tokens(server) == 3 * per_call
+    assert sum(isinstance(o, str) for o in out) == 3

@@ -31,6 +31,7 @@ _DEFAULT_CONFIG: dict[str, Any] = {
     "retry_after_s": 1.0,
     "timeout_hang_s": 30.0,
     "seed": 0,
+    "quote_key_in_401": False,
 }
 
 
@@ -211,6 +212,24 @@ def test_wrong_api_key_is_rejected_and_never_logged() -> None:
     assert stats["status_counts"] == {"401": 2, "200": 1}
     assert server.returncode == 0  # SIGTERM is a clean shutdown
     assert secret not in server.stderr_output()
+
+
+def test_a_401_quotes_the_key_it_was_sent_when_asked_to() -> None:
+    with FakeOpenAIServer(api_key="sk-right-0123456789") as server:
+        server.configure(quote_key_in_401=True)
+        wrong = chat(server, user("hi"), headers={"Authorization": "Bearer sk-sent-by-client"})
+        listing = http_call(
+            f"{server.base_url}/models", headers={"Authorization": "Bearer sk-sent-by-client"}
+        )
+        missing = chat(server, user("hi"))
+        with pytest.raises(ValueError, match="quote_key_in_401"):
+            server.configure(quote_key_in_401="yes")
+
+    assert wrong.status == listing.status == missing.status == 401
+    assert "sk-sent-by-client" in wrong.body["error"]["message"]
+    assert "sk-sent-by-client" in listing.body["error"]["message"]
+    assert "sk-right" not in json.dumps([wrong.body, listing.body, missing.body])
+    assert missing.body["error"]["message"] == "You didn't provide an API key."
 
 
 def test_rate_500_fails_every_request(server: FakeOpenAIServer) -> None:

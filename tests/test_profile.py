@@ -26,7 +26,14 @@ from plait.handlers.profiling import Profiler, profile
 from plait.providers.base import LLMResponse, Usage
 from plait.testing import FakeOpenAIServer
 from tests.conftest import make_resources
-from tests.pipelines import DeepPipeline, Echo, FanOutFanIn, MultiPerspective, SummarizeAndAnalyze
+from tests.pipelines import (
+    DeepPipeline,
+    Echo,
+    FanOutFanIn,
+    MultiPerspective,
+    SummarizeAndAnalyze,
+    echo,
+)
 
 # -- a Trace Event Format validator ------------------------------------------------------------
 
@@ -84,6 +91,10 @@ def validate_trace(doc: Any) -> list[dict[str, Any]]:
             tracks.setdefault(track, []).append(
                 (event["ts"], event["ts"] + event["dur"], event["name"])
             )
+        elif phase == "i":  # an instant: a thread-scoped moment on a named track
+            assert isinstance(event.get("tid"), int) and event.get("s") == "t", event
+            assert _number(event.get("ts")) and event["ts"] >= 0, event
+            assert event["pid"] in named_processes, f"pid {event['pid']} has no process_name"
         else:
             pytest.fail(f"unexpected phase {phase!r} in {event}")
     for (pid, tid), spans in tracks.items():
@@ -423,3 +434,64 @@ def test_an_empty_profile_is_still_a_valid_trace(tmp_path: Path) -> None:
     summary = prof.summary()
     assert (summary.wall_s, summary.calls, summary.critical_path) == (0.0, 0, [])
     Console(file=io.StringIO()).print(prof.table())
+
+
+def restored_events(trace: Path) -> list[dict[str, Any]]:
+    return [e for e in validate_trace(json.loads(trace.read_text())) if e.get("ph") == "i"]
+
+
+def test_a_rerun_from_the_checkpoint_draws_the_outputs_it_restored(
+    server: FakeOpenAIServer, resources: plait.ResourceConfig, tmp_path: Path
+) -> None:
+    pipeline = FanOutFanIn().bind(resources=resources, checkpoint_dir=tmp_path / "ckpt")
+    inputs = [f"doc {i}" for i in range(5)]
+    with profile(tmp_path / "first.json"):
+        first = pipeline.run_sync(inputs[:3])
+    assert len(restored_events(tmp_path / "first.json")) == 0
+    server.reset()
+    with profile(tmp_path / "second.json") as prof:
+        again = pipeline.run_sync(inputs)
+    assert again[:3] == first
+    assert again[3:] == [echo("C", f"{echo('L', t)} | {echo('R', t)}") for t in inputs[3:]]
+    assert server.stats()["requests_total"] == 6  # inputs 3 and 4 only, 3 calls each
+    events = validate_trace(json.loads((tmp_path / "second.json").read_text()))
+    restored = [e for e in events if e.get("ph") == "i"]
+    assert sorted(e["args"]["input_index"] for e in restored) == [0, 1, 2]
+    assert all(e["cat"] == "checkpoint" and e["args"]["calls"] == 0 for e in restored)
+    track = {e["pid"] for e in restored}
+    (label,) = [e["args"]["name"] for e in events if e["name"] == "process_name"
+                and e["pid"] in track]  # fmt: skip
+    assert label == "checkpoint: 3 output(s) restored, 0 calls"
+    calls = [e for e in events if e.get("ph") == "X" and e.get("cat") == "llm"]
+    assert {e["args"]["input_index"] for e in calls} == {3, 4} and prof.restored == 3
+
+
+def test_rerunning_a_finished_plait_run_keeps_a_trace_of_where_its_outputs_came_from(
+    server: FakeOpenAIServer, tmp_path: Path
+) -> None:
+    from tests.conftest import plait_cli
+
+    resources = tmp_path / "resources.toml"
+    resources.write_text(
+        "".join(
+            f'[{alias}]\nprovider = "openai"\nmodel = "m"\nbase_url = "{server.base_url}"\n'
+            'api_key = "sk-test"\n'
+            for alias in ("fast", "smart")
+        )
+    )
+    inputs, out, trace = tmp_path / "in.jsonl", tmp_path / "out.jsonl", tmp_path / "trace.json"
+    inputs.write_text("".join(f'"doc {i}"\n' for i in range(4)))
+    command = ("run", "tests.pipelines:FanOutFanIn", "-i", inputs, "-o", out,
+               "--resources", resources, "--profile", trace, "-q")  # fmt: skip
+    assert plait_cli(*command).returncode == 0
+    first = validate_trace(json.loads(trace.read_text()))
+    assert len([e for e in first if e.get("cat") == "llm" and e.get("ph") == "X"]) == 12
+    server.reset()
+    rerun = plait_cli(*command)
+    assert rerun.returncode == 0, rerun.stderr
+    assert server.stats()["requests_total"] == 0
+    second = validate_trace(json.loads(trace.read_text()))
+    assert second  # never an empty trace in place of a full one
+    restored = [e for e in second if e.get("ph") == "i"]
+    assert sorted(e["args"]["input_index"] for e in restored) == [0, 1, 2, 3]
+    assert "checkpoint: 4 output(s) restored, 0 calls" in json.dumps(second)

@@ -183,6 +183,37 @@ def test_a_budget_is_one_hard_limit_across_workers(server: FakeOpenAIServer) -> 
     assert spent.calls == 10 and spent.refused == 20
 
 
+@pytest.mark.parametrize("limit", ["max_tokens", "max_cost"])
+def test_tokens_and_cost_budgets_are_hard_limits_across_workers(
+    server: FakeOpenAIServer, limit: str
+) -> None:
+    prices = {"input_price_per_mtok": 1000.0, "output_price_per_mtok": 3000.0}
+    resources = make_resources(server, model=f"cluster-{limit}", max_concurrent=8, **prices)
+    assert Echo("t").bind(resources=resources).run_sync("q00") == echo("t", "q00")
+    (record,) = server.stats()["requests"]
+    server.reset()
+    tokens = record["prompt_tokens"] + record["completion_tokens"]
+    cost = (record["prompt_tokens"] * 1000.0 + record["completion_tokens"] * 3000.0) / 1e6
+    # 5 calls' worth, less a little: each request reserves its estimate in the broker's
+    # ledger when admitted (estimates are above what a call spends), so the cluster
+    # sends exactly 5, however the 32 calls are spread over the workers (a batch of 16
+    # on each: both workers admit requests at once).
+    spent = (
+        budget(max_tokens=5 * tokens - 1) if limit == "max_tokens" else budget(max_cost=4.5 * cost)
+    )
+    inputs = [f"q{i:02d}" for i in range(32)]
+    with spent:
+        out = Echo("t").bind(resources=resources).run_sync(inputs, workers=2)
+    assert server.stats()["requests_total"] == 5
+    ok = [o for o in out if isinstance(o, str)]
+    refused = [o for o in out if isinstance(o, plait.Value)]
+    assert len(ok) == 5 and len(refused) == 27
+    assert {v.meta["error_type"] for v in refused} == {BudgetExceeded.__name__}
+    assert all(f"of {limit}=" in v.meta["message"] for v in refused)
+    assert spent.calls == 5 and spent.refused == 27
+    assert spent.tokens == 5 * tokens and spent.cost == pytest.approx(5 * cost)
+
+
 def test_profile_draws_one_trace_with_a_process_per_worker(
     server: FakeOpenAIServer, tmp_path: Path
 ) -> None:
@@ -195,6 +226,53 @@ def test_profile_draws_one_trace_with_a_process_per_worker(
     assert len(processes) == 2 and all(p.startswith("worker w") for p in processes)
     calls = [e for e in events if e.get("ph") == "X" and e.get("cat") == "llm"]
     assert len(calls) == 60
+
+
+def test_a_rerun_on_workers_draws_the_outputs_the_checkpoint_restored(
+    server: FakeOpenAIServer, tmp_path: Path
+) -> None:
+    resources = make_resources(server, model="cluster-restored")
+    pipeline = Echo("fast").bind(resources=resources)
+    inputs = [f"r{i}" for i in range(6)]
+    pipeline.run_sync(inputs[:4], workers=2, checkpoint_dir=tmp_path / "ckpt")
+    server.reset()
+    path = tmp_path / "trace.json"
+    with profile(path):
+        out = pipeline.run_sync(inputs, workers=2, checkpoint_dir=tmp_path / "ckpt")
+    assert out == [echo("fast", t) for t in inputs]
+    assert server.stats()["requests_total"] == 2
+    events = json.loads(path.read_text())["traceEvents"]
+    restored = [e for e in events if e.get("cat") == "checkpoint"]
+    assert sorted(e["args"]["input_index"] for e in restored) == [0, 1, 2, 3]
+    calls = [e for e in events if e.get("ph") == "X" and e.get("cat") == "llm"]
+    assert sorted(e["args"]["input_index"] for e in calls) == [4, 5]
+
+
+def test_a_key_an_endpoint_quotes_reaches_no_row_or_trace_from_workers(
+    server: FakeOpenAIServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    key = "sk-CANARY-quoted-to-a-worker-77"
+    monkeypatch.setenv("PLAIT_TEST_QUOTED_KEY", key)
+    server.configure(quote_key_in_401=True)
+    resources = plait.ResourceConfig(
+        {
+            "fast": {
+                "provider": "openai",
+                "model": "cluster-quoted",
+                "base_url": server.base_url,
+                "api_key_env": "PLAIT_TEST_QUOTED_KEY",
+                "max_retries": 0,
+            }
+        }
+    )
+    path = tmp_path / "trace.json"
+    with profile(path):
+        out = Echo("fast").bind(resources=resources).run_sync(["a", "b"], workers=2)
+    assert server.stats()["status_counts"] == {"401": 2}
+    assert all(isinstance(v, plait.Value) and "401" in v.meta["message"] for v in out)
+    shown = [json.dumps({k: str(v) for k, v in row.meta.items()}) for row in out]
+    shown += [str(row.payload) for row in out] + [path.read_text()]
+    assert "401" in shown[-1] and not any(key in text for text in shown)
 
 
 def test_a_cache_is_shared_by_the_workers_of_one_machine(

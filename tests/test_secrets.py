@@ -128,3 +128,91 @@ def test_an_unset_api_key_env_is_named_only_when_it_looks_like_a_variable_name(
             said = done.stdout + done.stderr
             assert done.returncode != 0 and "api_key_env" in said
             assert (env in said) is shown, said
+
+
+ECHOED_KEY = "sk-CANARY-echoed-by-the-server-42"
+
+
+def _quoting_resources(server: FakeOpenAIServer, path: Path) -> Path:
+    """Resources whose key (from the environment) the server refuses and quotes back."""
+    server.configure(quote_key_in_401=True)
+    path.write_text(
+        "".join(
+            f'[{alias}]\nprovider = "openai"\nmodel = "m"\nbase_url = "{server.base_url}"\n'
+            'api_key_env = "PLAIT_TEST_ECHOED_KEY"\nmax_retries = 0\n'
+            for alias in ("fast", "smart")
+        )
+    )
+    return path
+
+
+def test_a_key_the_endpoint_quotes_in_its_401_reaches_no_output(
+    server: FakeOpenAIServer, tmp_path: Path
+) -> None:
+    resources = _quoting_resources(server, tmp_path / "resources.toml")
+    inputs = tmp_path / "in.jsonl"
+    inputs.write_text('"a"\n"b"\n')
+    data = tmp_path / "data.jsonl"
+    data.write_text('{"input": "a", "target": "a"}\n{"input": "b", "target": "b"}\n')
+    target = tmp_path / "learner.py"
+    target.write_text(
+        "import plait\n"
+        "class Copy(plait.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        '        self.llm = plait.LLMInference("fast", system_prompt=plait.Parameter("",'
+        ' description="the task"))\n'
+        "    def forward(self, text):\n"
+        "        return self.llm(text)\n"
+    )
+    out, trace, trained = tmp_path / "out.jsonl", tmp_path / "trace.json", tmp_path / "trained"
+    env = {"PLAIT_TEST_ECHOED_KEY": ECHOED_KEY}
+    done = [
+        plait_cli(
+            "run", "tests.pipelines:FanOutFanIn", "-i", inputs, "-o", out,
+            "--resources", resources, "--profile", trace, env=env,
+        ),
+        plait_cli(
+            "train", f"{target}:Copy", "--data", data, "--val", data, "--resources", resources,
+            "--out", trained, env=env,
+        ),
+        plait_cli(
+            "eval", f"{target}:Copy", "--data", data, "--resources", resources, env=env,
+        ),
+        plait_cli("check", "--resources", resources, env=env),
+    ]  # fmt: skip
+    # The server did quote the key: every call was refused with it in the body.
+    assert server.stats()["status_counts"] == {"401": server.stats()["requests_total"]}
+    assert all(d.returncode != 0 or d is done[2] for d in done)
+    assert "401" in done[3].stdout + done[3].stderr
+    assert "401" in done[0].stderr and "401" in done[1].stderr
+    shown = "\n".join(d.stdout + d.stderr for d in done)
+    written = everything_written(out, trace, Path(f"{out}.checkpoint"), trained)
+    assert trace.is_file() and '"error"' in trace.read_text()
+    assert ECHOED_KEY not in shown and ECHOED_KEY not in written
+    assert "***" in trace.read_text()
+
+
+def test_a_key_the_endpoint_quotes_reaches_no_error_value_or_exception(
+    server: FakeOpenAIServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import traceback
+
+    from .pipelines import FanOutFanIn
+
+    monkeypatch.setenv("PLAIT_TEST_ECHOED_KEY", ECHOED_KEY)
+    resources = plait.ResourceConfig.load(_quoting_resources(server, tmp_path / "r.toml"))
+    pipeline = FanOutFanIn().bind(resources=resources)
+    (row,) = pipeline.run_sync(["a"])
+    with pytest.raises(plait.ExecutionError) as info:
+        pipeline.run_sync("b")
+    assert isinstance(row, plait.Value) and row.is_error
+    assert server.stats()["status_counts"] == {"401": server.stats()["requests_total"]}
+    texts = [
+        json.dumps({k: str(v) for k, v in row.meta.items()}),
+        str(row.payload),
+        repr(row.payload),
+        "".join(traceback.format_exception(info.value)),  # the cause chain included
+    ]
+    assert all("401" in text for text in texts)
+    assert not any(ECHOED_KEY in text for text in texts)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import traceback
 from collections.abc import Sequence
 
 __all__ = ["main"]
@@ -62,4 +63,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"plait {args[0]}: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:
+        # A failure no command turned into a message of its own: its traceback, through
+        # the same scrubber as everything else plait writes (an endpoint may have quoted
+        # the API key into the exception's message).
+        from plait._secrets import scrub
+
+        print(scrub("".join(traceback.format_exception(exc))), end="", file=sys.stderr)
+        return 1
     return status

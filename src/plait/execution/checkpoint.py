@@ -19,15 +19,18 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from plait._jsonl import json_line, loads, text_line
 from plait._locks import Busy, hold
 from plait.execution.codec import decode, encode
 from plait.handlers.llm import response_from_json, response_to_json
-from plait.handlers.stack import Handler, Message
+from plait.handlers.stack import Handler, Message, current_stack
 from plait.providers.base import LLMRequest, LLMResponse
 from plait.structured import canonical_schema_json
+
+if TYPE_CHECKING:
+    from plait.values import Value
 
 __all__ = ["Checkpoint", "CheckpointBusy", "CheckpointError", "CheckpointHandler"]
 
@@ -515,6 +518,21 @@ class CheckpointHandler(Handler):
 
         index, node, request_hash = key
         self.checkpoint.record_call(index, node, request_hash, stored)
+
+
+def restored_output(index: int, payload: Any) -> Value:
+    """Input ``index``'s output, answered from the checkpoint instead of being run.
+
+    The active handlers that keep an account of a run (a profiler) are told, so a
+    rerun of a finished run leaves a trace that says where its outputs came from.
+    """
+    from plait.values import Value, kind_of
+
+    for handler in current_stack():
+        note = getattr(handler, "note_restored", None)
+        if callable(note):
+            note(index)
+    return Value(kind_of(payload), payload, meta={"checkpoint": "hit"})
 
 
 def _restore(stored: dict[str, Any], request: LLMRequest) -> Any:

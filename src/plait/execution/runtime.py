@@ -14,6 +14,7 @@ from plait.execution.checkpoint import (
     CheckpointError,
     CheckpointHandler,
     producer_of,
+    restored_output,
 )
 from plait.execution.codec import fingerprint
 from plait.execution.engine import Engine, as_input_failure, current_engine
@@ -23,7 +24,7 @@ from plait.execution.tape import Tape
 from plait.handlers.stack import current_stack
 from plait.resources.manager import ResourceManager
 from plait.sampling import run_seed
-from plait.values import ExecutionError, Value, ValueKind, error_value, kind_of
+from plait.values import ExecutionError, Value, ValueKind, error_value
 
 if TYPE_CHECKING:
     from plait.module import Module
@@ -168,7 +169,7 @@ class _Run:
             key = fingerprint([list(args), kwargs])
             found, payload = self.checkpoint.finished_output(index, key)
             if found and not _every_call_observed():
-                return Value(kind_of(payload), payload, meta={"checkpoint": "hit"})
+                return restored_output(index, payload)
         try:
             value, graph, results = await self.engine.run_input(index, args, kwargs)
         except BaseException:

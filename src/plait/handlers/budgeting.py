@@ -1,37 +1,54 @@
-"""`budget`: stop starting LLM calls once a run has used what it may.
+"""`budget`: a hard limit on what a run may spend on LLM calls.
 
 A batch that goes wrong (a prompt that makes every reply long, a loop that calls
 far more than planned, a model that costs more than assumed) should cost a known
 amount, not whatever the whole batch would have cost.  A budget counts what
 reaches the endpoints: calls, tokens (prompt + completion, from each reply's
 usage) and cost (from the prices of the alias's `EndpointConfig`).  Once a limit
-is reached no new call starts: the call raises `BudgetExceeded`, which the engine
+is reached no new call is sent: the call raises `BudgetExceeded`, which the engine
 turns into that node's ``Value(ERROR)`` (its dependents short-circuit, other
 inputs of a batch go on, and each refused input comes back as an error naming the
-limit).  Calls already in flight are not cancelled: they finish and are counted,
-so tokens and cost may end a little above their limits (calls never do).
+limit, what was spent and the limit).
 
-Only calls that are really sent are counted: the limit is checked, and the call
-counted, at the moment the default action starts, after every handler has had its
-chance to answer.  A call answered by a cache, a mock, a replay or the checkpoint
-of an earlier run is neither counted nor refused, wherever those handlers sit
-relative to the budget.  So a checkpointed batch stopped by a small budget can be
-resumed under a larger one, and pays only for the calls it had not made.
+The limit is applied when a request is admitted to its endpoint (it holds its
+concurrency slot and is about to be sent, `AdmissionGate`), not when the call is
+created: a check at creation lets a whole window of queued calls through before
+any of them has spent anything.  Admission reserves the request's estimated usage
+(the prompt's estimated tokens plus its ``max_tokens``, or 256, the estimate the
+TPM limit uses, priced with the alias's prices) and the reply's reported usage
+replaces the reservation.  A request is admitted only while what was spent plus
+what is reserved is below every limit; when the reservations of calls in flight
+fill what is left, it waits for them to settle (they usually spend less than
+their estimate) and is refused only once what was really spent reaches the
+limit.  So no call is sent past a limit, and what is spent can end above it by
+less than one request's estimate (more only if a reply uses more than its
+estimate: a prompt that tokenizes worse than 4 characters a token, a reply longer
+than the 256 tokens assumed when a call sets no ``max_tokens``).
+
+Only calls that are really sent are counted: a call answered by a cache, a mock,
+a replay or the checkpoint of an earlier run never reaches its endpoint, so it is
+neither counted nor refused, wherever those handlers sit relative to the budget.
+So a checkpointed batch stopped by a small budget can be resumed under a larger
+one, and pays only for the calls it had not made.  A retry, and a structured
+output's re-ask, is admitted again (it spends again); ``max_calls`` counts calls,
+not attempts.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from plait.handlers.llm import endpoint_config, request_of
 from plait.handlers.stack import Handler, Message
-from plait.providers.base import LLMResponse
+from plait.resources.endpoint import CallTiming
+from plait.resources.limits import _wake
 
 if TYPE_CHECKING:
-    from plait.providers.base import Usage
+    from plait.providers.base import LLMRequest, Usage
     from plait.resources.config import EndpointConfig
+    from plait.resources.endpoint import Endpoint
 
 __all__ = ["Budget", "BudgetExceeded", "budget"]
 
@@ -67,12 +84,31 @@ def _count(amount: float, noun: str) -> str:
 
 
 class _Ticket:
-    """One call this budget watches; ``sent`` once it let the call start."""
+    """One call this budget watches: its `AdmissionGate` at the endpoint."""
 
-    __slots__ = ("sent",)
+    __slots__ = ("budget", "config", "counted", "name", "new", "reserved")
 
-    def __init__(self) -> None:
-        self.sent = False
+    def __init__(self, budget: Budget, name: str) -> None:
+        self.budget = budget
+        self.name = name
+        self.config: EndpointConfig | None = None
+        #: The call is counted in ``calls`` (at its first admission; ``new`` while that
+        #: admission may still be withdrawn).
+        self.counted = False
+        self.new = False
+        #: Tokens and dollars reserved for the request in flight.
+        self.reserved: tuple[int, float] | None = None
+
+    async def admit(
+        self, endpoint: Endpoint, request: LLMRequest, estimate: Usage
+    ) -> asyncio.Future[None] | None:
+        return self.budget._admit(self, endpoint, estimate)
+
+    def settle(self, usage: Usage | None) -> None:
+        self.budget._settle(self, usage)
+
+    def withdraw(self) -> None:
+        self.budget._withdraw(self)
 
 
 class Budget(Handler):
@@ -108,6 +144,14 @@ class Budget(Handler):
         self._token_count = 0
         self._cost = 0.0
         self._refused = 0
+        # Estimates of the requests admitted and not settled yet, and how many hold one
+        # (at none, both are exactly 0: float sums must not leave a phantom reservation
+        # that requests would wait on forever).
+        self._reserved_tokens = 0
+        self._reserved_cost = 0.0
+        self._holders = 0
+        # Admissions waiting for those to settle (any loop, any thread).
+        self._waiters: list[asyncio.Future[None]] = []
 
     def __enter__(self) -> Budget:
         # Typed for ``with budget(...) as spent:``, so ``spent.cost`` needs no cast.
@@ -159,76 +203,118 @@ class Budget(Handler):
                 refused,
             )
 
-    def _reached(self) -> tuple[str, float, float] | None:
-        if self.max_calls is not None and self._calls >= self.max_calls:
-            return "max_calls", self._calls, self.max_calls
-        if self.max_tokens is not None and self._token_count >= self.max_tokens:
-            return "max_tokens", self._token_count, self.max_tokens
-        if self.max_cost is not None and self._cost >= self.max_cost:
-            return "max_cost", self._cost, self.max_cost
-        return None
-
     def process(self, msg: Message) -> None:
         if msg.type != "llm" or msg.done or msg.meta.get("cache") == "hit" or msg.fn is None:
+            return
+        timing = msg.meta.get("timing")
+        if not isinstance(timing, CallTiming):
             return
         tickets = msg.meta.setdefault(_TICKETS, {})
         if id(self) in tickets:  # the same budget entered twice: count the call once
             return
-        ticket = tickets[id(self)] = _Ticket()
-        send = msg.fn
-
-        # The limit is checked as the default action starts, not here: a handler
-        # outside this one may still answer the call, and then it costs nothing.  The
-        # wrapper runs without awaiting, so no other call can take the last slot
-        # between the check and the start.
-        def counted(*args: Any, **kwargs: Any) -> Any:
-            self._reserve(msg)
-            try:
-                started = send(*args, **kwargs)
-            except BaseException:
-                self._release()
-                raise
-            ticket.sent = True
-            return started
-
-        msg.fn = counted
-
-    def _reserve(self, msg: Message) -> None:
-        if self.max_cost is not None:
-            _check_prices(msg)
-        with self._lock:
-            reached = self._reached()
-            if reached is None:
-                self._calls += 1
-                return
-            self._refused += 1
-        raise BudgetExceeded(*reached, module_path=msg.name)
-
-    def _release(self) -> None:
-        with self._lock:
-            self._calls -= 1
+        # Nothing is checked here: a handler outside this one may still answer the call
+        # (then it costs nothing), and a call created now may wait a long time for its
+        # slot.  The endpoint asks the ticket when it admits the request.
+        ticket = tickets[id(self)] = _Ticket(self, msg.name)
+        timing.gates.append(ticket)
 
     def postprocess(self, msg: Message) -> None:
         tickets = msg.meta.get(_TICKETS)
-        ticket = tickets.pop(id(self), None) if tickets else None
-        if ticket is None or not ticket.sent or msg.error is not None:
-            return
-        reply = msg.value
-        if not isinstance(reply, LLMResponse):
-            return
-        cost = _cost(endpoint_config(msg), reply.usage)
+        if tickets:
+            tickets.pop(id(self), None)
+
+    def _admit(
+        self, ticket: _Ticket, endpoint: Endpoint, estimate: Usage
+    ) -> asyncio.Future[None] | None:
+        if self.max_cost is not None:
+            _check_prices(endpoint.config, endpoint.alias, ticket.name)
+        tokens, cost = estimate.total_tokens, _cost(endpoint.config, estimate)
         with self._lock:
-            self._token_count += reply.usage.total_tokens
-            self._cost += cost
+            reached = self._reached(first=not ticket.counted)
+            if reached is None:
+                if not ticket.counted:
+                    self._calls += 1
+                    ticket.counted = ticket.new = True
+                self._reserved_tokens += tokens
+                self._reserved_cost += cost
+                self._holders += 1
+                ticket.reserved, ticket.config = (tokens, cost), endpoint.config
+                return None
+            if isinstance(reached, str):  # "wait"
+                waiter = asyncio.get_running_loop().create_future()
+                self._waiters.append(waiter)
+                return waiter
+            self._refused += 1
+        raise BudgetExceeded(*reached, module_path=ticket.name)
+
+    def _reached(self, first: bool) -> tuple[str, float, float] | str | None:
+        """The limit that refuses a request now, ``"wait"`` if requests in flight hold
+        what is left (they may settle below it), or None: admit it."""
+        if first and self.max_calls is not None and self._calls >= self.max_calls:
+            return "max_calls", self._calls, self.max_calls
+        return spend_verdict(
+            ("max_tokens", self._token_count, self._reserved_tokens, self.max_tokens),
+            ("max_cost", self._cost, self._reserved_cost, self.max_cost),
+        )
+
+    def _release(self, ticket: _Ticket) -> list[asyncio.Future[None]]:
+        """Give back ``ticket``'s reservation (lock held); the admissions to wake."""
+        if ticket.reserved is not None:
+            tokens, cost = ticket.reserved
+            self._holders -= 1
+            self._reserved_tokens -= tokens
+            self._reserved_cost = self._reserved_cost - cost if self._holders else 0.0
+            ticket.reserved = None
+        waiters, self._waiters = self._waiters, []
+        return waiters
+
+    def _settle(self, ticket: _Ticket, usage: Usage | None) -> None:
+        with self._lock:
+            ticket.new = False
+            if usage is not None and ticket.config is not None:
+                self._token_count += usage.total_tokens
+                self._cost += _cost(ticket.config, usage)
+            waiters = self._release(ticket)
+        _wake_pending(waiters)
+
+    def _withdraw(self, ticket: _Ticket) -> None:
+        with self._lock:
+            if ticket.new:  # its first admission: the call was not made after all
+                self._calls -= 1
+                ticket.counted = ticket.new = False
+            waiters = self._release(ticket)
+        _wake_pending(waiters)
 
 
-def _check_prices(msg: Message) -> None:
-    config = endpoint_config(msg)
+def _wake_pending(waiters: list[asyncio.Future[None]]) -> None:
+    """Wake the admissions still waiting (one whose run was cancelled, its loop perhaps
+    closed since, is skipped)."""
+    _wake([w for w in waiters if not w.done() and not w.get_loop().is_closed()])
+
+
+def spend_verdict(
+    *limits: tuple[str, float, float, float | None],
+) -> tuple[str, float, float] | str | None:
+    """Whether a request may reserve its estimate against ``limits`` (each: name, spent,
+    reserved, maximum or None): None if so; ``"wait"`` if only reservations of requests
+    in flight stand in the way (they may settle below their estimates); else the limit
+    reached, with what was spent.  One rule for a budget in one process and the
+    cluster's ledger of one on Ray workers."""
+    held = False
+    for limit, spent, reserved, maximum in limits:
+        if maximum is None or spent + reserved < maximum:
+            continue
+        if spent >= maximum or reserved <= 0:
+            return limit, spent, maximum
+        held = True
+    return "wait" if held else None
+
+
+def _check_prices(config: EndpointConfig, alias: str, where: str) -> None:
     input_price, output_price = config.input_price_per_mtok, config.output_price_per_mtok
     if input_price is None or output_price is None:
         from plait.resources.config import ConfigurationError
 
-        alias = request_of(msg).alias
         missing = " and ".join(
             name
             for name, price in (
@@ -238,7 +324,7 @@ def _check_prices(msg: Message) -> None:
             if price is None
         )
         raise ConfigurationError(
-            f"budget(max_cost=...) cannot price the call at {msg.name!r}: alias {alias!r} has "
+            f"budget(max_cost=...) cannot price the call at {where!r}: alias {alias!r} has "
             f"no {missing}; set the prices (dollars per million tokens) in its resource "
             "configuration, or budget by max_calls/max_tokens instead"
         )

@@ -9,6 +9,11 @@ the trace is written in Chrome's Trace Event Format, which Perfetto and
 questions without a viewer: how busy each endpoint was, which calls were slowest,
 and which chain of calls decided the wall time.
 
+An input whose output a checkpoint already holds makes no call: a rerun of a
+finished run is told each one (`Profiler.note_restored`) and draws it as an instant
+on a "checkpoint" track, so its trace says where the outputs came from instead of
+being empty.
+
 The hooks run on plait's runtime loop thread while the ``with`` block is left on
 the caller's, so every read and write of the records holds one lock.
 """
@@ -25,6 +30,7 @@ from typing import Any, Self
 
 from rich.table import Table
 
+from plait._secrets import scrub
 from plait.handlers.stack import Handler, Message
 from plait.resources.endpoint import CallTiming, Span
 
@@ -169,6 +175,8 @@ class Profiler(Handler):
         self.path = path
         self._lock = threading.Lock()
         self._records: list[_Record] = []
+        # Inputs answered from a checkpoint (index, when): outputs that made no call.
+        self._restored: list[tuple[int | None, float]] = []
         # Keyed by id(msg): the message is alive (in flight) for as long as it is here.
         self._open: dict[int, _Record] = {}
 
@@ -200,7 +208,7 @@ class Profiler(Handler):
         timing = msg.meta.get("timing")
         spans = list(timing.spans) if isinstance(timing, CallTiming) else []
         outcome = _outcome(msg, spans)
-        error = None if msg.error is None else f"{type(msg.error).__name__}: {msg.error}"
+        error = None if msg.error is None else scrub(f"{type(msg.error).__name__}: {msg.error}")
         with self._lock:
             record = self._open.pop(id(msg), None)
             if record is None:
@@ -241,6 +249,16 @@ class Profiler(Handler):
         with self._lock:
             return [_copy(r) for r in self._records]
 
+    def note_restored(self, index: int | None) -> None:
+        """Input ``index`` was answered with its output from a checkpoint (no call)."""
+        with self._lock:
+            self._restored.append((index, time.monotonic()))
+
+    @property
+    def restored(self) -> int:
+        """Inputs answered from a checkpoint while this profiler was active."""
+        return len(self._restored)
+
     # -- the trace -----------------------------------------------------------------------
     def trace(self) -> dict[str, Any]:
         """The recorded calls as a Trace Event Format document (a JSON object).
@@ -250,7 +268,10 @@ class Profiler(Handler):
         on one thread must nest.  A call's phases are drawn inside its own span.
         """
         records = self._snapshot()
-        origin = _origin(records)
+        with self._lock:
+            restored = list(self._restored)
+        origin = min([_origin(records)] if records else [], default=0.0)
+        origin = min([origin] + [t for _, t in restored]) if restored else origin
         events: list[dict[str, Any]] = []
         groups = _groups(records)
         for pid, (group, members) in enumerate(groups, start=1):
@@ -268,12 +289,32 @@ class Profiler(Handler):
             for record in members:
                 tid = lanes[id(record)] + 1
                 events.extend(_call_events(record, pid, tid, origin))
+        if restored:
+            pid = len(groups) + 1
+            label = f"checkpoint: {len(restored)} output(s) restored, 0 calls"
+            events.append(_meta("process_name", pid, None, {"name": label}))
+            events.append(_meta("process_sort_index", pid, None, {"sort_index": pid}))
+            events.append(_meta("thread_name", pid, 1, {"name": "outputs from the checkpoint"}))
+            for index, at in restored:
+                events.append(
+                    {
+                        "name": f"input {index}: output from the checkpoint",
+                        "cat": "checkpoint",
+                        "ph": "i",
+                        "s": "t",
+                        "pid": pid,
+                        "tid": 1,
+                        "ts": _us(at, origin),
+                        "args": {"input_index": index, "calls": 0, "outcome": "restored"},
+                    }
+                )
         return {"traceEvents": events, "displayTimeUnit": "ms"}
 
     def write(self, path: str | os.PathLike[str]) -> Path:
         """Write the trace as JSON to ``path`` and return it."""
         target = Path(path)
-        target.write_text(json.dumps(self.trace(), separators=(",", ":")), encoding="utf-8")
+        text = scrub(json.dumps(self.trace(), separators=(",", ":")))
+        target.write_text(text, encoding="utf-8")
         return target
 
     # -- the summary ---------------------------------------------------------------------

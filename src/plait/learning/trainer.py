@@ -53,6 +53,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from plait._secrets import scrub
 from plait.learning.backward import Received, collect_feedback, receive
 from plait.learning.bootstrap import Trace, TraceLog, TrainingBatch, call_step
 from plait.learning.feedback import Feedback
@@ -270,7 +271,8 @@ class TrainingHistory:
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write the history as JSON (atomically: a reader never sees half a file)."""
         target = Path(path)
-        _write_atomic(target, json.dumps(self.to_json(), indent=2) + "\n")
+        # Rejections and tried values quote model text: no credential is written with them.
+        _write_atomic(target, scrub(json.dumps(self.to_json(), indent=2)) + "\n")
         return target
 
     def plot(self, path: str | os.PathLike[str]) -> Path:

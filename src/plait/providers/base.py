@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from plait._digest import digest
+from plait._secrets import scrub
 from plait.structured import canonical_schema_json
 
 __all__ = [
@@ -82,7 +83,12 @@ class LLMResponse:
 
 
 class ProviderError(RuntimeError):
-    """An endpoint refused or failed a request; carries the HTTP status when there is one."""
+    """An endpoint refused or failed a request; carries the HTTP status when there is one.
+
+    The message often quotes the server (some quote the API key they were sent, in a
+    401's body), and the exception itself travels far: into error values, tracebacks,
+    profiles.  So it is scrubbed here, once, where it is made.
+    """
 
     def __init__(
         self,
@@ -92,7 +98,7 @@ class ProviderError(RuntimeError):
         retryable: bool = False,
         retry_after: float | None = None,
     ) -> None:
-        super().__init__(message)
+        super().__init__(scrub(message))
         self.status = status
         self.retryable = retryable
         self.retry_after = retry_after

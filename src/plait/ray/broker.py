@@ -214,34 +214,83 @@ class LimitBroker:
                 return grant
             await self._wait(min(remaining, self._refill_wait(state, report)))
 
-    async def budget_lease(
-        self, spec: Any, worker: str, want: int, tokens: float, cost: float, returned: int
+    async def budget_reserve(
+        self, spec: Any, worker: str, call: bool, tokens: float, cost: float
     ) -> dict[str, Any]:
-        """A cluster-wide `budget`: take ``worker``'s spend and returned allowance, and
-        lease it up to ``want`` calls while no limit is reached (see `plait.ray.handlers`)."""
-        from plait.ray.handlers import budget_block, budget_limit_reached
+        """Admit one request of ``worker`` under a cluster-wide `budget`, as a `Budget`
+        admits it in one process: a new ``call`` counts against ``max_calls``, and the
+        request reserves its estimated ``tokens`` and ``cost`` until `budget_settle`.
+        Answers ``reserved`` once done; ``reached`` (the limit, what was spent, the
+        maximum) once spent up; neither when the reservations in flight still hold
+        what is left after a short wait for them to settle (the worker asks again)."""
+        from plait.handlers.budgeting import spend_verdict
 
+        ledger = self._budget_ledger(spec)
+        deadline = time.monotonic() + _WAIT_S
+        while True:
+            if call and spec.max_calls is not None and ledger["calls"] >= spec.max_calls:
+                return {
+                    "reserved": False,
+                    "reached": ("max_calls", ledger["calls"], spec.max_calls),
+                }
+            verdict = spend_verdict(
+                ("max_tokens", ledger["tokens"], ledger["held_tokens"], spec.max_tokens),
+                ("max_cost", ledger["cost"], ledger["held_cost"], spec.max_cost),
+            )
+            if verdict is None:
+                ledger["calls"] += int(call)
+                self._hold(ledger, worker, tokens, cost, 1)
+                return {"reserved": True, "reached": None}
+            if not isinstance(verdict, str):
+                return {"reserved": False, "reached": verdict}
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return {"reserved": False, "reached": None}
+            await self._wait(remaining)
+
+    async def budget_settle(
+        self,
+        spec: Any,
+        worker: str,
+        held: tuple[float, float],
+        spent: tuple[float, float],
+        unsent_call: bool,
+    ) -> None:
+        """A reserved request is done: the ``spent`` tokens and cost of its reply replace
+        the ``held`` estimate (0 and 0 for one that failed); ``unsent_call`` gives back
+        the call of one that was never sent."""
+        ledger = self._budget_ledger(spec)
+        self._hold(ledger, worker, -held[0], -held[1], -1)
+        ledger["tokens"] += spent[0]
+        ledger["cost"] += spent[1]
+        ledger["calls"] -= int(unsent_call)
+        self._notify()
+
+    def _budget_ledger(self, spec: Any) -> dict[str, Any]:
         ledger = self._budgets.get(spec.budget_id)
         if ledger is None:
             ledger = self._budgets[spec.budget_id] = {
-                "granted": spec.calls,
+                "calls": spec.calls,
                 "tokens": float(spec.tokens),
                 "cost": float(spec.cost),
-                "askers": set(),
+                "held_tokens": 0.0,
+                "held_cost": 0.0,
+                "held_by": {},
             }
-        ledger["granted"] -= returned
-        ledger["tokens"] += tokens
-        ledger["cost"] += cost
-        if want > 0:
-            ledger["askers"].add(worker)
-        reached = budget_limit_reached(spec, ledger["granted"], ledger["tokens"], ledger["cost"])
-        calls = 0
-        if want > 0 and reached is None:
-            calls = max(want, budget_block(spec, ledger["granted"], len(ledger["askers"])))
-            if spec.max_calls is not None:
-                calls = min(calls, spec.max_calls - ledger["granted"])
-            ledger["granted"] += calls
-        return {"calls": calls, "reached": reached}
+        return ledger
+
+    @staticmethod
+    def _hold(ledger: dict[str, Any], worker: str, tokens: float, cost: float, n: int) -> None:
+        """Add ``n`` reservations to what ``worker`` holds (per worker: a worker that is
+        gone gives its back); a worker holding none holds exactly 0 (no float residue
+        for requests to wait on)."""
+        holds = ledger["held_by"]
+        held = holds.setdefault(worker, [0.0, 0.0, 0])
+        held[0], held[1], held[2] = held[0] + tokens, held[1] + cost, held[2] + n
+        if held[2] <= 0:
+            del holds[worker]
+        ledger["held_tokens"] = sum(h[0] for h in holds.values())
+        ledger["held_cost"] = sum(h[1] for h in holds.values())
 
     async def forget(self, worker: str) -> None:
         """``worker`` is gone: its slots go back at once."""
@@ -252,6 +301,10 @@ class LimitBroker:
         for state in self._aliases.values():
             state.held.pop(worker, None)
             state.wanted.pop(worker, None)
+        for ledger in self._budgets.values():  # its budget reservations, too
+            held = ledger["held_by"].get(worker)
+            if held is not None:
+                self._hold(ledger, worker, 0.0, 0.0, -held[2])
         self._notify()
 
     async def status(self) -> dict[str, Any]:

@@ -4,11 +4,12 @@ A run on workers takes the handler stack active where it was started and rebuild
 it in every worker, in the same order, so each call passes through the same
 handlers as in one process.  Handlers that count or collect are made whole again:
 
-- `budget`: one limit for the cluster.  Workers lease calls from the broker in
-  small blocks and report tokens and cost as they spend them; a call is started
-  only with a leased allowance, so ``max_calls`` is a hard stop across workers
-  (tokens and cost stop new calls once reached; calls in flight finish, as in one
-  process).  The driver's `Budget` ends with the cluster's totals.
+- `budget`: one limit for the cluster.  Each request is admitted by the broker's
+  ledger when its endpoint admits it (a new call counts against ``max_calls``, the
+  request reserves its estimated tokens and cost) and its reply's usage replaces
+  the reservation there: the rule of `plait.handlers.budgeting` in one process,
+  with one ledger for every worker, so each limit is as hard across workers.  The
+  driver's `Budget` ends with the cluster's totals.
 - `profile`: each worker records its calls; the driver's profiler receives them
   with each batch and draws one trace with a process per worker.
 - usage (`plait.usage()`, ``plait run``'s table): each worker's counters reach the
@@ -28,7 +29,6 @@ run starts, with the reason: a hook that silently never ran would be worse.
 from __future__ import annotations
 
 import contextlib
-import math
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -277,8 +277,11 @@ class _BudgetCollector:
 
 
 class LeasedBudget(Handler):
-    """A worker's view of a cluster-wide `Budget`: calls are started on allowances
-    leased from the broker, and what is spent is reported there."""
+    """A worker's view of a cluster-wide `Budget`: each request is admitted by the
+    broker's ledger when its endpoint admits it (a new call counts against
+    ``max_calls``, the request reserves its estimated tokens and cost), and its
+    reply's usage replaces the reservation there: the rule of a `Budget` in one
+    process, with one ledger for every worker."""
 
     sees_composite_calls = False
 
@@ -288,93 +291,110 @@ class LeasedBudget(Handler):
         self.spec = spec
         self.broker = broker
         self.worker = worker
-        # The local counters and the refusal logic are a plain Budget's; only the
-        # reservation asks the cluster.
+        # The local counters are a plain Budget's (what this worker spent, for the
+        # driver's totals); the limits are the cluster's, in the broker.
         self.local = Budget()
-        self.allowance = 0
-        self._unreported_tokens = 0
-        self._unreported_cost = 0.0
         self._lock = threading.Lock()
-        self._exhausted: tuple[str, float, float] | None = None
+        # Settlements sent to the broker, awaited before the batch returns.
+        self._settling: list[Any] = []
 
-    async def process(self, msg: Any) -> None:
-        from plait.handlers.budgeting import BudgetExceeded
+    @property
+    def limited(self) -> bool:
+        """Whether requests need the broker's admission (a budget only counting does not)."""
+        spec = self.spec
+        return any(v is not None for v in (spec.max_calls, spec.max_tokens, spec.max_cost))
+
+    def process(self, msg: Any) -> None:
+        from plait.resources.endpoint import CallTiming
 
         if msg.type != "llm" or msg.done or msg.meta.get("cache") == "hit" or msg.fn is None:
             return
-        if self.allowance < 1:
-            await self._lease(msg)
-        if self.allowance < 1:
-            assert self._exhausted is not None
-            self.local._refused += 1
-            raise BudgetExceeded(*self._exhausted, module_path=msg.name)
-        self.allowance -= 1
-        send = msg.fn
-        local = self.local
-
-        def counted(*args: Any, **kwargs: Any) -> Any:
-            local._calls += 1
-            return send(*args, **kwargs)
-
-        msg.fn = counted
-        msg.meta[f"leased_budget.{id(self):x}"] = True
+        timing = msg.meta.get("timing")
+        key = f"leased_budget.{id(self):x}"
+        if not isinstance(timing, CallTiming) or key in msg.meta:
+            return
+        msg.meta[key] = True
+        timing.gates.append(_LeasedTicket(self, msg.name))
 
     def postprocess(self, msg: Any) -> None:
-        from plait.handlers.budgeting import _cost
-        from plait.handlers.llm import endpoint_config
-        from plait.providers.base import LLMResponse
-
-        if not msg.meta.pop(f"leased_budget.{id(self):x}", False):
-            return
-        reply = msg.value
-        if msg.error is not None or not isinstance(reply, LLMResponse):
-            return
-        cost = _cost(endpoint_config(msg), reply.usage)
-        with self._lock:
-            self.local._token_count += reply.usage.total_tokens
-            self.local._cost += cost
-            self._unreported_tokens += reply.usage.total_tokens
-            self._unreported_cost += cost
-
-    async def _lease(self, msg: Any) -> None:
-        with self._lock:
-            tokens, cost = self._unreported_tokens, self._unreported_cost
-            self._unreported_tokens, self._unreported_cost = 0, 0.0
-        reply = await self.broker.budget_lease.remote(self.spec, self.worker, 1, tokens, cost, 0)
-        self.allowance += int(reply["calls"])
-        self._exhausted = tuple(reply["reached"]) if reply["reached"] else None
+        msg.meta.pop(f"leased_budget.{id(self):x}", None)
 
     def report(self) -> tuple[int, int, float, int]:
         local = self.local
         return (local.calls, local.tokens, local.cost, local.refused)
 
-    def give_back(self) -> Any:
-        """Return the unspent allowance and unreported spend (at the end of a batch)."""
-        with self._lock:
-            tokens, cost = self._unreported_tokens, self._unreported_cost
-            self._unreported_tokens, self._unreported_cost = 0, 0.0
-            back, self.allowance = self.allowance, 0
-        if back or tokens or cost:
-            return self.broker.budget_lease.remote(self.spec, self.worker, 0, tokens, cost, back)
+    async def give_back(self) -> None:
+        """Wait for the settlements sent to the broker (at the end of a batch)."""
+        settling, self._settling = self._settling, []
+        for pending in settling:
+            await pending
+
+
+class _LeasedTicket:
+    """One call under a `LeasedBudget`: its `AdmissionGate` at the endpoint."""
+
+    def __init__(self, budget: LeasedBudget, name: str) -> None:
+        self.budget = budget
+        self.name = name
+        self.config: Any = None
+        self.counted = False  # counted in ``calls`` (at its first admission)
+        self.new = False  # ... by an admission that may still be withdrawn
+        self.reserved: tuple[float, float] | None = None  # held in the broker's ledger
+
+    async def admit(self, endpoint: Any, request: Any, estimate: Any) -> Any:
+        import asyncio
+
+        from plait.handlers.budgeting import BudgetExceeded, _check_prices, _cost
+
+        budget, spec = self.budget, self.budget.spec
+        if spec.max_cost is not None:
+            _check_prices(endpoint.config, endpoint.alias, self.name)
+        if budget.limited:
+            tokens, cost = float(estimate.total_tokens), _cost(endpoint.config, estimate)
+            call = not self.counted
+            reply = await budget.broker.budget_reserve.remote(
+                spec, budget.worker, call, tokens, cost
+            )
+            if reply["reached"]:
+                with budget._lock:
+                    budget.local._refused += 1
+                limit, spent, maximum = reply["reached"]
+                raise BudgetExceeded(limit, spent, maximum, module_path=self.name)
+            if not reply["reserved"]:
+                return asyncio.sleep(0)  # the broker has waited already: ask again
+            self.reserved = (tokens, cost)
+        self.config = endpoint.config
+        if not self.counted:
+            with budget._lock:
+                budget.local._calls += 1
+            self.counted = self.new = True
         return None
 
+    def settle(self, usage: Any) -> None:
+        from plait.handlers.budgeting import _cost
 
-def budget_limit_reached(
-    spec: _BudgetSpec, calls: int, tokens: float, cost: float
-) -> tuple[str, float, float] | None:
-    """Which limit of ``spec`` the cluster's totals have reached, if any."""
-    if spec.max_calls is not None and calls >= spec.max_calls:
-        return ("max_calls", calls, spec.max_calls)
-    if spec.max_tokens is not None and tokens >= spec.max_tokens:
-        return ("max_tokens", tokens, spec.max_tokens)
-    if spec.max_cost is not None and cost >= spec.max_cost:
-        return ("max_cost", cost, spec.max_cost)
-    return None
+        budget = self.budget
+        self.new = False
+        tokens = usage.total_tokens if usage is not None else 0
+        cost = _cost(self.config, usage) if usage is not None and self.config else 0.0
+        with budget._lock:
+            budget.local._token_count += tokens
+            budget.local._cost += cost
+        self._release((tokens, cost), unsent_call=False)
 
+    def withdraw(self) -> None:
+        unsent = self.new
+        if unsent:
+            with self.budget._lock:
+                self.budget.local._calls -= 1
+            self.counted = self.new = False
+        self._release((0, 0.0), unsent_call=unsent)
 
-def budget_block(spec: _BudgetSpec, granted: int, askers: int) -> int:
-    """Calls to lease at once: a small share of what is left, never more."""
-    if spec.max_calls is None:
-        return 8
-    left = spec.max_calls - granted
-    return max(0, min(left, max(1, math.floor(left / (4 * max(1, askers))))))
+    def _release(self, spent: tuple[float, float], unsent_call: bool) -> None:
+        if self.reserved is None:
+            return
+        budget, held = self.budget, self.reserved
+        self.reserved = None
+        budget._settling.append(
+            budget.broker.budget_settle.remote(budget.spec, budget.worker, held, spent, unsent_call)
+        )

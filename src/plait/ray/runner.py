@@ -198,9 +198,9 @@ def run_distributed(
                 key = input_keys[index] = fingerprint([list(args), kwargs])
                 found, payload = checkpoint.finished_output(index, key)
                 if found and not observed:
-                    from plait.values import kind_of
+                    from plait.execution.checkpoint import restored_output
 
-                    finish(index, Value(kind_of(payload), payload, meta={"checkpoint": "hit"}))
+                    finish(index, restored_output(index, payload))
                     continue
             batch.append((index, args, kwargs))
         return batch

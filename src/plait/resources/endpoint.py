@@ -1,11 +1,13 @@
 """One alias, live: the path every LLM call takes to its provider.
 
 `Endpoint.complete` is the same for every provider: a concurrency slot from the
-endpoint's process-wide limiter, the rate governor (RPM, TPM, Retry-After),
-one attempt by the provider, and on failure a retry with exponential backoff
-and jitter (the slot is given back while waiting).  A retry re-sends this one
-request; it never re-runs upstream work.  For a structured request the reply is
-validated, and an invalid one is re-asked once with the validation error.
+endpoint's process-wide limiter, the call's admission gates (a `budget` reserves
+the call's estimated tokens and cost there, see `AdmissionGate`), the rate
+governor (RPM, TPM, Retry-After), one attempt by the provider, and on failure a
+retry with exponential backoff and jitter (the slot is given back while waiting).
+A retry re-sends this one request; it never re-runs upstream work.  For a
+structured request the reply is validated, and an invalid one is re-asked once
+with the validation error.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 from plait._secrets import scrub
 from plait.providers.base import (
@@ -23,6 +26,7 @@ from plait.providers.base import (
     Provider,
     ProviderError,
     ReplyFormatError,
+    Usage,
 )
 from plait.resources.config import EndpointConfig
 from plait.resources.limits import Priority, PriorityLimiter
@@ -30,7 +34,15 @@ from plait.resources.rate import RateGovernor
 from plait.resources.usage import AliasUsage
 from plait.structured import parse_reply
 
-__all__ = ["CallTiming", "Endpoint", "Span", "backoff_delay", "estimate_tokens"]
+__all__ = [
+    "AdmissionGate",
+    "CallTiming",
+    "Endpoint",
+    "Span",
+    "backoff_delay",
+    "estimate_tokens",
+    "estimate_usage",
+]
 
 #: Completion tokens assumed for a request without ``max_tokens`` (corrected later).
 _DEFAULT_COMPLETION_ESTIMATE = 256
@@ -38,11 +50,17 @@ _BACKOFF_BASE_S = 0.25
 _BACKOFF_CAP_S = 20.0
 
 
-def estimate_tokens(request: LLMRequest) -> int:
-    """Prompt characters / 4, plus the completion budget: an upper-leaning guess."""
+def estimate_usage(request: LLMRequest) -> Usage:
+    """Prompt characters / 4, and the completion budget: an upper-leaning guess, split so
+    each part can be priced (a budget's reservation) or added up (the TPM limit)."""
     chars = sum(len(str(m.get("content", ""))) for m in request.messages)
     completion = request.max_tokens or _DEFAULT_COMPLETION_ESTIMATE
-    return chars // 4 + 1 + completion
+    return Usage(chars // 4 + 1, completion)
+
+
+def estimate_tokens(request: LLMRequest) -> int:
+    """`estimate_usage`, in total."""
+    return estimate_usage(request).total_tokens
 
 
 def backoff_delay(attempt: int, retry_after: float | None, cap: float = _BACKOFF_CAP_S) -> float:
@@ -78,11 +96,43 @@ class Span:
     info: dict[str, Any] = field(default_factory=dict)
 
 
+class AdmissionGate(Protocol):
+    """Told when a call's request is admitted to the endpoint and when it is settled.
+
+    Admission is the moment a request holds its concurrency slot and is about to be
+    sent, after every handler has had its chance to answer the call: a `budget`
+    reserves the request's estimated usage there (one checked when the call is
+    created would let a whole window of calls pass before any had spent anything),
+    and the reply's usage replaces the reservation.  A retry and a structured
+    output's re-ask are admitted again.
+    """
+
+    async def admit(
+        self, endpoint: Endpoint, request: LLMRequest, estimate: Usage
+    ) -> Awaitable[Any] | None:
+        """Reserve ``estimate`` and return None; raise to refuse the call; or return
+        something to await (having reserved nothing) before asking again."""
+        ...
+
+    def settle(self, usage: Usage | None) -> None:
+        """The admitted request was sent: ``usage`` is the reply's (None: it failed)."""
+        ...
+
+    def withdraw(self) -> None:
+        """The admitted request was not sent after all (another gate refused it)."""
+        ...
+
+
 @dataclass(slots=True)
 class CallTiming:
-    """Where one call's time went, filled in as it happens; profilers read it."""
+    """Where one call's time went, filled in as it happens; profilers read it.
+
+    It is the one object that travels with a call from its message to the endpoint,
+    so it also carries the call's ``gates`` (`AdmissionGate`), which handlers add.
+    """
 
     spans: list[Span] = field(default_factory=list)
+    gates: list[AdmissionGate] = field(default_factory=list)
 
     def add(self, kind: str, start: float, end: float, **info: Any) -> None:
         self.spans.append(Span(kind, start, end, info))
@@ -139,20 +189,25 @@ class Endpoint:
         self, request: LLMRequest, priority: float | Priority, timing: CallTiming
     ) -> LLMResponse:
         usage, governor = self.usage, self.governor
-        estimate = estimate_tokens(request)
+        expected = estimate_usage(request)
+        estimate = expected.total_tokens
         attempt = 0
         while True:
             attempt += 1
             queued = time.monotonic()
             await self.limiter.acquire(priority)
+            admitted: list[AdmissionGate] = []
+            sent = False
             try:
                 slot = time.monotonic()
                 timing.add("queue", queued, slot)
+                admitted = await self._admit(timing.gates, request, expected)
                 await governor.admit(estimate)
                 started = time.monotonic()
                 if started - slot > 1e-4:
                     timing.add("rate_wait", slot, started)
                 usage.requests += 1
+                sent = True
                 try:
                     response = await self.provider.send(request)
                 except ProviderError as exc:
@@ -163,6 +218,9 @@ class Endpoint:
                 else:
                     ended = time.monotonic()
                     timing.add("request", started, ended, attempt=attempt, status="ok")
+                    for gate in admitted:
+                        gate.settle(response.usage)
+                    admitted = []
                     usage.succeeded += 1
                     usage.add_latency(ended - started)
                     usage.prompt_tokens += response.usage.prompt_tokens
@@ -172,6 +230,11 @@ class Endpoint:
                     response.attempts = attempt
                     return response
             finally:
+                for gate in admitted:  # failed, or cancelled: nothing known was spent
+                    if sent:
+                        gate.settle(None)
+                    else:
+                        gate.withdraw()
                 self.limiter.release()
             cap = self.config.max_retry_after_s
             if failure.status == 429:
@@ -191,3 +254,28 @@ class Endpoint:
             pause = time.monotonic()
             await asyncio.sleep(backoff_delay(attempt, failure.retry_after, cap))
             timing.add("backoff", pause, time.monotonic(), attempt=attempt)
+
+    async def _admit(
+        self, gates: list[AdmissionGate], request: LLMRequest, estimate: Usage
+    ) -> list[AdmissionGate]:
+        """Pass every gate, or none: a gate that asks to wait is waited for holding no
+        reservation of the others (two calls each holding what the other waits for
+        would wait forever), then every gate is asked again."""
+        while True:
+            admitted: list[AdmissionGate] = []
+            wait: Awaitable[Any] | None = None
+            try:
+                for gate in gates:
+                    wait = await gate.admit(self, request, estimate)
+                    if wait is not None:
+                        break
+                    admitted.append(gate)
+            except BaseException:
+                for gate in admitted:
+                    gate.withdraw()
+                raise
+            if wait is None:
+                return admitted
+            for gate in admitted:
+                gate.withdraw()
+            await wait

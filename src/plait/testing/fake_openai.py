@@ -17,6 +17,10 @@ Replies are a pure function of the request so that tests can predict them:
   one, from the server's own random stream (as a real sampler would);
 * a JSON-schema ``response_format`` yields a minimal instance of the schema.
 
+A wrong API key gets a 401 (``"Incorrect API key provided."``); with ``quote_key_in_401``
+set, the message quotes the key the request sent, as some real providers do, so a test can
+check that a key echoed back by an endpoint is never written anywhere by the client.
+
 Server-wide behaviour (latency, jitter, random faults) is changed at runtime through
 ``POST /_config`` and observed through ``GET /_stats`` (``GET /_stats?bodies=1`` adds each
 request's JSON body to its record). The control endpoints never require the API key: they
@@ -306,9 +310,11 @@ class _Config:
         self.retry_after_s = 1.0
         self.timeout_hang_s = 30.0
         self.seed = seed
+        self.quote_key_in_401 = False
 
     def as_dict(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in (*self._DURATIONS, *self._RATES, "seed")}
+        names = (*self._DURATIONS, *self._RATES, "seed", "quote_key_in_401")
+        return {name: getattr(self, name) for name in names}
 
     def validate(self, changes: dict[str, Any]) -> dict[str, Any]:
         """Check every change before applying any, so a bad request leaves config untouched."""
@@ -326,6 +332,10 @@ class _Config:
             elif key == "seed":
                 if not isinstance(value, int) or isinstance(value, bool):
                     raise ValueError("seed must be an integer")
+                clean[key] = value
+            elif key == "quote_key_in_401":
+                if not isinstance(value, bool):
+                    raise ValueError("quote_key_in_401 must be true or false")
                 clean[key] = value
             else:
                 raise ValueError(f"unknown config key {key!r}")
@@ -573,6 +583,15 @@ class FakeOpenAIApp:
         given = request.headers.get("Authorization", "").encode()
         return hmac.compare_digest(given, self._auth)
 
+    def _refusal(self, request: web.Request) -> str:
+        """The 401 message: quoting the key received when ``quote_key_in_401`` is set."""
+        given = request.headers.get("Authorization")
+        if given is None:
+            return "You didn't provide an API key."
+        if self.config.quote_key_in_401:
+            return f"Incorrect API key provided: {given.removeprefix('Bearer ')}."
+        return "Incorrect API key provided."
+
     # -- control endpoints ---------------------------------------------------------------------
 
     async def stats(self, request: web.Request) -> web.Response:
@@ -647,7 +666,7 @@ class FakeOpenAIApp:
 
     async def models(self, request: web.Request) -> web.Response:
         if not self._authorized(request):
-            return _error_response(401, "Incorrect API key provided.")
+            return _error_response(401, self._refusal(request))
         return _json_response({"object": "list", "data": [{"id": MODEL_ID, "object": "model"}]})
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
@@ -693,9 +712,7 @@ class FakeOpenAIApp:
         outcome.body = raw
         self.placeholders_seen.check(raw, request.path)
         if not self._authorized(request):
-            has_key = "Authorization" in request.headers
-            message = "Incorrect API key provided." if has_key else "You didn't provide an API key."
-            return _error_response(401, message)
+            return _error_response(401, self._refusal(request))
         try:
             plan = _parse_request(raw, outcome)
         except _BadRequest as err:
