@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,19 @@ def _keys_of_first_calls(server: FakeOpenAIServer) -> dict[str, int]:
         if record["system"] == "A" and record["status"] == 200:
             counts[record["key"]] = counts.get(record["key"], 0) + 1
     return counts
+
+
+def _wait_for_second_calls(server: FakeOpenAIServer, count: int, timeout: float = 60.0) -> None:
+    """Return once ``count`` second-step requests (system prompt "B") have completed."""
+    deadline = time.monotonic() + timeout
+    while True:
+        done = sum(
+            1 for r in server.stats()["requests"] if r["system"] == "B" and r["status"] == 200
+        )
+        if done >= count:
+            return
+        assert time.monotonic() < deadline, f"only {done} of {count} second calls completed"
+        time.sleep(0.01)
 
 
 def _worker_processes(checkpoint: Path) -> list[int]:
@@ -106,6 +120,10 @@ def test_a_killed_worker_s_inputs_rerun_elsewhere_without_paying_twice(
     thread = threading.Thread(target=run)
     thread.start()
     server.wait_parked("hold", 6)  # every held input's first call has completed
+    # ... and every other input has finished: at the kill, the only calls in flight are
+    # the parked ones, so every completed first call is in a worker's log (a call whose
+    # reply was on its way when the worker died is paid again, rightly).
+    _wait_for_second_calls(server, 20)
     workers = _worker_processes(tmp_path)
     assert len(workers) == 2
     os.kill(workers[0], signal.SIGKILL)
@@ -136,6 +154,7 @@ def test_a_killed_driver_resumes_from_its_checkpoint(
     env = dict(os.environ, PLAIT_TEST_KEY="sk-test")
     first = subprocess.Popen(command, cwd=ROOT, env=env, stderr=subprocess.DEVNULL)
     server.wait_parked("hold", 4)
+    _wait_for_second_calls(server, 12)  # nothing in flight at the kill but the parked calls
     first.kill()  # SIGKILL: the driver dies; Ray ends the workers it owned
     first.wait()
     paid_before = _keys_of_first_calls(server)
