@@ -31,6 +31,7 @@ _DEFAULT_CONFIG: dict[str, Any] = {
     "retry_after_s": 1.0,
     "timeout_hang_s": 30.0,
     "seed": 0,
+    "gate_texts": {},
 }
 
 
@@ -409,6 +410,8 @@ def test_config_rejects_unknown_and_invalid_keys(server: FakeOpenAIServer) -> No
         server.configure(bogus_knob=1)
     with pytest.raises(ValueError, match="rate_500"):
         server.configure(rate_500=1.5)
+    with pytest.raises(ValueError, match="gate_texts"):
+        server.configure(gate_texts={"": "held"})
     raw = http_call(f"http://127.0.0.1:{server.port}/_config", {"latency_ms": 5, "nope": 1})
 
     assert raw.status == 400

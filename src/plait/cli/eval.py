@@ -205,13 +205,17 @@ async def _score_all(
 ) -> list[dict[str, Any]]:
     from plait.execution.settings import ExecutionSettings
     from plait.resources.manager import ResourceManager
+    from plait.sampling import fold
 
     step.eval()
 
     async def one(index: int, input: Any, target: Any) -> dict[str, Any]:
         row: dict[str, Any] = {"index": index, "input": input, "target": target}
+        # Each example is a run of its own, at position 0: its run seed takes the
+        # example's position, so examples draw distinct samples as rows of `plait run` do.
+        options = {} if seed is None else {"seed": fold(seed, "eval example", index)}
         try:
-            result = await step(input, target=target)
+            result = await step(input, target=target, **options)
         except Exception as exc:  # a pipeline or loss error scores 0, and is reported
             row.update(output=None, score=0.0, error=f"{type(exc).__name__}: {exc}")
             return row

@@ -115,7 +115,7 @@ class Engine:
         self.root = root
         #: The run seed (`plait.sampling`): each LLM call sends a seed derived from it.
         self.seed = seed
-        #: Seeded calls made so far per input, by call site (see `_count_call`).
+        #: Seeded calls made so far per input, by call site and request (`_count_call`).
         self.site_calls: dict[int | None, CallCounts] = {}
         self.resources = resources
         self.paths = module_paths(root)
@@ -262,8 +262,8 @@ class Engine:
         samples = module.n
         seeded = self.seed is not None or samples > 1
         if seeded:
-            counter = self._count_call(index, node_id)
             request_digest = request.fingerprint()
+            counter = self._count_call(index, node_id, request_digest)
 
         async def one(sample: int) -> Value:
             call = request
@@ -290,21 +290,25 @@ class Engine:
         outputs = await asyncio.gather(*(one(i) for i in range(samples)))
         return _samples_output(outputs, node, ref=f"node:{node.id}")
 
-    def _count_call(self, index: int | None, node_id: str | None) -> int:
-        """How many calls this call site made for this input before this one: a graph
-        node runs once, but code running on real values (an ``async def forward``, a
-        functional call in a loop) may call from one site again and again."""
+    def _count_call(self, index: int | None, node_id: str | None, request_digest: str) -> int:
+        """How many calls with this request this call site made for this input before
+        this one: a graph node runs once, but code running on real values (an ``async
+        def forward``, a functional call in a loop) may call from one site again and
+        again. Counting per request, not per site, keeps a seed a function of the call:
+        two loops gathered in one forward interleave their calls as latencies decide,
+        and only identical requests (interchangeable draws) share a count."""
         sites = self.site_calls.get(index)
         if sites is None:
             sites = self.site_calls[index] = CallCounts()
-        return sites.next(node_id)
+        return sites.next((node_id, request_digest))
 
     def call_seed(
         self, path: str, index: int | None, node_id: str | None, request: LLMRequest
     ) -> int:
         """The seed this run sends with one call from a call site (`plait.sampling`)."""
-        counter = self._count_call(index, node_id)
-        return call_seed(self.seed, path, index, node_id, request.fingerprint(), counter)
+        request_digest = request.fingerprint()
+        counter = self._count_call(index, node_id, request_digest)
+        return call_seed(self.seed, path, index, node_id, request_digest, counter)
 
     async def _send(
         self, request: LLMRequest, priority: _CallPriority, timing: CallTiming

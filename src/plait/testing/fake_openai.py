@@ -11,7 +11,9 @@ Replies are a pure function of the request so that tests can predict them:
 * directives in the last user message steer a single request: ``[[status:429]]``,
   ``[[latency_ms:250]]``, ``[[reply:any text]]`` and ``[[gate:NAME]]``, which parks the
   request (it counts as in flight) until ``POST /_gate {"open": "NAME"}``; ``/_stats``
-  counts the requests parked at each gate, so a test waits for a state, never for time;
+  counts the requests parked at each gate, so a test waits for a state, never for time
+  (``POST /_config {"gate_texts": {"TEXT": "NAME"}}`` parks requests whose last user
+  message contains TEXT at gate NAME, leaving the requests themselves unchanged);
 * ``[[sample:N]]`` makes the reply a sample: `` ~draw K`` is appended, K in ``[0, N)``
   drawn from the request's integer ``seed`` (the same seed, the same K) or, without
   one, from the server's own random stream (as a real sampler would);
@@ -306,9 +308,14 @@ class _Config:
         self.retry_after_s = 1.0
         self.timeout_hang_s = 30.0
         self.seed = seed
+        #: Text -> gate name: a request whose last user message contains the text parks at
+        #: that gate as if it carried ``[[gate:NAME]]``, while the request itself stays the
+        #: same (a test can reorder replies without changing what was asked).
+        self.gate_texts: dict[str, str] = {}
 
     def as_dict(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in (*self._DURATIONS, *self._RATES, "seed")}
+        names = (*self._DURATIONS, *self._RATES, "seed", "gate_texts")
+        return {name: getattr(self, name) for name in names}
 
     def validate(self, changes: dict[str, Any]) -> dict[str, Any]:
         """Check every change before applying any, so a bad request leaves config untouched."""
@@ -327,6 +334,13 @@ class _Config:
                 if not isinstance(value, int) or isinstance(value, bool):
                     raise ValueError("seed must be an integer")
                 clean[key] = value
+            elif key == "gate_texts":
+                if not isinstance(value, dict) or not all(
+                    isinstance(text, str) and text and isinstance(name, str) and name.strip()
+                    for text, name in value.items()
+                ):
+                    raise ValueError("gate_texts maps non-empty texts to gate names")
+                clean[key] = {text: name.strip() for text, name in value.items()}
             else:
                 raise ValueError(f"unknown config key {key!r}")
         return clean
@@ -722,10 +736,15 @@ class FakeOpenAIApp:
         delay_s -= time.monotonic() - t_start
         if delay_s > 0.0:
             await asyncio.sleep(delay_s)
-        if directives.gate is not None:
-            gate = self._gate(directives.gate)
+        gate_name = directives.gate
+        if gate_name is None:
+            gate_name = next(
+                (name for text, name in config.gate_texts.items() if text in directives.text), None
+            )
+        if gate_name is not None:
+            gate = self._gate(gate_name)
             if not gate.is_set():
-                name = directives.gate
+                name = gate_name
                 self._parked[name] = self._parked.get(name, 0) + 1
                 try:
                     await gate.wait()
