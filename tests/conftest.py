@@ -62,7 +62,6 @@ def server(server_process: FakeOpenAIServer) -> FakeOpenAIServer:
         retry_after_s=1.0,
         timeout_hang_s=30.0,
         seed=0,
-        gate_texts={},
     )
     server_process.reset()
     return server_process

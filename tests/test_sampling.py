@@ -492,8 +492,11 @@ def test_seeds_do_not_depend_on_the_order_gathered_calls_complete_in(
         sent = {body["messages"][-1]["content"]: body["seed"] for body in bodies(server)}
         return output, sent
 
-    scan_b_first, seeds_b_first = run_holding("a0 ", "b2 ")
-    scan_a_first, seeds_a_first = run_holding("b0 ", "a2 ")
+    try:
+        scan_b_first, seeds_b_first = run_holding("a0 ", "b2 ")
+        scan_a_first, seeds_a_first = run_holding("b0 ", "a2 ")
+    finally:
+        server.configure(gate_texts={})
     assert len(seeds_b_first) == 6 and len(set(seeds_b_first.values())) == 6
     assert seeds_a_first == seeds_b_first
     assert scan_a_first == scan_b_first
