@@ -278,6 +278,11 @@ class _Command:
         except OSError as exc:
             checkpoint.close()
             raise UsageError(f"cannot write to the checkpoint {directory}: {exc}") from None
+        if checkpoint.code_changed:
+            self.say(
+                f"the pipeline's code changed since {directory} was written: its inputs run "
+                "again, and only calls whose requests changed are paid for"
+            )
         if checkpoint.outputs:
             self.say(
                 f"resuming from {directory}: {len(checkpoint.outputs)} finished input(s) will be "
