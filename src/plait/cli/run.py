@@ -45,13 +45,14 @@ from plait.cli.target import Target, TargetError
 from plait.execution.checkpoint import FORMAT as CHECKPOINT_FORMAT
 from plait.execution.checkpoint import Checkpoint, CheckpointError, producer_of
 from plait.execution.loop import run_blocking
-from plait.execution.runtime import _Run
+from plait.execution.runtime import _Run, traced_first
 from plait.execution.settings import resolve_options
 from plait.module import Module
 from plait.resources.config import ConfigurationError, ResourceConfig
 from plait.resources.manager import ResourceManager
 from plait.resources.usage import reset_usage, usage
 from plait.sampling import SeedError, run_seed
+from plait.tracing.tracer import TracingError
 from plait.values import Value, error_value
 
 __all__ = ["build_parser", "main"]
@@ -362,6 +363,12 @@ class _Command:
             display.stop()
             writer.close()
             raise UsageError(f"{exc} (or add --fresh to delete the checkpoint)") from None
+        except TracingError as exc:  # the first input traced failed: the code is wrong
+            display.stop()
+            writer.close()
+            raise UsageError(
+                f"{ns.target} cannot be traced, so no input was run and nothing was paid for: {exc}"
+            ) from None
         except OSError as exc:  # the output or the checkpoint could not be written
             display.stop()
             with contextlib.suppress(OSError):
@@ -544,7 +551,7 @@ def _drive_on_ray(
     try:
         run_distributed(
             make_spec(module, resources, opts, checkpoint),
-            items,
+            traced_first(module, items, prepare),
             prepare,
             _deliverer(writer, tally, display),
             workers=ns.workers or 1,

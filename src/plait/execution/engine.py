@@ -35,7 +35,7 @@ from plait.resources.limits import Priority, PriorityLimiter
 from plait.resources.manager import ResourceManager
 from plait.sampling import CallCounts, call_seed, with_seed
 from plait.tracing.graph import Graph, Node, resolve
-from plait.tracing.tracer import Tracer, active_trace, module_paths, trace
+from plait.tracing.tracer import Tracer, TracingError, active_trace, module_paths, trace
 from plait.values import ExecutionError, Value, ValueKind, error_value, kind_of
 
 if TYPE_CHECKING:
@@ -125,6 +125,11 @@ class Engine:
         self.draining = draining
         #: Aliases this run has sent requests to; endpoints are built at the first send.
         self.aliases: set[str] = set()
+        #: Whether an input of this run has been traced, and the `TracingError` of the
+        #: run's first trace: a mistake in the pipeline's code rather than in one input,
+        #: which a batch reports once, before anything is paid for (see `run_input`).
+        self.traced = False
+        self.code_error: TracingError | None = None
         resources.check_aliases({m.alias for m in root.modules() if m._calls_llm})  # type: ignore[attr-defined]
 
     def start_draining(self) -> None:
@@ -153,13 +158,23 @@ class Engine:
                 failure = as_input_failure(exc)
                 if failure is None:
                     raise
+                if isinstance(exc, TracingError) and not self.traced:
+                    # The first input traced fails: the code is wrong (a batch driver
+                    # stops the run with it); once one input traced, it is that input's.
+                    self.code_error = exc
                 failed = error_value(failure, module_path=f"{type(self.root).__name__}.forward")
                 return failed, None, {}
+            self.traced = True
             results = await self.execute(graph, index, "")
             return self.output_of(graph, results), graph, results
         finally:
             release_snapshot(token)
             self.site_calls.pop(index, None)
+
+    def code_error_of(self) -> None:
+        """Raise the `TracingError` of the run's first trace, if it failed."""
+        if self.code_error is not None:
+            raise self.code_error
 
     def output_of(self, graph: Graph, results: dict[int, Value]) -> Value:
         failures = [
