@@ -530,3 +530,22 @@ def test_plait_run_resumed_after_editing_the_pipeline_file_reflects_the_new_code
     assert outputs == ["Briefly: alpha", "Briefly: beta", "Briefly: gamma"]
     assert sent_prompts(server) == outputs
     assert "code changed" in stderr
+
+
+def test_a_pipeline_class_without_source_is_keyed_by_name_and_says_so(
+    resources: plait.ResourceConfig, tmp_path: Path
+) -> None:
+    namespace: dict[str, Any] = {"__name__": "pipeline_without_source"}
+    exec(  # a class no file defines, as in an interactive session
+        "import plait\n"
+        "class Nameless(plait.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.llm = plait.LLMInference('fast')\n"
+        "    def forward(self, text):\n"
+        "        return self.llm(text)\n",
+        namespace,
+    )
+    pipeline = namespace["Nameless"]().bind(resources=resources)
+    with pytest.warns(UserWarning, match="no source found for pipeline_without_source.Nameless"):
+        assert pipeline.run_sync(["a", "b"], checkpoint_dir=tmp_path / "ckpt") == ["a", "b"]
