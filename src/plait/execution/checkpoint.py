@@ -132,28 +132,31 @@ def code_of(module: Any) -> dict[str, str]:
     for part in module.modules():
         for cls in type(part).__mro__:
             name = cls.__module__
-            if cls is object or name == "plait" or name.startswith("plait.") or name in found:
+            qualified = f"{name}.{cls.__qualname__}"
+            if cls is object or name == "plait" or name.startswith("plait."):
                 continue
-            source: str | None = None
-            for owner in (sys.modules.get(name), cls):
+            if name in found or qualified in found:
+                continue
+            # The file, else the class alone (a notebook cell), under a key of its own.
+            for owner, key in ((sys.modules.get(name), name), (cls, qualified)):
                 if owner is None:
                     continue
                 try:
                     source = inspect.getsource(owner)
-                    break
                 except (OSError, TypeError):
                     continue
-            if source is None:
+                text = source.encode("utf-8", "surrogatepass")
+                found[key] = hashlib.sha256(text).hexdigest()[:16]
+                break
+            else:
                 warnings.warn(
-                    f"plait: no source found for {name}.{cls.__qualname__}; a checkpoint keys "
-                    "its finished outputs by the class's name only, so a resume after "
-                    "changing its code would serve outputs of the old code. Define it in a "
-                    "file, or start such a run over (--fresh / a new checkpoint_dir)",
+                    f"plait: no source found for {qualified}; a checkpoint keys its finished "
+                    "outputs by the class's name only, so a resume after changing its code "
+                    "would serve outputs of the old code. Define it in a file, or start such "
+                    "a run over (--fresh / a new checkpoint_dir)",
                     stacklevel=2,
                 )
-                found[name] = f"no source: {cls.__qualname__}"
-                continue
-            found[name] = hashlib.sha256(source.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+                found[qualified] = "no source"
     return found
 
 
