@@ -436,3 +436,116 @@ def test_integers_beyond_64_bits_come_back_from_the_checkpoint_exactly(tmp_path:
         assert all(type(o["big"]) is int for o in out)
     record = {"n": 2**70, "text": "12345678901234567890123", "f": 0.1}
     assert loads(text_line(record)) == record  # orjson refuses the int: the stdlib writes it
+
+
+EDITED_PIPELINE = """
+import plait
+
+
+class Summarize(plait.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = plait.LLMInference("fast")
+        self.second = plait.LLMInference("fast")
+
+    def forward(self, text: str):
+        return self.second(f"{PREFIX}{self.first(text)}")
+
+
+PREFIX = "@@"
+"""
+
+
+def write_pipeline(path: Path, prefix: str) -> None:
+    path.write_text(EDITED_PIPELINE.replace("@@", prefix), encoding="utf-8")
+
+
+def sent_prompts(server: FakeOpenAIServer) -> list[str]:
+    records = server.stats(bodies=True)["requests"]
+    return sorted(record["body"]["messages"][-1]["content"] for record in records)
+
+
+def test_a_resume_after_editing_the_pipeline_recomputes_outputs_paying_only_changed_calls(
+    server: FakeOpenAIServer, tmp_path: Path
+) -> None:
+    import importlib.util
+
+    source = tmp_path / "edited_pipeline_api.py"
+
+    def load(prefix: str) -> plait.Module:
+        write_pipeline(source, prefix)
+        spec = importlib.util.spec_from_file_location("edited_pipeline_api", source)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["edited_pipeline_api"] = module
+        spec.loader.exec_module(module)
+        pipeline: plait.Module = module.Summarize().bind(resources=make_resources(server))
+        return pipeline
+
+    inputs = ["alpha", "beta", "gamma"]
+    checkpoint = tmp_path / "ckpt"
+    try:
+        assert load("").run_sync(inputs, checkpoint_dir=checkpoint) == inputs
+        assert server.stats()["requests_total"] == 6
+
+        server.reset()
+        edited = load("Briefly: ").run_sync(inputs, checkpoint_dir=checkpoint)
+        assert edited == [f"Briefly: {text}" for text in inputs]
+        # The first call's requests did not change: only the second call's are paid for.
+        assert sent_prompts(server) == [f"Briefly: {text}" for text in inputs]
+
+        server.reset()
+        assert load("Briefly: ").run_sync(inputs, checkpoint_dir=checkpoint) == edited
+        # Back to the code that made the first outputs: they are served again.
+        assert load("").run_sync(inputs, checkpoint_dir=checkpoint) == inputs
+        assert server.stats()["requests_total"] == 0
+    finally:
+        sys.modules.pop("edited_pipeline_api", None)
+
+
+def test_plait_run_resumed_after_editing_the_pipeline_file_reflects_the_new_code(
+    server: FakeOpenAIServer, tmp_path: Path
+) -> None:
+    from .test_cli import write_resources
+
+    source = tmp_path / "edited_pipeline_cli.py"
+    resources = write_resources(tmp_path / "resources.toml", server.base_url)
+    data = tmp_path / "in.jsonl"
+    data.write_text("".join(json.dumps(text) + "\n" for text in ["alpha", "beta", "gamma"]))
+    out = tmp_path / "out.jsonl"
+
+    def run(prefix: str) -> tuple[list[str], str]:
+        write_pipeline(source, prefix)
+        args = ["run", f"{source}:Summarize", "--resources", resources, "-i", data, "-o", out]
+        result = plait_cli(*args)
+        assert result.returncode == 0, result.stderr
+        rows = [json.loads(line) for line in out.read_text().splitlines()]
+        return [row["output"] for row in sorted(rows, key=lambda row: row["index"])], result.stderr
+
+    assert run("")[0] == ["alpha", "beta", "gamma"]
+    assert server.stats()["requests_total"] == 6
+
+    server.reset()
+    outputs, stderr = run("Briefly: ")
+    assert outputs == ["Briefly: alpha", "Briefly: beta", "Briefly: gamma"]
+    assert sent_prompts(server) == outputs
+    assert "code changed" in stderr
+
+
+def test_a_pipeline_class_without_source_is_keyed_by_name_and_says_so(
+    resources: plait.ResourceConfig, tmp_path: Path
+) -> None:
+    namespace: dict[str, Any] = {"__name__": "pipeline_without_source"}
+    exec(  # a class no file defines, as in an interactive session
+        "import plait\n"
+        "class Nameless(plait.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.llm = plait.LLMInference('fast')\n"
+        "    def forward(self, text):\n"
+        "        return self.llm(text)\n",
+        namespace,
+    )
+    pipeline = namespace["Nameless"]().bind(resources=resources)
+    with pytest.warns(UserWarning, match="no source found for pipeline_without_source.Nameless"):
+        assert pipeline.run_sync(["a", "b"], checkpoint_dir=tmp_path / "ckpt") == ["a", "b"]

@@ -243,3 +243,18 @@ def test_eval_seed_scores_the_same_samples_again(project: Path) -> None:
     assert all(" ~draw " in output for output in seven) and len(set(seven)) == 3
     assert outputs("7", "b.jsonl") == seven
     assert not set(outputs("8", "c.jsonl")) & set(seven)
+
+
+def test_eval_seed_gives_every_example_its_own_seeds(project: Path, server: Any) -> None:
+    """Each example is a run of its own; identical inputs still draw distinct samples."""
+    data = write_jsonl(
+        project / "data.jsonl",
+        [{"input": "q [[sample:1000000]]", "target": "x"} for _ in range(3)],
+    )
+    rows_file = project / "rows.jsonl"
+    run = evaluate(project, "--data", data, "--seed", "7", "--output", rows_file)
+    assert run.returncode == 0, run.stderr
+    outputs = [json.loads(line)["output"] for line in rows_file.read_text().splitlines()]
+    assert len(set(outputs)) == 3, outputs
+    sent = [record["body"].get("seed") for record in server.stats(bodies=True)["requests"]]
+    assert len(sent) == 3 and len(set(sent)) == 3 and None not in sent

@@ -428,11 +428,14 @@ def test_config_rejects_unknown_and_invalid_keys(server: FakeOpenAIServer) -> No
         server.configure(bogus_knob=1)
     with pytest.raises(ValueError, match="rate_500"):
         server.configure(rate_500=1.5)
+    with pytest.raises(ValueError, match="gate_texts"):
+        server.configure(gate_texts={"": "held"})
     raw = http_call(f"http://127.0.0.1:{server.port}/_config", {"latency_ms": 5, "nope": 1})
 
     assert raw.status == 400
     assert "nope" in raw.body["error"]["message"]
-    assert server.configure() == _DEFAULT_CONFIG  # rejected requests change nothing
+    # rejected requests change nothing
+    assert server.configure() == {**_DEFAULT_CONFIG, "gate_texts": {}}
 
 
 def test_reset_clears_stats_but_keeps_config(server: FakeOpenAIServer) -> None:

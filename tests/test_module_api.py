@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 import plait
 from plait import valueify
+from plait.testing import FakeOpenAIServer
 
+from .conftest import make_resources
 from .pipelines import Assistant, DeepPipeline, Echo
 
 
@@ -211,3 +214,56 @@ def test_containers_register_and_behave_like_their_python_types() -> None:
 def test_bind_rejects_unknown_options() -> None:
     with pytest.raises(TypeError, match="max_concurent"):
         Assistant().bind(resources=None, max_concurent=3)
+
+
+class Sampled(plait.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.gen = plait.LLMInference("fast", temperature=0.8)
+
+    def forward(self, text: str) -> Any:
+        return self.gen(text)
+
+
+def test_bind_adds_to_the_binding_and_none_removes_a_name(
+    server: FakeOpenAIServer, tmp_path: Path
+) -> None:
+    """``bind(seed=7)`` after ``bind(resources=r, checkpoint_dir=d)`` keeps ``r`` and ``d``."""
+    inputs = [f"colour {i} [[sample:1000000]]" for i in range(3)]
+    # Resources the bound ones would fall back to if they were dropped: every call fails.
+    wrong = plait.ResourceConfig(
+        {
+            "fast": {
+                "provider": "openai",
+                "model": "m",
+                "base_url": server.base_url,
+                "api_key": "sk-wrong",
+            }
+        }
+    )
+    pipeline = Sampled().bind(resources=make_resources(server), checkpoint_dir=tmp_path / "ckpt")
+    assert pipeline.bind(seed=7) is pipeline
+
+    with plait.ExecutionSettings(resources=wrong):
+        first = pipeline.run_sync(inputs)
+        assert all(isinstance(out, str) and "~draw" in out for out in first), first
+        sent = [record["body"].get("seed") for record in server.stats(bodies=True)["requests"]]
+        assert len(sent) == 3 and all(isinstance(seed, int) for seed in sent)
+        assert any((tmp_path / "ckpt").iterdir())  # the bound checkpoint was written
+
+        server.reset()
+        assert pipeline.run_sync(inputs) == first  # resumed from the bound checkpoint
+        assert server.stats()["requests_total"] == 0
+
+        # None removes a name from the binding: no checkpoint, no seed, resources kept.
+        pipeline.bind(checkpoint_dir=None, seed=None)
+        server.reset()
+        unseeded = pipeline.run_sync(inputs)
+        assert all(isinstance(out, str) for out in unseeded), unseeded
+        sent = [record["body"].get("seed") for record in server.stats(bodies=True)["requests"]]
+        assert sent == [None, None, None]
+
+        # ... and resources=None falls back to the settings' (wrong) resources.
+        pipeline.bind(resources=None)
+        failed = pipeline.run_sync(inputs)
+        assert not any(isinstance(out, str) for out in failed)

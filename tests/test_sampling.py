@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -455,6 +456,50 @@ def test_a_module_called_twice_from_an_async_forward_draws_twice(
     first = pipeline.run_sync([SAMPLED, SAMPLED], seed=1)
     assert len({reply for row in first for reply in row}) == 4
     assert pipeline.run_sync([SAMPLED, SAMPLED], seed=1) == first
+
+
+class TwoScans(plait.Module):
+    """Two loops over calls of one call site, gathered: latencies decide how they interleave."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gen = plait.LLMInference("fast", temperature=0.8)
+
+    async def forward(self, text: str) -> Any:
+        async def scan(tag: str) -> list[Any]:
+            return [await self.gen(f"{tag}{i} {text}") for i in range(3)]
+
+        first, second = await asyncio.gather(scan("a"), scan("b"))
+        return first + second
+
+
+def test_seeds_do_not_depend_on_the_order_gathered_calls_complete_in(
+    server: FakeOpenAIServer,
+) -> None:
+    pipeline = TwoScans().bind(resources=make_resources(server), seed=3)
+
+    def run_holding(held: str, last: str) -> tuple[Any, dict[str, Any]]:
+        """A run whose call ``held`` waits until the other scan has sent its ``last`` call."""
+        server.reset()
+        server.configure(gate_texts={held: "held", last: "last"})
+        with ThreadPoolExecutor(1) as pool:
+            future = pool.submit(pipeline.run_sync, "x [[sample:1000000]]")
+            server.wait_parked("held", 1)
+            server.wait_parked("last", 1)  # the other scan made its three calls meanwhile
+            server.open_gate("held")
+            server.open_gate("last")
+            output = future.result(timeout=120)
+        sent = {body["messages"][-1]["content"]: body["seed"] for body in bodies(server)}
+        return output, sent
+
+    try:
+        scan_b_first, seeds_b_first = run_holding("a0 ", "b2 ")
+        scan_a_first, seeds_a_first = run_holding("b0 ", "a2 ")
+    finally:
+        server.configure(gate_texts={})
+    assert len(seeds_b_first) == 6 and len(set(seeds_b_first.values())) == 6
+    assert seeds_a_first == seeds_b_first
+    assert scan_a_first == scan_b_first
 
 
 def test_plait_run_seed_repeats_and_a_checkpoint_refuses_another_seed(

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 import plait
+from plait.testing import FakeOpenAIServer
 from plait.tracing import trace
 from plait.tracing.graph import NodeRef, ParamRef, Struct, Template
 
+from .conftest import make_resources, plait_cli
 from .pipelines import Assistant, DeepPipeline, Echo, Shapes, Synthesizer
 
 
@@ -166,3 +171,87 @@ def test_synthesizer_graph_has_the_fan_in_shape() -> None:
     assert len(module_nodes(graph)) == 4
     synthesizer = module_nodes(graph)[-1]
     assert synthesizer.path == "synthesizer" and len(graph.call_deps(synthesizer.id)) == 3
+
+
+class Questions(plait.Module):
+    """Asks a question of an output in a sync forward: a mistake in the code (for every
+    input, or only for inputs starting with "bad": then it is about those inputs)."""
+
+    def __init__(self, always: bool = True) -> None:
+        super().__init__()
+        self.llm = plait.LLMInference("fast")
+        self.always = always
+
+    def forward(self, text: str) -> Any:
+        out = self.llm(text)
+        if self.always or text.startswith("bad"):
+            return len(out)
+        return out
+
+
+def test_a_tracing_error_stops_a_batch_once_before_any_call_is_paid_for(
+    server: FakeOpenAIServer, tmp_path: Path
+) -> None:
+    pipeline = Questions().bind(resources=make_resources(server))
+    inputs = [f"item {i}" for i in range(20)]
+    with pytest.raises(plait.TracingError, match="async def forward"):
+        pipeline.run_sync(inputs)
+    with pytest.raises(plait.TracingError, match="async def forward"):
+        pipeline.run_sync(inputs, checkpoint_dir=tmp_path / "ckpt", max_inputs_in_flight=4)
+
+    async def streamed() -> None:
+        async for _ in pipeline.stream(inputs):
+            pass
+
+    with pytest.raises(plait.TracingError, match="async def forward"):
+        asyncio.run(streamed())
+    assert server.stats()["requests_total"] == 0
+
+
+def test_a_tracing_error_of_a_later_input_is_that_input_s_error_row(
+    server: FakeOpenAIServer,
+) -> None:
+    pipeline = Questions(always=False).bind(resources=make_resources(server))
+    out = pipeline.run_sync(["fine", "bad one", "also fine"])
+    assert out[0] == "fine" and out[2] == "also fine"
+    assert isinstance(out[1], plait.Value) and out[1].meta["error_type"] == "TracingError"
+    assert server.stats()["requests_total"] == 2
+    # The first input traced decides: when it is the one that fails, the run stops.
+    with pytest.raises(plait.TracingError):
+        pipeline.run_sync(["bad first", "fine"])
+    assert server.stats()["requests_total"] == 2
+
+
+def test_plait_run_reports_a_tracing_error_once_and_sends_nothing(
+    server: FakeOpenAIServer, tmp_path: Path
+) -> None:
+    from .test_cli import write_resources
+
+    resources = write_resources(tmp_path / "resources.toml", server.base_url)
+    data = tmp_path / "in.jsonl"
+    data.write_text("".join(json.dumps(f"item {i}") + "\n" for i in range(20)))
+    run = plait_cli(
+        "run",
+        "tests.test_tracing:Questions",
+        "--resources",
+        resources,
+        "-i",
+        data,
+        "-o",
+        tmp_path / "out.jsonl",
+    )
+    assert run.returncode == 2, run.stderr
+    errors = [line for line in run.stderr.splitlines() if "error" in line]
+    assert len(errors) == 1 and "Traceback" not in run.stderr, run.stderr
+    assert "cannot be traced" in errors[0] and "async def forward" in errors[0]
+    assert server.stats()["requests_total"] == 0
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_a_tracing_error_stops_a_batch_on_workers_before_any_call(
+    server: FakeOpenAIServer,
+) -> None:
+    pipeline = Questions().bind(resources=make_resources(server))
+    with pytest.raises(plait.TracingError, match="async def forward"):
+        pipeline.run_sync([f"item {i}" for i in range(8)], workers=2)
+    assert server.stats()["requests_total"] == 0

@@ -31,6 +31,18 @@ if TYPE_CHECKING:
 __all__ = ["BackwardContext", "BackwardResult", "LLMInference", "Module"]
 
 
+class _Keep:
+    """Default of `Module.bind`'s named arguments: tells "not given" from ``None`` (remove)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<unchanged>"
+
+
+_KEEP = _Keep()
+
+
 @dataclass(slots=True)
 class BackwardContext:
     """What a module's ``backward`` may look at: its inputs, output and node."""
@@ -222,12 +234,16 @@ class Module:
 
     def bind(
         self,
-        resources: ResourceConfig | ResourceManager | Any = None,
-        max_concurrent: int | None = None,
+        resources: ResourceConfig | ResourceManager | Any = _KEEP,
+        max_concurrent: int | _Keep | None = _KEEP,
         **kwargs: Any,
     ) -> Self:
-        """Attach resources and execution options so the module can be awaited directly.
+        """Add resources and execution options to this module's binding.
 
+        Each call adds to what earlier calls bound, as a chained configuration call
+        does: ``m.bind(resources=r, checkpoint_dir=d)`` then ``m.bind(seed=7)`` keeps
+        ``r`` and ``d``. Passing ``None`` for a name removes it from the binding (the
+        option falls back to the owner's binding, `ExecutionSettings` or its default).
         Bound options rank below per-call options and above `ExecutionSettings`, and
         reach every submodule this module owns: ``root.bind(resources=r)`` then
         ``root.child.run_sync(x)`` runs on ``r`` (a submodule's own `bind` wins).
@@ -236,11 +252,18 @@ class Module:
         from plait.execution.settings import check_setting_names
 
         options = dict(kwargs)
-        if max_concurrent is not None:
+        if not isinstance(max_concurrent, _Keep):
             options["max_concurrent"] = max_concurrent
         check_setting_names(options, where="bind()")
-        object.__setattr__(self, "_bound_resources", resources)
-        object.__setattr__(self, "_bound_config", options)
+        config = dict(self._bound_config)
+        for name, value in options.items():
+            if value is None:
+                config.pop(name, None)
+            else:
+                config[name] = value
+        if not isinstance(resources, _Keep):
+            object.__setattr__(self, "_bound_resources", resources)
+        object.__setattr__(self, "_bound_config", config)
         return self
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

@@ -165,9 +165,11 @@ def call_seed(
 ) -> int:
     """The seed of one LLM call in a run seeded ``run`` (None: run seed 0, used only
     for the samples of an ``n > 1`` call).  ``request_digest`` is the request's
-    `~LLMRequest.fingerprint` before any seed; ``counter`` tells apart the calls one
-    call site makes for one input (an ``async def forward`` calling a module twice,
-    a functional call in a loop); ``sample`` the samples of one call."""
+    `~LLMRequest.fingerprint` before any seed; ``counter`` tells apart the identical
+    requests one call site makes for one input (an ``async def forward`` calling a
+    module twice on the same prompt, a functional call in a loop): it counts per
+    request, never per site, so calls interleaved by timing keep their seeds;
+    ``sample`` the samples of one call."""
     return fold(
         run or 0,
         path,
@@ -185,7 +187,8 @@ def with_seed(request: LLMRequest, seed: int) -> LLMRequest:
 
 
 class CallCounts:
-    """How many calls each call site has made so far: the ``counter`` of `call_seed`."""
+    """How many calls each (call site, request) has made so far: the ``counter`` of
+    `call_seed` (keyed by the request too, so interleaving never shifts a count)."""
 
     __slots__ = ("_counts",)
 

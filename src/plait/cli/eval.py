@@ -242,19 +242,23 @@ async def _score_all(
     tally: Tally | None = None,
     display: Display | None = None,
 ) -> list[dict[str, Any]]:
+    from plait.execution.runtime import call_single
     from plait.execution.settings import ExecutionSettings
-    from plait.learning.bootstrap import call_step
     from plait.resources.manager import ResourceManager
+    from plait.sampling import fold
 
     step.eval()
     tally = tally if tally is not None else Tally(len(examples))
 
     async def one(index: int, input: Any, target: Any) -> dict[str, Any]:
         row: dict[str, Any] = {"index": index, "input": input, "target": target}
+        # Each example is a run of its own, at position 0: its run seed takes the
+        # example's position, so examples draw distinct samples as rows of `plait run` do.
+        options = {} if seed is None else {"seed": fold(seed, "eval example", index)}
         tally.in_flight += 1
         try:
             # one example, even when its input is a list (as plait train calls it)
-            result = await call_step(step, (input, target))
+            result = await call_single(step, (input,), {"target": target, **options})
         except Exception as exc:  # a pipeline or loss error scores 0, and is reported
             row.update(output=None, score=0.0, error=f"{type(exc).__name__}: {exc}")
             tally.failed += 1

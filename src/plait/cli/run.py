@@ -46,13 +46,14 @@ from plait.cli.target import Target, TargetError
 from plait.execution.checkpoint import FORMAT as CHECKPOINT_FORMAT
 from plait.execution.checkpoint import Checkpoint, CheckpointError, producer_of
 from plait.execution.loop import run_blocking
-from plait.execution.runtime import _Run
+from plait.execution.runtime import _Run, traced_first
 from plait.execution.settings import resolve_options
 from plait.module import Module
 from plait.resources.config import ConfigurationError, ResourceConfig
 from plait.resources.manager import ResourceManager
 from plait.resources.usage import reset_usage, usage
 from plait.sampling import SeedError, run_seed
+from plait.tracing.tracer import TracingError
 from plait.values import Value, error_value
 
 __all__ = ["build_parser", "main", "refuse_to_clobber"]
@@ -304,6 +305,11 @@ class _Command:
         except OSError as exc:
             checkpoint.close()
             raise UsageError(f"cannot write to the checkpoint {directory}: {exc}") from None
+        if checkpoint.code_changed:
+            self.say(
+                f"the pipeline's code changed since {directory} was written: its inputs run "
+                "again, and only calls whose requests changed are paid for"
+            )
         if checkpoint.outputs:
             self.say(
                 f"resuming from {directory}: {len(checkpoint.outputs)} finished input(s) will be "
@@ -383,6 +389,12 @@ class _Command:
             display.stop()
             writer.close()
             raise UsageError(f"{exc} (or add --fresh to delete the checkpoint)") from None
+        except TracingError as exc:  # the first input traced failed: the code is wrong
+            display.stop()
+            writer.close()
+            raise UsageError(
+                f"{ns.target} cannot be traced, so no input was run and nothing was paid for: {exc}"
+            ) from None
         except OSError as exc:  # the output or the checkpoint could not be written
             display.stop()
             with contextlib.suppress(OSError):
@@ -569,7 +581,7 @@ def _drive_on_ray(
     try:
         run_distributed(
             make_spec(module, resources, opts, checkpoint),
-            items,
+            traced_first(module, items, prepare),
             prepare,
             _deliverer(writer, tally, display),
             workers=ns.workers or 1,

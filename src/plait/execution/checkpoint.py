@@ -8,7 +8,10 @@ a different pipeline at the directory is an error instead of a silent mix-up.
 
 Completed calls are replayed by a handler on the stack: a resumed run answers
 them from the log and pays for none of them again.  Failed inputs are not
-recorded as finished, so a resumed run retries them.
+recorded as finished, so a resumed run retries them.  Finished outputs are
+served only to a run of the same pipeline code (`code_of`): after an edit, a
+``code`` record in the log marks where the new code's outputs begin, and the
+inputs run again, paying only for the calls whose requests changed.
 """
 
 from __future__ import annotations
@@ -63,7 +66,9 @@ def producer_of(module: Any, resources: Any, seed: int | None = None) -> dict[st
     """What a run's outputs depend on besides its inputs: each alias's endpoint
     (provider, model, and a hash of its URL, which may hold credentials), each
     parameter's value (hashed) and the run seed (`plait.sampling`; an `Rng`'s own
-    parameters are that seed).  A checkpoint refuses to resume under another."""
+    parameters are that seed).  A checkpoint refuses to resume under another, except
+    for the pipeline's code (`code_of`): when only that changed, finished outputs are
+    recomputed and the logged calls still answer the requests that did not change."""
     import hashlib
 
     def digest(value: Any) -> str:
@@ -105,7 +110,57 @@ def producer_of(module: Any, resources: Any, seed: int | None = None) -> dict[st
         "calls": calls,
         "seed": seed,
         "configured": bool(resources.config),
+        "code": code_of(module),
     }
+
+
+def code_of(module: Any) -> dict[str, str]:
+    """A hash of the source that defines the pipeline's module classes, by Python module.
+
+    A finished output is only as current as the code that computed it: an edited
+    ``forward`` (a prefixed prompt, a new post-processing step) must not be answered
+    with outputs of the old one. The whole source file of each class outside plait
+    is hashed, not the class alone, so prompt templates and helper functions kept
+    beside it count too; an edit that changes nothing a call sends costs nothing,
+    since the calls themselves are keyed by their requests. A class whose source
+    cannot be found (defined in an interactive session) is keyed by its name, and
+    a warning says that changes to it go unnoticed.
+    """
+    import hashlib
+    import inspect
+    import sys
+    import warnings
+
+    found: dict[str, str] = {}
+    for part in module.modules():
+        for cls in type(part).__mro__:
+            name = cls.__module__
+            qualified = f"{name}.{cls.__qualname__}"
+            if cls is object or name == "plait" or name.startswith("plait."):
+                continue
+            if name in found or qualified in found:
+                continue
+            # The file, else the class alone (a notebook cell), under a key of its own.
+            for owner, key in ((sys.modules.get(name), name), (cls, qualified)):
+                if owner is None:
+                    continue
+                try:
+                    source = inspect.getsource(owner)
+                except (OSError, TypeError):
+                    continue
+                text = source.encode("utf-8", "surrogatepass")
+                found[key] = hashlib.sha256(text).hexdigest()[:16]
+                break
+            else:
+                warnings.warn(
+                    f"plait: no source found for {qualified}; a checkpoint keys its finished "
+                    "outputs by the class's name only, so a resume after changing its code "
+                    "would serve outputs of the old code. Define it in a file, or start such "
+                    "a run over (--fresh / a new checkpoint_dir)",
+                    stacklevel=2,
+                )
+                found[qualified] = "no source"
+    return found
 
 
 def _differences(before: dict[str, Any], now: dict[str, Any]) -> tuple[list[str], list[str]]:
@@ -163,6 +218,12 @@ class Checkpoint:
         self.calls: dict[tuple[int, str, str], tuple[int, int, int]] = {}
         #: Per finished input: (input hash, offset, length) of its output record.
         self.outputs: dict[int, tuple[str, int, int]] = {}
+        #: The pipeline code (`code_of`) the log's next output records were made by: the
+        #: manifest's, then that of the latest ``code`` record. Outputs of other code are
+        #: not served (their calls are: a call is keyed by its request).
+        self._log_code: Any = None
+        #: Set when the pipeline's code changed since the checkpoint's outputs were made.
+        self.code_changed = False
         self._fd: int | None = None
         #: The logs read, the first being the one written: ``log.jsonl``, or for a worker
         #: of a multi-process run (`open_for_worker`) a file of its own under ``workers/``.
@@ -220,7 +281,7 @@ class Checkpoint:
 
     def _open_locked(self) -> Checkpoint:
         if self.manifest_path.exists():
-            self._check_manifest()
+            self._log_code = self._check_manifest().get("code")
         else:
             if self.log_path.exists():
                 raise CheckpointError(
@@ -237,10 +298,25 @@ class Checkpoint:
                     "created": time.time(),
                 },
             )
+            self._log_code = self._code
         self._load_log()
         self._fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self._size = os.fstat(self._fd).st_size
+        if not self._outputs_current():
+            # Outputs recorded from here on are the current code's; earlier ones are not
+            # served (and come back into use if the code returns to what made them).
+            self.code_changed = True
+            self._log_code = self._code
+            self._append(json_line({"t": "code", "c": self._code}))
         return self
+
+    @property
+    def _code(self) -> Any:
+        return None if self.producer is None else self.producer.get("code")
+
+    def _outputs_current(self) -> bool:
+        """Whether the output records being indexed were made by this run's code."""
+        return self.producer is None or self._log_code == self._code
 
     def open_for_worker(self, name: str) -> Checkpoint:
         """Open as one worker process of a multi-process run (`plait.ray`).
@@ -281,7 +357,8 @@ class Checkpoint:
         finally:
             self._release_lock()
 
-    def _check_manifest(self) -> None:
+    def _check_manifest(self) -> dict[str, Any]:
+        """Refuse a checkpoint this run must not resume; return its recorded producer."""
         try:
             manifest = json.loads(self.manifest_path.read_text())
         except (OSError, ValueError) as exc:
@@ -305,11 +382,13 @@ class Checkpoint:
                 f"{self.pipeline!r}; use a different checkpoint_dir for this pipeline"
             )
         recorded = manifest.get("producer")
-        if self.producer is None or not isinstance(recorded, dict):
-            return
+        if not isinstance(recorded, dict):
+            return {}
+        if self.producer is None:
+            return recorded
         endpoints, params = _differences(recorded, self.producer)
         if not endpoints and not params:
-            return
+            return recorded
         message = (
             f"{self.directory} holds outputs made with other settings "
             f"({'; '.join(endpoints + params)}); resuming would mix them with new ones. Run "
@@ -320,6 +399,7 @@ class Checkpoint:
         # No resources at all (an offline resume): what the checkpoint answers is fine;
         # the first call it cannot answer, which would go to another endpoint, fails.
         self.mismatch = message
+        return recorded
 
     def _load_log(self) -> None:
         """Index the logs by streaming them (their size does not matter): the one this
@@ -360,8 +440,11 @@ class Checkpoint:
                             len(line),
                         )
                     elif kind == "out":
-                        if file == 0 and not self._worker:
+                        if file == 0 and not self._worker and self._outputs_current():
                             self.outputs[record["i"]] = (record["h"], offset, len(line))
+                    elif kind == "code":
+                        if file == 0 and not self._worker:
+                            self._log_code = record["c"]
                     else:
                         raise ValueError(f"unknown record type {kind!r}")
                 except (ValueError, KeyError, TypeError) as exc:

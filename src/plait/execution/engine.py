@@ -35,7 +35,7 @@ from plait.resources.limits import Priority, PriorityLimiter
 from plait.resources.manager import ResourceManager
 from plait.sampling import CallCounts, call_seed, with_seed
 from plait.tracing.graph import Graph, Node, resolve
-from plait.tracing.tracer import Tracer, active_trace, module_paths, trace
+from plait.tracing.tracer import Tracer, TracingError, active_trace, module_paths, trace
 from plait.values import ExecutionError, Value, ValueKind, error_value, kind_of
 
 if TYPE_CHECKING:
@@ -115,7 +115,7 @@ class Engine:
         self.root = root
         #: The run seed (`plait.sampling`): each LLM call sends a seed derived from it.
         self.seed = seed
-        #: Seeded calls made so far per input, by call site (see `_count_call`).
+        #: Seeded calls made so far per input, by call site and request (`_count_call`).
         self.site_calls: dict[int | None, CallCounts] = {}
         self.resources = resources
         self.paths = module_paths(root)
@@ -125,6 +125,11 @@ class Engine:
         self.draining = draining
         #: Aliases this run has sent requests to; endpoints are built at the first send.
         self.aliases: set[str] = set()
+        #: Whether an input of this run has been traced, and the `TracingError` of the
+        #: run's first trace: a mistake in the pipeline's code rather than in one input,
+        #: which a batch reports once, before anything is paid for (see `run_input`).
+        self.traced = False
+        self.code_error: TracingError | None = None
         resources.check_aliases({m.alias for m in root.modules() if m._calls_llm})  # type: ignore[attr-defined]
 
     def start_draining(self) -> None:
@@ -153,13 +158,23 @@ class Engine:
                 failure = as_input_failure(exc)
                 if failure is None:
                     raise
+                if isinstance(exc, TracingError) and not self.traced:
+                    # The first input traced fails: the code is wrong (a batch driver
+                    # stops the run with it); once one input traced, it is that input's.
+                    self.code_error = exc
                 failed = error_value(failure, module_path=f"{type(self.root).__name__}.forward")
                 return failed, None, {}
+            self.traced = True
             results = await self.execute(graph, index, "")
             return self.output_of(graph, results), graph, results
         finally:
             release_snapshot(token)
             self.site_calls.pop(index, None)
+
+    def code_error_of(self) -> None:
+        """Raise the `TracingError` of the run's first trace, if it failed."""
+        if self.code_error is not None:
+            raise self.code_error
 
     def output_of(self, graph: Graph, results: dict[int, Value]) -> Value:
         failures = [
@@ -262,8 +277,8 @@ class Engine:
         samples = module.n
         seeded = self.seed is not None or samples > 1
         if seeded:
-            counter = self._count_call(index, node_id)
             request_digest = request.fingerprint()
+            counter = self._count_call(index, node_id, request_digest)
 
         async def one(sample: int) -> Value:
             call = request
@@ -290,21 +305,25 @@ class Engine:
         outputs = await asyncio.gather(*(one(i) for i in range(samples)))
         return _samples_output(outputs, node, ref=f"node:{node.id}")
 
-    def _count_call(self, index: int | None, node_id: str | None) -> int:
-        """How many calls this call site made for this input before this one: a graph
-        node runs once, but code running on real values (an ``async def forward``, a
-        functional call in a loop) may call from one site again and again."""
+    def _count_call(self, index: int | None, node_id: str | None, request_digest: str) -> int:
+        """How many calls with this request this call site made for this input before
+        this one: a graph node runs once, but code running on real values (an ``async
+        def forward``, a functional call in a loop) may call from one site again and
+        again. Counting per request, not per site, keeps a seed a function of the call:
+        two loops gathered in one forward interleave their calls as latencies decide,
+        and only identical requests (interchangeable draws) share a count."""
         sites = self.site_calls.get(index)
         if sites is None:
             sites = self.site_calls[index] = CallCounts()
-        return sites.next(node_id)
+        return sites.next((node_id, request_digest))
 
     def call_seed(
         self, path: str, index: int | None, node_id: str | None, request: LLMRequest
     ) -> int:
         """The seed this run sends with one call from a call site (`plait.sampling`)."""
-        counter = self._count_call(index, node_id)
-        return call_seed(self.seed, path, index, node_id, request.fingerprint(), counter)
+        request_digest = request.fingerprint()
+        counter = self._count_call(index, node_id, request_digest)
+        return call_seed(self.seed, path, index, node_id, request_digest, counter)
 
     async def _send(
         self, request: LLMRequest, priority: _CallPriority, timing: CallTiming

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import itertools
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -24,6 +25,7 @@ from plait.execution.tape import Tape
 from plait.handlers.stack import current_stack
 from plait.resources.manager import ResourceManager
 from plait.sampling import run_seed
+from plait.tracing.tracer import TracingError, module_paths, trace
 from plait.values import ExecutionError, Value, ValueKind, error_value
 
 if TYPE_CHECKING:
@@ -214,10 +216,13 @@ class _Run:
         tasks: set[asyncio.Task[None]] = set()
         handler = CheckpointHandler(self.checkpoint) if self.checkpoint is not None else None
 
+        code_error = self.engine.code_error_of
+
         async def one(index: int, item: Any) -> None:
             try:
                 value = await self.one(index, (item, *extra), kwargs)
-            except CheckpointError:
+                code_error()
+            except (CheckpointError, TracingError):
                 raise  # about the run, not this input: the run stops and says why
             except BaseException as exc:
                 # Never lose an input: whatever went wrong is this input's error, unless
@@ -245,6 +250,7 @@ class _Run:
                 # is traced: the endpoint starts working at once instead of after the
                 # whole window has been traced.
                 await asyncio.sleep(0)
+                code_error()  # the first input traced failed: no other input starts
             self.engine.start_draining()
             while tasks:
                 await asyncio.gather(*list(tasks))
@@ -297,6 +303,31 @@ async def _run_batch(
     return [outputs[i] for i in range(len(outputs))]
 
 
+def traced_first(
+    module: Module, items: Iterable[Any], prepare: Callable[[Any], Any]
+) -> Iterator[Any]:
+    """``items``, once the first has been traced here, before any worker starts.
+
+    A `TracingError` on the first input is a mistake in the pipeline's code: it is
+    raised for the whole run, as a batch in one process does (`Engine.code_error`),
+    instead of coming back as one error row per input from the workers. Any other
+    failure is left to that input's worker, which reports it as its error row.
+    """
+    iterator = iter(items)
+    for first in iterator:
+        prepared = prepare(first)
+        if isinstance(prepared, tuple):
+            args, kwargs = prepared
+            try:
+                trace(module, args, kwargs, module_paths(module))
+            except TracingError:
+                raise
+            except Exception:  # the input's own failure: its worker reports it as its row
+                pass
+        return itertools.chain([first], iterator)
+    return iter(())
+
+
 async def _run_distributed(
     module: Module,
     items: Iterable[Any],
@@ -338,7 +369,7 @@ async def _run_distributed(
     def drive() -> None:
         run_distributed(
             make_spec(module, resources, opts, checkpoint),
-            items,
+            traced_first(module, items, prepare),
             prepare,
             deliver,
             workers=opts["workers"] or 1,

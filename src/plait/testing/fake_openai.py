@@ -11,7 +11,9 @@ Replies are a pure function of the request so that tests can predict them:
 * directives in the last user message steer a single request: ``[[status:429]]``,
   ``[[latency_ms:250]]``, ``[[reply:any text]]`` and ``[[gate:NAME]]``, which parks the
   request (it counts as in flight) until ``POST /_gate {"open": "NAME"}``; ``/_stats``
-  counts the requests parked at each gate, so a test waits for a state, never for time;
+  counts the requests parked at each gate, so a test waits for a state, never for time
+  (``POST /_config {"gate_texts": {"TEXT": "NAME"}}`` parks requests whose last user
+  message contains TEXT at gate NAME, leaving the requests themselves unchanged);
 * ``[[sample:N]]`` makes the reply a sample: `` ~draw K`` is appended, K in ``[0, N)``
   drawn from the request's integer ``seed`` (the same seed, the same K) or, without
   one, from the server's own random stream (as a real sampler would);
@@ -311,9 +313,13 @@ class _Config:
         self.timeout_hang_s = 30.0
         self.seed = seed
         self.quote_key_in_401 = False
+        #: Text -> gate name: a request whose last user message contains the text parks at
+        #: that gate as if it carried ``[[gate:NAME]]``, while the request itself stays the
+        #: same (a test can reorder replies without changing what was asked).
+        self.gate_texts: dict[str, str] = {}
 
     def as_dict(self) -> dict[str, Any]:
-        names = (*self._DURATIONS, *self._RATES, "seed", "quote_key_in_401")
+        names = (*self._DURATIONS, *self._RATES, "seed", "quote_key_in_401", "gate_texts")
         return {name: getattr(self, name) for name in names}
 
     def validate(self, changes: dict[str, Any]) -> dict[str, Any]:
@@ -337,6 +343,13 @@ class _Config:
                 if not isinstance(value, bool):
                     raise ValueError("quote_key_in_401 must be true or false")
                 clean[key] = value
+            elif key == "gate_texts":
+                if not isinstance(value, dict) or not all(
+                    isinstance(text, str) and text and isinstance(name, str) and name.strip()
+                    for text, name in value.items()
+                ):
+                    raise ValueError("gate_texts maps non-empty texts to gate names")
+                clean[key] = {text: name.strip() for text, name in value.items()}
             else:
                 raise ValueError(f"unknown config key {key!r}")
         return clean
@@ -739,10 +752,15 @@ class FakeOpenAIApp:
         delay_s -= time.monotonic() - t_start
         if delay_s > 0.0:
             await asyncio.sleep(delay_s)
-        if directives.gate is not None:
-            gate = self._gate(directives.gate)
+        gate_name = directives.gate
+        if gate_name is None:
+            gate_name = next(
+                (name for text, name in config.gate_texts.items() if text in directives.text), None
+            )
+        if gate_name is not None:
+            gate = self._gate(gate_name)
             if not gate.is_set():
-                name = directives.gate
+                name = gate_name
                 self._parked[name] = self._parked.get(name, 0) + 1
                 try:
                     await gate.wait()
