@@ -64,6 +64,20 @@ def test_a_resources_file_in_the_working_directory_is_named_as_not_used(tmp_path
     assert "embedded" not in given.stderr and "NOT used" not in given.stderr
 
 
+def test_plait_eval_says_it_too(tmp_path: Path) -> None:
+    (tmp_path / "data.jsonl").write_text('{"text": "x", "label": "x"}\n')
+    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    result = subprocess.run(
+        [sys.executable, "-m", "plait.cli", "eval", "tests.test_embedded_notice:Unused",
+         "--data", "data.jsonl", "--input-field", "text", "--target-field", "label",
+         "--loss", "contains"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": path},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "plait eval: 'fast', 'smart' run on the embedded local model" in result.stderr
+
+
 SCRIPT = """
 from concurrent.futures import ThreadPoolExecutor
 from plait.resources.manager import ResourceManager

@@ -132,6 +132,17 @@ def test_chunks_advance_by_the_step_start_at_words_and_cover_the_text(seed: int)
     assert chunks == [text[a:b] for a, b in spans if text[a:b].strip()]
 
 
+def test_token_chunks_advance_by_the_step_too() -> None:
+    document = (EXAMPLES / "data" / "long_document.txt").read_text(encoding="utf-8")
+    pieces = WordPieces().encode(document)
+    spans = _spans(pieces, 80, 50)
+    assert spans[0][0] == 0 and spans[-1][1] == len(pieces)
+    for (start, end), (after, after_end) in itertools.pairwise(spans):
+        assert after - start >= 30 and after <= end < after_end and end - start <= 80
+        assert pieces[after - 1][-1].isspace()  # a word piece after a space: a word start
+    assert len(chunk_text(document, 80, 50, unit="tokens")) == len(spans)
+
+
 def test_the_bundled_document_makes_about_one_chunk_per_step() -> None:
     document = (EXAMPLES / "data" / "long_document.txt").read_text(encoding="utf-8")
     assert len(document) == 2413
