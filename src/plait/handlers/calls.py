@@ -115,9 +115,9 @@ class CallLog(Handler):
                 text = as_text(getattr(reply, "payload", reply))
             answered = f"-> {_short(text)}"
         line = scrub(f"plait call {where}: {asked} {answered}")
-        stream = sys.stderr if self._show is True else self._show
+        stream = sys.stderr if isinstance(self._show, bool) else self._show
         with self._lock:
-            print(line, file=stream, flush=True)  # type: ignore[arg-type]
+            print(line, file=stream, flush=True)
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
