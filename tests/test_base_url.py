@@ -92,6 +92,12 @@ def test_url_credentials_beside_a_key_are_refused_at_load(
     assert "cret-pw" not in str(info.value)
 
 
+def test_a_query_the_anthropic_provider_would_drop_is_refused_at_load() -> None:
+    spec = {"provider": "anthropic", "model": "m", "base_url": "http://127.0.0.1:9/?v=1"}
+    with pytest.raises(ConfigurationError, match="'fast': base_url has a query string"):
+        plait.ResourceConfig({"fast": spec})
+
+
 def test_plait_run_refuses_credentials_beside_a_key_in_one_line(
     open_server: FakeOpenAIServer, tmp_path: Path
 ) -> None:

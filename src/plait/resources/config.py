@@ -123,6 +123,13 @@ def _check_base_url(alias: str, config: EndpointConfig) -> None:
         has_credentials = parts.username is not None or parts.password is not None
     except ValueError:
         return  # `plait check` and the first call name a malformed URL
+    if parts.query and config.provider == "anthropic":
+        raise ConfigurationError(
+            f"alias {alias!r}: base_url has a query string (?{parts.query.split('=')[0]}=...), "
+            "after which the 'anthropic' provider's SDK appends its paths (every request "
+            "would go to '?...v1/messages'): remove it (the 'openai' provider keeps a query "
+            "on every request)"
+        )
     if not has_credentials:
         return
     if config.provider != "openai":
