@@ -74,7 +74,8 @@ class Refine(Recurrence):
     ``instruction`` (a str or `Parameter`; learnable by default) is the system
     prompt of the one `LLMInference` every step calls, on alias ``alias``.
     ``initial`` is the answer before the first chunk.  Chunks are
-    ``chunk_size`` characters with ``overlap`` (a list of chunks is used as it is).
+    ``chunk_size`` characters with ``overlap`` (a list of chunks is used as it is);
+    an empty document is a ValueError, as for `MapReduce`.
     ``static=False`` runs the steps one after the other on real values (see
     `Recurrence`).
     """
