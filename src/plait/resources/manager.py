@@ -25,7 +25,7 @@ __all__ = ["LOCAL_DEFAULT", "Endpoint", "ResourceManager"]
 LOCAL_DEFAULT = EndpointConfig(provider="local", max_concurrent=1)
 
 _log = logging.getLogger("plait")
-_embedded_said = [False]  # in a list, so tests can say it again
+_embedded_said = [False]  # set once, under _registry_lock
 
 
 def embedded_said() -> bool:
