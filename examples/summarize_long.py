@@ -27,7 +27,7 @@ from _resources import resources_for
 import plait
 
 DOCUMENT = (Path(__file__).resolve().parent / "data" / "long_document.txt").read_text("utf-8")
-CHUNK, OVERLAP = 700, 80
+CHUNK, OVERLAP = 500, 80
 
 
 class RefineSummary(plait.Refine):

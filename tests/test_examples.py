@@ -191,7 +191,7 @@ def check_summarize_long(out: str) -> None:
     from plait.sequences.modules import COMBINE_INSTRUCTION, MAP_INSTRUCTION, REFINE_INSTRUCTION
 
     document = (EXAMPLES / "data" / "long_document.txt").read_text(encoding="utf-8")
-    chunks = chunk_text(document, 700, 80)
+    chunks = chunk_text(document, 500, 80)
     summary = "(nothing yet)"
     for chunk in chunks:  # one call per chunk, each on the summary so far
         summary = reply(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import random
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -20,10 +21,12 @@ from plait.handlers import mock
 from plait.learning import TrainingStep
 from plait.learning.losses import FunctionLoss
 from plait.sequences import MapReduce, Recurrence, Refine, WordPieces, chunk_text
+from plait.sequences.chunking import _spans
 from plait.testing import FakeOpenAIServer
 
 from .test_execution import gated, wait_until
 
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 TEXT = (
     "The first paragraph opens the story. It has two sentences.\n\n"
     "The second paragraph is a little longer than the first one. It adds a fact! "
@@ -42,10 +45,13 @@ def test_chunks_cover_the_text_in_order_and_stay_within_the_size() -> None:
 
 def test_overlapping_chunks_share_text_and_start_on_a_word() -> None:
     chunks = chunk_text(TEXT, 70, 20)
-    assert len(chunks) >= 3
-    for before, after in itertools.pairwise(chunks):
-        assert after[:8] in before  # the next chunk starts inside the previous one
-        assert not after[0].isalnum() or before[before.index(after[:8]) - 1].isspace()
+    spans = _spans(list(TEXT), 70, 20)
+    assert len(chunks) >= 3 and chunks == [TEXT[a:b] for a, b in spans]
+    for (start, end), (after, _) in itertools.pairwise(spans):
+        # The next chunk starts inside the previous one (at most 20 back), at a word.
+        assert start + 50 <= after <= end and TEXT[after - 1].isspace()
+        assert TEXT[after].isalnum()
+    assert any(after < end for (_, end), (after, _) in itertools.pairwise(spans))
 
 
 def test_token_chunks_count_word_pieces_or_a_given_tokenizer() -> None:
@@ -85,6 +91,66 @@ def test_chunking_refuses_bad_arguments(
 
 def test_a_blank_text_has_no_chunks() -> None:
     assert chunk_text("  \n ", 10) == []
+
+
+def _random_text(rng: random.Random) -> str:
+    """Words of 1-12 letters (now and then one of 20-40) between spaces, sentence
+    ends and paragraph breaks."""
+    parts: list[str] = []
+    for _ in range(rng.randrange(1, 120)):
+        length = rng.randrange(20, 40) if rng.random() < 0.03 else rng.randrange(1, 12)
+        parts.append("".join(rng.choice("abcdefghij") for _ in range(length)))
+        parts.append(rng.choice([" "] * 8 + [". ", "\n\n", "! ", "  "]))
+    return "".join(parts)
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_chunks_advance_by_the_step_start_at_words_and_cover_the_text(seed: int) -> None:
+    """Issue 20 point 14: each chunk moves at least ``size - overlap`` on, starts at a
+    word, fits the size, and together they cover the text (was: a chunk one
+    character after the last, mid-word, whenever a cut fell before the overlap)."""
+    rng = random.Random(seed)
+    text = _random_text(rng)
+    size = rng.randrange(1, 120)
+    overlap = rng.randrange(0, size)
+    step = size - overlap
+    spans = _spans(list(text), size, overlap)
+    assert spans[0][0] == 0 and spans[-1][1] == len(text)
+    for (start, end), (after, after_end) in itertools.pairwise(spans):
+        assert 0 < end - start <= size and after <= end < after_end
+        if after - start < step:
+            # Only when the zone past the step holds no space: then the chunk ended at a
+            # break in its last half and the next one starts exactly there.
+            assert after == end and end - start >= max(1, size // 2)
+            assert not any(ch.isspace() for ch in text[start + step - 1 : start + size])
+        if not text[after - 1].isspace() and not text[after].isspace():
+            # Mid-word only when no word starts between the step and the cut.
+            assert after == start + step
+            assert not any(ch.isspace() for ch in text[after - 1 : end])
+    chunks = chunk_text(text, size, overlap)
+    assert all(len(chunk) <= size for chunk in chunks)
+    assert chunks == [text[a:b] for a, b in spans if text[a:b].strip()]
+
+
+def test_token_chunks_advance_by_the_step_too() -> None:
+    document = (EXAMPLES / "data" / "long_document.txt").read_text(encoding="utf-8")
+    pieces = WordPieces().encode(document)
+    spans = _spans(pieces, 80, 50)
+    assert spans[0][0] == 0 and spans[-1][1] == len(pieces)
+    for (start, end), (after, after_end) in itertools.pairwise(spans):
+        assert after - start >= 30 and after <= end < after_end and end - start <= 80
+        assert pieces[after - 1][-1].isspace()  # a word piece after a space: a word start
+    assert len(chunk_text(document, 80, 50, unit="tokens")) == len(spans)
+
+
+def test_the_bundled_document_makes_about_one_chunk_per_step() -> None:
+    document = (EXAMPLES / "data" / "long_document.txt").read_text(encoding="utf-8")
+    assert len(document) == 2413
+    # Was 547 chunks (300, 200) and 199 (100, 60), each one character after the last.
+    assert len(chunk_text(document, 300, 200)) <= 2413 // 100 + 1
+    assert len(chunk_text(document, 100, 60)) <= 2413 // 40 + 1
+    for before, after in itertools.pairwise(chunk_text(document, 300, 200)):
+        assert after[0].isalnum() and before[before.index(after[:20]) - 1].isspace()
 
 
 # -- Recurrence -----------------------------------------------------------------------------

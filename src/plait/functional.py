@@ -60,7 +60,7 @@ from typing import TYPE_CHECKING, Any
 from plait.handlers.stack import Message, apply_stack
 from plait.providers.base import LLMRequest, LLMResponse
 from plait.resources.endpoint import CallTiming
-from plait.tracing.graph import as_text
+from plait.tracing.graph import as_text, prompt_text
 from plait.values import ExecutionError, Value, ValueKind, error_value, kind_of
 
 if TYPE_CHECKING:
@@ -529,7 +529,7 @@ def _prompt_content(content: Any, what: str) -> Any:
         return content
     if isinstance(content, bytes):
         raise TypeError(f"the {what} must be text, got bytes: decode it first")
-    return as_text(content)
+    return prompt_text(content, f"the {what}")
 
 
 def _checked_messages(

@@ -504,19 +504,22 @@ class LLMInference(Module):
 
         Parameter values are read as the running input sees them (see
         `Parameter.current`); demonstrations that are not a list of input/output
-        pairs are a `plait.demos.DemoError` naming the parameter.
+        pairs are a `plait.demos.DemoError` naming the parameter; a prompt with no
+        text of its own (None, bytes, a function) is a TypeError naming its type.
         """
         from plait.demos import demo_messages, normalize_demos
-        from plait.tracing.graph import as_text
+        from plait.tracing.graph import prompt_text
 
+        path = self.qualified_path or "LLMInference"
         messages: list[dict[str, Any]] = []
         system = self.system_prompt
         if system is not None:
-            messages.append({"role": "system", "content": as_text(system.current())})
+            where = f"{path}'s system prompt"
+            messages.append({"role": "system", "content": prompt_text(system.current(), where)})
         if self.demos is not None:
             where = f"the demonstrations of {self.qualified_path or 'this LLMInference'}"
             messages.extend(demo_messages(normalize_demos(self.demos.current(), where)))
-        messages.append({"role": "user", "content": as_text(prompt)})
+        messages.append({"role": "user", "content": prompt_text(prompt, f"{path}'s prompt")})
         return messages
 
     def forward(self, prompt: Any) -> Any:

@@ -291,7 +291,10 @@ async def _reachable(result: AliasCheck, config: EndpointConfig, timeout: float)
 _HINTS = {
     401: "the key was refused: check api_key / api_key_env",
     403: "the key may not use this model or endpoint",
-    404: "check the model name and base_url (OpenAI-compatible servers end it in /v1)",
+    404: (
+        "check the model name and base_url (OpenAI-compatible servers end it in /v1; a "
+        "?query after it is kept)"
+    ),
     429: "rate limited right now: the endpoint works, but lower the limits or wait",
 }
 

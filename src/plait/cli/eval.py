@@ -18,6 +18,7 @@ from typing import IO, Any
 
 from plait.cli.options import (
     UsageError,
+    note_embedded,
     parse_target_args,
     report_error,
     seed_value,
@@ -183,6 +184,7 @@ def _eval(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     resources: Any = module._bound_resources
     if ns.resources is not None:
         resources = ResourceConfig.load(ns.resources)
+    note_embedded("eval", module, resources, ns.resources)
     if ns.output is not None:
         target = Path(ns.output)
         if target.is_dir() or not target.parent.is_dir():

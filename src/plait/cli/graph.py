@@ -27,10 +27,8 @@ from plait.resources.config import ConfigurationError
 from plait.tracing.graph import Graph, Node, NodeRef, references
 from plait.tracing.tracer import TracingError, trace
 
-__all__ = ["build_parser", "dot", "html_page", "main", "mermaid"]
+__all__ = ["build_parser", "dot", "html_page", "main", "mermaid", "svg"]
 
-#: Where the HTML page loads Mermaid from: the page is for a browser, which fetches it.
-MERMAID_CDN = "https://cdn.jsdelivr.net/npm/mermaid@11/dist/mermaid.esm.min.mjs"
 
 DESCRIPTION = """\
 Trace TARGET on one sample input and print its call graph: no model is called.
@@ -40,7 +38,8 @@ read as `plait run` reads inputs; without --input each required parameter of
 forward() gets a placeholder ("<name>").  Nodes are labelled with their module
 path and kind; ops (indexing, attribute and method calls on outputs) are drawn
 dashed, or left out with --ops collapsed.  --html FILE also writes a page with
-the Mermaid diagram (rendered by Mermaid from a CDN in your browser) and the DOT.
+the graph drawn as inline SVG (it works offline: no script, nothing fetched), the
+Mermaid source and the DOT.
 """
 
 
@@ -97,7 +96,7 @@ def main(argv: list[str]) -> int:
     if ns.format in ("dot", "both"):
         print(f"// plait graph: {title}\n{digraph}")
     if ns.html:
-        page = html_page(title, chart, digraph, graph.describe())
+        page = html_page(title, chart, digraph, graph.describe(), svg(graph, collapse))
         target = Path(ns.html)
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(page, encoding="utf-8")
@@ -216,7 +215,127 @@ def dot(graph: Graph, collapse: bool = False) -> str:
     return "\n".join(lines)
 
 
-def html_page(title: str, chart: str, digraph: str, listing: str) -> str:
+# -- an SVG drawn here, so the HTML page needs no script and no network ----------------------
+_FONT_PX = 13
+_CHAR_PX = 7.4  # the average advance of a 13 px sans-serif character, a little generous
+_BOX_H = 46
+_GAP_X = 28
+_GAP_Y = 56
+_MARGIN = 20
+
+
+def svg(graph: Graph, collapse: bool = False) -> str:
+    """The graph as an SVG element: calls in layers by their depth from the input, each
+    layer ordered by where its inputs sit, edges drawn downwards with arrowheads.
+
+    A layout of its own rather than Mermaid's: the page it goes in must open without
+    a network (Mermaid came from a CDN), and a trace's graph is a DAG whose node ids
+    are already in dependency order, so longest-path layering is all it takes.
+    """
+    view = _View(graph, collapse)
+    deps: dict[str, list[str]] = {"input": [], "output": []}
+    labels: dict[str, tuple[str, str, bool]] = {
+        "input": ("input", "", False),
+        "output": ("output", "", False),
+    }
+    order = ["input"]
+    for node in view.nodes:
+        key = f"n{node.id}"
+        path, kind = _caption(node)
+        labels[key] = (path, kind, node.kind != "module")
+        deps[key] = []
+        order.append(key)
+    order.append("output")
+    for node_id in view.sources:
+        deps[f"n{node_id}"].append("input")
+    for a, b in view.edges:
+        deps[f"n{b}"].append(f"n{a}")
+    deps["output"] = [f"n{node_id}" for node_id in view.outputs] or ["input"]
+
+    layer: dict[str, int] = {}
+    for key in order:  # trace order is dependency order, so each dep has its layer already
+        layer[key] = 1 + max((layer[d] for d in deps[key] if d in layer), default=-1)
+    layer["output"] = max(layer.values()) + 1 if len(order) > 2 else 1
+    layers: list[list[str]] = [[] for _ in range(layer["output"] + 1)]
+    for key in order:
+        layers[layer[key]].append(key)
+
+    width = {key: _box_width(*labels[key][:2]) for key in order}
+    centre: dict[str, float] = {}
+    for row in layers:  # order each layer by the mean position of what it waits on
+        row.sort(
+            key=lambda k: (
+                sum(centre[d] for d in deps[k]) / len(deps[k]) if deps[k] else 0.0,
+                order.index(k),
+            )
+        )
+        x = 0.0
+        for key in row:
+            centre[key] = x + width[key] / 2
+            x += width[key] + _GAP_X
+    row_width = {
+        i: sum(width[k] for k in row) + _GAP_X * (len(row) - 1) for i, row in enumerate(layers)
+    }
+    total_width = max(row_width.values()) + 2 * _MARGIN
+    for i, row in enumerate(layers):  # centre every layer on the widest
+        shift = _MARGIN + (total_width - 2 * _MARGIN - row_width[i]) / 2
+        for key in row:
+            centre[key] += shift
+    top = {key: _MARGIN + layer[key] * (_BOX_H + _GAP_Y) for key in order}
+    height = top["output"] + _BOX_H + _MARGIN
+
+    parts = [
+        f'<svg class="plait-graph" width="{total_width:.0f}" height="{height:.0f}" '
+        f'viewBox="0 0 {total_width:.0f} {height:.0f}" role="img" '
+        f'font-family="system-ui, sans-serif" font-size="{_FONT_PX}">',
+        '<defs><marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="8" '
+        'markerHeight="8" orient="auto-start-reverse"><path d="M 0 0 L 10 5 L 0 10 z" '
+        'fill="#555"/></marker></defs>',
+    ]
+    for key in order:
+        for dep in deps[key]:
+            x1, y1 = centre[dep], top[dep] + _BOX_H
+            x2, y2 = centre[key], top[key]
+            bend = (y2 - y1) / 2
+            parts.append(
+                f'<path class="edge" d="M {x1:.1f} {y1:.1f} C {x1:.1f} {y1 + bend:.1f}, '
+                f'{x2:.1f} {y2 - bend:.1f}, {x2:.1f} {y2:.1f}" fill="none" stroke="#555" '
+                'marker-end="url(#arrow)"/>'
+            )
+    for key in order:
+        path, kind, is_op = labels[key]
+        x, y, w = centre[key] - width[key] / 2, top[key], width[key]
+        end = key in ("input", "output")
+        style = ' stroke-dasharray="4 3"' if is_op else ""
+        radius = _BOX_H / 2 if end else 8
+        parts.append(
+            f'<g class="node" id="{key}"><rect x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" '
+            f'height="{_BOX_H}" rx="{radius:.0f}" fill="#f6f8fa" stroke="#333"{style}/>'
+        )
+        italic = ' font-style="italic"' if is_op else ""
+        if kind:
+            parts.append(
+                f'<text x="{x + w / 2:.1f}" y="{y + 19:.1f}" text-anchor="middle"{italic}>'
+                f"{html.escape(path)}</text>"
+                f'<text x="{x + w / 2:.1f}" y="{y + 36:.1f}" text-anchor="middle" '
+                f'font-size="11" fill="#666">{html.escape(kind)}</text></g>'
+            )
+        else:
+            parts.append(
+                f'<text x="{x + w / 2:.1f}" y="{y + 28:.1f}" text-anchor="middle">'
+                f"{html.escape(path)}</text></g>"
+            )
+    parts.append("</svg>")
+    return "\n".join(parts)
+
+
+def _box_width(path: str, kind: str) -> float:
+    return max(90.0, _CHAR_PX * max(len(path), len(kind) * 11 / 13) + 24)
+
+
+def html_page(title: str, chart: str, digraph: str, listing: str, drawing: str = "") -> str:
+    """A page that works offline: the graph as inline SVG, then its Mermaid and DOT
+    sources (to paste into mermaid.live or Graphviz) and the node listing."""
     escaped = html.escape(title)
     return f"""<!doctype html>
 <html lang="en">
@@ -226,23 +345,24 @@ def html_page(title: str, chart: str, digraph: str, listing: str) -> str:
 <style>
   body {{ font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 72rem; }}
   pre {{ background: #f6f8fa; padding: 1rem; overflow-x: auto; }}
-  pre.mermaid {{ background: none; }}
+  .drawing {{ overflow-x: auto; }}
 </style>
 </head>
 <body>
 <h1>plait graph: {escaped}</h1>
+<div class="drawing">
+{drawing}
+</div>
+<h2>Nodes</h2>
+<pre>{html.escape(listing)}</pre>
+<h2>Mermaid</h2>
+<p>Paste into <code>mermaid.live</code>, or into a Markdown file that renders Mermaid.</p>
 <pre class="mermaid">
 {html.escape(chart)}
 </pre>
-<h2>Nodes</h2>
-<pre>{html.escape(listing)}</pre>
 <h2>DOT</h2>
 <p>Render with Graphviz: <code>dot -Tsvg graph.dot -o graph.svg</code>.</p>
 <pre>{html.escape(digraph)}</pre>
-<script type="module">
-  import mermaid from "{MERMAID_CDN}";
-  mermaid.initialize({{ startOnLoad: true }});
-</script>
 </body>
 </html>
 """

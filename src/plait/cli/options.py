@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from typing import Any
 
 __all__ = [
     "UsageError",
     "non_negative_float",
+    "note_embedded",
     "parse_target_args",
     "positive_int",
     "report_error",
@@ -24,6 +26,43 @@ def report_error(command: str, message: str, status: int = 2) -> int:
     """Say what went wrong on stderr, as ``plait COMMAND: error: ...``; the exit status."""
     print(f"plait {command}: error: {message}", file=sys.stderr)
     return status
+
+
+#: Resource files a user may have left in the working directory and expect to be read.
+_RESOURCE_FILES = ("resources.toml", "resources.yaml", "resources.yml")
+
+
+def note_embedded(command: str, module: Any, resources: Any, given: str | None) -> None:
+    """Say once, on stderr, which aliases will run on the embedded model, and how to point
+    them elsewhere; and that a resource file in the working directory was not read.
+
+    A run on the 135M-parameter model looks like a bad pipeline, not like a missing
+    ``--resources``, and a ``resources.toml`` next to the data looks like it is in use.
+    """
+    from pathlib import Path
+
+    from plait.resources.manager import embedded_said
+
+    config = getattr(resources, "config", resources)  # a bound ResourceManager
+    if given is not None or config:
+        return
+    aliases = sorted({m.alias for m in module.modules() if getattr(m, "_calls_llm", False)})
+    if not aliases or embedded_said():
+        return
+    names = ", ".join(map(repr, aliases))
+    print(
+        f"plait {command}: {names} run on the embedded local model (SmolLM2-135M-Instruct, "
+        "in-process): no resources were given; to use your endpoints, pass --resources "
+        "resources.toml (plait check --resources resources.toml tests them)",
+        file=sys.stderr,
+    )
+    for name in _RESOURCE_FILES:
+        if Path(name).is_file():
+            print(
+                f"plait {command}: ./{name} was NOT used (plait reads no resource file unless "
+                f"told): add --resources {name} to use it",
+                file=sys.stderr,
+            )
 
 
 def non_negative_float(text: str) -> float:

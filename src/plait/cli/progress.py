@@ -34,6 +34,8 @@ __all__ = [
 PLAIN_INTERVAL_S = 2.0
 #: ...and one whenever another tenth of a known total has finished.
 PLAIN_STEPS = 10
+#: No ETA before this many inputs finished in this run (see `Tally.eta`).
+MIN_ETA_INPUTS = 5
 
 
 class Tally:
@@ -65,10 +67,26 @@ class Tally:
         return fresh / elapsed
 
     def eta(self) -> float | None:
+        """The time left, once the rate means something: at least `MIN_ETA_INPUTS`
+        inputs, and a whole window of the inputs run at once, finished in this run.
+        Before that, inputs all started together and none has finished yet, so the
+        rate (and an ETA from it) swings by orders of magnitude."""
         rate = self.rate()
         if self.total is None or rate is None:
             return None
+        if self.finished - self.resumed < max(MIN_ETA_INPUTS, self.in_flight):
+            return None
         return max(0, self.total - self.finished) / rate
+
+    @staticmethod
+    def calls() -> tuple[int, int]:
+        """LLM calls finished (answered or given up on) and requests on the wire now: a
+        run of a few long inputs moves here long before an input finishes."""
+        done = sending = 0
+        for row in usage().rows:
+            done += row["succeeded"] + row["failed"]
+            sending += row["requests"] - row["succeeded"] - row["failed"] - row["retries"]
+        return done, max(0, sending)
 
     @staticmethod
     def spend() -> tuple[int, float | None]:
@@ -86,6 +104,9 @@ class Tally:
             parts = [f"{self.finished}/{self.total} inputs{share}"]
         else:
             parts = [f"{self.finished} inputs"]
+        done, sending = self.calls()
+        if done or sending:
+            parts.append(f"calls: {done} done, {sending} sending")
         rate = self.rate()
         if rate is not None:
             parts.append(f"{rate:.1f}/s")

@@ -33,6 +33,7 @@ from plait._locks import Busy, hold
 from plait.cli.inputs import FORMATS, InputError, InputSource, Item, count_inputs, open_inputs
 from plait.cli.options import (
     UsageError,
+    note_embedded,
     parse_target_args,
     positive_int,
     report_error,
@@ -242,6 +243,7 @@ class _Command:
         if self.ns.resources is not None:
             config = ResourceConfig.load(self.ns.resources)
         manager = ResourceManager.coerce(config)
+        note_embedded("run", module, manager, self.ns.resources)
         aliases = sorted({m.alias for m in module.modules() if m._calls_llm})  # type: ignore[attr-defined]
         missing = [alias for alias in aliases if manager.config and alias not in manager.config]
         if missing:

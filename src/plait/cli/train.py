@@ -23,6 +23,7 @@ from typing import IO, Any
 from plait.cli.options import (
     UsageError,
     non_negative_float,
+    note_embedded,
     parse_target_args,
     positive_int,
     report_error,
@@ -215,6 +216,7 @@ def _train(ns: argparse.Namespace, err: IO[str]) -> int:
     resources: Any = module._bound_resources
     if ns.resources is not None:
         resources = ResourceConfig.load(ns.resources)
+    note_embedded("train", module, resources, ns.resources)
     out = Path(ns.out)
     checkpoint = Path(ns.checkpoint) if ns.checkpoint else out / "checkpoint"
     if ns.fresh:

@@ -14,14 +14,21 @@ it to see what each stage really did::
 
 Only calls that succeeded are kept.  The log sees the request as the handlers
 inside it left it: enter it outside an `override` to log what was really sent.
+
+``log_calls(show=True)`` also prints one line per finished call (failed ones
+included) to stderr as it finishes, or to the file given as ``show``::
+
+    plait call summarize #0: 'The film opens on a…' -> 'A slow but rewarding…'
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TextIO
 
+from plait._secrets import scrub
 from plait.handlers.llm import request_of
 from plait.handlers.stack import Handler, Message
 from plait.providers.base import LLMResponse
@@ -55,15 +62,22 @@ class CallLog(Handler):
 
     sees_composite_calls = False
 
-    def __init__(self) -> None:
+    def __init__(self, show: bool | TextIO = False) -> None:
         self.calls: list[CallRecord] = []
         self._lock = threading.Lock()
+        #: Where each finished call gets its line (None: nowhere); stderr is looked up at
+        #: print time, so pytest's capture and redirected streams see the lines.
+        self._show: bool | TextIO = show
 
     def __repr__(self) -> str:
         return f"CallLog({len(self.calls)} calls)"
 
     def postprocess(self, msg: Message) -> None:
-        if msg.type != "llm" or msg.error is not None:
+        if msg.type != "llm":
+            return
+        if self._show:
+            self._print(msg)
+        if msg.error is not None:
             return
         reply = msg.value
         if isinstance(reply, LLMResponse):
@@ -84,9 +98,31 @@ class CallLog(Handler):
         with self._lock:
             self.calls.append(record)
 
+    def _print(self, msg: Message) -> None:
+        """One line for a finished call: where, its input, and its reply or failure, each
+        cut short and with credentials removed (the line goes to a terminal or a log)."""
+        where = msg.name or "call"
+        if msg.input_index is not None:
+            where += f" #{msg.input_index}"
+        asked = _short(request_of(msg).prompt_text)
+        if msg.error is not None:
+            answered = f"failed: {type(msg.error).__name__}: {_short(str(msg.error), 120)}"
+        else:
+            reply = msg.value
+            if isinstance(reply, LLMResponse):
+                text = reply.text
+            else:
+                text = as_text(getattr(reply, "payload", reply))
+            answered = f"-> {_short(text)}"
+        line = scrub(f"plait call {where}: {asked} {answered}")
+        stream = sys.stderr if isinstance(self._show, bool) else self._show
+        with self._lock:
+            print(line, file=stream, flush=True)
+
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
         state.pop("_lock", None)
+        state["_show"] = bool(state.get("_show"))  # a copy on a worker prints to its stderr
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -94,6 +130,15 @@ class CallLog(Handler):
         self._lock = threading.Lock()
 
 
-def log_calls() -> CallLog:
-    """A new, empty `CallLog`; enter it around the runs to log."""
-    return CallLog()
+def log_calls(show: bool | TextIO = False) -> CallLog:
+    """A new, empty `CallLog`; enter it around the runs to log.  With ``show``, each
+    finished call is also printed as one line (to stderr, or to the file given)."""
+    return CallLog(show)
+
+
+def _short(text: str, limit: int = 60) -> str:
+    """``text`` quoted on one line, cut to about ``limit`` characters."""
+    flat = " ".join(text.split())
+    if len(flat) > limit:
+        flat = flat[: limit - 1] + "…"
+    return repr(flat)

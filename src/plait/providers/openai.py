@@ -8,12 +8,14 @@ throughput.
 
 from __future__ import annotations
 
+import base64
 import json
 from typing import Any
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import aiohttp
 
-from plait._secrets import redact_url, scrub
+from plait._secrets import redact_url, register, scrub
 from plait.providers.base import LLMRequest, LLMResponse, ProviderError, Usage, status_error
 from plait.providers.http import get_session
 from plait.resources.config import EndpointConfig
@@ -29,14 +31,16 @@ class OpenAIProvider:
 
     def __init__(self, config: EndpointConfig) -> None:
         self.config = config
-        base = (config.base_url or DEFAULT_BASE_URL).rstrip("/")
-        self.url = f"{base}/chat/completions"
+        self.url, basic = _endpoint_url(config.base_url or DEFAULT_BASE_URL, "chat/completions")
         #: What messages show: credentials in the URL are hidden.
         self.shown_url = redact_url(self.url)
         self._headers = {"Content-Type": "application/json"}
         key = config.resolved_api_key()
         if key:
             self._headers["Authorization"] = f"Bearer {key}"
+        elif basic:
+            register(basic)
+            self._headers["Authorization"] = f"Basic {basic}"
         self._timeout = aiohttp.ClientTimeout(total=config.timeout)
 
     def __repr__(self) -> str:
@@ -101,6 +105,27 @@ class OpenAIProvider:
             model=str(body.get("model") or self.config.model),
             finish_reason=choice.get("finish_reason"),
         )
+
+
+def _endpoint_url(base_url: str, route: str) -> tuple[str, str | None]:
+    """The URL of ``route`` under ``base_url``, and the basic-auth token of the
+    credentials the URL held (None without).
+
+    The route goes at the end of the path, before the query, so a query the server
+    needs on every request (Azure's ``?api-version=``) is kept; the credentials are
+    taken out of the URL because aiohttp refuses a URL with them next to an
+    Authorization header, and a server that wants them reads that header anyway.
+    """
+    parts = urlsplit(base_url)
+    path = f"{parts.path.rstrip('/')}/{route}"
+    basic = None
+    netloc = parts.netloc
+    if "@" in netloc:
+        netloc = netloc.rpartition("@")[2]
+        user = unquote(parts.username or "")
+        password = unquote(parts.password or "")
+        basic = base64.b64encode(f"{user}:{password}".encode()).decode()
+    return urlunsplit((parts.scheme, netloc, path, parts.query, "")), basic
 
 
 def _http_error(status: int, raw: bytes, retry_after: str | None) -> ProviderError:

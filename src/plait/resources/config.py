@@ -109,6 +109,43 @@ def _check_key_reference(alias: str, config: EndpointConfig) -> None:
     register(value)
 
 
+def _check_base_url(alias: str, config: EndpointConfig) -> None:
+    """Credentials in ``base_url`` are sent as HTTP basic auth by the openai provider;
+    with an API key as well, which one the server should get is a guess, so both are
+    refused here rather than every call failing in aiohttp.  The URL is never shown:
+    it holds a password."""
+    from urllib.parse import urlsplit
+
+    if not config.base_url:
+        return
+    try:
+        parts = urlsplit(config.base_url)
+        has_credentials = parts.username is not None or parts.password is not None
+    except ValueError:
+        return  # `plait check` and the first call name a malformed URL
+    if parts.query and config.provider == "anthropic":
+        raise ConfigurationError(
+            f"alias {alias!r}: base_url has a query string (?{parts.query.split('=')[0]}=...), "
+            "after which the 'anthropic' provider's SDK appends its paths (every request "
+            "would go to '?...v1/messages'): remove it (the 'openai' provider keeps a query "
+            "on every request)"
+        )
+    if not has_credentials:
+        return
+    if config.provider != "openai":
+        raise ConfigurationError(
+            f"alias {alias!r}: base_url holds credentials (user:password@host), which the "
+            f"{config.provider!r} provider does not send: remove them and set api_key_env"
+        )
+    if config.api_key is not None or config.api_key_env is not None:
+        setting = "api_key" if config.api_key is not None else "api_key_env"
+        raise ConfigurationError(
+            f"alias {alias!r}: base_url holds credentials (user:password@host) and {setting} "
+            "is set too; keep one: the key is sent as a bearer token, URL credentials as "
+            "HTTP basic auth"
+        )
+
+
 def read_resource_file(file: Path) -> Mapping[str, Any]:
     """The raw alias -> settings mapping of a TOML or YAML resource file.
 
@@ -165,6 +202,7 @@ class ResourceConfig(Mapping[str, EndpointConfig]):
                 raise ConfigurationError(f"alias names must be non-empty strings, got {alias!r}")
             if isinstance(spec, EndpointConfig):
                 parsed[alias] = spec
+                _check_base_url(alias, spec)
                 continue
             if not isinstance(spec, Mapping):
                 raise ConfigurationError(
@@ -175,6 +213,7 @@ class ResourceConfig(Mapping[str, EndpointConfig]):
             except ValidationError as exc:
                 raise ConfigurationError(_explain(alias, exc)) from None
             _check_key_reference(alias, parsed[alias])
+            _check_base_url(alias, parsed[alias])
         self._aliases = parsed
 
     @classmethod

@@ -7,6 +7,7 @@ two pipelines, that drive the same endpoint share one limiter, so
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -22,6 +23,34 @@ __all__ = ["LOCAL_DEFAULT", "Endpoint", "ResourceManager"]
 
 #: What every alias means when no resources are configured: the embedded model.
 LOCAL_DEFAULT = EndpointConfig(provider="local", max_concurrent=1)
+
+_log = logging.getLogger("plait")
+_embedded_said = [False]  # set once, under _registry_lock
+
+
+def embedded_said() -> bool:
+    """Mark the embedded model as announced (the CLI says it its own way); whether it
+    already was.  Under the lock, so concurrent first calls say it once."""
+    with _registry_lock:
+        said = _embedded_said[0]
+        _embedded_said[0] = True
+    return said
+
+
+def _say_embedded(alias: str) -> None:
+    """Once per process: an alias that silently ran on a 135M-parameter model would
+    look like a bad pipeline, not a missing configuration.  A logging warning, so an
+    application can silence it; Ray workers leave it to their driver."""
+    if _factory is not None or embedded_said():
+        return
+    _log.warning(
+        "plait: alias %r (and any other alias) runs on the embedded local model "
+        "(SmolLM2-135M-Instruct, in-process) because no resources were given; pass "
+        "resources=plait.ResourceConfig.load('resources.toml') to bind(), run_sync() or "
+        "ExecutionSettings to use your endpoints",
+        alias,
+    )
+
 
 _registry_lock = threading.Lock()
 _governors: dict[tuple[str, str, str], RateGovernor] = {}
@@ -97,6 +126,8 @@ class ResourceManager:
         if found is not None:
             return found
         config = self.config_for(alias)
+        if not self.config:
+            _say_embedded(alias)
         governor = shared_governor(config)
         usage = record_for(alias)
         usage.provider, usage.model = config.provider, config.model or "default"

@@ -47,11 +47,25 @@ def _instruction(value: str | Parameter, description: str) -> Parameter:
     return Parameter(value, description=description)
 
 
-def _chunks(document: Any, size: int, overlap: int) -> Any:
-    """A text chunked; a list of chunks (or anything else) as it is."""
+def _chunks(document: Any, size: int, overlap: int, reader: str) -> Any:
+    """A text chunked; a list of chunks (or anything else) as it is.
+
+    An empty document is an error for both readers: a Refine that returned its
+    initial "(nothing yet)" as a success, where a MapReduce of the same input
+    failed, reported a summary of a document that was never there.
+    """
     if isinstance(document, str):
-        return chunk_text(document, size, overlap)
-    return document
+        chunks = chunk_text(document, size, overlap)
+        if not chunks:
+            shown = repr(document) if len(document) <= 20 else f"{len(document)} blank characters"
+            raise ValueError(f"{reader} got an empty document ({shown}): nothing to read")
+        return chunks
+    if isinstance(document, list | tuple) and not document:
+        raise ValueError(
+            f"{reader} got an empty document (an empty {type(document).__name__} of "
+            "chunks): nothing to read"
+        )
+    return document  # e.g. a sequence an earlier call will produce: the scan checks it
 
 
 class Refine(Recurrence):
@@ -60,7 +74,8 @@ class Refine(Recurrence):
     ``instruction`` (a str or `Parameter`; learnable by default) is the system
     prompt of the one `LLMInference` every step calls, on alias ``alias``.
     ``initial`` is the answer before the first chunk.  Chunks are
-    ``chunk_size`` characters with ``overlap`` (a list of chunks is used as it is).
+    ``chunk_size`` characters with ``overlap`` (a list of chunks is used as it is);
+    an empty document is a ValueError, as for `MapReduce`.
     ``static=False`` runs the steps one after the other on real values (see
     `Recurrence`).
     """
@@ -100,7 +115,8 @@ class Refine(Recurrence):
         return updated, updated
 
     def forward(self, document: Any, state: Any = None, resets: Any = None) -> Any:
-        result = self.apply(_chunks(document, self.chunk_size, self.overlap), state, resets)
+        chunks = _chunks(document, self.chunk_size, self.overlap, "Refine")
+        result = self.apply(chunks, state, resets)
         if self.static:
             return result[1]
         return _final(result)
@@ -182,13 +198,11 @@ class MapReduce(Module):
         return 0 if chunks <= 1 else math.ceil(math.log(chunks, self.fan_in) - 1e-9)
 
     def forward(self, document: Any) -> Any:
-        chunks = _chunks(document, self.chunk_size, self.overlap)
-        if isinstance(chunks, str | bytes) or not isinstance(chunks, list | tuple):
+        chunks = _chunks(document, self.chunk_size, self.overlap, "MapReduce")
+        if not isinstance(chunks, list | tuple):
             raise TypeError(
                 f"MapReduce reads a text or a list of chunks, got {type(chunks).__name__}"
             )
-        if not chunks:
-            raise ValueError("MapReduce got an empty document: nothing to read")
         answers = [self.map(chunk) for chunk in chunks]
         while len(answers) > 1:
             groups = [answers[i : i + self.fan_in] for i in range(0, len(answers), self.fan_in)]

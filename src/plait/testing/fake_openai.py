@@ -24,7 +24,8 @@ set, the message quotes the key the request sent, as some real providers do, so 
 check that a key echoed back by an endpoint is never written anywhere by the client.
 
 Server-wide behaviour (latency, jitter, random faults) is changed at runtime through
-``POST /_config`` and observed through ``GET /_stats`` (``GET /_stats?bodies=1`` adds each
+``POST /_config`` and observed through ``GET /_stats`` (each request's record holds the
+Authorization header and query string it came with; ``GET /_stats?bodies=1`` adds each
 request's JSON body to its record). The control endpoints never require the API key: they
 belong to the test harness, not to the client under test.
 
@@ -359,17 +360,22 @@ class _Outcome:
     """What one chat request turned into, filled in as the request progresses."""
 
     __slots__ = (
+        "authorization",
         "body",
         "completion_tokens",
         "key",
         "model",
         "prompt_tokens",
+        "query",
         "status",
         "system",
     )
 
     def __init__(self) -> None:
         self.body = b""
+        #: What the client sent beside the body: its Authorization header and query string.
+        self.authorization = ""
+        self.query = ""
         self.status = 499
         self.model = ""
         self.key = ""
@@ -443,6 +449,8 @@ class _Stats:
                 "system": outcome.system,
                 "prompt_tokens": outcome.prompt_tokens,
                 "completion_tokens": outcome.completion_tokens,
+                "authorization": outcome.authorization,
+                "query": outcome.query,
             }
         )
         self.bodies.append(outcome.body)
@@ -723,6 +731,8 @@ class FakeOpenAIApp:
         """
         raw = await request.read()
         outcome.body = raw
+        outcome.authorization = request.headers.get("Authorization", "")
+        outcome.query = request.query_string
         self.placeholders_seen.check(raw, request.path)
         if not self._authorized(request):
             return _error_response(401, self._refusal(request))

@@ -10,7 +10,7 @@ as they are and are never walked again when the graph runs.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, is_dataclass
 from typing import TYPE_CHECKING, Any
 
 from plait.values import Value
@@ -192,6 +192,34 @@ def as_text(payload: Any) -> str:
         except TypeError:
             return str(payload)
     return str(payload)
+
+
+def prompt_text(payload: Any, where: str) -> str:
+    """``payload`` as the text of a message ``where`` sends, or a TypeError when it has
+    none: a None (a null cell, a missing field) or an object whose only text is its
+    repr would otherwise reach the model as "None" or "<function ...>" and be paid
+    for as if it were a prompt."""
+    if isinstance(payload, str):
+        return payload
+    textless = (
+        payload is None
+        or isinstance(payload, bytes | bytearray)
+        or (
+            not isinstance(payload, dict | list | tuple | int | float)
+            and not callable(getattr(payload, "model_dump_json", None))
+            and not is_dataclass(payload)
+            and getattr(type(payload), "__str__", None) is object.__str__
+        )
+    )
+    if textless:
+        shown = repr(payload)
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        raise TypeError(
+            f"{where} got {type(payload).__name__} {shown} where text is required, so "
+            "nothing was sent: a prompt is a str or JSON data (dict, list, number, a "
+            "pydantic model); a None usually comes from a null or missing field of the input"
+        )
+    return as_text(payload)
 
 
 @dataclass(slots=True, eq=False)
