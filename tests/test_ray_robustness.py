@@ -1,0 +1,94 @@
+"""Runs on Ray workers that survive what they meet (issue 20: points 1, 2, 6, 7, 20).
+
+A local Ray is started once for the session (`ray_cluster`); each run starts its own
+worker actors in it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from plait.handlers import budget, override
+from plait.testing import FakeOpenAIServer
+
+from .conftest import ROOT, make_resources
+from .pipelines import Echo, echo, two_steps
+
+pytestmark = pytest.mark.usefixtures("ray_cluster")
+
+#: Enough inputs for each worker to hold several batches (of 16) at once, so they
+#: finish in every order.
+MANY = 160
+
+
+def test_an_override_holds_for_every_row_on_workers(server: FakeOpenAIServer) -> None:
+    resources = make_resources(server, model="cluster-override", max_concurrent=8)
+    inputs = [f"o{i}" for i in range(MANY)]
+    with override(temperature=0.0):
+        out = Echo("fast").bind(resources=resources).run_sync(inputs, workers=2)
+    assert out == [echo("fast", t) for t in inputs]
+    bodies = [r["body"] for r in server.stats(bodies=True)["requests"]]
+    assert len(bodies) == MANY and all(b["temperature"] == 0.0 for b in bodies)
+
+
+def test_a_budget_that_is_not_reached_delivers_every_row_on_workers(
+    server: FakeOpenAIServer,
+) -> None:
+    resources = make_resources(server, model="cluster-roomy-budget", max_concurrent=8)
+    inputs = [f"b{i}" for i in range(MANY)]
+    with budget(max_calls=10 * MANY) as spent:
+        out = Echo("fast").bind(resources=resources).run_sync(inputs, workers=2)
+    assert out == [echo("fast", t) for t in inputs]
+    assert spent.calls == MANY and server.stats()["requests_total"] == MANY
+
+
+def test_plait_run_with_workers_and_a_profile_delivers_every_row(
+    server: FakeOpenAIServer, ray_cluster: Any, tmp_path: Path
+) -> None:
+    data = tmp_path / "in.jsonl"
+    docs = [f"doc {i}" for i in range(MANY)]
+    data.write_text("".join(json.dumps({"doc": d}) + "\n" for d in docs))
+    (tmp_path / "r.toml").write_text(
+        f'[fast]\nprovider = "openai"\nmodel = "m"\nbase_url = "{server.base_url}"\n'
+        'api_key_env = "PLAIT_TEST_KEY"\nmax_concurrent = 8\n'
+    )
+    trace = tmp_path / "t.json"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "plait.cli",
+            "run",
+            f"{ROOT / 'tests' / 'pipelines.py'}:TwoSteps",
+            "--input",
+            str(data),
+            "--output",
+            str(tmp_path / "out.jsonl"),
+            "--resources",
+            str(tmp_path / "r.toml"),
+            "--workers",
+            "2",
+            "--ray-address",
+            ray_cluster.get_runtime_context().gcs_address,
+            "--profile",
+            str(trace),
+            "--preserve-order",
+        ],
+        cwd=ROOT,
+        env=dict(os.environ, PLAIT_TEST_KEY="sk-test"),
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    rows = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [r.get("output") for r in rows] == [two_steps(d) for d in docs]
+    assert f"{MANY} input(s): {MANY} succeeded, 0 failed" in done.stderr
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert len([e for e in events if e.get("ph") == "X" and e.get("cat") == "llm"]) == 2 * MANY
