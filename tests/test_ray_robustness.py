@@ -10,11 +10,13 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+import plait
 from plait.handlers import budget, override
 from plait.testing import FakeOpenAIServer
 
@@ -92,3 +94,46 @@ def test_plait_run_with_workers_and_a_profile_delivers_every_row(
     assert f"{MANY} input(s): {MANY} succeeded, 0 failed" in done.stderr
     events = json.loads(trace.read_text())["traceEvents"]
     assert len([e for e in events if e.get("ph") == "X" and e.get("cat") == "llm"]) == 2 * MANY
+
+
+class LockFor5(plait.Module):
+    """Echoes, but returns a lock (which Ray cannot pickle) for the input "5"."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.echo = Echo("fast")
+
+    def forward(self, doc: str) -> Any:
+        if doc == "5":
+            return threading.Lock()
+        return self.echo(doc)
+
+
+def test_an_output_ray_cannot_pickle_fails_its_row_not_its_batch(
+    server: FakeOpenAIServer,
+) -> None:
+    resources = make_resources(server, model="cluster-lock-out", max_concurrent=8)
+    inputs = [str(i) for i in range(40)]
+    out = LockFor5().bind(resources=resources).run_sync(inputs, workers=2)
+    bad = out[5]
+    assert isinstance(bad, plait.Value) and bad.is_error
+    assert bad.meta["error_type"] == "Unsendable"
+    assert "lock" in bad.meta["message"] and "plain data" in bad.meta["message"]
+    assert [o for i, o in enumerate(out) if i != 5] == [echo("fast", t) for t in inputs if t != "5"]
+
+
+def test_an_input_ray_cannot_pickle_fails_its_row_not_the_run(
+    server: FakeOpenAIServer,
+) -> None:
+    resources = make_resources(server, model="cluster-lock-in", max_concurrent=8)
+    inputs: list[Any] = [f"i{i}" for i in range(40)]
+    inputs[3] = threading.Lock()
+    out = Echo("fast").bind(resources=resources).run_sync(inputs, workers=2)
+    bad = out[3]
+    assert isinstance(bad, plait.Value) and bad.is_error
+    assert bad.meta["error_type"] == "Unsendable"
+    assert "input 3" in bad.meta["message"] and "argument 1 (a lock)" in bad.meta["message"]
+    assert [o for i, o in enumerate(out) if i != 3] == [
+        echo("fast", t) for i, t in enumerate(inputs) if i != 3
+    ]
+    assert server.stats()["requests_total"] == 39
