@@ -137,3 +137,68 @@ def test_an_input_ray_cannot_pickle_fails_its_row_not_the_run(
         echo("fast", t) for i, t in enumerate(inputs) if i != 3
     ]
     assert server.stats()["requests_total"] == 39
+
+
+@pytest.mark.parametrize("address", ["nonsense", "127.0.0.1:1"])
+def test_a_ray_address_that_cannot_be_joined_is_one_line_and_exit_2(
+    tmp_path: Path, address: str
+) -> None:
+    data = tmp_path / "in.jsonl"
+    data.write_text(json.dumps({"doc": "a"}) + "\n")
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "plait.cli",
+            "run",
+            f"{ROOT / 'tests' / 'pipelines.py'}:TwoSteps",
+            "--input",
+            str(data),
+            "--output",
+            str(tmp_path / "out.jsonl"),
+            "--workers",
+            "2",
+            "--ray-address",
+            address,
+        ],
+        cwd=ROOT,
+        env=dict(os.environ, PLAIT_RAY_CONNECT_TIMEOUT="1"),
+        capture_output=True,
+        text=True,
+        timeout=120,  # a hang guard: Ray alone retried 127.0.0.1:1 for minutes
+    )
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr
+    assert lines[0].startswith("plait run: error: cannot join the Ray cluster at")
+    assert repr(address) in lines[0] and "--ray-address" in lines[0]
+    assert not (tmp_path / "out.jsonl").exists()  # refused before anything was written
+
+
+def test_run_sync_with_an_address_that_cannot_be_joined_raises_cluster_unreachable(
+    tmp_path: Path,
+) -> None:
+    # A process of its own: this one is already connected to the session's Ray.
+    script = (
+        "import plait\n"
+        "from plait.ray.cluster import ClusterUnreachable\n"
+        "from tests.pipelines import Echo\n"
+        "for address in ('nonsense', '127.0.0.1:1'):\n"
+        "    try:\n"
+        "        Echo('fast').run_sync(['a'], workers=1, ray_address=address)\n"
+        "    except ClusterUnreachable as exc:\n"
+        "        print(type(exc).__name__, exc.address)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env=dict(os.environ, PLAIT_RAY_CONNECT_TIMEOUT="1"),
+        capture_output=True,
+        text=True,
+        timeout=120,  # a hang guard
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "ClusterUnreachable nonsense",
+        "ClusterUnreachable 127.0.0.1:1",
+    ]

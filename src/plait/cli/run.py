@@ -48,6 +48,7 @@ from plait.execution.loop import run_blocking
 from plait.execution.runtime import _Run
 from plait.execution.settings import resolve_options
 from plait.module import Module
+from plait.ray.cluster import ClusterUnreachable, check_address
 from plait.resources.config import ConfigurationError, ResourceConfig
 from plait.resources.manager import ResourceManager
 from plait.resources.usage import reset_usage, usage
@@ -163,7 +164,14 @@ def main(argv: list[str]) -> int:
         return ns
     try:
         return _Command(ns).run()
-    except (UsageError, TargetError, InputError, ConfigurationError, ParametersError) as exc:
+    except (
+        UsageError,
+        TargetError,
+        InputError,
+        ConfigurationError,
+        ParametersError,
+        ClusterUnreachable,
+    ) as exc:
         return _error(str(exc))
 
 
@@ -184,6 +192,8 @@ class _Command:
         if ns.input == "-" and _interactive(sys.stdin):
             raise UsageError("no inputs: give --input FILE, or pipe them to stdin (--input -)")
         _refuse_to_clobber(ns)
+        if ns.ray_address:
+            check_address(ns.ray_address)  # before any file is opened or input read
         module = Target(ns.target, ns.assignments).make()
         if ns.parameters is not None:
             # Before the checkpoint is opened: its producer hashes the loaded values.
@@ -357,6 +367,10 @@ class _Command:
             display.stop()
             writer.close()
             raise UsageError(f"{exc} (or add --fresh to delete the checkpoint)") from None
+        except ClusterUnreachable as exc:
+            display.stop()
+            writer.close()
+            raise UsageError(str(exc)) from None
         except OSError as exc:  # the output or the checkpoint could not be written
             display.stop()
             with contextlib.suppress(OSError):
