@@ -202,3 +202,69 @@ def test_run_sync_with_an_address_that_cannot_be_joined_raises_cluster_unreachab
         "ClusterUnreachable nonsense",
         "ClusterUnreachable 127.0.0.1:1",
     ]
+
+
+_AFTER_SHUTDOWN = """
+import json, sys
+import ray
+import plait
+import plait.ray
+from tests.pipelines import Echo
+
+resources = plait.ResourceConfig(json.loads(sys.argv[1]))
+ray.init(num_cpus=1, include_dashboard=False, namespace="plait", log_to_driver=False,
+         configure_logging=False)
+{body}
+"""
+
+
+def _after_shutdown(server: FakeOpenAIServer, body: str) -> subprocess.CompletedProcess[str]:
+    """Run ``body`` in a process of its own that started (and may stop) its own Ray."""
+    config = {
+        "fast": {
+            "provider": "openai",
+            "model": "m",
+            "base_url": server.base_url,
+            "api_key": "sk-test",
+        }
+    }
+    return subprocess.run(
+        [sys.executable, "-c", _AFTER_SHUTDOWN.format(body=body), json.dumps(config)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,  # a hang guard: before the fix, the run waited for a broker forever
+    )
+
+
+def test_building_a_ray_data_pipeline_leaves_the_driver_s_own_runs_alone(
+    server: FakeOpenAIServer,
+) -> None:
+    done = _after_shutdown(
+        server,
+        "plait.ray.Pipeline(lambda: Echo('fast'), resources=resources)\n"
+        "ray.shutdown()\n"
+        "print(json.dumps(Echo('fast').bind(resources=resources).run_sync(['a', 'b'])))\n",
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1]) == [echo("fast", "a"), echo("fast", "b")]
+
+
+def test_a_limit_whose_broker_is_gone_fails_the_call_with_a_clear_error(
+    server: FakeOpenAIServer,
+) -> None:
+    # The batch runs here, so this process leases its limits; then its Ray goes away.
+    done = _after_shutdown(
+        server,
+        "pipeline = plait.ray.Pipeline(lambda: Echo('fast'), resources=resources)\n"
+        "print(json.dumps(pipeline({'text': ['a']}).to_pylist()))\n"
+        "ray.shutdown()\n"
+        "print(json.dumps(pipeline({'text': ['b']}).to_pylist()))\n",
+    )
+    assert done.returncode == 0, done.stderr
+    first, second = (json.loads(line) for line in done.stdout.splitlines()[-2:])
+    assert first == [{"text": "a", "output": echo("fast", "a"), "error": None}]
+    [row] = second
+    assert row["output"] is None
+    assert row["error"].startswith("BrokerUnreachable: the cluster's limit broker cannot be")
+    assert "'m'" in row["error"]

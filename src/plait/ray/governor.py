@@ -27,7 +27,16 @@ from plait.resources.config import EndpointConfig
 from plait.resources.limits import Priority, PriorityLimiter
 from plait.resources.rate import RateGovernor
 
-__all__ = ["LeasedGovernor", "LeasedLimiter"]
+__all__ = ["BROKER_TIMEOUT_S", "BrokerUnreachable", "LeasedGovernor", "LeasedLimiter"]
+
+#: The longest one report to the broker may take before the broker counts as out of
+#: reach (it answers within a quarter second when it is there).
+BROKER_TIMEOUT_S = 20.0
+
+
+class BrokerUnreachable(RuntimeError):
+    """The cluster's limit broker cannot be reached (its Ray is gone, or it stopped
+    answering): calls that need a lease fail with this instead of waiting forever."""
 
 
 class LeasedLimiter(PriorityLimiter):
@@ -42,8 +51,30 @@ class LeasedLimiter(PriorityLimiter):
     async def acquire(self, priority: float | Priority = 0.0) -> None:
         self._governor.start()
         if self.held >= self.limit or self.waiting:
+            if self._governor.failure is not None:
+                raise self._governor.unreachable()
             self._governor.want_slot()  # a call is about to wait for a slot
         await super().acquire(priority)
+
+    def fail_waiters(self, error: BaseException) -> None:
+        """Every call waiting for a slot fails with ``error`` (no slot can come)."""
+        with self._lock:
+            waiters, self._waiters = self._waiters, []
+        for _, _, fut, _ in waiters:
+            loop = fut.get_loop()
+            try:
+                here = asyncio.get_running_loop() is loop
+            except RuntimeError:
+                here = False
+            if here:
+                _fail(fut, error)
+            else:
+                loop.call_soon_threadsafe(_fail, fut, error)
+
+
+def _fail(fut: asyncio.Future[None], error: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(error)
 
 
 class LeasedGovernor(RateGovernor):
@@ -53,13 +84,15 @@ class LeasedGovernor(RateGovernor):
         self.broker = broker
         self.worker = worker
         self.key = "|".join(config.endpoint_key())
+        self.provider, self.model = config.provider, config.model
         self.limits = AliasLimits(
             config.max_concurrent,
             config.requests_per_minute,
             config.tokens_per_minute,
             config.max_retry_after_s,
         )
-        super().__init__(LeasedLimiter(self), config.max_concurrent, None, None)
+        self.leased = LeasedLimiter(self)
+        super().__init__(self.leased, config.max_concurrent, None, None)
         self.request_pool = 0.0 if config.requests_per_minute else math.inf
         self.token_pool = 0.0 if config.tokens_per_minute else math.inf
         self._request_waiters = 0
@@ -135,6 +168,7 @@ class LeasedGovernor(RateGovernor):
             except Exception as exc:  # the broker is gone: calls waiting here fail
                 self.failure = exc
                 self._granted.set()
+                self.leased.fail_waiters(self.unreachable())
                 await asyncio.sleep(SYNC_INTERVAL_S)
             else:
                 self.failure = None
@@ -162,7 +196,13 @@ class LeasedGovernor(RateGovernor):
         self._overspent = 0.0
         self._pending_429 = None
         started = time.perf_counter()
-        reply = await self.broker.sync.remote(self.worker, self.key, self.limits, report)
+        try:
+            reply = await asyncio.wait_for(
+                self.broker.sync.remote(self.worker, self.key, self.limits, report),
+                BROKER_TIMEOUT_S,
+            )
+        except TimeoutError:
+            raise TimeoutError(f"no answer in {BROKER_TIMEOUT_S:g} s") from None
         self.sync_seconds += time.perf_counter() - started
         self.syncs += 1
         self._slots_growing = int(reply["slots"]) > limiter.limit
@@ -175,15 +215,20 @@ class LeasedGovernor(RateGovernor):
             self.paused_until = max(self.paused_until, time.monotonic() + reply["pause_s"])
         self._granted.set()
 
+    def unreachable(self) -> BrokerUnreachable:
+        return BrokerUnreachable(
+            f"the cluster's limit broker cannot be reached ({self.failure}), so calls to "
+            f"the {self.provider} model {self.model!r} cannot be admitted: the Ray it "
+            "runs in is gone or stopped answering. Rerun once Ray is up again (a run on "
+            "workers, or a Ray Data job, starts it)"
+        )
+
     async def _next_grant(self) -> None:
         """Wait for the lease task's next answer (it is woken now)."""
         self.start()
         assert self._granted is not None
         if self.failure is not None:
-            raise RuntimeError(
-                f"the cluster's limit broker cannot be reached ({self.failure}); the calls "
-                "of this worker cannot be admitted"
-            )
+            raise self.unreachable()
         self._granted.clear()
         self.wake()
         await self._granted.wait()
