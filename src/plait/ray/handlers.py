@@ -27,6 +27,7 @@ run starts, with the reason: a hook that silently never ran would be worse.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import math
 import threading
@@ -296,6 +297,7 @@ class LeasedBudget(Handler):
         self._unreported_cost = 0.0
         self._lock = threading.Lock()
         self._exhausted: tuple[str, float, float] | None = None
+        self._leasing: asyncio.Lock | None = None
 
     async def process(self, msg: Any) -> None:
         from plait.handlers.budgeting import BudgetExceeded
@@ -303,7 +305,14 @@ class LeasedBudget(Handler):
         if msg.type != "llm" or msg.done or msg.meta.get("cache") == "hit" or msg.fn is None:
             return
         if self.allowance < 1:
-            await self._lease(msg)
+            # One lease at a time: the calls of a worker's concurrent batches that find
+            # no allowance share the block it brings (each leasing its own block leased
+            # the whole budget away, and the calls after them were refused).
+            if self._leasing is None:
+                self._leasing = asyncio.Lock()
+            async with self._leasing:
+                if self.allowance < 1:
+                    await self._lease(msg)
         if self.allowance < 1:
             assert self._exhausted is not None
             self.local._refused += 1
