@@ -268,3 +268,64 @@ def test_a_limit_whose_broker_is_gone_fails_the_call_with_a_clear_error(
     assert row["output"] is None
     assert row["error"].startswith("BrokerUnreachable: the cluster's limit broker cannot be")
     assert "'m'" in row["error"]
+
+
+def _token_accounting(ray: Any, chains: int, calls: int) -> tuple[dict[str, float], list[float]]:
+    """``chains`` concurrent chains of ``calls`` calls on one real `LeasedGovernor`,
+    against a broker actor of their own: each call estimated at 100 tokens, 10 used.
+
+    Returns the broker's token accounting and the worker's pool after each call.
+    """
+    import asyncio
+
+    from plait.ray.broker import LimitBroker
+    from plait.ray.governor import LeasedGovernor
+    from plait.resources.config import EndpointConfig
+
+    actor = ray.remote(num_cpus=0)(LimitBroker).remote()
+    config = EndpointConfig(
+        model="m",
+        base_url="http://127.0.0.1:9/v1",
+        api_key="k",
+        max_concurrent=chains,
+        tokens_per_minute=600_000,  # no waiting: this is about what is counted
+    )
+    governor = LeasedGovernor(config, actor, "w-accounting")
+    pools: list[float] = []
+
+    async def chain() -> None:
+        for _ in range(calls):
+            await governor.limiter.acquire()
+            try:
+                await governor.admit(100)
+                governor.settle(100, 10)
+                pools.append(governor.token_pool)
+            finally:
+                governor.limiter.release()
+
+    async def main() -> dict[str, float]:
+        await asyncio.gather(*(chain() for _ in range(chains)))
+        await governor._next_grant()  # one more report: the last refunds reach the broker
+        status = await actor.status.remote()
+        return dict(status[governor.key]["tokens"])
+
+    try:
+        return asyncio.run(main()), pools
+    finally:
+        ray.kill(actor)
+
+
+@pytest.mark.parametrize("chains", [1, 4])
+def test_a_worker_spends_only_tokens_granted_for_its_calls_and_returns_refunds(
+    ray_cluster: Any, chains: int
+) -> None:
+    calls = 6
+    tokens, pools = _token_accounting(ray_cluster, chains, calls)
+    # Every call's estimate was granted by the broker when it was admitted: none was
+    # paid from refunds the worker kept (which it could spend later, on top of the
+    # grants other workers get meanwhile).
+    assert tokens["granted"] == 100 * chains * calls
+    assert all(pool <= 0 for pool in pools), pools
+    # The unused 90 of each estimate went back to the broker.
+    assert tokens["returned"] == 90 * chains * calls
+    assert tokens["charged"] == 0
