@@ -74,29 +74,30 @@ def connect_timeout() -> float:
 
 
 def _host_port(address: str) -> tuple[str, int] | None:
-    """The head's (host, port) for ``address``; None when Ray finds it itself ("auto")."""
-    from ray._private.services import canonicalize_bootstrap_address, parse_address
-
+    """The head's (host, port) for ``address``; None when Ray is to find or start it
+    ("auto" with no cluster recorded on this machine, "local")."""
     target = address.removeprefix("ray://")
-    if target != address:
-        parsed = parse_address(target)
-    else:
-        try:
-            canonical = canonicalize_bootstrap_address(address)
-        except ValueError:
-            canonical = None
-            parsed = None
-        else:
-            if canonical is None:
+    if target == address:
+        try:  # "auto" is the address Ray recorded for this machine's cluster, if any
+            from ray._private.services import canonicalize_bootstrap_address
+        except ImportError:  # a Ray without it: let ray.init resolve such names
+            if address in ("auto", "local"):
                 return None
-            parsed = parse_address(canonical)
-    if parsed is None:
+        else:
+            try:
+                resolved = canonicalize_bootstrap_address(address)
+            except ValueError:
+                raise ClusterUnreachable(address, "that is not a Ray address") from None
+            if resolved is None:
+                return None
+            target = resolved
+    host, colon, port = target.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")  # an IPv6 literal
+    if not colon or not host or not port:
         raise ClusterUnreachable(address, "that is not a Ray address")
-    host, port = parsed
-    try:
-        return host, int(port)
-    except ValueError:
-        raise ClusterUnreachable(address, f"the port {port!r} is not a number") from None
+    if not port.isdigit():
+        raise ClusterUnreachable(address, f"the port {port!r} is not a number")
+    return host, int(port)
 
 
 def check_address(address: str) -> None:
