@@ -184,8 +184,10 @@ class LeasedGovernor(RateGovernor):
         report = Report(
             slots_kept=max(in_use, min(limiter.limit, in_use + waiting)),
             slots_wanted=in_use + waiting,
-            requests_wanted=float(self._request_waiters),
-            tokens_wanted=self._tokens_waiting,
+            # Beyond what the pools hold: a grant the waiting calls have not taken yet
+            # (they wake after this report went out) must not be asked for twice.
+            requests_wanted=_beyond(self._request_waiters, self.request_pool),
+            tokens_wanted=_beyond(self._tokens_waiting, self.token_pool),
             successes=self._successes_since,
             tokens_overspent=self._overspent,
             rate_limited=self._pending_429,
@@ -312,3 +314,10 @@ class LeasedGovernor(RateGovernor):
             self.paused_until = max(self.paused_until, now + retry_after)
         self._pending_429 = max(self._pending_429 or 0.0, retry_after or 0.0)
         self.wake()
+
+
+def _beyond(wanted: float, held: float) -> float:
+    """What the waiting calls want beyond a pool's ``held`` (an unlimited pool: none)."""
+    if not math.isfinite(held):
+        return 0.0
+    return max(0.0, wanted - max(0.0, held))
