@@ -50,6 +50,7 @@ from plait.execution.loop import run_blocking
 from plait.execution.runtime import _Run, traced_first
 from plait.execution.settings import resolve_options
 from plait.module import Module
+from plait.ray.cluster import ClusterUnreachable, check_address
 from plait.resources.config import ConfigurationError, ResourceConfig
 from plait.resources.manager import ResourceManager
 from plait.resources.usage import reset_usage, usage
@@ -185,7 +186,14 @@ def main(argv: list[str]) -> int:
         return ns
     try:
         return _Command(ns).run()
-    except (UsageError, TargetError, InputError, ConfigurationError, ParametersError) as exc:
+    except (
+        UsageError,
+        TargetError,
+        InputError,
+        ConfigurationError,
+        ParametersError,
+        ClusterUnreachable,
+    ) as exc:
         return _error(str(exc))
 
 
@@ -207,6 +215,8 @@ class _Command:
         if ns.input == "-" and _interactive(sys.stdin):
             raise UsageError("no inputs: give --input FILE, or pipe them to stdin (--input -)")
         _refuse_to_clobber(ns)
+        if ns.ray_address:
+            check_address(ns.ray_address)  # before any file is opened or input read
         module = Target(ns.target, ns.assignments).make()
         if ns.parameters is not None:
             # Before the checkpoint is opened: its producer hashes the loaded values.
@@ -397,6 +407,10 @@ class _Command:
             raise UsageError(
                 f"{ns.target} cannot be traced, so no input was run and nothing was paid for: {exc}"
             ) from None
+        except ClusterUnreachable as exc:
+            display.stop()
+            writer.close()
+            raise UsageError(str(exc)) from None
         except OSError as exc:  # the output or the checkpoint could not be written
             display.stop()
             with contextlib.suppress(OSError):

@@ -32,6 +32,7 @@ from plait.cli.options import (
 from plait.cli.progress import Display, RichDisplay, Tally, is_terminal
 from plait.cli.target import Target, TargetError
 from plait.module import Module
+from plait.ray.cluster import ClusterUnreachable, check_address
 from plait.resources.config import ConfigurationError, ResourceConfig
 
 __all__ = ["build_parser", "main"]
@@ -199,13 +200,15 @@ def main(argv: list[str]) -> int:
         return _error("--data FILE is missing: the training examples (JSONL)")
     try:
         return _train(ns, sys.stderr)
-    except (UsageError, TargetError, ConfigurationError, TrainerError) as exc:
+    except (UsageError, TargetError, ConfigurationError, TrainerError, ClusterUnreachable) as exc:
         return _error(str(exc))
 
 
 def _train(ns: argparse.Namespace, err: IO[str]) -> int:
     from plait.learning.trainer import Trainer
 
+    if ns.ray_address:
+        check_address(ns.ray_address)  # before anything is built or written
     module = Target(ns.target, ns.assignments).make()
     if not any(param.requires_grad for param in module.parameters()):
         raise UsageError(

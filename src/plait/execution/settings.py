@@ -7,9 +7,11 @@ ones around it), then the defaults below.
 
 from __future__ import annotations
 
-from contextvars import ContextVar, Token
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
+
+from plait._entries import leave
 
 __all__ = [
     "DEFAULTS",
@@ -33,7 +35,16 @@ DEFAULTS: dict[str, Any] = {
 }
 SETTING_NAMES = frozenset(DEFAULTS)
 
-_current: ContextVar[ExecutionSettings | None] = ContextVar("plait_settings", default=None)
+#: The blocks open in this context, innermost last: (the block, its merged settings).
+#: One `ExecutionSettings` may be entered by several tasks at once (see `plait._entries`).
+_blocks: ContextVar[tuple[tuple[ExecutionSettings, ExecutionSettings], ...]] = ContextVar(
+    "plait_settings", default=()
+)
+
+
+def _current() -> ExecutionSettings | None:
+    blocks = _blocks.get()
+    return blocks[-1][1] if blocks else None
 
 
 def check_setting_names(options: dict[str, Any], where: str) -> None:
@@ -82,7 +93,6 @@ class ExecutionSettings:
         self.ray_address = ray_address
         self.seed = seed
         _validate(self.explicit())
-        self._tokens: list[Token[ExecutionSettings | None]] = []
         from plait.sampling import CallCounts
 
         #: Seeded functional calls made in this block outside any run: the same
@@ -94,15 +104,15 @@ class ExecutionSettings:
         return {name: getattr(self, name) for name in DEFAULTS if getattr(self, name) is not None}
 
     def __enter__(self) -> ExecutionSettings:
-        parent = _current.get()
+        parent = _current()
         merged = ExecutionSettings(**(parent.explicit() if parent else {}))
         for name, value in self.explicit().items():
             setattr(merged, name, value)
-        self._tokens.append(_current.set(merged))
+        _blocks.set((*_blocks.get(), (self, merged)))
         return self
 
     def __exit__(self, *exc: object) -> None:
-        _current.reset(self._tokens.pop())
+        leave(_blocks, self, lambda block: block[0])
 
     async def __aenter__(self) -> ExecutionSettings:
         return self.__enter__()
@@ -117,7 +127,7 @@ class ExecutionSettings:
 
 def get_execution_settings() -> ExecutionSettings | None:
     """The settings in force here (already merged with the enclosing blocks), if any."""
-    return _current.get()
+    return _current()
 
 
 def _validate(options: dict[str, Any]) -> None:
@@ -136,7 +146,7 @@ def resolve_options(
 ) -> dict[str, Any]:
     """Merge the layers: call > bind() > ExecutionSettings > defaults."""
     merged = dict(DEFAULTS)
-    settings = _current.get()
+    settings = _current()
     if settings is not None:
         merged.update(settings.explicit())
     if bound_resources is not None:

@@ -182,7 +182,7 @@ class Cache(Handler):
 
     def __exit__(self, *exc: object) -> None:
         super().__exit__(*exc)
-        if not self._tokens:
+        if not self.entered:
             # The last block using the cache is over: closing folds the WAL back into the
             # file, which is then complete on its own (to copy, or to commit with tests).
             self.close()

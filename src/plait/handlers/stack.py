@@ -5,10 +5,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import threading
 from collections.abc import Callable, Iterator
-from contextvars import ContextVar, Token
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, ParamSpec, Self, TypeVar
+
+from plait._entries import leave
 
 __all__ = [
     "Handler",
@@ -24,6 +27,8 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 _STACK: ContextVar[tuple[Handler, ...]] = ContextVar("plait_handler_stack", default=())
+#: Guards each handler's count of open blocks (threads may enter one handler at once).
+_entered_lock = threading.Lock()
 
 
 @dataclass(slots=True, eq=False)
@@ -65,10 +70,10 @@ class Handler:
     and/or ``postprocess`` (runs after it, outermost handler last).  Either may be
     ``async def`` for messages handled by the async `apply_stack`; module calls
     recorded at trace time go through `apply_stack_sync` and need plain methods.
-    A handler is used as a context manager (``with h:``) or as a decorator.
+    A handler is used as a context manager (``with h:``) or as a decorator, and one
+    instance may be entered by several tasks or threads at once: each block is an
+    entry of its own context's stack, not state of the handler.
     """
-
-    _tokens: list[Token[tuple[Handler, ...]]]
 
     #: Whether this handler is shown composite module calls (``meta["composite"]``).
     #: plait's own handlers act on LLM calls only and clear it, so a run under them
@@ -84,18 +89,26 @@ class Handler:
         return None
 
     def __enter__(self) -> Self:
-        tokens = self.__dict__.setdefault("_tokens", [])
-        tokens.append(_STACK.set((*_STACK.get(), self)))
+        _STACK.set((*_STACK.get(), self))
+        with _entered_lock:
+            self.__dict__["_entered"] = self.__dict__.get("_entered", 0) + 1
         return self
 
     def __exit__(self, *exc: object) -> None:
-        _STACK.reset(self._tokens.pop())
+        with _entered_lock:
+            self.__dict__["_entered"] = max(0, self.__dict__.get("_entered", 0) - 1)
+        leave(_STACK, self, lambda handler: handler)
+
+    @property
+    def entered(self) -> int:
+        """How many blocks (in any task or thread) have this handler active now."""
+        return int(self.__dict__.get("_entered", 0))
 
     def __getstate__(self) -> dict[str, Any]:
         """The handler without the blocks it is entered in here (a copy sent to another
         process, a Ray worker, is entered there afresh)."""
         state = dict(self.__dict__)
-        state.pop("_tokens", None)
+        state.pop("_entered", None)
         return state
 
     @contextlib.contextmanager

@@ -158,6 +158,11 @@ class _Alias:
     last_decrease: float = 0.0
     successes: int = 0
     rate_limited: int = 0
+    #: Tokens granted, given back and charged as debt, in all (tests and benchmarks
+    #: check the accounting with them).
+    tokens_granted: float = 0.0
+    tokens_returned: float = 0.0
+    tokens_charged: float = 0.0
 
     def free(self) -> int:
         return self.limit - sum(self.held.values())
@@ -316,6 +321,11 @@ class LimitBroker:
                 "wanted": dict(s.wanted),
                 "paused_for_s": max(0.0, s.paused_until - time.monotonic()),
                 "rate_limited": s.rate_limited,
+                "tokens": {
+                    "granted": s.tokens_granted,
+                    "returned": s.tokens_returned,
+                    "charged": s.tokens_charged,
+                },
             }
             for key, s in self._aliases.items()
         } | {"syncs": self.syncs}
@@ -348,8 +358,10 @@ class LimitBroker:
         if state.tokens is not None:
             if report.tokens_returned > 0:
                 state.tokens.give(report.tokens_returned, now)
+                state.tokens_returned += report.tokens_returned
             if report.tokens_overspent > 0:
                 state.tokens.charge(report.tokens_overspent, now)
+                state.tokens_charged += report.tokens_overspent
         if report.rate_limited is not None:
             state.rate_limited += 1
             wait = min(report.rate_limited, state.limits.max_retry_after_s)
@@ -387,6 +399,7 @@ class LimitBroker:
         tokens = 0.0 if state.tokens is not None else math.inf
         if state.tokens is not None and want_tokens > 0:
             tokens = state.tokens.draw(want_tokens, now)
+            state.tokens_granted += tokens
         return {
             "slots": target,
             "requests": requests,

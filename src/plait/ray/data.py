@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
+import threading
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -111,20 +112,11 @@ class Pipeline:
         arguments: Sequence[str] = (),
         max_concurrent: int | None = None,
     ) -> None:
-        from plait.ray.cluster import broker
-        from plait.ray.governor import LeasedGovernor
         from plait.resources.config import ResourceConfig
-        from plait.resources.manager import ResourceManager, use_governors
+        from plait.resources.manager import ResourceManager
 
         if output_column == error_column:
             raise ValueError(f"output_column and error_column are both {output_column!r}")
-        limits = broker()
-        worker = f"data:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-
-        def governor(config: Any) -> Any:
-            return LeasedGovernor(config, limits, worker)
-
-        use_governors(governor)
         if isinstance(resources, str | os.PathLike):
             resources = ResourceConfig.load(Path(resources))
         self.module = _build_module(target, arguments)
@@ -163,6 +155,7 @@ class Pipeline:
             rows = batch
             count = len(next(iter(rows.values()))) if rows else 0
         inputs = self._inputs(rows, count)
+        _lease_limits()
         options: dict[str, Any] = {"resources": self.resources}
         if self.max_concurrent is not None:
             options["max_concurrent"] = self.max_concurrent
@@ -248,6 +241,33 @@ class Pipeline:
             return await asyncio.gather(*(one(kw) for kw in inputs))
 
         return run_blocking(all_rows())
+
+
+def _lease_limits() -> None:
+    """Make this process's endpoints lease their limits from the cluster's broker.
+
+    Done where batches run (a Ray Data actor), on the first one, not when the
+    `Pipeline` is built: the process that builds it (a driver) keeps its own limits
+    for its own runs, which must not depend on a broker that goes with its Ray.
+    """
+    from plait.resources import manager
+
+    with _leasing_lock:
+        if manager.leasing():
+            return
+        from plait.ray.cluster import broker
+        from plait.ray.governor import LeasedGovernor
+
+        limits = broker()
+        worker = f"data:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+        def governor(config: Any) -> Any:
+            return LeasedGovernor(config, limits, worker)
+
+        manager.use_governors(governor)
+
+
+_leasing_lock = threading.Lock()
 
 
 async def _report_idle(governors: list[Any]) -> None:

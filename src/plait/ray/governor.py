@@ -27,7 +27,16 @@ from plait.resources.config import EndpointConfig
 from plait.resources.limits import Priority, PriorityLimiter
 from plait.resources.rate import RateGovernor
 
-__all__ = ["LeasedGovernor", "LeasedLimiter"]
+__all__ = ["BROKER_TIMEOUT_S", "BrokerUnreachable", "LeasedGovernor", "LeasedLimiter"]
+
+#: The longest one report to the broker may take before the broker counts as out of
+#: reach (it answers within a quarter second when it is there).
+BROKER_TIMEOUT_S = 20.0
+
+
+class BrokerUnreachable(RuntimeError):
+    """The cluster's limit broker cannot be reached (its Ray is gone, or it stopped
+    answering): calls that need a lease fail with this instead of waiting forever."""
 
 
 class LeasedLimiter(PriorityLimiter):
@@ -42,8 +51,30 @@ class LeasedLimiter(PriorityLimiter):
     async def acquire(self, priority: float | Priority = 0.0) -> None:
         self._governor.start()
         if self.held >= self.limit or self.waiting:
+            if self._governor.failure is not None:
+                raise self._governor.unreachable()
             self._governor.want_slot()  # a call is about to wait for a slot
         await super().acquire(priority)
+
+    def fail_waiters(self, error: BaseException) -> None:
+        """Every call waiting for a slot fails with ``error`` (no slot can come)."""
+        with self._lock:
+            waiters, self._waiters = self._waiters, []
+        for _, _, fut, _ in waiters:
+            loop = fut.get_loop()
+            try:
+                here = asyncio.get_running_loop() is loop
+            except RuntimeError:
+                here = False
+            if here:
+                _fail(fut, error)
+            else:
+                loop.call_soon_threadsafe(_fail, fut, error)
+
+
+def _fail(fut: asyncio.Future[None], error: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(error)
 
 
 class LeasedGovernor(RateGovernor):
@@ -53,18 +84,23 @@ class LeasedGovernor(RateGovernor):
         self.broker = broker
         self.worker = worker
         self.key = "|".join(config.endpoint_key())
+        self.provider, self.model = config.provider, config.model
         self.limits = AliasLimits(
             config.max_concurrent,
             config.requests_per_minute,
             config.tokens_per_minute,
             config.max_retry_after_s,
         )
-        super().__init__(LeasedLimiter(self), config.max_concurrent, None, None)
+        self.leased = LeasedLimiter(self)
+        super().__init__(self.leased, config.max_concurrent, None, None)
         self.request_pool = 0.0 if config.requests_per_minute else math.inf
         self.token_pool = 0.0 if config.tokens_per_minute else math.inf
         self._request_waiters = 0
         self._tokens_waiting = 0.0
         self._overspent = 0.0
+        #: Unused parts of spent estimates, for the broker: kept here, a refund would let
+        #: this worker spend tokens the broker granted earlier on top of fresh grants.
+        self._tokens_returning = 0.0
         self._successes_since = 0
         self._pending_429: float | None = None
         self._wake: asyncio.Event | None = None
@@ -118,7 +154,7 @@ class LeasedGovernor(RateGovernor):
         limiter = self.limiter
         return bool(
             limiter.held or limiter.waiting or limiter.limit or self._request_waiters
-        ) or bool(self._tokens_waiting or self._pending_429 is not None)
+        ) or bool(self._tokens_waiting or self._tokens_returning or self._pending_429 is not None)
 
     async def _run(self) -> None:
         assert self._wake is not None and self._granted is not None
@@ -135,6 +171,7 @@ class LeasedGovernor(RateGovernor):
             except Exception as exc:  # the broker is gone: calls waiting here fail
                 self.failure = exc
                 self._granted.set()
+                self.leased.fail_waiters(self.unreachable())
                 await asyncio.sleep(SYNC_INTERVAL_S)
             else:
                 self.failure = None
@@ -147,22 +184,35 @@ class LeasedGovernor(RateGovernor):
         report = Report(
             slots_kept=max(in_use, min(limiter.limit, in_use + waiting)),
             slots_wanted=in_use + waiting,
-            requests_wanted=float(self._request_waiters),
-            tokens_wanted=self._tokens_waiting,
+            # Beyond what the pools hold: a grant the waiting calls have not taken yet
+            # (they wake after this report went out) must not be asked for twice.
+            requests_wanted=_beyond(self._request_waiters, self.request_pool),
+            tokens_wanted=_beyond(self._tokens_waiting, self.token_pool),
             successes=self._successes_since,
             tokens_overspent=self._overspent,
             rate_limited=self._pending_429,
         )
+        report.tokens_returned, self._tokens_returning = self._tokens_returning, 0.0
         if idle:  # nothing to spend it on: give back what is unspent
             if math.isfinite(self.request_pool):
                 report.requests_returned, self.request_pool = self.request_pool, 0.0
             if math.isfinite(self.token_pool):
-                report.tokens_returned, self.token_pool = max(0.0, self.token_pool), 0.0
+                # A pool below zero is a call's estimate beyond what was granted for it:
+                # the broker charges it, as it does an estimate that fell short.
+                report.tokens_returned += max(0.0, self.token_pool)
+                report.tokens_overspent += max(0.0, -self.token_pool)
+                self.token_pool = 0.0
         self._successes_since = 0
         self._overspent = 0.0
         self._pending_429 = None
         started = time.perf_counter()
-        reply = await self.broker.sync.remote(self.worker, self.key, self.limits, report)
+        try:
+            reply = await asyncio.wait_for(
+                self.broker.sync.remote(self.worker, self.key, self.limits, report),
+                BROKER_TIMEOUT_S,
+            )
+        except TimeoutError:
+            raise TimeoutError(f"no answer in {BROKER_TIMEOUT_S:g} s") from None
         self.sync_seconds += time.perf_counter() - started
         self.syncs += 1
         self._slots_growing = int(reply["slots"]) > limiter.limit
@@ -175,15 +225,20 @@ class LeasedGovernor(RateGovernor):
             self.paused_until = max(self.paused_until, time.monotonic() + reply["pause_s"])
         self._granted.set()
 
+    def unreachable(self) -> BrokerUnreachable:
+        return BrokerUnreachable(
+            f"the cluster's limit broker cannot be reached ({self.failure}), so calls to "
+            f"the {self.provider} model {self.model!r} cannot be admitted: the Ray it "
+            "runs in is gone or stopped answering. Rerun once Ray is up again (a run on "
+            "workers, or a Ray Data job, starts it)"
+        )
+
     async def _next_grant(self) -> None:
         """Wait for the lease task's next answer (it is woken now)."""
         self.start()
         assert self._granted is not None
         if self.failure is not None:
-            raise RuntimeError(
-                f"the cluster's limit broker cannot be reached ({self.failure}); the calls "
-                "of this worker cannot be admitted"
-            )
+            raise self.unreachable()
         self._granted.clear()
         self.wake()
         await self._granted.wait()
@@ -232,11 +287,26 @@ class LeasedGovernor(RateGovernor):
         if actual_tokens > estimated_tokens:
             self._overspent += actual_tokens - estimated_tokens
         else:
-            self.token_pool += estimated_tokens - actual_tokens
+            self._give_back(estimated_tokens - actual_tokens)
 
     def refund(self, estimated_tokens: int) -> None:
         if math.isfinite(self.token_pool):
-            self.token_pool += estimated_tokens
+            self._give_back(estimated_tokens)
+
+    def _give_back(self, tokens: float) -> None:
+        """Return tokens a call was granted and did not use.
+
+        They settle this worker's own debt first (a pool below zero), and the rest go
+        back to the broker with the next report, never into the pool: the pool holds
+        only grants made for the calls waiting now, so a worker cannot bank refunds
+        and spend them later on top of the grants other workers get meanwhile (two
+        workers at 600 tokens/min sent ~200 tokens in 10 s that way, ~110 allowed).
+        """
+        if self.token_pool < 0:
+            paid = min(tokens, -self.token_pool)
+            self.token_pool += paid
+            tokens -= paid
+        self._tokens_returning += tokens
 
     def rate_limited(self, retry_after: float | None) -> None:
         now = time.monotonic()
@@ -244,3 +314,10 @@ class LeasedGovernor(RateGovernor):
             self.paused_until = max(self.paused_until, now + retry_after)
         self._pending_429 = max(self._pending_429 or 0.0, retry_after or 0.0)
         self.wake()
+
+
+def _beyond(wanted: float, held: float) -> float:
+    """What the waiting calls want beyond a pool's ``held`` (an unlimited pool: none)."""
+    if not math.isfinite(held):
+        return 0.0
+    return max(0.0, wanted - max(0.0, held))

@@ -28,6 +28,7 @@ run starts, with the reason: a hook that silently never ran would be worse.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import threading
 import uuid
@@ -342,7 +343,6 @@ class _LeasedTicket:
         self.reserved: tuple[float, float] | None = None  # held in the broker's ledger
 
     async def admit(self, endpoint: Any, request: Any, estimate: Any) -> Any:
-        import asyncio
 
         from plait.handlers.budgeting import BudgetExceeded, _check_prices, _cost
 

@@ -31,7 +31,14 @@ from typing import Any
 
 from plait.execution.checkpoint import Checkpoint
 from plait.execution.codec import fingerprint
-from plait.ray.worker import PipelineSpec, PipelineWorker, row_of, value_of
+from plait.ray.worker import (
+    PipelineSpec,
+    PipelineWorker,
+    Unsendable,
+    pickling_problem,
+    row_of,
+    value_of,
+)
 from plait.values import Value, ValueKind, error_value
 
 __all__ = ["MAX_LOSSES", "Dispatch", "WorkItem", "WorkerDied", "run_distributed"]
@@ -205,6 +212,24 @@ def run_distributed(
             batch.append((index, args, kwargs))
         return batch
 
+    def send(worker: _Worker, batch: list[WorkItem], again: bool) -> Any:
+        """Hand ``batch`` to ``worker``; None if none of it could go.  Ray pickles a
+        batch's inputs together, so an input it cannot pickle would fail the call and
+        the run: it becomes its own error row and the others go."""
+        try:
+            return getattr(worker.actor, method).remote(batch, again)
+        except TypeError:
+            pass
+        sendable = []
+        for item in batch:
+            problem = _unsendable_input(item)
+            if problem is None:
+                sendable.append(item)
+            else:
+                finish(item[0], error_value(problem, module_path=None))
+        batch[:] = sendable
+        return getattr(worker.actor, method).remote(batch, again) if batch else None
+
     try:
         while True:
             # An input lost twice with its worker runs alone on an idle worker: the
@@ -228,7 +253,9 @@ def run_distributed(
                     break
                 worker = min(hungry, key=lambda w: w.in_flight)
                 again = any(item[0] in rerun for item in batch)
-                ref = getattr(worker.actor, method).remote(batch, again)
+                ref = send(worker, batch, again)
+                if ref is None:
+                    continue
                 held[ref] = (worker, batch)
                 worker.in_flight += 1
             if not held:
@@ -271,6 +298,24 @@ def run_distributed(
         "delivered": delivered,
         "seconds": time.monotonic() - started,
     }
+
+
+def _unsendable_input(item: WorkItem) -> Unsendable | None:
+    """Why Ray cannot send this input to a worker, naming the argument, or None."""
+    index, args, kwargs = item
+    if pickling_problem((args, kwargs)) is None:
+        return None
+    parts = [(f"argument {n + 1}", value) for n, value in enumerate(args)]
+    parts += [(f"argument {name!r}", value) for name, value in kwargs.items()]
+    for where, value in parts:
+        problem = pickling_problem(value)
+        if problem is not None:
+            return Unsendable(
+                f"input {index} cannot be sent to a Ray worker: its {where} (a "
+                f"{type(value).__name__}) cannot be pickled ({problem}). Pass plain data "
+                "(text, numbers, lists, dicts, dataclasses) as inputs, or run without workers"
+            )
+    return Unsendable(f"input {index} cannot be sent to a Ray worker: it cannot be pickled")
 
 
 def _lost(

@@ -24,7 +24,15 @@ from typing import Any
 
 from plait.values import Value, ValueKind
 
-__all__ = ["PipelineSpec", "PipelineWorker", "Row", "row_of", "value_of"]
+__all__ = [
+    "PipelineSpec",
+    "PipelineWorker",
+    "Row",
+    "Unsendable",
+    "pickling_problem",
+    "row_of",
+    "value_of",
+]
 
 
 @dataclass
@@ -62,6 +70,51 @@ def row_of(index: int, value: Value) -> Row:
         return (index, False, None, meta)
     keep = {k: v for k, v in value.meta.items() if k in ("checkpoint",)}
     return (index, True, value.payload, keep)
+
+
+class Unsendable(TypeError):
+    """A value that cannot travel between the driver and a worker: it cannot be pickled.
+
+    It fails the one input it belongs to (its error row); the rest of its batch, and
+    of the run, are delivered.
+    """
+
+
+def pickling_problem(value: Any) -> str | None:
+    """Why ``value`` cannot be sent to or from a Ray worker, or None if it can."""
+    from ray import cloudpickle
+
+    try:
+        cloudpickle.dumps(value)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def sendable_rows(rows: list[Row], pipeline: str) -> list[Row]:
+    """``rows``, with each one Ray could not pickle replaced by its input's error row.
+
+    Ray pickles a batch's rows together, so one output it cannot pickle (a lock, a
+    connection, an open file) would fail the whole batch, again on every rerun.
+    """
+    if pickling_problem(rows) is None:
+        return rows
+    from plait.values import error_value
+
+    checked = []
+    for row in rows:
+        problem = pickling_problem(row)
+        if problem is not None:
+            index, payload = row[0], row[2]
+            error = Unsendable(
+                f"the output of input {index} (a {type(payload).__name__}) cannot be sent "
+                f"back from its Ray worker: pickling it failed ({problem}). Return plain data "
+                "from forward (text, numbers, lists, dicts, dataclasses), not live objects "
+                "such as locks, connections or open files"
+            )
+            row = row_of(index, error_value(error, module_path=f"{pipeline} (input {index})"))
+        checked.append(row)
+    return checked
 
 
 class RemoteError(Exception):
@@ -221,6 +274,7 @@ class PipelineWorker:
             if state.checkpoint is not None:
                 stack.enter_context(CheckpointHandler(state.checkpoint).outermost())
             rows = await asyncio.gather(*(one(i, a, k) for i, a, k in items))
+        rows = sendable_rows(rows, type(self.module).__name__)
         for part in self.handlers:
             back = getattr(part.handler, "give_back", None)
             if back is not None:

@@ -69,6 +69,12 @@ def use_governors(factory: Callable[[EndpointConfig], RateGovernor] | None) -> N
         _governors.clear()
 
 
+def leasing() -> bool:
+    """Whether this process's endpoints take their limits from a factory (a Ray worker's
+    leases) rather than holding them locally."""
+    return _factory is not None
+
+
 def _local_governor(config: EndpointConfig) -> RateGovernor:
     return RateGovernor(
         PriorityLimiter(config.max_concurrent),
