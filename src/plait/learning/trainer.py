@@ -82,6 +82,12 @@ HISTORY_FILE = "history.json"
 CHECKPOINT_FORMAT = "plait-trainer/1"
 
 Example = tuple[Any, Any]
+#: How a resume refused for changed data names each set.
+_DATA_NAMES = {
+    "train": "the training data (--data)",
+    "val": "the validation data (--val)",
+    "test": "the held-out test data (--test)",
+}
 
 
 class TrainerError(Exception):
@@ -233,7 +239,8 @@ class TrainingHistory:
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write the history as JSON (atomically: a reader never sees half a file)."""
         target = Path(path)
-        _write_atomic(target, json.dumps(self.to_json(), indent=2) + "\n")
+        # allow_nan=False: a NaN would be written as a bare token no strict parser reads.
+        _write_atomic(target, json.dumps(self.to_json(), indent=2, allow_nan=False) + "\n")
         return target
 
     def plot(self, path: str | os.PathLike[str]) -> Path:
@@ -631,7 +638,11 @@ class Trainer:
             results = await self._score_on_workers(examples)
         else:
             results = await asyncio.gather(*(self._call(example) for example in examples))
-        return sum(_score(result) for result in results) / len(results)
+        scores = [
+            _score(result, self.loss_fn, example)
+            for result, example in zip(results, examples, strict=True)
+        ]
+        return sum(scores) / len(scores)
 
     def _spec(self) -> Any:
         """The step as the workers build it, pickled now: with the parameter values and
@@ -698,7 +709,10 @@ class Trainer:
                 return await self._minibatch_on_workers(batch, needs_feedback), None
             runs = await asyncio.gather(*(self._run_example(example) for example in batch))
             losses = [loss for loss, _ in runs]
-            train_score = sum(_score(loss) for loss in losses) / len(losses)
+            train_score = sum(
+                _score(loss, self.loss_fn, example)
+                for loss, example in zip(losses, batch, strict=True)
+            ) / len(losses)
             collected = (
                 await asyncio.gather(*(collect_feedback(loss) for loss in losses))
                 if needs_feedback
@@ -719,7 +733,8 @@ class Trainer:
         with TraceLog(self.model) as log:
             loss = await self._call(example)
         failed = isinstance(loss, Value) and loss.is_error
-        return loss, log.trace(example, 0.0 if failed else _score(loss), failed)
+        score = 0.0 if failed else _score(loss, self.loss_fn, example)
+        return loss, log.trace(example, score, failed)
 
     async def _minibatch_on_workers(self, batch: list[Example], needs_feedback: bool) -> float:
         """`_minibatch` with the forward, loss and backward passes on the Ray workers.
@@ -735,7 +750,10 @@ class Trainer:
             row if row.is_error else Value(kind_of(row.payload["output"]), row.payload["output"])
             for row in rows
         ]
-        train_score = sum(_score(output) for output in outputs) / len(outputs)
+        train_score = sum(
+            _score(output, self.loss_fn, example)
+            for output, example in zip(outputs, batch, strict=True)
+        ) / len(outputs)
         if not needs_feedback:
             return train_score
         params = dict(self.step_module.named_parameters())
@@ -874,6 +892,25 @@ class Trainer:
             "batch_size": self.batch_size,
             "seed": self.seed,
             "shuffle": self.shuffle,
+            "data": self._data_digests(),
+        }
+
+    def _data_digests(self) -> dict[str, str | None]:
+        """A digest of each data set's examples as loaded (train, val, test).
+
+        The data are part of what a checkpoint's scores mean: a validation score
+        kept from one file compared with scores on another would keep or roll back
+        updates, and report a held-out test, on nothing.
+        """
+        from plait._digest import digest
+
+        return {
+            name: None if examples is None else digest(examples)
+            for name, examples in (
+                ("train", self.train_data),
+                ("val", self.val_data),
+                ("test", self.test_data),
+            )
         }
 
     def state_dict(self) -> dict[str, Any]:
@@ -897,8 +934,8 @@ class Trainer:
             return
         state = self.state_dict()
         try:
-            text = json.dumps(state, indent=1, ensure_ascii=False)
-        except TypeError as exc:
+            text = json.dumps(state, indent=1, ensure_ascii=False, allow_nan=False)
+        except (TypeError, ValueError) as exc:
             raise TrainerError(
                 f"the training state cannot be saved as JSON ({exc}); checkpointing needs "
                 "parameter values and optimizer state made of strings, numbers, lists and dicts"
@@ -923,9 +960,19 @@ class Trainer:
                 f"{path} is not a plait trainer checkpoint ({CHECKPOINT_FORMAT}); choose "
                 "another checkpoint directory or delete it"
             )
+        identity = self._identity()
+        data = identity.pop("data")
+        saved = state.get("data")
+        if isinstance(saved, dict) and saved != data:
+            changed = [_DATA_NAMES[name] for name in data if saved.get(name) != data[name]]
+            raise TrainerError(
+                f"the checkpoint in {self.checkpoint_dir} was trained on other data: "
+                f"{', '.join(changed)} changed since it was written; resume with the same "
+                "files, or start fresh (--fresh, or another checkpoint directory)"
+            )
         mismatched = {
             key: (state.get(key), value)
-            for key, value in self._identity().items()
+            for key, value in identity.items()
             if state.get(key) != value
         }
         if mismatched:
@@ -956,8 +1003,13 @@ class Trainer:
         return True
 
 
-def _score(result: Any) -> float:
-    """The score of one loss result: a Feedback, or a Value (train mode) carrying one."""
+def _score(result: Any, loss_fn: Any = None, example: Example | None = None) -> float:
+    """The score of one loss result: a Feedback, or a Value (train mode) carrying one.
+
+    A score that is not a finite number (a hand-written loss dividing by zero) is an
+    error naming the loss and the example: averaged in, it would make every later
+    comparison false and the history unreadable as JSON.
+    """
     payload = result.payload if isinstance(result, Value) else result
     if isinstance(result, Value) and result.is_error:
         raise TrainerError(
@@ -966,13 +1018,25 @@ def _score(result: Any) -> float:
             "does not score as a bad prompt (resume from the checkpoint once fixed)"
         )
     if isinstance(payload, Feedback):
-        return payload.score
-    if isinstance(payload, int | float) and not isinstance(payload, bool):
-        return float(payload)
-    raise TrainerError(
-        f"the loss returned a {type(payload).__name__}, not a Feedback: a Trainer needs a "
-        "loss module whose output is plait.learning.Feedback (see plait.learning.losses)"
-    )
+        score = payload.score
+    elif isinstance(payload, int | float) and not isinstance(payload, bool):
+        score = float(payload)
+    else:
+        raise TrainerError(
+            f"the loss returned a {type(payload).__name__}, not a Feedback: a Trainer needs a "
+            "loss module whose output is plait.learning.Feedback (see plait.learning.losses)"
+        )
+    if not math.isfinite(score):
+        loss = type(loss_fn).__name__ if loss_fn is not None else "the loss"
+        shown = repr(example[0]) if example is not None else "an example"
+        if len(shown) > 80:
+            shown = shown[:77] + "..."
+        raise TrainerError(
+            f"the loss {loss} scored {score!r} for the example {shown}: a score must be a "
+            "finite number (0 to 1, higher is better); fix the loss so it never divides by "
+            "zero or returns NaN/inf"
+        )
+    return score
 
 
 def _optimizer_list(optimizer: Any) -> list[Any]:
