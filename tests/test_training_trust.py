@@ -151,3 +151,128 @@ def test_resuming_with_other_data_files_is_refused_naming_what_changed(
     assert f"({changed})" in err and "changed" in err
     other = "--test" if changed == "--val" else "--val"
     assert f"({other})" not in err
+
+
+# -- point 16: failures while training are one-line errors ---------------------------------------
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+@pytest.mark.parametrize("failure", ["endpoint down", "401"])
+def test_a_failing_validation_call_is_one_line_naming_the_alias_and_cause(
+    server: Any, tmp_path: Path, failure: str
+) -> None:
+    import subprocess
+    import sys
+
+    base_url = server.base_url
+    argv = command(tmp_path, base_url, "--val", str(tmp_path / "val.jsonl"))
+    config = (tmp_path / "resources.yaml").read_text(encoding="utf-8")
+    if failure == "endpoint down":
+        config = config.replace(base_url, f"http://127.0.0.1:{_closed_port()}/v1")
+        config = config.replace('"openai"', '"openai", "max_retries": 0')
+    else:
+        config = config.replace("sk-test", "sk-wrong")
+    (tmp_path / "resources.yaml").write_text(config, encoding="utf-8")
+    done = subprocess.run(
+        [sys.executable, "-m", "plait.cli", *argv],
+        cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 1, done.stderr
+    err = done.stderr.strip()
+    assert "Traceback" not in err and "ExecutionError" not in err
+    assert len(err.splitlines()) == 1, err
+    assert "alias 'fast'" in err and "llm" in err
+    assert ("401" in err) if failure == "401" else ("connect" in err.lower())
+    assert "sk-wrong" not in err
+
+
+def test_resuming_with_the_optimizers_in_another_order_is_refused(
+    server: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from plait.cli import main as cli_main
+
+    val = ["--val", str(tmp_path / "val.jsonl")]
+    order = ["--optimizer", "sfa", "--optimizer", "bootstrap"]
+    reverse = ["--optimizer", "bootstrap", "--optimizer", "sfa"]
+    with mock({"fast": classify, "rewriter": "Answer GOOD."}, strict=True):
+        assert cli_main(command(tmp_path, server.base_url, *val, *order, "--max-steps", "1")) == 0
+        capsys.readouterr()
+        assert cli_main(command(tmp_path, server.base_url, *val, *reverse)) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert "same order" in err and "SFAOptimizer, BootstrapFewShot" in err
+
+
+GATED = """
+import asyncio
+import sys
+
+import plait
+
+
+class Gate(plait.Module):
+    async def forward(self, text: str) -> str:
+        if "stop here" in text:
+            print("GATE", file=sys.stderr, flush=True)
+            await asyncio.Event().wait()  # until the run is interrupted
+        return text
+
+
+class Classifier(plait.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = Gate()
+        self.llm = plait.LLMInference(
+            "fast", system_prompt=plait.Parameter("Label it.", description="Labelling.")
+        )
+
+    def forward(self, text: str):
+        return self.llm(self.gate(text))
+"""
+
+
+def test_ctrl_c_prints_the_exact_command_that_resumes(server: Any, tmp_path: Path) -> None:
+    import shlex
+    import signal
+    import subprocess
+    import sys
+
+    argv = command(tmp_path, server.base_url, "--fresh")
+    (tmp_path / "pipeline.py").write_text(GATED, encoding="utf-8")
+    write_rows(tmp_path / "train.jsonl", [*dataset(3), ("stop here", "positive")])
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "plait.cli", *argv],
+        cwd=Path(__file__).resolve().parent.parent,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        seen = []
+        for line in proc.stderr:  # wait for the run to reach the gate: it can go no further
+            seen.append(line)
+            if line.strip() == "GATE":
+                break
+        assert seen and seen[-1].strip() == "GATE", "".join(seen)
+        proc.send_signal(signal.SIGINT)
+        _, rest = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, rest
+    assert "Traceback" not in rest
+    hint = next(line for line in rest.splitlines() if "To resume, run: " in line)
+    resume = shlex.split(hint.split("To resume, run: ", 1)[1])
+    assert resume == ["plait", *[arg for arg in argv if arg != "--fresh"]]

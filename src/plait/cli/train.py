@@ -177,7 +177,7 @@ def _error(message: str) -> int:
 
 
 def main(argv: list[str]) -> int:
-    from plait.learning.trainer import TrainerError
+    from plait.learning.trainer import TrainerError, TrainingCallFailed
 
     parser = build_parser()
     ns = parse_target_args(parser, argv)
@@ -188,8 +188,28 @@ def main(argv: list[str]) -> int:
         return _error("--data FILE is missing: the training examples (JSONL)")
     try:
         return _train(ns, sys.stderr)
+    except KeyboardInterrupt:
+        print(
+            "plait train: interrupted; the last finished step is in the checkpoint. To "
+            f"resume, run: {resume_command(argv)}",
+            file=sys.stderr,
+        )
+        return 130
+    except TrainingCallFailed as exc:  # the setup was fine; an endpoint failed while running
+        return report_error("train", str(exc), status=1)
     except (UsageError, TargetError, ConfigurationError, TrainerError) as exc:
         return _error(str(exc))
+
+
+def resume_command(argv: list[str]) -> str:
+    """The command that continues this run, ready to paste: the same arguments, without
+    --fresh (which would delete the checkpoint the resume needs)."""
+    import shlex
+
+    from plait._secrets import scrub
+
+    kept = [arg for arg in argv if arg != "--fresh"]
+    return scrub(shlex.join(["plait", "train", *kept]))
 
 
 def _train(ns: argparse.Namespace, err: IO[str]) -> int:

@@ -67,6 +67,7 @@ __all__ = [
     "StepRecord",
     "Trainer",
     "TrainerError",
+    "TrainingCallFailed",
     "TrainingEvent",
     "TrainingHistory",
     "Trial",
@@ -637,9 +638,14 @@ class Trainer:
         if self.on_workers:
             results = await self._score_on_workers(examples)
         else:
-            results = await asyncio.gather(*(self._call(example) for example in examples))
+            # Every example's run ends before a failure is reported: one failed call
+            # must not leave the others running unawaited behind the error.
+            ended = await asyncio.gather(
+                *(self._call(example) for example in examples), return_exceptions=True
+            )
+            results = [_as_result(item) for item in ended]
         scores = [
-            _score(result, self.loss_fn, example)
+            _score(result, self.step_module, example)
             for result, example in zip(results, examples, strict=True)
         ]
         return sum(scores) / len(scores)
@@ -710,7 +716,7 @@ class Trainer:
             runs = await asyncio.gather(*(self._run_example(example) for example in batch))
             losses = [loss for loss, _ in runs]
             train_score = sum(
-                _score(loss, self.loss_fn, example)
+                _score(loss, self.step_module, example)
                 for loss, example in zip(losses, batch, strict=True)
             ) / len(losses)
             collected = (
@@ -733,7 +739,7 @@ class Trainer:
         with TraceLog(self.model) as log:
             loss = await self._call(example)
         failed = isinstance(loss, Value) and loss.is_error
-        score = 0.0 if failed else _score(loss, self.loss_fn, example)
+        score = 0.0 if failed else _score(loss, self.step_module, example)
         return loss, log.trace(example, score, failed)
 
     async def _minibatch_on_workers(self, batch: list[Example], needs_feedback: bool) -> float:
@@ -751,7 +757,7 @@ class Trainer:
             for row in rows
         ]
         train_score = sum(
-            _score(output, self.loss_fn, example)
+            _score(output, self.step_module, example)
             for output, example in zip(outputs, batch, strict=True)
         ) / len(outputs)
         if not needs_feedback:
@@ -984,7 +990,6 @@ class Trainer:
                 "resume with the same model, data, batch size and seed, or start fresh "
                 "(delete the directory or choose another)"
             )
-        self.model.load_state_dict(state["parameters"])
         states = state.get("optimizers", [state.get("optimizer")])
         if len(states) != len(self.optimizers):
             raise TrainerError(
@@ -992,6 +997,18 @@ class Trainer:
                 f"optimizer(s), this run has {len(self.optimizers)}; resume with the same "
                 "optimizers, or start fresh (delete the directory or choose another)"
             )
+        saved_kinds = [s.get("type") if isinstance(s, dict) else None for s in states]
+        kinds = [type(optimizer).__name__ for optimizer in self.optimizers]
+        if any(a is not None and a != b for a, b in zip(saved_kinds, kinds, strict=True)):
+            # Each optimizer's state is saved at its place in the list: loaded in another
+            # order, each would get another's state (or refuse it with a bare ValueError).
+            raise TrainerError(
+                f"the checkpoint in {self.checkpoint_dir} was written by the optimizers "
+                f"{', '.join(str(k) for k in saved_kinds)} (in that order), this run has "
+                f"{', '.join(kinds)}; resume with the same optimizers in the same order "
+                "(--optimizer), or start fresh (--fresh, or another checkpoint directory)"
+            )
+        self.model.load_state_dict(state["parameters"])
         for optimizer, saved in zip(self.optimizers, states, strict=True):
             if saved is not None and hasattr(optimizer, "load_state_dict"):
                 optimizer.load_state_dict(saved)
@@ -1003,7 +1020,40 @@ class Trainer:
         return True
 
 
-def _score(result: Any, loss_fn: Any = None, example: Example | None = None) -> float:
+class TrainingCallFailed(TrainerError):
+    """A call of the pipeline or the loss failed (an endpoint down, a refused key):
+    the run stops, since a broken endpoint would score as a bad prompt."""
+
+
+def _as_result(item: Any) -> Any:
+    """A gathered eval-mode run: its result, or the error Value of the call that failed."""
+    from plait.values import ExecutionError
+
+    if isinstance(item, ExecutionError):
+        return item.value
+    if isinstance(item, BaseException):
+        raise item
+    return item
+
+
+def _failure(value: Value, step: Module | None) -> TrainingCallFailed:
+    """The error for a failed run, naming the call (and its alias) and the cause."""
+    meta = value.meta
+    path = meta.get("skipped_module_path") if meta.get("short_circuited") else None
+    path = meta.get("module_path") or path or ""
+    where = f"the call {path}" if path else "a call"
+    module = dict(step.named_modules()).get(path) if step is not None and path else None
+    alias = getattr(module, "alias", None)
+    if isinstance(alias, str):
+        where += f" (alias {alias!r})"
+    return TrainingCallFailed(
+        f"{where} failed: {meta.get('error_type', 'error')}: {meta.get('message', value.payload)}"
+        "; the run stops so a broken endpoint does not score as a bad prompt (fix it, then "
+        "re-run the same command: the run resumes from its checkpoint)"
+    )
+
+
+def _score(result: Any, step: Module | None = None, example: Example | None = None) -> float:
     """The score of one loss result: a Feedback, or a Value (train mode) carrying one.
 
     A score that is not a finite number (a hand-written loss dividing by zero) is an
@@ -1012,11 +1062,7 @@ def _score(result: Any, loss_fn: Any = None, example: Example | None = None) -> 
     """
     payload = result.payload if isinstance(result, Value) else result
     if isinstance(result, Value) and result.is_error:
-        raise TrainerError(
-            f"a training call failed ({result.meta.get('error_type', 'error')}: "
-            f"{result.meta.get('message', payload)}); the run stops so a broken endpoint "
-            "does not score as a bad prompt (resume from the checkpoint once fixed)"
-        )
+        raise _failure(result, step)
     if isinstance(payload, Feedback):
         score = payload.score
     elif isinstance(payload, int | float) and not isinstance(payload, bool):
@@ -1027,6 +1073,7 @@ def _score(result: Any, loss_fn: Any = None, example: Example | None = None) -> 
             "loss module whose output is plait.learning.Feedback (see plait.learning.losses)"
         )
     if not math.isfinite(score):
+        loss_fn = getattr(step, "loss_fn", None)
         loss = type(loss_fn).__name__ if loss_fn is not None else "the loss"
         shown = repr(example[0]) if example is not None else "an example"
         if len(shown) > 80:
