@@ -276,3 +276,95 @@ def test_ctrl_c_prints_the_exact_command_that_resumes(server: Any, tmp_path: Pat
     hint = next(line for line in rest.splitlines() if "To resume, run: " in line)
     resume = shlex.split(hint.split("To resume, run: ", 1)[1])
     assert resume == ["plait", *[arg for arg in argv if arg != "--fresh"]]
+
+
+# -- point 5: a killed step's completed calls are not paid again ----------------------------------
+def _logged_calls(directory: Path) -> int:
+    """Call records in the trainer's call logs under ``directory`` (whole lines only)."""
+    total = 0
+    for log in directory.glob("calls-*/log.jsonl"):
+        data = log.read_bytes()
+        total += sum(1 for line in data.split(b"\n")[:-1] if b'"t":"call"' in line)
+    return total
+
+
+def _wait_logged(directory: Path, count: int, proc: Any) -> int:
+    """Return once ``count`` calls are in the log (a state, polled as `wait_parked` polls)."""
+    import time
+
+    deadline = time.monotonic() + 120
+    while (seen := _logged_calls(directory)) < count:
+        assert proc.poll() is None, proc.stderr.read()
+        assert time.monotonic() < deadline, f"only {seen} of {count} calls were logged"
+        time.sleep(0.01)
+    return seen
+
+
+def test_a_step_killed_mid_way_pays_only_for_the_calls_it_had_not_completed(
+    server: Any, tmp_path: Path
+) -> None:
+    """Invariant: a call whose reply was logged before the kill is never paid again;
+    only calls in flight at the kill are paid twice, and the resumed run ends with the
+    parameters and the scores of an uninterrupted one."""
+    import signal
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    gate = "trainkill"
+    train_rows = [*dataset(3), (f"a good thing [[gate:{gate}]]", "positive")]
+
+    def run(directory: Path, *, background: bool = False) -> Any:
+        directory.mkdir(exist_ok=True)
+        argv = command(directory, server.base_url, "--val", str(directory / "val.jsonl"))
+        write_rows(directory / "train.jsonl", train_rows)
+        full = [sys.executable, "-m", "plait.cli", *argv, "--batch-size", "4"]
+        if background:
+            return subprocess.Popen(
+                full, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+        return subprocess.run(full, cwd=root, capture_output=True, text=True, timeout=120)
+
+    # The killed run: the initial validation (4 calls) and three of the minibatch's four
+    # calls complete; the fourth waits at the gate, in flight, when the process dies.
+    server.close_gate(gate)
+    killed_dir = tmp_path / "killed"
+    proc = run(killed_dir, background=True)
+    try:
+        server.wait_parked(gate, 1)
+        logged = _wait_logged(killed_dir / "out" / "checkpoint", 4 + 3, proc)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert logged == 7
+    first_paid = server.stats()["requests_total"]
+    assert first_paid == 4 + 4  # the three logged and the one in flight
+
+    server.reset()  # (which closes every gate)
+    server.open_gate(gate)
+    resumed = run(killed_dir)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming" in resumed.stderr
+    second_paid = server.stats()["requests_total"]
+
+    server.reset()
+    server.open_gate(gate)
+    whole_dir = tmp_path / "whole"
+    whole = run(whole_dir)
+    assert whole.returncode == 0, whole.stderr
+    uninterrupted = server.stats()["requests_total"]
+
+    # Only the call in flight at the kill was paid twice.
+    assert first_paid + second_paid == uninterrupted + 1
+    for name in ("parameters.json", "history.json"):
+        got = json.loads((killed_dir / "out" / name).read_text(encoding="utf-8"))
+        want = json.loads((whole_dir / "out" / name).read_text(encoding="utf-8"))
+        if name == "history.json":  # what each process spent differs, by design
+            for record in (*got["steps"], *want["steps"]):
+                del record["calls"], record["tokens"]
+        assert got == want, name
+    # A finished run leaves no call log behind.
+    assert not list((killed_dir / "out" / "checkpoint").glob("calls-*"))

@@ -490,7 +490,7 @@ class CheckpointHandler(Handler):
         if msg.type != "llm" or msg.input_index is None or msg.node_id is None:
             return
         request: LLMRequest = msg.kwargs["request"]
-        key = (msg.input_index, msg.node_id, request.fingerprint())
+        key = self.key(msg, request)
         msg.meta["checkpoint_key"] = key
         stored = self.checkpoint.stored_call(key)
         if stored is not None:
@@ -499,6 +499,11 @@ class CheckpointHandler(Handler):
             msg.meta["checkpoint"] = "hit"
         elif not msg.done and self.checkpoint.mismatch is not None:
             raise CheckpointError(self.checkpoint.mismatch)
+
+    def key(self, msg: Message, request: LLMRequest) -> tuple[int, str, str]:
+        """Where the call's reply is logged: (input, graph node, request hash)."""
+        assert msg.input_index is not None and msg.node_id is not None
+        return (msg.input_index, msg.node_id, request.fingerprint())
 
     def postprocess(self, msg: Message) -> None:
         key = msg.meta.get("checkpoint_key")

@@ -42,22 +42,27 @@ what runs where.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import json
 import math
 import os
 import random
+import shutil
 import tempfile
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from plait.execution.checkpoint import CheckpointHandler
+from plait.handlers.stack import Message
 from plait.learning.backward import Received, collect_feedback, receive
 from plait.learning.bootstrap import Trace, TraceLog, TrainingBatch, call_step
 from plait.learning.feedback import Feedback
 from plait.learning.step import TrainingStep
 from plait.module import Module
+from plait.providers.base import LLMRequest
 from plait.sampling import rng_parameter_names, run_seed
 from plait.values import Value, kind_of
 
@@ -79,6 +84,9 @@ __all__ = [
 CHECKPOINT_FILE = "trainer.json"
 #: The scores so far, beside the checkpoint (the same history, readable on its own).
 HISTORY_FILE = "history.json"
+#: Directories ``calls-<step>`` in ``checkpoint_dir`` log the calls completed since
+#: that step's checkpoint (see `Trainer._call_log`).
+CALLS_PREFIX = "calls-"
 #: Bumped when the checkpoint's layout changes, so an old one is refused, not misread.
 CHECKPOINT_FORMAT = "plait-trainer/1"
 
@@ -525,6 +533,9 @@ class Trainer:
         self.stale_steps = 0
         #: The resources of the `fit` under way (None outside one).
         self._manager: Any = None
+        #: The handler answering calls from the current position's call log, in a `fit`
+        #: with a ``checkpoint_dir`` (see `_call_log`).
+        self._calls: Any = None
         self.resumed = self._load_checkpoint()
 
     # -- sizes ---------------------------------------------------------------------------
@@ -570,13 +581,67 @@ class Trainer:
         try:
             async with ExecutionSettings(resources=manager):
                 self._manager = manager
-                return await self._fit()
+                with self._call_log():
+                    return await self._fit()
         finally:
             self._manager = None
             if owns_ray:
                 from plait.ray.cluster import shutdown_if_started
 
                 shutdown_if_started()
+
+    @contextlib.contextmanager
+    def _call_log(self) -> Iterator[None]:
+        """Log every call completed at the current position, and answer from the log.
+
+        A step is saved only when it ends, so a run killed mid-step redoes the whole
+        step; with the log (`plait.execution.checkpoint`, the one ``plait run`` uses),
+        every call the killed run completed is answered from ``calls-<step>/`` and
+        paid for once.  Calls are keyed on (input, graph node, request), so a call
+        whose request differs (new prompt values) is never answered by another's
+        reply.  The log belongs to one position: once the next step's checkpoint is
+        written (`_save_checkpoint`), it is replaced by an empty one, so a later step
+        never replays an earlier step's replies.  Ray workers log to the same
+        directory (`_spec`).
+        """
+        if self.checkpoint_dir is None:
+            yield
+            return
+        self._calls = _PositionLog(self._open_call_log())
+        finished = False
+        try:
+            with self._calls.outermost():
+                yield
+            finished = True
+        finally:
+            log = self._calls.checkpoint
+            log.close()
+            self._calls = None
+            if finished:  # the run ended: nothing is left to resume from it
+                shutil.rmtree(log.directory, ignore_errors=True)
+
+    def _open_call_log(self) -> Any:
+        """The call log of the current position, opened; the logs of others deleted."""
+        from plait.execution.checkpoint import Checkpoint
+
+        assert self.checkpoint_dir is not None
+        directory = self.checkpoint_dir / f"{CALLS_PREFIX}{self.global_step}"
+        for old in self.checkpoint_dir.glob(f"{CALLS_PREFIX}*"):
+            if old != directory and old.is_dir():
+                shutil.rmtree(old, ignore_errors=True)
+        step = type(self.step_module)
+        return Checkpoint(directory, f"{step.__module__}.{step.__qualname__}").open()
+
+    def _advance_call_log(self) -> None:
+        """After a checkpoint at a new position: a fresh log for it (see `_call_log`)."""
+        handler = self._calls
+        if handler is None or handler.checkpoint.directory.name == (
+            f"{CALLS_PREFIX}{self.global_step}"
+        ):
+            return
+        handler.checkpoint.close()
+        handler.checkpoint = self._open_call_log()
+        handler.seen.clear()
 
     @property
     def on_workers(self) -> bool:
@@ -949,6 +1014,7 @@ class Trainer:
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         _write_atomic(self.checkpoint_dir / CHECKPOINT_FILE, text)
         self.history.save(self.checkpoint_dir / HISTORY_FILE)
+        self._advance_call_log()
 
     def _load_checkpoint(self) -> bool:
         """Continue a run from ``checkpoint_dir`` if it holds one; True if it did."""
@@ -1084,6 +1150,28 @@ def _score(result: Any, step: Module | None = None, example: Example | None = No
             "zero or returns NaN/inf"
         )
     return score
+
+
+class _PositionLog(CheckpointHandler):
+    """The trainer's call log (`Trainer._call_log`): a call is keyed on its graph node,
+    its request and how many identical calls came before it at this position.
+
+    Every run of a training position is a single input (index 0), so the count, not
+    the index, tells a validation call from the same request in the minibatch: each
+    is paid once, as in a run never interrupted, and a resumed run is answered in the
+    same order the killed one logged them.
+    """
+
+    def __init__(self, checkpoint: Any) -> None:
+        super().__init__(checkpoint)
+        self.seen: dict[tuple[str, str], int] = {}
+
+    def key(self, msg: Message, request: LLMRequest) -> tuple[int, str, str]:
+        assert msg.node_id is not None
+        call = (msg.node_id, request.fingerprint())
+        occurrence = self.seen.get(call, 0)
+        self.seen[call] = occurrence + 1
+        return (occurrence, *call)
 
 
 def _optimizer_list(optimizer: Any) -> list[Any]:
