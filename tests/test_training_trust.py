@@ -368,3 +368,37 @@ def test_a_step_killed_mid_way_pays_only_for_the_calls_it_had_not_completed(
         assert got == want, name
     # A finished run leaves no call log behind.
     assert not list((killed_dir / "out" / "checkpoint").glob("calls-*"))
+
+
+def test_bootstrap_on_workers_pays_for_each_minibatch_once(server: Any, tmp_path: Path) -> None:
+    """The workers send back the runs they paid for; bootstrap learns from those
+    instead of running the minibatch again in the driver."""
+    pytest.importorskip("ray")
+    import subprocess
+    import sys
+
+    def train(out: str, *extra: str) -> tuple[int, dict[str, Any]]:
+        server.reset()
+        argv = command(tmp_path, server.base_url, "--val", str(tmp_path / "val.jsonl"))
+        argv += ["--optimizer", "bootstrap", "--batch-size", "2", "--out", str(tmp_path / out)]
+        done = subprocess.run(
+            [sys.executable, "-m", "plait.cli", *argv, *extra],
+            cwd=Path(__file__).resolve().parent.parent,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stderr
+        results = {
+            name: json.loads((tmp_path / out / name).read_text(encoding="utf-8"))
+            for name in ("history.json", "parameters.json")
+        }
+        return server.stats()["requests_total"], results
+
+    alone_paid, alone = train("alone")
+    workers_paid, on_workers = train("workers", "--workers", "2")
+    assert workers_paid == alone_paid
+    assert on_workers == alone
+    # Bootstrap did learn from the runs: each step scored demonstration sets.
+    steps = alone["history.json"]["steps"]
+    assert steps and all(step["trials"][0]["candidates"] for step in steps)

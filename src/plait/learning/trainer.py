@@ -58,7 +58,7 @@ from typing import Any
 from plait.execution.checkpoint import CheckpointHandler
 from plait.handlers.stack import Message
 from plait.learning.backward import Received, collect_feedback, receive
-from plait.learning.bootstrap import Trace, TraceLog, TrainingBatch, call_step
+from plait.learning.bootstrap import Trace, TraceLog, TrainingBatch, call_step, trace_from_rows
 from plait.learning.feedback import Feedback
 from plait.learning.step import TrainingStep
 from plait.module import Module
@@ -425,7 +425,9 @@ class Trainer:
       loss), then the backward pass from the loss (module ``backward`` methods,
       LLM calls they make included).  A worker returns, per example, the loss's
       output and the feedback each parameter received, named by the step's
-      ``state_dict()`` names, in order, with where in the graph it came from.
+      ``state_dict()`` names, in order, with where in the graph it came from, and
+      the run's LLM calls (each stage's input and reply), which `BootstrapFewShot`
+      learns from without running the example again here.
     * On the workers, every validation pass (`evaluate`, the initial score and
       the score after each update), in eval mode.
     * Each pass pickles the step afresh, so the workers run with the parameter
@@ -771,13 +773,14 @@ class Trainer:
         parameters example by example, so their buffers, and the rewrite prompts
         made from them, do not depend on which example's backward finished first.
         When no optimizer needs feedback (`BootstrapFewShot` learns from traces)
-        there is no backward pass.  Traces are None on Ray workers.
+        there is no backward pass.  On Ray workers the traces are the ones the
+        workers sent back with each example's result.
         """
         needs_feedback = any(getattr(o, "needs_feedback", True) for o in self.optimizers)
         self.step_module.train()
         try:
             if self.on_workers:
-                return await self._minibatch_on_workers(batch, needs_feedback), None
+                return await self._minibatch_on_workers(batch, needs_feedback)
             runs = await asyncio.gather(*(self._run_example(example) for example in batch))
             losses = [loss for loss, _ in runs]
             train_score = sum(
@@ -807,7 +810,9 @@ class Trainer:
         score = 0.0 if failed else _score(loss, self.step_module, example)
         return loss, log.trace(example, score, failed)
 
-    async def _minibatch_on_workers(self, batch: list[Example], needs_feedback: bool) -> float:
+    async def _minibatch_on_workers(
+        self, batch: list[Example], needs_feedback: bool
+    ) -> tuple[float, list[Trace] | None]:
         """`_minibatch` with the forward, loss and backward passes on the Ray workers.
 
         The step goes to the workers in ``train()`` mode with the parameters' current
@@ -821,18 +826,28 @@ class Trainer:
             row if row.is_error else Value(kind_of(row.payload["output"]), row.payload["output"])
             for row in rows
         ]
-        train_score = sum(
+        scores = [
             _score(output, self.step_module, example)
             for output, example in zip(outputs, batch, strict=True)
-        ) / len(outputs)
-        if not needs_feedback:
-            return train_score
-        params = dict(self.step_module.named_parameters())
-        for row in rows:
-            receive(
-                Received(params[name], text, rank) for name, text, rank in row.payload["feedback"]
-            )
-        return train_score
+        ]
+        train_score = sum(scores) / len(scores)
+        # The runs as the workers logged them: an optimizer learning from runs
+        # (`BootstrapFewShot`) is shown these instead of running the examples again.
+        traces: list[Trace] | None = [
+            trace_from_rows(row.payload["trace"], self.model, example, score)
+            for row, example, score in zip(rows, batch, scores, strict=True)
+            if row.payload.get("trace") is not None
+        ]
+        if traces is not None and len(traces) != len(batch):
+            traces = None
+        if needs_feedback:
+            params = dict(self.step_module.named_parameters())
+            for row in rows:
+                receive(
+                    Received(params[name], text, rank)
+                    for name, text, rank in row.payload["feedback"]
+                )
+        return train_score, traces
 
     async def _train_step(self, batch: list[Example]) -> StepRecord:
         spent = _spend()
@@ -1107,15 +1122,16 @@ def _failure(value: Value, step: Module | None) -> TrainingCallFailed:
     meta = value.meta
     path = meta.get("skipped_module_path") if meta.get("short_circuited") else None
     path = meta.get("module_path") or path or ""
-    where = f"the call {path}" if path else "a call"
+    where = f" in {path}" if path else ""
     module = dict(step.named_modules()).get(path) if step is not None and path else None
     alias = getattr(module, "alias", None)
     if isinstance(alias, str):
         where += f" (alias {alias!r})"
     return TrainingCallFailed(
-        f"{where} failed: {meta.get('error_type', 'error')}: {meta.get('message', value.payload)}"
-        "; the run stops so a broken endpoint does not score as a bad prompt (fix it, then "
-        "re-run the same command: the run resumes from its checkpoint)"
+        f"a training call failed{where}: {meta.get('error_type', 'error')}: "
+        f"{meta.get('message', value.payload)}; the run stops so a broken endpoint does not "
+        "score as a bad prompt (fix it, then re-run the same command: the run resumes "
+        "from its checkpoint)"
     )
 
 
