@@ -402,3 +402,25 @@ def test_bootstrap_on_workers_pays_for_each_minibatch_once(server: Any, tmp_path
     # Bootstrap did learn from the runs: each step scored demonstration sets.
     steps = alone["history.json"]["steps"]
     assert steps and all(step["trials"][0]["candidates"] for step in steps)
+
+
+def test_a_training_run_whose_checkpoint_is_in_use_is_a_one_line_error(
+    server: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from plait._locks import hold
+    from plait.cli import main as cli_main
+
+    argv = command(tmp_path, server.base_url)
+    held = tmp_path / "out" / "checkpoint" / "calls-0"
+    held.mkdir(parents=True)
+    lock = hold(held / "lock")  # as another `plait train` on the same checkpoint holds it
+    try:
+        with mock({"fast": classify, "rewriter": "Answer GOOD."}, strict=True):
+            assert cli_main(argv) == 2
+    finally:
+        import os
+
+        os.close(lock)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert "in use by" in err

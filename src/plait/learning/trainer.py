@@ -624,7 +624,7 @@ class Trainer:
 
     def _open_call_log(self) -> Any:
         """The call log of the current position, opened; the logs of others deleted."""
-        from plait.execution.checkpoint import Checkpoint
+        from plait.execution.checkpoint import Checkpoint, CheckpointError
 
         assert self.checkpoint_dir is not None
         directory = self.checkpoint_dir / f"{CALLS_PREFIX}{self.global_step}"
@@ -632,7 +632,10 @@ class Trainer:
             if old != directory and old.is_dir():
                 shutil.rmtree(old, ignore_errors=True)
         step = type(self.step_module)
-        return Checkpoint(directory, f"{step.__module__}.{step.__qualname__}").open()
+        try:
+            return Checkpoint(directory, f"{step.__module__}.{step.__qualname__}").open()
+        except CheckpointError as exc:  # another run holds it, or it is damaged
+            raise TrainerError(str(exc)) from None
 
     def _advance_call_log(self) -> None:
         """After a checkpoint at a new position: a fresh log for it (see `_call_log`)."""
