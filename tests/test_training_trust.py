@@ -15,7 +15,7 @@ import pytest
 
 import plait
 from plait.handlers import mock
-from plait.learning.losses import Loss
+from plait.learning.losses import Contains, Loss
 from plait.learning.optimizers import SFAOptimizer
 from plait.learning.trainer import HISTORY_FILE, Trainer, TrainerError
 from tests.test_trainer import Classifier, classify, dataset
@@ -424,3 +424,51 @@ def test_a_training_run_whose_checkpoint_is_in_use_is_a_one_line_error(
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
     assert "in use by" in err
+
+
+@pytest.mark.parametrize("workers", [None, 2])
+def test_a_step_that_failed_mid_way_resumes_without_paying_its_completed_calls_again(
+    server: Any, tmp_path: Path, request: pytest.FixtureRequest, workers: int | None
+) -> None:
+    """The minibatch's calls (made here, or on Ray workers) complete, then the rewrite's
+    endpoint is down: the step stops.  Once it is back, the resumed step pays only for
+    what it had not completed: together, exactly what an uninterrupted run pays."""
+    if workers is not None:
+        request.getfixturevalue("ray_cluster")
+    from tests.test_trainer_workers import TRAIN, VAL, Answerer
+
+    def trainer(directory: Path, rewriter_url: str) -> Trainer:
+        model = Answerer()
+        optimizer = SFAOptimizer(model.parameters(), alias="smart", check=False, structured=False)
+        endpoint = {"provider": "openai", "model": "m", "api_key": "sk-test", "max_retries": 0}
+        config = plait.ResourceConfig(
+            {
+                "fast": {**endpoint, "base_url": server.base_url},
+                "smart": {**endpoint, "base_url": rewriter_url},
+            }
+        )
+        return Trainer(
+            model, Contains(), optimizer, TRAIN, VAL, resources=config, batch_size=4,
+            shuffle=False, checkpoint_dir=directory, workers=workers,
+        )  # fmt: skip
+
+    down = f"http://127.0.0.1:{_closed_port()}/v1"
+    with pytest.raises(Exception, match=r"smart|rewrite|connect"):
+        trainer(tmp_path / "failed", down).fit_sync()
+    first_paid = server.stats()["requests_total"]
+    assert first_paid == len(VAL) + 4  # the initial validation and the minibatch
+
+    server.reset()
+    resumed = trainer(tmp_path / "failed", server.base_url)
+    assert resumed.resumed
+    history = resumed.fit_sync()
+    second_paid = server.stats()["requests_total"]
+
+    server.reset()
+    whole = trainer(tmp_path / "whole", server.base_url)
+    expected = whole.fit_sync()
+    uninterrupted = server.stats()["requests_total"]
+
+    assert first_paid + second_paid == uninterrupted
+    assert resumed.model.state_dict() == whole.model.state_dict()
+    assert [r.val_score for r in history.steps] == [r.val_score for r in expected.steps]

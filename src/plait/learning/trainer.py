@@ -647,6 +647,7 @@ class Trainer:
         handler.checkpoint.close()
         handler.checkpoint = self._open_call_log()
         handler.seen.clear()
+        handler.passes.clear()
 
     @property
     def on_workers(self) -> bool:
@@ -720,7 +721,7 @@ class Trainer:
         ]
         return sum(scores) / len(scores)
 
-    def _spec(self) -> Any:
+    def _spec(self, work: Any = None) -> Any:
         """The step as the workers build it, pickled now: with the parameter values and
         the mode (train or eval) it has at this moment.  Resources and options are
         resolved as a call in this process would resolve them (the step's binding,
@@ -732,13 +733,29 @@ class Trainer:
         opts = resolve_options({}, bound_config, bound_resources)
         # One draw from the model's Rng for the pass, made here as a batch run makes it.
         opts["seed"], _ = run_seed(self.step_module, opts["seed"])
-        return make_spec(self.step_module, opts["resources"], opts)
+        log = self._calls
+        if log is None:
+            return make_spec(self.step_module, opts["resources"], opts)
+        # The workers log the calls they complete in the position's call log too, each
+        # pass under indexes of its own (a pass numbers its examples from 0), drawn
+        # from what it runs (``work``: the method and the examples) and how many such
+        # passes came before at this position, so the same pass of a resumed step
+        # finds its calls again, and a repeated pass (validation of values already
+        # scored) pays for its calls as it does in one process.
+        from plait._digest import digest
+
+        spec = make_spec(self.step_module, opts["resources"], opts, log.checkpoint)
+        what = digest(work)
+        repeat = log.passes.get(what, 0)
+        log.passes[what] = repeat + 1
+        spec.log_index_offset = (1 + int(digest([what, repeat], size=4), 16)) * _PASS_STRIDE
+        return spec
 
     async def _on_workers(self, examples: list[Example], method: str) -> list[Value]:
         """One result per example, in order, from ``PipelineWorker.<method>``."""
         from plait.ray.runner import run_distributed
 
-        spec = self._spec()
+        spec = self._spec((method, examples))
         results: dict[int, Value] = {}
 
         def prepare(example: Example) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -1171,6 +1188,11 @@ def _score(result: Any, step: Module | None = None, example: Example | None = No
     return score
 
 
+#: A worker pass keys its calls from a multiple of this drawn from what it runs: apart
+#: from other passes and from this process's calls (keyed from 0 by occurrence).
+_PASS_STRIDE = 1_000_000_000
+
+
 class _PositionLog(CheckpointHandler):
     """The trainer's call log (`Trainer._call_log`): a call is keyed on its graph node,
     its request and how many identical calls came before it at this position.
@@ -1184,6 +1206,8 @@ class _PositionLog(CheckpointHandler):
     def __init__(self, checkpoint: Any) -> None:
         super().__init__(checkpoint)
         self.seen: dict[tuple[str, str], int] = {}
+        #: Passes sent to Ray workers at this position, by what they ran (`Trainer._spec`).
+        self.passes: dict[str, int] = {}
 
     def key(self, msg: Message, request: LLMRequest) -> tuple[int, str, str]:
         assert msg.node_id is not None

@@ -37,6 +37,8 @@ class PipelineSpec:
     pipeline: str
     producer: dict[str, Any] | None
     checkpoint_dir: str | None = None
+    #: Added to input indexes in the checkpoint's call keys (`CheckpointHandler`).
+    log_index_offset: int = 0
     handlers: list[Any] = field(default_factory=list)
     #: The environment variables the resources name (``api_key_env``), as the driver has
     #: them: a worker on a cluster joined with ``ray_address`` does not share the
@@ -234,7 +236,8 @@ class PipelineWorker:
             for handler in self.handlers:
                 stack.enter_context(handler.scope())
             if state.checkpoint is not None:
-                stack.enter_context(CheckpointHandler(state.checkpoint).outermost())
+                handler = CheckpointHandler(state.checkpoint, self.spec.log_index_offset)
+                stack.enter_context(handler.outermost())
             rows = await asyncio.gather(*(one(i, a, k) for i, a, k in items))
         for part in self.handlers:
             back = getattr(part.handler, "give_back", None)
