@@ -74,15 +74,20 @@ module.load_state_dict), history.json (scores per step, kept or rolled back)
 and history.png (the curves; needs matplotlib: pip install 'plait[plot]').
 
 Resume: the checkpoint (OUT/checkpoint unless --checkpoint) is written after
-every step; re-run the same command to continue.  --fresh starts over.
+every step, and the calls made within a step are logged as they complete;
+re-run the same command to continue (Ctrl-C prints it): a killed step pays only
+for the calls it had not completed.  The data files and the optimizers (in
+order) must be the same.  --fresh starts over.
 
-Workers: --workers N scores the validation set on N Ray worker processes with
-the prompts of the moment (the same scores as one process); the minibatch
-steps (forward, backward, rewrite) stay in this process, which holds the graph
-backward() needs.  --ray-address joins a running cluster instead of starting a
+Workers: --workers N runs the minibatches (forward, loss, backward) and the
+validation passes on N Ray worker processes with the prompts of the moment (the
+same scores and the same calls as one process: bootstrap learns from the runs
+the workers send back); the rewrites and the keep-or-roll-back decisions stay in
+this process.  --ray-address joins a running cluster instead of starting a
 local Ray for the run.
 
-Exit status: 0 done, 2 usage or configuration error, 130 interrupted.
+Exit status: 0 done, 1 a call failed (an endpoint down, a refused key), 2 usage
+or configuration error, 130 interrupted.
 """
 
 
