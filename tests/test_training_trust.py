@@ -472,3 +472,18 @@ def test_a_step_that_failed_mid_way_resumes_without_paying_its_completed_calls_a
     assert first_paid + second_paid == uninterrupted
     assert resumed.model.state_dict() == whole.model.state_dict()
     assert [r.val_score for r in history.steps] == [r.val_score for r in expected.steps]
+
+
+def test_fresh_deletes_a_checkpoint_that_holds_only_a_call_log(
+    server: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run killed during its initial validation leaves a call log and no step yet."""
+    from plait.cli import main as cli_main
+    from plait.execution.checkpoint import Checkpoint
+
+    argv = command(tmp_path, server.base_url, "--fresh", "--max-steps", "1")
+    argv += ["--val", str(tmp_path / "val.jsonl")]
+    log = tmp_path / "out" / "checkpoint" / "calls-0"
+    Checkpoint(log, "plait.learning.step.TrainingStep").open().close()
+    with mock({"fast": classify, "rewriter": "Answer GOOD."}, strict=True):
+        assert cli_main(argv) == 0, capsys.readouterr().err

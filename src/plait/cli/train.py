@@ -344,11 +344,13 @@ def _make_optimizers(ns: argparse.Namespace, module: Module, resources: Any) -> 
 
 def _remove_checkpoint(directory: Path) -> None:
     """Delete a trainer checkpoint for --fresh, but never a folder plait did not write."""
-    from plait.learning.trainer import CHECKPOINT_FILE
+    from plait.learning.trainer import CALLS_PREFIX, CHECKPOINT_FILE
 
     if not directory.exists():
         return
-    if not (directory / CHECKPOINT_FILE).exists() and any(directory.iterdir()):
+    # A run killed before its first checkpoint leaves only its call log.
+    ours = all(entry.name.startswith(CALLS_PREFIX) for entry in directory.iterdir())
+    if not (directory / CHECKPOINT_FILE).exists() and not ours:
         raise UsageError(
             f"--fresh would delete {directory}, which is not a plait trainer checkpoint; "
             "remove it yourself or choose another --checkpoint"

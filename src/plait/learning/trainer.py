@@ -67,6 +67,7 @@ from plait.sampling import rng_parameter_names, run_seed
 from plait.values import Value, kind_of
 
 __all__ = [
+    "CALLS_PREFIX",
     "CHECKPOINT_FILE",
     "HISTORY_FILE",
     "StepRecord",
