@@ -74,8 +74,8 @@ class TrainingBatch:
 
     ``traces`` are the minibatch's runs with the current values (on Ray workers, as
     the workers logged them: the calls are paid once; None when no trace came back);
-    ``evaluate`` scores the
-    validation set with the values of the moment (None without one).
+    ``evaluate`` scores the validation set with the values of the moment (None
+    without one).
     """
 
     examples: list[Example]

@@ -600,12 +600,13 @@ class Trainer:
         A step is saved only when it ends, so a run killed mid-step redoes the whole
         step; with the log (`plait.execution.checkpoint`, the one ``plait run`` uses),
         every call the killed run completed is answered from ``calls-<step>/`` and
-        paid for once.  Calls are keyed on (input, graph node, request), so a call
-        whose request differs (new prompt values) is never answered by another's
-        reply.  The log belongs to one position: once the next step's checkpoint is
-        written (`_save_checkpoint`), it is replaced by an empty one, so a later step
-        never replays an earlier step's replies.  Ray workers log to the same
-        directory (`_spec`).
+        paid for once.  Calls are keyed on their graph node, their request and how
+        many identical calls came before (`_PositionLog`), so a call whose request
+        differs (new prompt values) is never answered by another's reply.  The log
+        belongs to one position: once the next step's checkpoint is written
+        (`_save_checkpoint`), it is replaced by an empty one, so a later step never
+        replays an earlier step's replies.  Ray workers log to the same directory
+        (`_spec`).
         """
         if self.checkpoint_dir is None:
             yield
