@@ -81,15 +81,20 @@ module.load_state_dict), history.json (scores per step, kept or rolled back)
 and history.png (the curves; needs matplotlib: pip install 'plait[plot]').
 
 Resume: the checkpoint (OUT/checkpoint unless --checkpoint) is written after
-every step; re-run the same command to continue.  --fresh starts over.
+every step, and the calls made within a step are logged as they complete;
+re-run the same command to continue (Ctrl-C prints it): a killed step pays only
+for the calls it had not completed.  The data files and the optimizers (in
+order) must be the same.  --fresh starts over.
 
-Workers: --workers N scores the validation set on N Ray worker processes with
-the prompts of the moment (the same scores as one process); the minibatch
-steps (forward, backward, rewrite) stay in this process, which holds the graph
-backward() needs.  --ray-address joins a running cluster instead of starting a
+Workers: --workers N runs the minibatches (forward, loss, backward) and the
+validation passes on N Ray worker processes with the prompts of the moment (the
+same scores and the same calls as one process: bootstrap learns from the runs
+the workers send back); the rewrites and the keep-or-roll-back decisions stay in
+this process.  --ray-address joins a running cluster instead of starting a
 local Ray for the run.
 
-Exit status: 0 done, 2 usage or configuration error, 130 interrupted.
+Exit status: 0 done, 1 a call failed (an endpoint down, a refused key), 2 usage
+or configuration error, 130 interrupted.
 """
 
 
@@ -189,7 +194,7 @@ def _error(message: str) -> int:
 
 
 def main(argv: list[str]) -> int:
-    from plait.learning.trainer import TrainerError
+    from plait.learning.trainer import TrainerError, TrainingCallFailed
 
     parser = build_parser()
     ns = parse_target_args(parser, argv)
@@ -200,8 +205,28 @@ def main(argv: list[str]) -> int:
         return _error("--data FILE is missing: the training examples (JSONL)")
     try:
         return _train(ns, sys.stderr)
+    except KeyboardInterrupt:
+        print(
+            "plait train: interrupted; the last finished step is in the checkpoint. To "
+            f"resume, run: {resume_command(argv)}",
+            file=sys.stderr,
+        )
+        return 130
+    except TrainingCallFailed as exc:  # the setup was fine; an endpoint failed while running
+        return report_error("train", str(exc), status=1)
     except (UsageError, TargetError, ConfigurationError, TrainerError, ClusterUnreachable) as exc:
         return _error(str(exc))
+
+
+def resume_command(argv: list[str]) -> str:
+    """The command that continues this run, ready to paste: the same arguments, without
+    --fresh (which would delete the checkpoint the resume needs)."""
+    import shlex
+
+    from plait._secrets import scrub
+
+    kept = [arg for arg in argv if arg != "--fresh"]
+    return scrub(shlex.join(["plait", "train", *kept]))
 
 
 def _train(ns: argparse.Namespace, err: IO[str]) -> int:
@@ -359,11 +384,13 @@ def _make_optimizers(ns: argparse.Namespace, module: Module, resources: Any) -> 
 
 def _remove_checkpoint(directory: Path) -> None:
     """Delete a trainer checkpoint for --fresh, but never a folder plait did not write."""
-    from plait.learning.trainer import CHECKPOINT_FILE
+    from plait.learning.trainer import CALLS_PREFIX, CHECKPOINT_FILE
 
     if not directory.exists():
         return
-    if not (directory / CHECKPOINT_FILE).exists() and any(directory.iterdir()):
+    # A run killed before its first checkpoint leaves only its call log.
+    ours = all(entry.name.startswith(CALLS_PREFIX) for entry in directory.iterdir())
+    if not (directory / CHECKPOINT_FILE).exists() and not ours:
         raise UsageError(
             f"--fresh would delete {directory}, which is not a plait trainer checkpoint; "
             "remove it yourself or choose another --checkpoint"

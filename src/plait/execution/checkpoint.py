@@ -569,14 +569,17 @@ class CheckpointHandler(Handler):
 
     sees_composite_calls = False  # acts on LLM calls only
 
-    def __init__(self, checkpoint: Checkpoint) -> None:
+    def __init__(self, checkpoint: Checkpoint, index_offset: int = 0) -> None:
         self.checkpoint = checkpoint
+        #: Added to every input index in the keys: separate passes over inputs numbered
+        #: from 0 (a trainer's passes on Ray workers) log to one directory apart.
+        self.index_offset = index_offset
 
     def process(self, msg: Message) -> None:
         if msg.type != "llm" or msg.input_index is None or msg.node_id is None:
             return
         request: LLMRequest = msg.kwargs["request"]
-        key = (msg.input_index, msg.node_id, request.fingerprint())
+        key = self.key(msg, request)
         msg.meta["checkpoint_key"] = key
         stored = self.checkpoint.stored_call(key)
         if stored is not None:
@@ -585,6 +588,11 @@ class CheckpointHandler(Handler):
             msg.meta["checkpoint"] = "hit"
         elif not msg.done and self.checkpoint.mismatch is not None:
             raise CheckpointError(self.checkpoint.mismatch)
+
+    def key(self, msg: Message, request: LLMRequest) -> tuple[int, str, str]:
+        """Where the call's reply is logged: (input, graph node, request hash)."""
+        assert msg.input_index is not None and msg.node_id is not None
+        return (msg.input_index + self.index_offset, msg.node_id, request.fingerprint())
 
     def postprocess(self, msg: Message) -> None:
         key = msg.meta.get("checkpoint_key")

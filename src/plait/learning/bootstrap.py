@@ -49,6 +49,8 @@ __all__ = [
     "call_step",
     "demo_parameters",
     "run_traced",
+    "trace_from_rows",
+    "trace_rows",
 ]
 
 Example = tuple[Any, Any]
@@ -70,9 +72,10 @@ class Trace:
 class TrainingBatch:
     """What the `Trainer` shows an optimizer before its step (`Optimizer.observe`).
 
-    ``traces`` are the minibatch's runs with the current values (None when they ran
-    where calls could not be logged, on Ray workers); ``evaluate`` scores the
-    validation set with the values of the moment (None without one).
+    ``traces`` are the minibatch's runs with the current values (on Ray workers, as
+    the workers logged them: the calls are paid once; None when no trace came back);
+    ``evaluate`` scores the validation set with the values of the moment (None
+    without one).
     """
 
     examples: list[Example]
@@ -139,6 +142,29 @@ class TraceLog(CallLog):
 
     def trace(self, example: Example, score: float, failed: bool = False) -> Trace:
         return Trace(example, score, None if failed else self.output, list(self.calls), failed)
+
+
+def trace_rows(log: TraceLog) -> dict[str, Any]:
+    """What a `TraceLog` saw, as plain data that can travel from a Ray worker: the
+    pipeline's output and each LLM call as (stage path, input, text, payload); see
+    `trace_from_rows`."""
+    calls = [(_path(call), call.input, call.text, call.payload) for call in log.calls]
+    return {"output": log.output, "calls": calls}
+
+
+def trace_from_rows(rows: dict[str, Any], model: Module, example: Example, score: float) -> Trace:
+    """The `Trace` of a run made elsewhere (`trace_rows`), its calls pointing at the
+    stages of ``model`` (this process's copy of the pipeline) by their paths."""
+    stages = {
+        module.qualified_path: module
+        for module in model.modules()
+        if isinstance(module, LLMInference)
+    }
+    calls = [
+        CallRecord(path=path, module=stages.get(path), input=text_in, text=text, payload=payload)
+        for path, text_in, text, payload in rows["calls"]
+    ]
+    return Trace(example, score, rows["output"], calls)
 
 
 class BootstrapFewShot:

@@ -42,32 +42,39 @@ what runs where.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import json
 import math
 import os
 import random
+import shutil
 import tempfile
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from plait._secrets import scrub
+from plait.execution.checkpoint import CheckpointHandler
+from plait.handlers.stack import Message
 from plait.learning.backward import Received, collect_feedback, receive
-from plait.learning.bootstrap import Trace, TraceLog, TrainingBatch, call_step
+from plait.learning.bootstrap import Trace, TraceLog, TrainingBatch, call_step, trace_from_rows
 from plait.learning.feedback import Feedback
 from plait.learning.step import TrainingStep
 from plait.module import Module
+from plait.providers.base import LLMRequest
 from plait.sampling import rng_parameter_names, run_seed
 from plait.values import Value, kind_of
 
 __all__ = [
+    "CALLS_PREFIX",
     "CHECKPOINT_FILE",
     "HISTORY_FILE",
     "StepRecord",
     "Trainer",
     "TrainerError",
+    "TrainingCallFailed",
     "TrainingEvent",
     "TrainingHistory",
     "Trial",
@@ -79,10 +86,19 @@ __all__ = [
 CHECKPOINT_FILE = "trainer.json"
 #: The scores so far, beside the checkpoint (the same history, readable on its own).
 HISTORY_FILE = "history.json"
+#: Directories ``calls-<step>`` in ``checkpoint_dir`` log the calls completed since
+#: that step's checkpoint (see `Trainer._call_log`).
+CALLS_PREFIX = "calls-"
 #: Bumped when the checkpoint's layout changes, so an old one is refused, not misread.
 CHECKPOINT_FORMAT = "plait-trainer/1"
 
 Example = tuple[Any, Any]
+#: How a resume refused for changed data names each set.
+_DATA_NAMES = {
+    "train": "the training data (--data)",
+    "val": "the validation data (--val)",
+    "test": "the held-out test data (--test)",
+}
 
 
 class TrainerError(Exception):
@@ -272,7 +288,9 @@ class TrainingHistory:
         """Write the history as JSON (atomically: a reader never sees half a file)."""
         target = Path(path)
         # Rejections and tried values quote model text: no credential is written with them.
-        _write_atomic(target, scrub(json.dumps(self.to_json(), indent=2)) + "\n")
+        # allow_nan=False: a NaN would be written as a bare token no strict parser reads.
+        text = json.dumps(self.to_json(), indent=2, allow_nan=False)
+        _write_atomic(target, scrub(text) + "\n")
         return target
 
     def plot(self, path: str | os.PathLike[str]) -> Path:
@@ -448,7 +466,9 @@ class Trainer:
       loss), then the backward pass from the loss (module ``backward`` methods,
       LLM calls they make included).  A worker returns, per example, the loss's
       output and the feedback each parameter received, named by the step's
-      ``state_dict()`` names, in order, with where in the graph it came from.
+      ``state_dict()`` names, in order, with where in the graph it came from, and
+      the run's LLM calls (each stage's input and reply), which `BootstrapFewShot`
+      learns from without running the example again here.
     * On the workers, every validation pass (`evaluate`, the initial score and
       the score after each update), in eval mode.
     * Each pass pickles the step afresh, so the workers run with the parameter
@@ -562,6 +582,9 @@ class Trainer:
         self.stale_steps = 0
         #: The resources of the `fit` under way (None outside one).
         self._manager: Any = None
+        #: The handler answering calls from the current position's call log, in a `fit`
+        #: with a ``checkpoint_dir`` (see `_call_log`).
+        self._calls: Any = None
         self.resumed = self._load_checkpoint()
 
     # -- sizes ---------------------------------------------------------------------------
@@ -607,13 +630,72 @@ class Trainer:
         try:
             async with ExecutionSettings(resources=manager):
                 self._manager = manager
-                return await self._fit()
+                with self._call_log():
+                    return await self._fit()
         finally:
             self._manager = None
             if owns_ray:
                 from plait.ray.cluster import shutdown_if_started
 
                 shutdown_if_started()
+
+    @contextlib.contextmanager
+    def _call_log(self) -> Iterator[None]:
+        """Log every call completed at the current position, and answer from the log.
+
+        A step is saved only when it ends, so a run killed mid-step redoes the whole
+        step; with the log (`plait.execution.checkpoint`, the one ``plait run`` uses),
+        every call the killed run completed is answered from ``calls-<step>/`` and
+        paid for once.  Calls are keyed on their graph node, their request and how
+        many identical calls came before (`_PositionLog`), so a call whose request
+        differs (new prompt values) is never answered by another's reply.  The log
+        belongs to one position: once the next step's checkpoint is written
+        (`_save_checkpoint`), it is replaced by an empty one, so a later step never
+        replays an earlier step's replies.  Ray workers log to the same directory
+        (`_spec`).
+        """
+        if self.checkpoint_dir is None:
+            yield
+            return
+        self._calls = _PositionLog(self._open_call_log())
+        finished = False
+        try:
+            with self._calls.outermost():
+                yield
+            finished = True
+        finally:
+            log = self._calls.checkpoint
+            log.close()
+            self._calls = None
+            if finished:  # the run ended: nothing is left to resume from it
+                shutil.rmtree(log.directory, ignore_errors=True)
+
+    def _open_call_log(self) -> Any:
+        """The call log of the current position, opened; the logs of others deleted."""
+        from plait.execution.checkpoint import Checkpoint, CheckpointError
+
+        assert self.checkpoint_dir is not None
+        directory = self.checkpoint_dir / f"{CALLS_PREFIX}{self.global_step}"
+        for old in self.checkpoint_dir.glob(f"{CALLS_PREFIX}*"):
+            if old != directory and old.is_dir():
+                shutil.rmtree(old, ignore_errors=True)
+        step = type(self.step_module)
+        try:
+            return Checkpoint(directory, f"{step.__module__}.{step.__qualname__}").open()
+        except CheckpointError as exc:  # another run holds it, or it is damaged
+            raise TrainerError(str(exc)) from None
+
+    def _advance_call_log(self) -> None:
+        """After a checkpoint at a new position: a fresh log for it (see `_call_log`)."""
+        handler = self._calls
+        if handler is None or handler.checkpoint.directory.name == (
+            f"{CALLS_PREFIX}{self.global_step}"
+        ):
+            return
+        handler.checkpoint.close()
+        handler.checkpoint = self._open_call_log()
+        handler.seen.clear()
+        handler.passes.clear()
 
     @property
     def on_workers(self) -> bool:
@@ -675,10 +757,19 @@ class Trainer:
         if self.on_workers:
             results = await self._score_on_workers(examples)
         else:
-            results = await asyncio.gather(*(self._call(example) for example in examples))
-        return sum(_score(result) for result in results) / len(results)
+            # Every example's run ends before a failure is reported: one failed call
+            # must not leave the others running unawaited behind the error.
+            ended = await asyncio.gather(
+                *(self._call(example) for example in examples), return_exceptions=True
+            )
+            results = [_as_result(item) for item in ended]
+        scores = [
+            _score(result, self.step_module, example)
+            for result, example in zip(results, examples, strict=True)
+        ]
+        return sum(scores) / len(scores)
 
-    def _spec(self) -> Any:
+    def _spec(self, work: Any = None) -> Any:
         """The step as the workers build it, pickled now: with the parameter values and
         the mode (train or eval) it has at this moment.  Resources and options are
         resolved as a call in this process would resolve them (the step's binding,
@@ -690,13 +781,29 @@ class Trainer:
         opts = resolve_options({}, bound_config, bound_resources)
         # One draw from the model's Rng for the pass, made here as a batch run makes it.
         opts["seed"], _ = run_seed(self.step_module, opts["seed"])
-        return make_spec(self.step_module, opts["resources"], opts)
+        log = self._calls
+        if log is None:
+            return make_spec(self.step_module, opts["resources"], opts)
+        # The workers log the calls they complete in the position's call log too, each
+        # pass under indexes of its own (a pass numbers its examples from 0), drawn
+        # from what it runs (``work``: the method and the examples) and how many such
+        # passes came before at this position, so the same pass of a resumed step
+        # finds its calls again, and a repeated pass (validation of values already
+        # scored) pays for its calls as it does in one process.
+        from plait._digest import digest
+
+        spec = make_spec(self.step_module, opts["resources"], opts, log.checkpoint)
+        what = digest(work)
+        repeat = log.passes.get(what, 0)
+        log.passes[what] = repeat + 1
+        spec.log_index_offset = (1 + int(digest([what, repeat], size=4), 16)) * _PASS_STRIDE
+        return spec
 
     async def _on_workers(self, examples: list[Example], method: str) -> list[Value]:
         """One result per example, in order, from ``PipelineWorker.<method>``."""
         from plait.ray.runner import run_distributed
 
-        spec = self._spec()
+        spec = self._spec((method, examples))
         results: dict[int, Value] = {}
 
         def prepare(example: Example) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -734,16 +841,20 @@ class Trainer:
         parameters example by example, so their buffers, and the rewrite prompts
         made from them, do not depend on which example's backward finished first.
         When no optimizer needs feedback (`BootstrapFewShot` learns from traces)
-        there is no backward pass.  Traces are None on Ray workers.
+        there is no backward pass.  On Ray workers the traces are the ones the
+        workers sent back with each example's result.
         """
         needs_feedback = any(getattr(o, "needs_feedback", True) for o in self.optimizers)
         self.step_module.train()
         try:
             if self.on_workers:
-                return await self._minibatch_on_workers(batch, needs_feedback), None
+                return await self._minibatch_on_workers(batch, needs_feedback)
             runs = await asyncio.gather(*(self._run_example(example) for example in batch))
             losses = [loss for loss, _ in runs]
-            train_score = sum(_score(loss) for loss in losses) / len(losses)
+            train_score = sum(
+                _score(loss, self.step_module, example)
+                for loss, example in zip(losses, batch, strict=True)
+            ) / len(losses)
             collected = (
                 await asyncio.gather(*(collect_feedback(loss) for loss in losses))
                 if needs_feedback
@@ -764,9 +875,12 @@ class Trainer:
         with TraceLog(self.model) as log:
             loss = await self._call(example)
         failed = isinstance(loss, Value) and loss.is_error
-        return loss, log.trace(example, 0.0 if failed else _score(loss), failed)
+        score = 0.0 if failed else _score(loss, self.step_module, example)
+        return loss, log.trace(example, score, failed)
 
-    async def _minibatch_on_workers(self, batch: list[Example], needs_feedback: bool) -> float:
+    async def _minibatch_on_workers(
+        self, batch: list[Example], needs_feedback: bool
+    ) -> tuple[float, list[Trace] | None]:
         """`_minibatch` with the forward, loss and backward passes on the Ray workers.
 
         The step goes to the workers in ``train()`` mode with the parameters' current
@@ -780,15 +894,28 @@ class Trainer:
             row if row.is_error else Value(kind_of(row.payload["output"]), row.payload["output"])
             for row in rows
         ]
-        train_score = sum(_score(output) for output in outputs) / len(outputs)
-        if not needs_feedback:
-            return train_score
-        params = dict(self.step_module.named_parameters())
-        for row in rows:
-            receive(
-                Received(params[name], text, rank) for name, text, rank in row.payload["feedback"]
-            )
-        return train_score
+        scores = [
+            _score(output, self.step_module, example)
+            for output, example in zip(outputs, batch, strict=True)
+        ]
+        train_score = sum(scores) / len(scores)
+        # The runs as the workers logged them: an optimizer learning from runs
+        # (`BootstrapFewShot`) is shown these instead of running the examples again.
+        traces: list[Trace] | None = [
+            trace_from_rows(row.payload["trace"], self.model, example, score)
+            for row, example, score in zip(rows, batch, scores, strict=True)
+            if row.payload.get("trace") is not None
+        ]
+        if traces is not None and len(traces) != len(batch):
+            traces = None
+        if needs_feedback:
+            params = dict(self.step_module.named_parameters())
+            for row in rows:
+                receive(
+                    Received(params[name], text, rank)
+                    for name, text, rank in row.payload["feedback"]
+                )
+        return train_score, traces
 
     async def _train_step(self, batch: list[Example]) -> StepRecord:
         spent = _spend()
@@ -919,6 +1046,25 @@ class Trainer:
             "batch_size": self.batch_size,
             "seed": self.seed,
             "shuffle": self.shuffle,
+            "data": self._data_digests(),
+        }
+
+    def _data_digests(self) -> dict[str, str | None]:
+        """A digest of each data set's examples as loaded (train, val, test).
+
+        The data are part of what a checkpoint's scores mean: a validation score
+        kept from one file compared with scores on another would keep or roll back
+        updates, and report a held-out test, on nothing.
+        """
+        from plait._digest import digest
+
+        return {
+            name: None if examples is None else digest(examples)
+            for name, examples in (
+                ("train", self.train_data),
+                ("val", self.val_data),
+                ("test", self.test_data),
+            )
         }
 
     def state_dict(self) -> dict[str, Any]:
@@ -942,8 +1088,8 @@ class Trainer:
             return
         state = self.state_dict()
         try:
-            text = json.dumps(state, indent=1, ensure_ascii=False)
-        except TypeError as exc:
+            text = json.dumps(state, indent=1, ensure_ascii=False, allow_nan=False)
+        except (TypeError, ValueError) as exc:
             raise TrainerError(
                 f"the training state cannot be saved as JSON ({exc}); checkpointing needs "
                 "parameter values and optimizer state made of strings, numbers, lists and dicts"
@@ -951,6 +1097,7 @@ class Trainer:
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         _write_atomic(self.checkpoint_dir / CHECKPOINT_FILE, text)
         self.history.save(self.checkpoint_dir / HISTORY_FILE)
+        self._advance_call_log()
 
     def _load_checkpoint(self) -> bool:
         """Continue a run from ``checkpoint_dir`` if it holds one; True if it did."""
@@ -968,9 +1115,19 @@ class Trainer:
                 f"{path} is not a plait trainer checkpoint ({CHECKPOINT_FORMAT}); choose "
                 "another checkpoint directory or delete it"
             )
+        identity = self._identity()
+        data = identity.pop("data")
+        saved = state.get("data")
+        if isinstance(saved, dict) and saved != data:
+            changed = [_DATA_NAMES[name] for name in data if saved.get(name) != data[name]]
+            raise TrainerError(
+                f"the checkpoint in {self.checkpoint_dir} was trained on other data: "
+                f"{', '.join(changed)} changed since it was written; resume with the same "
+                "files, or start fresh (--fresh, or another checkpoint directory)"
+            )
         mismatched = {
             key: (state.get(key), value)
-            for key, value in self._identity().items()
+            for key, value in identity.items()
             if state.get(key) != value
         }
         if mismatched:
@@ -982,7 +1139,6 @@ class Trainer:
                 "resume with the same model, data, batch size and seed, or start fresh "
                 "(delete the directory or choose another)"
             )
-        self.model.load_state_dict(state["parameters"])
         states = state.get("optimizers", [state.get("optimizer")])
         if len(states) != len(self.optimizers):
             raise TrainerError(
@@ -990,6 +1146,18 @@ class Trainer:
                 f"optimizer(s), this run has {len(self.optimizers)}; resume with the same "
                 "optimizers, or start fresh (delete the directory or choose another)"
             )
+        saved_kinds = [s.get("type") if isinstance(s, dict) else None for s in states]
+        kinds = [type(optimizer).__name__ for optimizer in self.optimizers]
+        if any(a is not None and a != b for a, b in zip(saved_kinds, kinds, strict=True)):
+            # Each optimizer's state is saved at its place in the list: loaded in another
+            # order, each would get another's state (or refuse it with a bare ValueError).
+            raise TrainerError(
+                f"the checkpoint in {self.checkpoint_dir} was written by the optimizers "
+                f"{', '.join(str(k) for k in saved_kinds)} (in that order), this run has "
+                f"{', '.join(kinds)}; resume with the same optimizers in the same order "
+                "(--optimizer), or start fresh (--fresh, or another checkpoint directory)"
+            )
+        self.model.load_state_dict(state["parameters"])
         for optimizer, saved in zip(self.optimizers, states, strict=True):
             if saved is not None and hasattr(optimizer, "load_state_dict"):
                 optimizer.load_state_dict(saved)
@@ -1001,23 +1169,100 @@ class Trainer:
         return True
 
 
-def _score(result: Any) -> float:
-    """The score of one loss result: a Feedback, or a Value (train mode) carrying one."""
+class TrainingCallFailed(TrainerError):
+    """A call of the pipeline or the loss failed (an endpoint down, a refused key):
+    the run stops, since a broken endpoint would score as a bad prompt."""
+
+
+def _as_result(item: Any) -> Any:
+    """A gathered eval-mode run: its result, or the error Value of the call that failed."""
+    from plait.values import ExecutionError
+
+    if isinstance(item, ExecutionError):
+        return item.value
+    if isinstance(item, BaseException):
+        raise item
+    return item
+
+
+def _failure(value: Value, step: Module | None) -> TrainingCallFailed:
+    """The error for a failed run, naming the call (and its alias) and the cause."""
+    meta = value.meta
+    path = meta.get("skipped_module_path") if meta.get("short_circuited") else None
+    path = meta.get("module_path") or path or ""
+    where = f" in {path}" if path else ""
+    module = dict(step.named_modules()).get(path) if step is not None and path else None
+    alias = getattr(module, "alias", None)
+    if isinstance(alias, str):
+        where += f" (alias {alias!r})"
+    return TrainingCallFailed(
+        f"a training call failed{where}: {meta.get('error_type', 'error')}: "
+        f"{meta.get('message', value.payload)}; the run stops so a broken endpoint does not "
+        "score as a bad prompt (fix it, then re-run the same command: the run resumes "
+        "from its checkpoint)"
+    )
+
+
+def _score(result: Any, step: Module | None = None, example: Example | None = None) -> float:
+    """The score of one loss result: a Feedback, or a Value (train mode) carrying one.
+
+    A score that is not a finite number (a hand-written loss dividing by zero) is an
+    error naming the loss and the example: averaged in, it would make every later
+    comparison false and the history unreadable as JSON.
+    """
     payload = result.payload if isinstance(result, Value) else result
     if isinstance(result, Value) and result.is_error:
-        raise TrainerError(
-            f"a training call failed ({result.meta.get('error_type', 'error')}: "
-            f"{result.meta.get('message', payload)}); the run stops so a broken endpoint "
-            "does not score as a bad prompt (resume from the checkpoint once fixed)"
-        )
+        raise _failure(result, step)
     if isinstance(payload, Feedback):
-        return payload.score
-    if isinstance(payload, int | float) and not isinstance(payload, bool):
-        return float(payload)
-    raise TrainerError(
-        f"the loss returned a {type(payload).__name__}, not a Feedback: a Trainer needs a "
-        "loss module whose output is plait.learning.Feedback (see plait.learning.losses)"
-    )
+        score = payload.score
+    elif isinstance(payload, int | float) and not isinstance(payload, bool):
+        score = float(payload)
+    else:
+        raise TrainerError(
+            f"the loss returned a {type(payload).__name__}, not a Feedback: a Trainer needs a "
+            "loss module whose output is plait.learning.Feedback (see plait.learning.losses)"
+        )
+    if not math.isfinite(score):
+        loss_fn = getattr(step, "loss_fn", None)
+        loss = type(loss_fn).__name__ if loss_fn is not None else "the loss"
+        shown = repr(example[0]) if example is not None else "an example"
+        if len(shown) > 80:
+            shown = shown[:77] + "..."
+        raise TrainerError(
+            f"the loss {loss} scored {score!r} for the example {shown}: a score must be a "
+            "finite number (0 to 1, higher is better); fix the loss so it never divides by "
+            "zero or returns NaN/inf"
+        )
+    return score
+
+
+#: A worker pass keys its calls from a multiple of this drawn from what it runs: apart
+#: from other passes and from this process's calls (keyed from 0 by occurrence).
+_PASS_STRIDE = 1_000_000_000
+
+
+class _PositionLog(CheckpointHandler):
+    """The trainer's call log (`Trainer._call_log`): a call is keyed on its graph node,
+    its request and how many identical calls came before it at this position.
+
+    Every run of a training position is a single input (index 0), so the count, not
+    the index, tells a validation call from the same request in the minibatch: each
+    is paid once, as in a run never interrupted, and a resumed run is answered in the
+    same order the killed one logged them.
+    """
+
+    def __init__(self, checkpoint: Any) -> None:
+        super().__init__(checkpoint)
+        self.seen: dict[tuple[str, str], int] = {}
+        #: Passes sent to Ray workers at this position, by what they ran (`Trainer._spec`).
+        self.passes: dict[str, int] = {}
+
+    def key(self, msg: Message, request: LLMRequest) -> tuple[int, str, str]:
+        assert msg.node_id is not None
+        call = (msg.node_id, request.fingerprint())
+        occurrence = self.seen.get(call, 0)
+        self.seen[call] = occurrence + 1
+        return (occurrence, *call)
 
 
 def _optimizer_list(optimizer: Any) -> list[Any]:

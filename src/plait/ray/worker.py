@@ -45,6 +45,8 @@ class PipelineSpec:
     pipeline: str
     producer: dict[str, Any] | None
     checkpoint_dir: str | None = None
+    #: Added to input indexes in the checkpoint's call keys (`CheckpointHandler`).
+    log_index_offset: int = 0
     handlers: list[Any] = field(default_factory=list)
     #: The environment variables the resources name (``api_key_env``), as the driver has
     #: them: a worker on a cluster joined with ``ray_address`` does not share the
@@ -205,13 +207,19 @@ class PipelineWorker:
 
         The pipeline must have been sent in ``train()`` mode (a `TrainingStep`, say).
         A row's payload is plain data: ``{"output": the output (a loss's Feedback),
-        "feedback": [(parameter name, text, rank), ...]}``, the feedback the backward
-        pass from that output gave each parameter, in order, named as the pipeline's
-        ``state_dict()`` names it.  Nothing is kept here: the driver gives the feedback
-        to its own parameters (`plait.learning.backward.receive`).  An input whose
-        forward or backward failed is its error row.
+        "feedback": [(parameter name, text, rank), ...], "trace": ...}``, the feedback
+        the backward pass from that output gave each parameter, in order, named as the
+        pipeline's ``state_dict()`` names it.  Nothing is kept here: the driver gives the
+        feedback to its own parameters (`plait.learning.backward.receive`).  For a
+        `TrainingStep`, ``trace`` is the run as `BootstrapFewShot` learns from it (the
+        model's output and each LLM call's stage, input, reply text and payload,
+        `plait.learning.bootstrap.trace_rows`), so the driver never reruns an example
+        it already paid for here.  An input whose forward or backward failed is its
+        error row.
         """
         from plait.learning.backward import collect_feedback
+        from plait.learning.bootstrap import TraceLog, trace_rows
+        from plait.learning.step import TrainingStep
 
         state = self._run_state()
         if not state.training:
@@ -221,8 +229,16 @@ class PipelineWorker:
             )
         names = {id(param): name for name, param in self.module.named_parameters()}
 
+        model = self.module.model if isinstance(self.module, TrainingStep) else None
+
         async def one(index: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Row:
-            value = await state.one(index, args, kwargs)
+            if model is None:
+                value = await state.one(index, args, kwargs)
+                trace = None
+            else:
+                with TraceLog(model) as log:
+                    value = await state.one(index, args, kwargs)
+                trace = trace_rows(log)
             if value.kind is ValueKind.ERROR:
                 return row_of(index, value)
             feedback = []
@@ -235,7 +251,8 @@ class PipelineWorker:
                         "cannot be named for the driver; register it on a module of the pipeline"
                     )
                 feedback.append((name, item.text, item.rank))
-            return (index, True, {"output": value.payload, "feedback": feedback}, {})
+            payload = {"output": value.payload, "feedback": feedback, "trace": trace}
+            return (index, True, payload, {})
 
         return await self._batch(items, rerun, one)
 
@@ -272,7 +289,8 @@ class PipelineWorker:
             for handler in self.handlers:
                 stack.enter_context(handler.scope())
             if state.checkpoint is not None:
-                stack.enter_context(CheckpointHandler(state.checkpoint).outermost())
+                handler = CheckpointHandler(state.checkpoint, self.spec.log_index_offset)
+                stack.enter_context(handler.outermost())
             rows = await asyncio.gather(*(one(i, a, k) for i, a, k in items))
         rows = sendable_rows(rows, type(self.module).__name__)
         for part in self.handlers:
