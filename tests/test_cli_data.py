@@ -254,6 +254,23 @@ def test_eval_never_writes_over_its_data(server: Any, project: Path) -> None:
     assert server.stats()["requests_total"] == 0
 
 
+def test_train_never_writes_its_results_over_its_data(server: Any, project: Path) -> None:
+    rows = [{"input": "a", "target": "[S] a"}]
+    out = project / "trained"
+    out.mkdir()
+    data = write_jsonl(out / "history.json", rows)  # a dataset where a result would go
+    val = write_jsonl(project / "val.jsonl", rows)
+    before = data.read_bytes()
+    line = one_line_error(command(project, "train", "Labeller", "--data", data, "--out", out))
+    assert f"--out {out / 'history.json'} is the --data file" in line
+    line = one_line_error(
+        command(project, "train", "Labeller", "--data", val, "--val", val, "--out", val)
+    )
+    assert f"--out {val} is a file" in line  # caught before training, not after it
+    assert data.read_bytes() == before
+    assert server.stats()["requests_total"] == 0
+
+
 def test_a_csv_with_an_unclosed_quote_is_refused_naming_the_line(
     server: Any, project: Path
 ) -> None:

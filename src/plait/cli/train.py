@@ -229,6 +229,22 @@ def resume_command(argv: list[str]) -> str:
     return scrub(shlex.join(["plait", "train", *kept]))
 
 
+def _check_out(ns: argparse.Namespace, out: Path) -> None:
+    """Refuse an --out that the results could not be written to, or whose files are
+    ones the run reads, before any call is paid for: training ends by writing there."""
+    from plait.cli.run import refuse_to_clobber
+
+    if out.exists() and not out.is_dir():
+        raise UsageError(
+            f"--out {out} is a file; the results (parameters.json, history.json, "
+            "history.png) go into a directory: give --out a directory path"
+        )
+    reads = {"--data": ns.data, "--val": ns.val, "--test": ns.test}
+    reads["--resources"] = ns.resources
+    for name in (PARAMETERS_FILE, HISTORY_JSON, HISTORY_PNG):
+        refuse_to_clobber(reads, {"--out": str(out / name)})
+
+
 def _train(ns: argparse.Namespace, err: IO[str]) -> int:
     from plait.learning.trainer import Trainer
 
@@ -246,6 +262,7 @@ def _train(ns: argparse.Namespace, err: IO[str]) -> int:
         resources = ResourceConfig.load(ns.resources)
     note_embedded("train", module, resources, ns.resources)
     out = Path(ns.out)
+    _check_out(ns, out)
     checkpoint = Path(ns.checkpoint) if ns.checkpoint else out / "checkpoint"
     if ns.fresh:
         _remove_checkpoint(checkpoint)
