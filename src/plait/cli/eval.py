@@ -18,6 +18,7 @@ from typing import IO, Any
 
 from plait.cli.options import (
     UsageError,
+    add_example_arguments,
     note_embedded,
     parse_target_args,
     report_error,
@@ -32,7 +33,6 @@ from plait.resources.config import ConfigurationError, ResourceConfig
 
 __all__ = ["build_parser", "confidence_interval", "main"]
 
-LOSSES = ("exact", "contains", "judge")
 #: Failed examples quoted in the summary.
 ERRORS_SHOWN = 3
 #: The two-sided 95% normal quantile.
@@ -80,18 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
         DESCRIPTION,
     )
     parser.add_argument("--data", metavar="FILE", help="examples to score (JSONL)")
-    parser.add_argument(
-        "--input-field",
-        metavar="NAME",
-        help="the field passed to the pipeline (default: fields named like forward's "
-        "parameters, else input)",
-    )
-    parser.add_argument("--target-field", metavar="NAME", help="(target)")
-    parser.add_argument("--loss", choices=LOSSES, default="exact", help="(default: exact)")
-    parser.add_argument(
-        "--criteria", action="append", metavar="TEXT", help="what the judge grades (repeatable)"
-    )
-    parser.add_argument("--judge-alias", default="judge", metavar="ALIAS", help="(judge)")
+    add_example_arguments(parser)
     parser.add_argument(
         "--resources",
         metavar="FILE",

@@ -103,6 +103,27 @@ def positive_int(text: str) -> int:
     return value
 
 
+#: The losses ``plait train`` and ``plait eval`` score examples with.
+LOSSES = ("exact", "contains", "judge")
+
+
+def add_example_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of commands that read labelled examples (``plait train`` and
+    ``plait eval``): which field is the input, which the target, and how to score."""
+    parser.add_argument(
+        "--input-field",
+        metavar="NAME",
+        help="the field passed to the pipeline (default: fields named like forward's "
+        "parameters, else input)",
+    )
+    parser.add_argument("--target-field", metavar="NAME", help="(target)")
+    parser.add_argument("--loss", choices=LOSSES, default="exact", help="(default: exact)")
+    parser.add_argument(
+        "--criteria", action="append", metavar="TEXT", help="what the judge grades (repeatable)"
+    )
+    parser.add_argument("--judge-alias", default="judge", metavar="ALIAS", help="(judge)")
+
+
 def target_parser(command: str, usage: str, description: str) -> argparse.ArgumentParser:
     """A parser that takes ``TARGET [key=value ...]`` first, as run, graph and train do.
 

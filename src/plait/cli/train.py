@@ -22,6 +22,7 @@ from typing import IO, Any
 
 from plait.cli.options import (
     UsageError,
+    add_example_arguments,
     non_negative_float,
     note_embedded,
     parse_target_args,
@@ -37,7 +38,6 @@ from plait.resources.config import ConfigurationError, ResourceConfig
 
 __all__ = ["build_parser", "main"]
 
-LOSSES = ("exact", "contains", "judge")
 OPTIMIZERS = ("sfa", "textgrad", "bootstrap")
 #: Files the command writes into --out.
 PARAMETERS_FILE = "parameters.json"
@@ -106,18 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--data", metavar="FILE", help="training examples (JSONL)")
     parser.add_argument("--val", metavar="FILE", help="validation examples (JSONL)")
-    parser.add_argument(
-        "--input-field",
-        metavar="NAME",
-        help="the field passed to the pipeline (default: fields named like forward's "
-        "parameters, else input)",
-    )
-    parser.add_argument("--target-field", metavar="NAME", help="(target)")
-    parser.add_argument("--loss", choices=LOSSES, default="exact", help="(default: exact)")
-    parser.add_argument(
-        "--criteria", action="append", metavar="TEXT", help="what the judge grades (repeatable)"
-    )
-    parser.add_argument("--judge-alias", default="judge", metavar="ALIAS", help="(judge)")
+    add_example_arguments(parser)
     parser.add_argument(
         "--optimizer",
         choices=OPTIMIZERS,
