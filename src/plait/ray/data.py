@@ -175,8 +175,10 @@ class Pipeline:
                 errors.append(_error_text(result))
                 outputs.append(None)
             else:
-                errors.append(None)
-                outputs.append(_jsonable(result))
+                output = _jsonable(result)
+                problem = _unstorable(output)
+                errors.append(problem)
+                outputs.append(None if problem else output)
         return self._table(batch, outputs, errors)
 
     def _table(self, batch: Any, outputs: list[Any], errors: list[str | None]) -> Any:
@@ -279,6 +281,25 @@ async def _report_idle(governors: list[Any]) -> None:
             await asyncio.wait_for(governor._next_grant(), 10.0)
 
     await asyncio.gather(*(one(g) for g in governors))
+
+
+def _unstorable(output: Any) -> str | None:
+    """The error of a row whose output cannot be kept in a block, or None.
+
+    Arrow keeps what it cannot type as pickled Python objects, so an output that does
+    not survive pickling (a lock, a connection) would fail the whole batch, and the
+    job: it is that row's error instead (the same test as outputs of Ray workers).
+    """
+    from plait.ray.worker import pickling_problem
+
+    problem = pickling_problem(output)
+    if problem is None:
+        return None
+    return (
+        f"Unsendable: the output (a {type(output).__name__}) cannot be stored in the "
+        f"dataset: {problem}. Return plain data from forward (text, numbers, lists, "
+        "dicts, dataclasses), not live objects such as locks, connections or open files"
+    )
 
 
 def _error_text(result: Value) -> str:

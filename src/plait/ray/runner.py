@@ -35,6 +35,7 @@ from plait.ray.worker import (
     PipelineSpec,
     PipelineWorker,
     Unsendable,
+    is_plain,
     pickling_problem,
     row_of,
     value_of,
@@ -216,10 +217,11 @@ def run_distributed(
         """Hand ``batch`` to ``worker``; None if none of it could go.  Ray pickles a
         batch's inputs together, so an input it cannot pickle would fail the call and
         the run: it becomes its own error row and the others go."""
-        try:
-            return getattr(worker.actor, method).remote(batch, again)
-        except TypeError:
-            pass
+        if all(is_plain(item) for item in batch):
+            try:
+                return getattr(worker.actor, method).remote(batch, again)
+            except TypeError:
+                pass
         sendable = []
         for item in batch:
             problem = _unsendable_input(item)
@@ -312,7 +314,7 @@ def _unsendable_input(item: WorkItem) -> Unsendable | None:
         if problem is not None:
             return Unsendable(
                 f"input {index} cannot be sent to a Ray worker: its {where} (a "
-                f"{type(value).__name__}) cannot be pickled ({problem}). Pass plain data "
+                f"{type(value).__name__}) cannot travel: {problem}. Pass plain data "
                 "(text, numbers, lists, dicts, dataclasses) as inputs, or run without workers"
             )
     return Unsendable(f"input {index} cannot be sent to a Ray worker: it cannot be pickled")

@@ -29,6 +29,7 @@ __all__ = [
     "PipelineWorker",
     "Row",
     "Unsendable",
+    "is_plain",
     "pickling_problem",
     "row_of",
     "value_of",
@@ -82,25 +83,58 @@ class Unsendable(TypeError):
     """
 
 
+_PLAIN_LEAVES = (str, int, float, bool, bytes, type(None))
+
+
+def is_plain(value: Any) -> bool:
+    """Whether ``value`` is JSON-like data (text, numbers, lists, tuples, dicts of them),
+    which pickles and unpickles anywhere: such values need no trial round trip."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        kind = type(item)
+        if kind in _PLAIN_LEAVES:
+            continue
+        if kind is list or kind is tuple:
+            stack.extend(item)
+        elif kind is dict:
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        else:
+            return False
+    return True
+
+
 def pickling_problem(value: Any) -> str | None:
-    """Why ``value`` cannot be sent to or from a Ray worker, or None if it can."""
+    """Why ``value`` cannot be sent to or from a Ray worker, or None if it can.
+
+    Sent means pickled here *and* rebuilt on the other side: an exception whose
+    ``__init__`` takes other arguments than its ``args`` pickles but cannot be rebuilt,
+    and would fail every row travelling with it.  So anything but plain data is tried
+    both ways; plain data (the common case) costs only a walk over it.
+    """
+    if is_plain(value):
+        return None
     from ray import cloudpickle
 
     try:
-        cloudpickle.dumps(value)
+        data = cloudpickle.dumps(value)
     except Exception as exc:
-        return f"{type(exc).__name__}: {exc}"
+        return f"pickling it failed ({type(exc).__name__}: {exc})"
+    try:
+        cloudpickle.loads(data)
+    except Exception as exc:
+        return f"it pickles but cannot be rebuilt from its pickle ({type(exc).__name__}: {exc})"
     return None
 
 
 def sendable_rows(rows: list[Row], pipeline: str) -> list[Row]:
-    """``rows``, with each one Ray could not pickle replaced by its input's error row.
+    """``rows``, with each one Ray could not send replaced by its input's error row.
 
-    Ray pickles a batch's rows together, so one output it cannot pickle (a lock, a
-    connection, an open file) would fail the whole batch, again on every rerun.
+    Ray pickles a batch's rows together, and the driver unpickles them together, so
+    one output that fails either way (a lock, a connection, an exception that cannot
+    be rebuilt) would fail the whole batch, again on every rerun.
     """
-    if pickling_problem(rows) is None:
-        return rows
     from plait.values import error_value
 
     checked = []
@@ -110,9 +144,9 @@ def sendable_rows(rows: list[Row], pipeline: str) -> list[Row]:
             index, payload = row[0], row[2]
             error = Unsendable(
                 f"the output of input {index} (a {type(payload).__name__}) cannot be sent "
-                f"back from its Ray worker: pickling it failed ({problem}). Return plain data "
-                "from forward (text, numbers, lists, dicts, dataclasses), not live objects "
-                "such as locks, connections or open files"
+                f"back from its Ray worker: {problem}. Return plain data from forward "
+                "(text, numbers, lists, dicts, dataclasses), not live objects such as "
+                "locks, connections, open files or exceptions"
             )
             row = row_of(index, error_value(error, module_path=f"{pipeline} (input {index})"))
         checked.append(row)
