@@ -86,13 +86,9 @@ def call_bound(
     opts = resolve_options(call_options, bound_config, bound_resources)
     if args and is_batch(args[0]):
         if streaming if streaming is not None else opts["streaming"]:
-            if opts["workers"] or opts["ray_address"]:
-                raise ValueError(
-                    "streaming a batch on Ray workers is not supported: call run_sync (or "
-                    "await the module) with workers=..., or stream in one process"
-                )
+            _refuse_streaming_on_workers(opts)
             return _stream(module, args[0], args[1:], forward_kwargs, opts)
-        if opts["workers"] or opts["ray_address"]:
+        if opts["workers"] or opts["ray_address"] is not None:
             return _run_distributed(module, args[0], args[1:], forward_kwargs, opts)
         return _run_batch(module, args[0], args[1:], forward_kwargs, opts)
     return _run_single(module, args, forward_kwargs, opts)
@@ -112,7 +108,19 @@ def stream_bound(module: Module, inputs: Any, options: dict[str, Any]) -> AsyncI
         raise TypeError(f"stream() takes a list or iterable of inputs, got {type(inputs).__name__}")
     bound_resources, bound_config = module._binding()
     opts = resolve_options(options, bound_config, bound_resources)
+    _refuse_streaming_on_workers(opts)
     return _stream(module, iter(inputs), (), {}, opts)
+
+
+def _refuse_streaming_on_workers(opts: dict[str, Any]) -> None:
+    """Streaming runs in this process only: ``workers`` (or an address) is refused,
+    never ignored, so a run the caller meant to spread never silently runs here."""
+    if opts["workers"] or opts["ray_address"] is not None:
+        raise ValueError(
+            "streaming a batch on Ray workers is not supported: call run_sync (or "
+            "await the module) with workers=..., or stream in one process (without "
+            "workers or ray_address)"
+        )
 
 
 async def run(module: Module, *args: Any, **kwargs: Any) -> Any:
