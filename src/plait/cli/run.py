@@ -50,7 +50,7 @@ from plait.execution.loop import run_blocking
 from plait.execution.runtime import _Run, traced_first
 from plait.execution.settings import resolve_options
 from plait.module import Module
-from plait.ray.cluster import ClusterUnreachable, check_address
+from plait.ray.cluster import ClusterUnreachable, ensure_ray
 from plait.resources.config import ConfigurationError, ResourceConfig
 from plait.resources.manager import ResourceManager
 from plait.resources.usage import reset_usage, usage
@@ -215,8 +215,10 @@ class _Command:
         if ns.input == "-" and _interactive(sys.stdin):
             raise UsageError("no inputs: give --input FILE, or pipe them to stdin (--input -)")
         _refuse_to_clobber(ns)
-        if ns.ray_address:
-            check_address(ns.ray_address)  # before any file is opened or input read
+        if ns.ray_address is not None:
+            # Joined now, before any file is opened or input read: a port that answers
+            # may still be no Ray head, which only joining tells.
+            ensure_ray(ns.ray_address)
         module = Target(ns.target, ns.assignments).make()
         if ns.parameters is not None:
             # Before the checkpoint is opened: its producer hashes the loaded values.

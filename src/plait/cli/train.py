@@ -33,7 +33,7 @@ from plait.cli.options import (
 from plait.cli.progress import Display, RichDisplay, Tally, is_terminal
 from plait.cli.target import Target, TargetError
 from plait.module import Module
-from plait.ray.cluster import ClusterUnreachable, check_address
+from plait.ray.cluster import ClusterUnreachable, ensure_ray
 from plait.resources.config import ConfigurationError, ResourceConfig
 
 __all__ = ["build_parser", "main"]
@@ -237,8 +237,10 @@ def _check_out(ns: argparse.Namespace, out: Path) -> None:
 def _train(ns: argparse.Namespace, err: IO[str]) -> int:
     from plait.learning.trainer import Trainer
 
-    if ns.ray_address:
-        check_address(ns.ray_address)  # before anything is built or written
+    if ns.ray_address is not None:
+        # Joined now, before anything is built or written: a port that answers may
+        # still be no Ray head, which only joining tells.
+        ensure_ray(ns.ray_address)
     module = Target(ns.target, ns.assignments).make()
     if not any(param.requires_grad for param in module.parameters()):
         raise UsageError(

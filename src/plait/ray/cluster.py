@@ -104,6 +104,8 @@ def check_address(address: str) -> None:
     """Fail within the connect timeout if ``address`` is no address or nothing answers
     there (a command checks before it opens any file; `ensure_ray` checks again)."""
     import_ray()
+    if not address.strip():  # Ray would take "" for "start one here": not what was asked
+        raise ClusterUnreachable(address, "the address is empty")
     target = _host_port(address)
     if target is None:
         return
