@@ -257,7 +257,8 @@ class Module:
         option falls back to the owner's binding, `ExecutionSettings` or its default).
         Bound options rank below per-call options and above `ExecutionSettings`, and
         reach every submodule this module owns: ``root.bind(resources=r)`` then
-        ``root.child.run_sync(x)`` runs on ``r`` (a submodule's own `bind` wins).
+        ``root.child.run_sync(x)`` runs on ``r``; the names a submodule binds itself win
+        for it, name by name (``root.child.bind(seed=9)`` keeps the owner's ``r``).
         ``max_concurrent`` caps the tasks this module runs at once (default 100).
         """
         from plait.execution.settings import check_setting_names
