@@ -10,6 +10,7 @@ import pytest
 import plait
 from plait.learning import Feedback, TrainingStep
 from plait.module import BackwardContext, BackwardResult
+from plait.testing import FakeOpenAIServer
 
 
 class Judge(plait.Module):
@@ -253,3 +254,17 @@ async def test_a_node_read_by_two_others_hears_both(resources: plait.ResourceCon
     heard = feedback_of(model.draft.system_prompt)
     assert "upstream of shouting: the answer must mention 'w'" in heard
     assert "check the facts: the answer must mention 'w'" in heard
+
+
+async def test_a_step_binding_one_option_keeps_the_models_resources(
+    server: FakeOpenAIServer, resources: plait.ResourceConfig
+) -> None:
+    """Issue 20 point 13: a `TrainingStep` bound with a seed only still runs on the
+    resources its model was bound to (name by name, as a child's bind does)."""
+    model = TwoBranches().bind(resources=resources)
+    step = TrainingStep(model, Judge()).bind(seed=7)
+    step.train()
+    loss = await step("a document", target="the deadline")
+    assert isinstance(loss, plait.Value) and isinstance(loss.payload, Feedback), loss
+    assert loss.payload.score == 0.0
+    assert server.stats()["requests_total"] == 3  # left, right, merge: on the model's

@@ -532,6 +532,141 @@ def test_plait_run_resumed_after_editing_the_pipeline_file_reflects_the_new_code
     assert "code changed" in stderr
 
 
+HELPED_PIPELINE = """
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import plait
+from helped_prompt import after, prompt
+
+
+class Helped(plait.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.llm = plait.LLMInference("fast")
+
+    async def forward(self, text: str) -> str:
+        return after(await self.llm(prompt(text)))
+"""
+
+
+def write_helpers(directory: Path, prefix: str, suffix: str) -> None:
+    """``helped_prompt`` builds the prompt and imports ``helped_finish``, which
+    post-processes the reply: both are code the pipeline runs, in files of their own."""
+    (directory / "helped_prompt.py").write_text(
+        "import json\n"
+        "from helped_finish import finish\n\n\n"
+        f"def prompt(text):\n    return {prefix!r} + text\n\n\n"
+        "def after(reply):\n    return finish(reply)\n",
+        encoding="utf-8",
+    )
+    (directory / "helped_finish.py").write_text(
+        f"def finish(reply):\n    return reply + {suffix!r}\n", encoding="utf-8"
+    )
+
+
+def test_plait_run_resumed_after_editing_an_imported_helper_reflects_the_new_code(
+    server: FakeOpenAIServer, tmp_path: Path
+) -> None:
+    """Issue 20 point 10: a helper the pipeline file imports (and one that helper
+    imports) is the pipeline's code; a file beside them that nothing imports is not."""
+    from .test_cli import write_resources
+
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "helped_pipeline.py").write_text(HELPED_PIPELINE, encoding="utf-8")
+    unrelated = code / "unrelated_notes.py"
+    unrelated.write_text("NOTE = 1\n", encoding="utf-8")
+    resources = write_resources(tmp_path / "resources.toml", server.base_url)
+    data = tmp_path / "in.jsonl"
+    data.write_text("".join(json.dumps(text) + "\n" for text in ["alpha", "beta", "gamma"]))
+    out = tmp_path / "out.jsonl"
+
+    def run() -> tuple[list[str], str]:
+        for cache in code.glob("__pycache__"):  # as a user's edit would: no stale bytecode
+            for compiled in cache.iterdir():
+                compiled.unlink()
+        target = f"{code / 'helped_pipeline.py'}:Helped"
+        result = plait_cli("run", target, "--resources", resources, "-i", data, "-o", out)
+        assert result.returncode == 0, result.stderr
+        rows = [json.loads(line) for line in out.read_text().splitlines()]
+        return [row["output"] for row in sorted(rows, key=lambda row: row["index"])], result.stderr
+
+    write_helpers(code, "P:", "!")
+    assert run()[0] == ["P:alpha!", "P:beta!", "P:gamma!"]
+    assert server.stats()["requests_total"] == 3
+
+    # A file nobody imports changed: the finished outputs are still current.
+    server.reset()
+    unrelated.write_text("NOTE = 2\n", encoding="utf-8")
+    outputs, stderr = run()
+    assert outputs == ["P:alpha!", "P:beta!", "P:gamma!"]
+    assert "code changed" not in stderr
+    assert server.stats()["requests_total"] == 0
+
+    # The helper's helper post-processes differently: new outputs, the same requests.
+    server.reset()
+    write_helpers(code, "P:", "?")
+    outputs, stderr = run()
+    assert outputs == ["P:alpha?", "P:beta?", "P:gamma?"]
+    assert "code changed" in stderr
+    assert server.stats()["requests_total"] == 0
+
+    # The imported helper builds other prompts: those calls, and only those, are paid.
+    server.reset()
+    write_helpers(code, "Q:", "?")
+    outputs, stderr = run()
+    assert outputs == ["Q:alpha?", "Q:beta?", "Q:gamma?"]
+    assert sent_prompts(server) == ["Q:alpha", "Q:beta", "Q:gamma"]
+
+
+def test_the_code_identity_covers_imported_user_files_but_not_the_installation(
+    tmp_path: Path,
+) -> None:
+    """What `code_of` hashes: the pipeline's file and the user files it imports,
+    transitively (an import inside a function too), never the stdlib, site-packages
+    or plait, and the same whatever else the process has imported."""
+    import importlib.util
+
+    from plait.execution.checkpoint import code_of
+
+    write_helpers(tmp_path, "P:", "!")
+    (tmp_path / "helped_lazy.py").write_text("VALUE = 1\n", encoding="utf-8")
+    (tmp_path / "unrelated_notes.py").write_text("NOTE = 1\n", encoding="utf-8")
+    lazy = "    def lazy(self):\n        import helped_lazy\n\n"
+    source = HELPED_PIPELINE.replace("    async def forward", lazy + "    async def forward")
+    installed = "import plait\nimport pytest\nimport collections.abc\n"
+    source = source.replace("import plait\n", installed)
+    (tmp_path / "helped_api.py").write_text(source, encoding="utf-8")
+    spec = importlib.util.spec_from_file_location("helped_api", tmp_path / "helped_api.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["helped_api"] = module
+    try:
+        spec.loader.exec_module(module)
+        pipeline = module.Helped()
+        first = code_of(pipeline)
+        assert set(first) == {"helped_api", "helped_prompt", "helped_finish", "helped_lazy"}
+        # helped_lazy was never imported: it was found from the text, not sys.modules.
+        assert "helped_lazy" not in sys.modules
+        import helped_lazy  # type: ignore[import-not-found]  # noqa: F401
+
+        assert code_of(pipeline) == first  # what else was imported does not matter
+        (tmp_path / "helped_lazy.py").write_text("VALUE = 2\n", encoding="utf-8")
+        changed = code_of(pipeline)
+        assert changed["helped_lazy"] != first["helped_lazy"]
+        assert {k: v for k, v in changed.items() if k != "helped_lazy"} == {
+            k: v for k, v in first.items() if k != "helped_lazy"
+        }
+    finally:
+        for name in ("helped_api", "helped_prompt", "helped_finish", "helped_lazy"):
+            sys.modules.pop(name, None)
+        while str(tmp_path) in sys.path:
+            sys.path.remove(str(tmp_path))
+
+
 def test_a_pipeline_class_without_source_is_keyed_by_name_and_says_so(
     resources: plait.ResourceConfig, tmp_path: Path
 ) -> None:

@@ -98,3 +98,43 @@ def test_the_python_api_warns_once_per_process_even_from_concurrent_threads() ->
     notes = [line for line in result.stderr.splitlines() if "embedded local model" in line]
     assert len(notes) == 1, result.stderr
     assert "alias 'fast'" in notes[0] and "ResourceConfig.load('resources.toml')" in notes[0]
+
+
+RAY_SCRIPT = """
+import sys
+
+import plait
+
+
+class Unused(plait.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.draft = plait.LLMInference("fast")
+        self.judge = plait.LLMInference("smart")
+
+    def forward(self, text):
+        return text
+
+
+print(Unused().run_sync(["a", "b"], workers=2, ray_address=sys.argv[1]))
+"""
+
+
+def test_the_python_api_on_ray_workers_warns_once_like_one_process(
+    ray_cluster: Any, tmp_path: Path
+) -> None:
+    """Issue 20 point 15: ``run_sync(..., workers=2)`` with no resources says, in the
+    driver, that the aliases run on the embedded model (the workers leave it to it)."""
+    script = tmp_path / "on_ray.py"
+    script.write_text(RAY_SCRIPT, encoding="utf-8")
+    address = ray_cluster.get_runtime_context().gcs_address
+    result = subprocess.run(
+        [sys.executable, str(script), address], capture_output=True, text=True, timeout=300,
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", "")},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "['a', 'b']" in result.stdout
+    notes = [line for line in result.stderr.splitlines() if "embedded local model" in line]
+    assert len(notes) == 1, result.stderr
+    assert "alias 'fast'" in notes[0]
+    assert "ResourceConfig.load('resources.toml')" in notes[0]

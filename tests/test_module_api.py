@@ -267,3 +267,91 @@ def test_bind_adds_to_the_binding_and_none_removes_a_name(
         pipeline.bind(resources=None)
         failed = pipeline.run_sync(inputs)
         assert not any(isinstance(out, str) for out in failed)
+
+
+def _sent_seeds(server: FakeOpenAIServer) -> list[Any]:
+    return [record["body"].get("seed") for record in server.stats(bodies=True)["requests"]]
+
+
+def test_a_childs_own_bind_keeps_what_its_owner_bound_name_by_name(
+    server: FakeOpenAIServer, tmp_path: Path
+) -> None:
+    """Issue 20 point 13: ``root.gen.bind(max_concurrent=2)`` after
+    ``root.bind(resources=r, seed=7, checkpoint_dir=d)`` still runs ``root.gen`` on
+    ``r`` with seed 7 into ``d``; the names the child binds itself win."""
+    prompt = "colour [[sample:1000000]]"
+    wrong = plait.ResourceConfig(  # what a dropped binding would fall back to: calls fail
+        {
+            "fast": {
+                "provider": "openai",
+                "model": "m",
+                "base_url": server.base_url,
+                "api_key": "sk-wrong",
+            }
+        }
+    )
+    with plait.ExecutionSettings(resources=wrong):
+        alone = Sampled().bind(resources=make_resources(server), seed=7)
+        reference = alone.gen.run_sync(prompt)
+        seed_7 = _sent_seeds(server)
+        assert isinstance(reference, str) and "~draw" in reference, reference
+        assert len(seed_7) == 1 and isinstance(seed_7[0], int)
+
+        root = Sampled().bind(
+            resources=make_resources(server), seed=7, checkpoint_dir=tmp_path / "owner"
+        )
+        assert root.gen.bind(max_concurrent=2) is root.gen
+        server.reset()
+        assert root.gen.run_sync(prompt) == reference  # the owner's resources and seed
+        assert _sent_seeds(server) == seed_7
+        assert any((tmp_path / "owner").iterdir())  # ... and its checkpoint
+        server.reset()
+        assert root.gen.run_sync(prompt) == reference  # resumed from it: nothing paid
+        assert server.stats()["requests_total"] == 0
+
+        # The child's own names win; the rest still comes from the owner.
+        root.gen.bind(seed=9, checkpoint_dir=tmp_path / "child")
+        server.reset()
+        reseeded = root.gen.run_sync(prompt)
+        assert isinstance(reseeded, str) and "~draw" in reseeded, reseeded
+        seed_9 = _sent_seeds(server)
+        assert len(seed_9) == 1 and isinstance(seed_9[0], int) and seed_9 != seed_7
+        assert any((tmp_path / "child").iterdir())
+
+        # A None in the child's bind removes its names: the owner's apply again (its
+        # checkpoint, made with its seed, answers without a call).
+        root.gen.bind(seed=None, checkpoint_dir=None)
+        server.reset()
+        assert root.gen.run_sync(prompt) == reference
+        assert server.stats()["requests_total"] == 0
+
+
+def test_concurrent_runs_of_children_share_their_owners_binding(
+    server: FakeOpenAIServer,
+) -> None:
+    """Bindings are read per run: children with binds of their own, run at once, each
+    keep the owner's resources and seed."""
+    import asyncio
+
+    class Two(plait.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.first = plait.LLMInference("fast", temperature=0.8)
+            self.second = plait.LLMInference("fast", temperature=0.8)
+
+        def forward(self, text: str) -> Any:
+            return self.second(self.first(text))
+
+    root = Two().bind(resources=make_resources(server), seed=7)
+    root.first.bind(max_concurrent=3)
+    root.second.bind(max_concurrent=1)
+    prompts = [f"p{i} [[sample:1000000]]" for i in range(4)]
+
+    async def both() -> list[Any]:
+        runs = [root.first(p) for p in prompts] + [root.second(p) for p in prompts]
+        return list(await asyncio.gather(*runs))
+
+    outputs = asyncio.run(both())
+    assert all(isinstance(out, str) and "~draw" in out for out in outputs), outputs
+    seeds = _sent_seeds(server)
+    assert len(seeds) == 8 and all(isinstance(seed, int) for seed in seeds)

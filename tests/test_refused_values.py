@@ -103,7 +103,7 @@ def test_a_null_input_line_is_an_error_row_from_the_cli(
     assert result.returncode == 1  # some input failed
 
 
-@pytest.mark.parametrize("document", ["", "  \n ", []])
+@pytest.mark.parametrize("document", ["", "  \n ", [], [""], ["", " \n"], ("\t",)])
 def test_an_empty_document_is_an_error_for_refine_as_for_map_reduce(
     server: FakeOpenAIServer, resources: plait.ResourceConfig, document: Any
 ) -> None:
@@ -113,5 +113,28 @@ def test_an_empty_document_is_an_error_for_refine_as_for_map_reduce(
         assert isinstance(out[0], plait.Value) and out[0].is_error, (module, out[0])
         assert out[0].meta["error_type"] == "ValueError"
         assert f"{type(module).__name__} got an empty document" in out[0].meta["message"]
+        assert isinstance(out[1], str) and "a part" in out[1]
+    assert server.stats()["requests_total"] == 2
+
+
+@pytest.mark.parametrize(
+    ("document", "position", "type_name"),
+    [([None], 0, "NoneType"), (["a part", None], 1, "NoneType"), (["a", b"raw"], 1, "bytes")],
+)
+def test_a_chunk_that_is_not_text_is_a_type_error_naming_its_position(
+    server: FakeOpenAIServer,
+    resources: plait.ResourceConfig,
+    document: Any,
+    position: int,
+    type_name: str,
+) -> None:
+    """Issue 20 point 12: Refine sent "Next part:\nNone" and succeeded where MapReduce
+    failed; both refuse the document before any call, and the other input runs."""
+    for module in (Refine("fast", "Update."), MapReduce("fast", "Map.", "Comb.")):
+        out = module.bind(resources=resources).run_sync([document, ["a part"]])
+        assert isinstance(out[0], plait.Value) and out[0].is_error, (module, out[0])
+        assert out[0].meta["error_type"] == "TypeError"
+        message = out[0].meta["message"]
+        assert f"{type(module).__name__} got chunk {position} of type {type_name}" in message
         assert isinstance(out[1], str) and "a part" in out[1]
     assert server.stats()["requests_total"] == 2

@@ -199,15 +199,26 @@ class Module:
         return ".".join(reversed(names))
 
     def _binding(self) -> tuple[Any, dict[str, Any]]:
-        """Resources and options from `bind()`: this module's, else the nearest owner's."""
+        """Resources and options from `bind()`, name by name: this module's, else the
+        nearest owner's that bound it.
+
+        A child binding one option of its own (``root.gen.bind(seed=9)``) must not
+        lose the resources and other options its owner bound for it.
+        """
+        chain: list[Module] = []
         node: Module | None = self
         seen: set[int] = set()
         while node is not None and id(node) not in seen:
-            if node._bound_resources is not None or node._bound_config:
-                return node._bound_resources, node._bound_config
+            chain.append(node)
             seen.add(id(node))
             node = node._parent_module()
-        return None, {}
+        resources: Any = None
+        config: dict[str, Any] = {}
+        for node in reversed(chain):  # the root first, so nearer bindings win
+            if node._bound_resources is not None:
+                resources = node._bound_resources
+            config.update(node._bound_config)
+        return resources, config
 
     def register_module(self, name: str, module: Module | None) -> None:
         """Register a child under ``name`` (what attribute assignment does)."""
@@ -246,7 +257,8 @@ class Module:
         option falls back to the owner's binding, `ExecutionSettings` or its default).
         Bound options rank below per-call options and above `ExecutionSettings`, and
         reach every submodule this module owns: ``root.bind(resources=r)`` then
-        ``root.child.run_sync(x)`` runs on ``r`` (a submodule's own `bind` wins).
+        ``root.child.run_sync(x)`` runs on ``r``; the names a submodule binds itself win
+        for it, name by name (``root.child.bind(seed=9)`` keeps the owner's ``r``).
         ``max_concurrent`` caps the tasks this module runs at once (default 100).
         """
         from plait.execution.settings import check_setting_names

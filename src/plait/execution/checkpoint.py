@@ -115,16 +115,19 @@ def producer_of(module: Any, resources: Any, seed: int | None = None) -> dict[st
 
 
 def code_of(module: Any) -> dict[str, str]:
-    """A hash of the source that defines the pipeline's module classes, by Python module.
+    """A hash of the user source the pipeline runs, by Python module.
 
     A finished output is only as current as the code that computed it: an edited
     ``forward`` (a prefixed prompt, a new post-processing step) must not be answered
     with outputs of the old one. The whole source file of each class outside plait
     is hashed, not the class alone, so prompt templates and helper functions kept
-    beside it count too; an edit that changes nothing a call sends costs nothing,
-    since the calls themselves are keyed by their requests. A class whose source
-    cannot be found (defined in an interactive session) is keyed by its name, and
-    a warning says that changes to it go unnoticed.
+    beside it count too, and so are the user files those import, transitively (a
+    ``fmt`` helper in another file is as much the pipeline's code); what lives in
+    the Python installation (stdlib, site-packages) and plait itself is not. An
+    edit that changes nothing a call sends costs nothing, since the calls
+    themselves are keyed by their requests. A class whose source cannot be found
+    (defined in an interactive session) is keyed by its name, and a warning says
+    that changes to it go unnoticed.
     """
     import hashlib
     import inspect
@@ -132,11 +135,13 @@ def code_of(module: Any) -> dict[str, str]:
     import warnings
 
     found: dict[str, str] = {}
+    # (module name, its package, its source) still to scan for the user files it imports.
+    pending: list[tuple[str, str | None, str]] = []
     for part in module.modules():
         for cls in type(part).__mro__:
             name = cls.__module__
             qualified = f"{name}.{cls.__qualname__}"
-            if cls is object or name == "plait" or name.startswith("plait."):
+            if cls is object or _is_plait(name):
                 continue
             if name in found or qualified in found:
                 continue
@@ -150,6 +155,8 @@ def code_of(module: Any) -> dict[str, str]:
                     continue
                 text = source.encode("utf-8", "surrogatepass")
                 found[key] = hashlib.sha256(text).hexdigest()[:16]
+                if key == name:
+                    pending.append((name, getattr(owner, "__package__", None), source))
                 break
             else:
                 warnings.warn(
@@ -160,7 +167,109 @@ def code_of(module: Any) -> dict[str, str]:
                     stacklevel=2,
                 )
                 found[qualified] = "no source"
-    return found
+    installed = _installed_roots()
+    while pending:
+        _name, package, source = pending.pop()
+        for imported in _imports_of(source, package):
+            if imported in found or _is_plait(imported):
+                continue
+            path = _user_file(imported, installed)
+            if path is None:
+                continue
+            try:
+                data = path.read_bytes()
+            except OSError:
+                continue
+            found[imported] = hashlib.sha256(data).hexdigest()[:16]
+            own_package = imported if path.name == "__init__.py" else imported.rpartition(".")[0]
+            pending.append((imported, own_package, data.decode("utf-8", "surrogateescape")))
+    return dict(sorted(found.items()))
+
+
+def _is_plait(name: str) -> bool:
+    return name == "plait" or name.startswith("plait.")
+
+
+def _installed_roots() -> tuple[str, ...]:
+    """Directories of the Python installation, whose files are not the pipeline's code."""
+    import site
+    import sysconfig
+
+    paths = sysconfig.get_paths()
+    roots = {paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in paths}
+    roots.update(site.getsitepackages())
+    roots.add(site.getusersitepackages())
+    return tuple(os.path.join(os.path.realpath(root), "") for root in roots)
+
+
+def _imports_of(source: str, package: str | None) -> list[str]:
+    """The absolute names of the modules a source file imports, anywhere in it.
+
+    Read from the text rather than from what is loaded, so the answer is the same in
+    every process whatever else it happens to have imported, and an import inside a
+    function (run by ``forward`` later) counts too. ``from a import b`` names both
+    ``a`` and ``a.b``, since ``b`` may be a submodule.
+    """
+    import ast
+    import importlib.util
+
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return []
+    names: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                parts = alias.name.split(".")
+                names.extend(".".join(parts[: i + 1]) for i in range(len(parts)))
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                if not package:
+                    continue
+                try:
+                    base = importlib.util.resolve_name("." * node.level + base, package)
+                except (ImportError, ValueError):
+                    continue
+            if not base:
+                continue
+            parts = base.split(".")
+            names.extend(".".join(parts[: i + 1]) for i in range(len(parts)))
+            names.extend(f"{base}.{alias.name}" for alias in node.names if alias.name != "*")
+    return list(dict.fromkeys(names))
+
+
+def _user_file(name: str, installed: tuple[str, ...]) -> Path | None:
+    """The source file of module ``name`` if it is user code, without importing it.
+
+    A dotted name is found through its parent package's locations, so a package the
+    pipeline only imports lazily is located without running it.
+    """
+    import importlib.machinery
+    import importlib.util
+
+    parts = name.split(".")
+    try:
+        spec = importlib.util.find_spec(parts[0])
+    except (ImportError, ValueError, AttributeError):
+        return None
+    for depth in range(1, len(parts)):
+        if spec is None or not spec.submodule_search_locations:
+            return None
+        if spec.origin and os.path.realpath(spec.origin).startswith(installed):
+            return None  # a module of an installed package is installed too
+        spec = importlib.machinery.PathFinder.find_spec(
+            ".".join(parts[: depth + 1]), list(spec.submodule_search_locations)
+        )
+    if spec is None or not spec.has_location or not spec.origin:
+        return None
+    if not spec.origin.endswith(".py"):
+        return None
+    origin = os.path.realpath(spec.origin)
+    if origin.startswith(installed):
+        return None
+    return Path(origin)
 
 
 def _differences(before: dict[str, Any], now: dict[str, Any]) -> tuple[list[str], list[str]]:

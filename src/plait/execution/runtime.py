@@ -23,7 +23,7 @@ from plait.execution.loop import run_blocking
 from plait.execution.settings import SETTING_NAMES, resolve_options
 from plait.execution.tape import Tape
 from plait.handlers.stack import current_stack
-from plait.resources.manager import ResourceManager
+from plait.resources.manager import ResourceManager, say_embedded
 from plait.sampling import run_seed
 from plait.tracing.tracer import TracingError, module_paths, trace
 from plait.values import ExecutionError, Value, ValueKind, error_value
@@ -353,6 +353,11 @@ async def _run_distributed(
             "run training batches without workers (Trainer(workers=N) scores on workers)"
         )
     resources = ResourceManager.coerce(opts["resources"])
+    if not resources.config:
+        # The workers resolve the aliases, and they leave this notice to the driver.
+        aliases = sorted({m.alias for m in module.modules() if m._calls_llm})  # type: ignore[attr-defined]
+        if aliases:
+            say_embedded(aliases[0])
     # Drawn here, once: the workers run with this seed, not draws of their own.
     seed, give_back = run_seed(module, opts.get("seed"))
     opts = {**opts, "seed": seed}

@@ -38,12 +38,14 @@ class TrainingStep(Module):
         self.loss_fn = loss_fn
 
     def _binding(self) -> tuple[Any, dict[str, Any]]:
-        """The step's own `bind()`, else the wrapped model's: a bound pipeline trains
-        on the resources it was bound to."""
+        """The step's own `bind()`, else the wrapped model's, name by name: a bound
+        pipeline trains on the resources it was bound to."""
         resources, config = super()._binding()
-        if resources is not None or config:
-            return resources, config
-        return self.model._binding()
+        model_resources, model_config = self.model._binding()
+        return (resources if resources is not None else model_resources), {
+            **model_config,
+            **config,
+        }
 
     def forward(self, input: Any, target: Any = None) -> Any:
         return self.loss_fn(self.model(input), target)

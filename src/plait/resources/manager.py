@@ -37,10 +37,11 @@ def embedded_said() -> bool:
     return said
 
 
-def _say_embedded(alias: str) -> None:
+def say_embedded(alias: str) -> None:
     """Once per process: an alias that silently ran on a 135M-parameter model would
     look like a bad pipeline, not a missing configuration.  A logging warning, so an
-    application can silence it; Ray workers leave it to their driver."""
+    application can silence it; Ray workers leave it to their driver, which says it
+    before dispatching (`plait.execution.runtime`)."""
     if _factory is not None or embedded_said():
         return
     _log.warning(
@@ -133,7 +134,7 @@ class ResourceManager:
             return found
         config = self.config_for(alias)
         if not self.config:
-            _say_embedded(alias)
+            say_embedded(alias)
         governor = shared_governor(config)
         usage = record_for(alias)
         usage.provider, usage.model = config.provider, config.model or "default"

@@ -15,6 +15,7 @@ chunks, and both keep their instructions as learnable `Parameter`s.
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any
 
@@ -22,6 +23,7 @@ from plait.module import LLMInference, Module
 from plait.parameter import Parameter
 from plait.sequences.chunking import chunk_text
 from plait.sequences.recurrence import Recurrence
+from plait.values import Value
 
 __all__ = ["MapReduce", "Refine"]
 
@@ -50,9 +52,11 @@ def _instruction(value: str | Parameter, description: str) -> Parameter:
 def _chunks(document: Any, size: int, overlap: int, reader: str) -> Any:
     """A text chunked; a list of chunks (or anything else) as it is.
 
-    An empty document is an error for both readers: a Refine that returned its
-    initial "(nothing yet)" as a success, where a MapReduce of the same input
-    failed, reported a summary of a document that was never there.
+    An empty document (a list of blank chunks too) is an error for both readers: a
+    Refine that returned its initial "(nothing yet)" as a success, where a MapReduce
+    of the same input failed, reported a summary of a document that was never
+    there. One check for both, so a chunk that is not text (a ``None`` that Refine
+    sent as "Next part:\nNone") is refused the same way by each.
     """
     if isinstance(document, str):
         chunks = chunk_text(document, size, overlap)
@@ -60,12 +64,31 @@ def _chunks(document: Any, size: int, overlap: int, reader: str) -> Any:
             shown = repr(document) if len(document) <= 20 else f"{len(document)} blank characters"
             raise ValueError(f"{reader} got an empty document ({shown}): nothing to read")
         return chunks
-    if isinstance(document, list | tuple) and not document:
-        raise ValueError(
-            f"{reader} got an empty document (an empty {type(document).__name__} of "
-            "chunks): nothing to read"
-        )
+    if isinstance(document, list | tuple):
+        if not document:
+            raise ValueError(
+                f"{reader} got an empty document (an empty {type(document).__name__} of "
+                "chunks): nothing to read"
+            )
+        for position, chunk in enumerate(document):
+            # Text, or what an earlier call produces (a traced output, a Value, an
+            # awaitable); a None would reach the model as "None" and be paid for.
+            if not (isinstance(chunk, str | Value) or inspect.isawaitable(chunk)):
+                raise TypeError(
+                    f"{reader} got chunk {position} of type {type(chunk).__name__} "
+                    f"({_shown(chunk)}) where text is required: a document is a text or a "
+                    "list of text chunks"
+                )
+        if all(type(chunk) is str and not chunk.strip() for chunk in document):
+            raise ValueError(
+                f"{reader} got an empty document ({len(document)} blank chunk(s)): nothing to read"
+            )
     return document  # e.g. a sequence an earlier call will produce: the scan checks it
+
+
+def _shown(value: Any) -> str:
+    shown = repr(value)
+    return shown if len(shown) <= 40 else shown[:37] + "..."
 
 
 class Refine(Recurrence):
