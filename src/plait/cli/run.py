@@ -377,7 +377,7 @@ class _Command:
             from plait.handlers.profiling import profile
 
             Path(ns.profile).parent.mkdir(parents=True, exist_ok=True)
-            profiler = profile(ns.profile)
+            profiler = profile()  # written below, unless the run is refused
         started = time.monotonic()
         display.start()
         try:
@@ -391,39 +391,50 @@ class _Command:
         except KeyboardInterrupt:
             display.stop()
             writer.close()
+            self._write_trace(profiler)
             return self._interrupted(tally, checkpoint)
         except BrokenPipeError:
             display.stop()
             silence_stdout()
+            self._write_trace(profiler)
             self.say("stopped: the reader of the output went away")
             return 1
+        # A refused run leaves the output file (and the trace) as they were: the rows a
+        # finished run paid for survive a re-run with an edited input.
         except CheckpointError as exc:
             display.stop()
-            writer.close()
+            writer.discard()
             raise UsageError(f"{exc} (or add --fresh to delete the checkpoint)") from None
         except TracingError as exc:  # the first input traced failed: the code is wrong
             display.stop()
-            writer.close()
+            writer.discard()
             raise UsageError(
                 f"{ns.target} cannot be traced, so no input was run and nothing was paid for: {exc}"
             ) from None
         except ClusterUnreachable as exc:
             display.stop()
-            writer.close()
+            writer.discard()
             raise UsageError(str(exc)) from None
         except OSError as exc:  # the output or the checkpoint could not be written
             display.stop()
             with contextlib.suppress(OSError):
                 writer.close()
+            self._write_trace(profiler)
             self.say(f"error: stopped: {exc}")
             return 1
         except BaseException:
             display.stop()
             writer.close()
+            self._write_trace(profiler)
             raise
         display.stop()
         writer.close()
+        self._write_trace(profiler)
         return self._summary(tally, checkpoint, time.monotonic() - started)
+
+    def _write_trace(self, profiler: Any) -> None:
+        if self.ns.profile:
+            profiler.write(self.ns.profile)
 
     # -- reporting -------------------------------------------------------------------------
     def _where(self) -> str:

@@ -1,0 +1,123 @@
+"""A refused command leaves every file as it was, and reports what it refused.
+
+A re-run that is refused (an input edited since the checkpoint recorded it, an
+endpoint or a parameter changed, code that cannot be traced) must not cost the
+rows a finished run paid for: the output file and the trace stay byte-identical.
+
+Every request goes to the loopback fake server.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import plait_cli
+
+PIPELINE = """
+import plait
+
+class Echo(plait.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.llm = plait.LLMInference("fast", system_prompt="S")
+
+    def forward(self, text: str):
+        return self.llm(text)
+
+class Untraceable(plait.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.llm = plait.LLMInference("fast", system_prompt="S")
+
+    def forward(self, text: str):
+        reply = self.llm(text)
+        if reply == "x":  # a branch on a value only known when the call returns
+            return reply
+        return reply
+"""
+
+
+@pytest.fixture()
+def project(server: Any, tmp_path: Path) -> Path:
+    (tmp_path / "pipeline.py").write_text(textwrap.dedent(PIPELINE), encoding="utf-8")
+    write_resources(tmp_path / "resources.yaml", server.base_url, "m")
+    return tmp_path
+
+
+def write_resources(path: Path, base_url: str, model: str) -> Path:
+    endpoint = {"provider": "openai", "model": model, "base_url": base_url, "api_key": "sk-test"}
+    path.write_text(json.dumps({"fast": endpoint}), encoding="utf-8")
+    return path
+
+
+def write_jsonl(path: Path, rows: list[Any]) -> Path:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    return path
+
+
+def refusal(run: Any) -> str:
+    assert run.returncode == 2, run.stderr
+    assert "Traceback" not in run.stderr
+    line = run.stderr.strip().splitlines()[-1]
+    assert line.startswith("plait ") and ": error: " in line, run.stderr
+    return line
+
+
+def test_a_refused_rerun_leaves_the_output_and_the_trace_as_they_were(
+    server: Any, project: Path
+) -> None:
+    inputs = write_jsonl(project / "in.jsonl", [f"doc {i}" for i in range(5)])
+    out, trace = project / "out.jsonl", project / "trace.json"
+    resources = project / "resources.yaml"
+
+    def run(*extra: str | Path, target: str = "Echo", inputs: Path = inputs) -> Any:
+        return plait_cli(
+            "run", f"{project / 'pipeline.py'}:{target}", "-i", inputs, "-o", out,
+            "--profile", trace, "--resources", resources, "-q", *extra,
+        )  # fmt: skip
+
+    first = run()
+    assert first.returncode == 0, first.stderr
+    paid = server.stats()["requests_total"]
+    assert paid == 5
+    rows, traced = out.read_bytes(), trace.read_bytes()
+    assert len(rows.splitlines()) == 5
+
+    # an input edited after the run: found only once the inputs are being answered
+    edited = write_jsonl(project / "edited.jsonl", ["doc 0", "doc 1 EDITED", "doc 2"])
+    line = refusal(run(inputs=edited))
+    assert "input #1 differs" in line
+    assert out.read_bytes() == rows and trace.read_bytes() == traced
+    # the endpoint changed under the checkpoint
+    write_resources(resources, server.base_url, "other-model")
+    assert "model changed" in refusal(run())
+    assert out.read_bytes() == rows and trace.read_bytes() == traced
+    write_resources(resources, server.base_url, "m")
+    # code that cannot be traced, with no checkpoint to refuse it first
+    line = refusal(run("--no-checkpoint", target="Untraceable"))
+    assert "cannot be traced" in line
+    assert out.read_bytes() == rows and trace.read_bytes() == traced
+    assert server.stats()["requests_total"] == paid
+    assert sorted(p.name for p in project.iterdir() if p.name.startswith(".")) == []
+
+    # and a run that is not refused still rewrites both
+    again = run()
+    assert again.returncode == 0, again.stderr
+    assert len(out.read_bytes().splitlines()) == 5
+
+
+def test_a_refused_first_run_leaves_no_output_file(server: Any, project: Path) -> None:
+    inputs = write_jsonl(project / "in.jsonl", ["a"])
+    out = project / "out.jsonl"
+    run = plait_cli(
+        "run", f"{project / 'pipeline.py'}:Untraceable", "-i", inputs, "-o", out,
+        "--resources", project / "resources.yaml",
+    )  # fmt: skip
+    assert "cannot be traced" in refusal(run)
+    assert not out.exists()
+    assert server.stats()["requests_total"] == 0
