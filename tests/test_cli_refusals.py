@@ -121,3 +121,45 @@ def test_a_refused_first_run_leaves_no_output_file(server: Any, project: Path) -
     assert "cannot be traced" in refusal(run)
     assert not out.exists()
     assert server.stats()["requests_total"] == 0
+
+
+def test_no_command_writes_over_the_pipelines_own_source(server: Any, project: Path) -> None:
+    source = project / "pipeline.py"
+    before = source.read_bytes()
+    inputs = write_jsonl(project / "in.jsonl", ["a"])
+    data = write_jsonl(project / "data.jsonl", [{"text": "a", "target": "[S] a"}])
+    for name, args in (
+        ("run", ("-i", inputs, "-o", source)),
+        ("run", ("-i", inputs, "-o", project / "out.jsonl", "--profile", source)),
+        ("eval", ("--data", data, "-o", source)),
+    ):
+        run = plait_cli(name, f"{source}:Echo", "--resources", project / "resources.yaml", *args)
+        line = refusal(run)
+        assert f"is the pipeline's source file {source}" in line, line
+        assert source.read_bytes() == before
+    assert server.stats()["requests_total"] == 0
+
+
+def test_a_quoted_csv_field_spanning_lines_is_read_and_said(server: Any, project: Path) -> None:
+    table = project / "data.csv"
+    table.write_text('text,target\n"a,A\nb,A\nc",A\nd,[S] d\ne,[S] e\n', encoding="utf-8")
+    for name, args in (
+        ("run", ("-i", table, "-o", project / "out.jsonl", "-q")),
+        ("eval", ("--data", table, "-q")),
+    ):
+        run = plait_cli(
+            name, f"{project / 'pipeline.py'}:Echo", "--resources", project / "resources.yaml",
+            *args,
+        )  # fmt: skip
+        assert run.returncode == 0, run.stderr
+        notes = [line for line in run.stderr.splitlines() if "spans lines" in line]
+        assert len(notes) == 1, run.stderr
+        assert "read as 3 row(s)" in notes[0] and "spans lines 2-4" in notes[0]
+    assert "mean 0.6667 over 3 example(s)" in run.stdout
+    # a file with no line break inside a field: nothing to say
+    table.write_text("text,target\nd,[S] d\n", encoding="utf-8")
+    run = plait_cli(
+        "eval", f"{project / 'pipeline.py'}:Echo", "--resources", project / "resources.yaml",
+        "--data", table, "-q",
+    )  # fmt: skip
+    assert run.returncode == 0 and run.stderr == "", run.stderr

@@ -27,7 +27,7 @@ from plait.cli.options import (
 )
 from plait.cli.parameters import ParametersError, load_parameters
 from plait.cli.progress import Display, Tally, make_display
-from plait.cli.target import Target, TargetError
+from plait.cli.target import Target, TargetError, source_file
 from plait.learning.step import TrainingStep
 from plait.resources.config import ConfigurationError, ResourceConfig
 
@@ -151,7 +151,12 @@ def _eval(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     from plait.learning.trainer import load_examples
 
     refuse_to_clobber(
-        {"--data": ns.data, "--parameters": ns.parameters, "--resources": ns.resources},
+        {
+            "--data": ns.data,
+            "--parameters": ns.parameters,
+            "--resources": ns.resources,
+            "TARGET": source_file(ns.target),
+        },
         {"--output": ns.output},
     )
     module = Target(ns.target, ns.assignments).make()

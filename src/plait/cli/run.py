@@ -43,7 +43,7 @@ from plait.cli.options import (
 from plait.cli.outputs import OutputWriter, error_record, silence_stdout
 from plait.cli.parameters import ParametersError, load_parameters
 from plait.cli.progress import Tally, console, duration, make_display
-from plait.cli.target import Target, TargetError
+from plait.cli.target import Target, TargetError, source_file
 from plait.execution.checkpoint import FORMAT as CHECKPOINT_FORMAT
 from plait.execution.checkpoint import Checkpoint, CheckpointError, producer_of
 from plait.execution.loop import run_blocking
@@ -704,7 +704,12 @@ def _refuse_to_clobber(ns: argparse.Namespace) -> None:
             "outputs at the end of the run; give --profile another path"
         )
     refuse_to_clobber(
-        {"--input": ns.input, "--parameters": ns.parameters, "--resources": ns.resources},
+        {
+            "--input": ns.input,
+            "--parameters": ns.parameters,
+            "--resources": ns.resources,
+            "TARGET": source_file(ns.target),
+        },
         {"--output": ns.output, "--profile": ns.profile},
     )
     if ns.profile not in (None, "-"):
@@ -723,7 +728,9 @@ def refuse_to_clobber(reads: dict[str, str | None], writes: dict[str, str | None
         for source_flag, source in reads.items():
             if source is None:
                 continue
-            what = "input file" if source_flag == "--input" else f"{source_flag} file"
+            what = {"--input": "input file", "TARGET": "pipeline's source file"}.get(
+                source_flag, f"{source_flag} file"
+            )
             if source == "-":
                 if _is_stdin(Path(target)):
                     raise UsageError(
