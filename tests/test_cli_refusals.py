@@ -163,3 +163,41 @@ def test_a_quoted_csv_field_spanning_lines_is_read_and_said(server: Any, project
         "--data", table, "-q",
     )  # fmt: skip
     assert run.returncode == 0 and run.stderr == "", run.stderr
+
+
+def test_eval_refuses_code_that_cannot_be_traced_before_any_example_runs(
+    server: Any, project: Path
+) -> None:
+    data = write_jsonl(project / "data.jsonl", [{"text": f"t{i}", "target": "x"} for i in range(6)])
+    run = plait_cli(
+        "eval", f"{project / 'pipeline.py'}:Untraceable", "--data", data,
+        "--resources", project / "resources.yaml", "-q",
+    )  # fmt: skip
+    line = refusal(run)
+    assert run.stderr.strip() == line  # said once, not once per example
+    assert "cannot be traced, so no example was run" in line
+    assert run.stdout == ""
+    assert server.stats()["requests_total"] == 0
+
+
+def test_eval_exits_1_when_examples_failed_and_still_prints_the_mean(
+    server: Any, project: Path
+) -> None:
+    data = write_jsonl(project / "data.jsonl", [{"text": f"t{i}", "target": "x"} for i in range(3)])
+    wrong = project / "wrong.yaml"
+    endpoint = {"provider": "openai", "model": "m", "base_url": server.base_url, "api_key": "no"}
+    wrong.write_text(json.dumps({"fast": endpoint}), encoding="utf-8")
+    run = plait_cli(
+        "eval", f"{project / 'pipeline.py'}:Echo", "--data", data, "--resources", wrong, "-q"
+    )
+    assert run.returncode == 1, run.stderr
+    assert "mean 0.0000 over 3 example(s)" in run.stdout
+    assert "3 of 3 example(s) failed" in run.stderr
+    assert "Traceback" not in run.stderr
+    good = write_jsonl(project / "good.jsonl", [{"text": "t", "target": "[S] t"}])
+    run = plait_cli(
+        "eval", f"{project / 'pipeline.py'}:Echo", "--data", good,
+        "--resources", project / "resources.yaml", "-q",
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert "mean 1.0000 over 1 example(s)" in run.stdout
