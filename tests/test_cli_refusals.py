@@ -29,6 +29,15 @@ class Echo(plait.Module):
     def forward(self, text: str):
         return self.llm(text)
 
+class ReturnsAModule(plait.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = Echo()
+
+    async def forward(self, text: str):
+        return {"pipeline": self.inner} if text == "nested" else self.inner if text == "m" else text
+
+
 class Untraceable(plait.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -201,3 +210,38 @@ def test_eval_exits_1_when_examples_failed_and_still_prints_the_mean(
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
     assert "mean 1.0000 over 1 example(s)" in run.stdout
+
+
+def test_a_module_returned_as_an_output_is_that_inputs_error_row(project: Path) -> None:
+    inputs = write_jsonl(project / "in.jsonl", ["m", "nested", "fine"])
+    out = project / "out.jsonl"
+    run = plait_cli(
+        "run", f"{project / 'pipeline.py'}:ReturnsAModule", "-i", inputs, "-o", out,
+        "--resources", project / "resources.yaml", "--no-checkpoint", "-q",
+    )  # fmt: skip
+    assert run.returncode == 1, run.stderr
+    rows = {row["index"]: row for row in map(json.loads, out.read_text().splitlines())}
+    assert rows[2]["output"] == "fine"
+    for index in (0, 1):
+        assert "output" not in rows[index]
+        assert rows[index]["error"]["type"] == "UnwritableOutput"
+        assert "plait Module (Echo)" in rows[index]["error"]["message"]
+    assert "3 input(s): 1 succeeded, 2 failed" in run.stderr
+
+
+def test_hidden_files_of_an_input_directory_are_not_inputs(server: Any, project: Path) -> None:
+    folder = project / "docs"
+    folder.mkdir()
+    (folder / "a.txt").write_text("first", encoding="utf-8")
+    (folder / ".hidden").write_text("secret notes", encoding="utf-8")
+    (folder / ".DS_Store").write_bytes(b"\x00\x01")
+    out = project / "out.jsonl"
+    run = plait_cli(
+        "run", f"{project / 'pipeline.py'}:Echo", "-i", folder, "-o", out,
+        "--resources", project / "resources.yaml", "-q",
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [row["input"] for row in rows] == [str(folder / "a.txt")]
+    assert server.stats()["requests_total"] == 1
+    assert "1 input(s): 1 succeeded" in run.stderr

@@ -230,9 +230,9 @@ def map_record(
 class InputSource:
     """An opened input (the file is opened now, so a bad path fails before any work).
 
-    A directory is a set of documents: each regular file in it (sorted by name) is
-    one input, its whole text; ``--format document`` makes a whole file (or stdin)
-    one input.
+    A directory is a set of documents: each regular file in it (sorted by name,
+    hidden ones skipped) is one input, its whole text; ``--format document`` makes
+    a whole file (or stdin) one input.
     """
 
     def __init__(
@@ -282,7 +282,11 @@ class InputSource:
                         f"(--format document), not {fmt}; give a file for --format {fmt}"
                     )
                 try:
-                    self.files = sorted(p for p in self.path.iterdir() if p.is_file())
+                    # Hidden files (.DS_Store, .gitignore, an editor's swap file) are
+                    # not documents someone meant to run: skipped.
+                    self.files = sorted(
+                        p for p in self.path.iterdir() if p.is_file() and not p.name.startswith(".")
+                    )
                 except OSError as exc:
                     raise InputError(
                         f"cannot read input directory {location}: {exc.strerror}"

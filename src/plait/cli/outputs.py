@@ -13,7 +13,7 @@ An output that cannot be written at all (a pydantic model holding a function, an
 object whose ``str()`` raises) becomes that input's error row, of type
 ``UnwritableOutput``: every input still ends as exactly one row, and the run goes on.
 So does an output that is code rather than data (a function, lambda, method,
-class, Python module, generator or coroutine, anywhere in the output): its text
+class, Python module, plait Module, generator or coroutine, anywhere in the output): its text
 would be ``"<function ...>"``, a row that looks like a success and holds nothing.
 
 The file is rewritten from the start on every run.  A resumed run still delivers
@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from plait._locks import hold
+from plait.module import Module
 from plait.values import Value, error_value
 
 __all__ = ["OutputWriter", "UnwritableOutput", "error_record", "json_default"]
@@ -58,6 +59,7 @@ _NOT_DATA = (
     types.AsyncGeneratorType,
     functools.partial,
     type,
+    Module,  # a pipeline returned instead of called: its repr is not its output
 )
 
 
@@ -66,6 +68,11 @@ def json_default(obj: Any) -> Any:
     if isinstance(obj, _NOT_DATA):
         if isinstance(obj, types.CoroutineType):
             obj.close()  # never awaited, and never will be: no warning about it
+        if isinstance(obj, Module):
+            raise TypeError(
+                f"it holds a plait Module ({type(obj).__qualname__}), which is code, not "
+                "data: return what calling it returns"
+            )
         raise TypeError(
             f"it holds a {type(obj).__name__} ({_name_of(obj)}), which is code, not data"
         )

@@ -80,8 +80,9 @@ Inputs (--input FILE, or - for stdin; the format comes from the file's suffix,
   CSV       a header row, then one input per row (an object of column -> text)
   text      one input per non-empty line
   document  the whole file (or stdin) is one input
---input DIR: each regular file in the directory (sorted by name) is one input,
-its whole text (the output's "input" is the file's path).
+--input DIR: each regular file in the directory (sorted by name; hidden files,
+named .*, skipped) is one input, its whole text (the output's "input" is the
+file's path).
 An object (JSON object or CSV row) with --field NAME passes that field.  Without
 --field, an object whose fields include every required parameter of forward()
 passes those fields by name (the others are not passed: stderr names them once);
