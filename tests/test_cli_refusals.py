@@ -1,4 +1,5 @@
-"""A refused command leaves every file as it was, and reports what it refused.
+"""A refused command leaves every file as it was, and reports what it refused; and
+what run, eval and train read reaches ``forward`` alike (several fields by name).
 
 A re-run that is refused (an input edited since the checkpoint recorded it, an
 endpoint or a parameter changed, code that cannot be traced) must not cost the
@@ -28,6 +29,17 @@ class Echo(plait.Module):
 
     def forward(self, text: str):
         return self.llm(text)
+
+class Two(plait.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.llm = plait.LLMInference(
+            "fast", system_prompt=plait.Parameter("T", description="Answering."), demos=[]
+        )
+
+    def forward(self, question: str, context: str):
+        return self.llm(f"{question} | {context}")
+
 
 class ReturnsAModule(plait.Module):
     def __init__(self) -> None:
@@ -60,7 +72,7 @@ def project(server: Any, tmp_path: Path) -> Path:
 
 def write_resources(path: Path, base_url: str, model: str) -> Path:
     endpoint = {"provider": "openai", "model": model, "base_url": base_url, "api_key": "sk-test"}
-    path.write_text(json.dumps({"fast": endpoint}), encoding="utf-8")
+    path.write_text(json.dumps({"fast": endpoint, "optimizer": endpoint}), encoding="utf-8")
     return path
 
 
@@ -245,3 +257,42 @@ def test_hidden_files_of_an_input_directory_are_not_inputs(server: Any, project:
     assert [row["input"] for row in rows] == [str(folder / "a.txt")]
     assert server.stats()["requests_total"] == 1
     assert "1 input(s): 1 succeeded" in run.stderr
+
+
+def test_eval_and_train_pass_several_fields_by_name_as_run_does(server: Any, project: Path) -> None:
+    data = write_jsonl(
+        project / "data.jsonl",
+        [{"question": f"q{i}", "context": "c", "target": f"[T] q{i} | c"} for i in range(3)],
+    )
+    target = f"{project / 'pipeline.py'}:Two"
+    resources = project / "resources.yaml"
+    rows = project / "rows.jsonl"
+    run = plait_cli("eval", target, "--data", data, "--resources", resources, "-o", rows, "-q")
+    assert run.returncode == 0, run.stderr
+    assert "mean 1.0000 over 3 example(s)" in run.stdout
+    written = [json.loads(line) for line in rows.read_text().splitlines()]
+    assert written[0]["input"] == {"question": "q0", "context": "c"}
+    asked = sorted(
+        r["body"]["messages"][-1]["content"] for r in server.stats(bodies=True)["requests"]
+    )
+    assert asked == ["q0 | c", "q1 | c", "q2 | c"]
+
+    server.reset()
+    out = project / "trained"
+    run = plait_cli(
+        "train", target, "--data", data, "--val", data, "--resources", resources,
+        "--out", out, "--max-steps", "1", "-q",
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert (out / "parameters.json").is_file()
+    asked = [r["body"]["messages"][-1]["content"] for r in server.stats(bodies=True)["requests"]]
+    assert "q1 | c" in asked  # the pipeline got both fields by name while training
+
+    server.reset()
+    run = plait_cli(
+        "train", target, "--data", data, "--resources", resources, "--out", project / "boot",
+        "--optimizer", "bootstrap", "--max-steps", "1", "-q",
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    asked = [r["body"]["messages"][-1]["content"] for r in server.stats(bodies=True)["requests"]]
+    assert "q1 | c" in asked

@@ -28,7 +28,7 @@ from plait.cli.options import (
 from plait.cli.parameters import ParametersError, load_parameters
 from plait.cli.progress import Display, Tally, make_display
 from plait.cli.target import Target, TargetError, source_file
-from plait.learning.step import TrainingStep
+from plait.learning.step import Inputs, TrainingStep, model_call
 from plait.module import Module
 from plait.resources.config import ConfigurationError, ResourceConfig
 
@@ -239,7 +239,8 @@ def _trace_first(spec: str, module: Module, examples: list[Any]) -> None:
     from plait.tracing.tracer import TracingError
 
     def prepare(example: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        return (example[0],), {}
+        input = example[0]
+        return ((), dict(input)) if isinstance(input, Inputs) else ((input,), {})
 
     try:
         traced_first(module, examples[:1], prepare)
@@ -253,7 +254,7 @@ class _ScoredStep(TrainingStep):
     """A `TrainingStep` that also hands back the model's output, for --output."""
 
     def forward(self, input: Any, target: Any = None) -> Any:
-        output = self.model(input)
+        output = model_call(self.model, input)
         return {"output": output, "feedback": self.loss_fn(output, target)}
 
 
