@@ -285,7 +285,10 @@ def _keep_previous(path: Path, fd: int) -> Path | None:
     if os.fstat(fd).st_size == 0:
         return None
     kept = path.with_name(f".{path.name}.previous")
-    shutil.copyfile(path, kept)
+    try:
+        shutil.copyfile(path, kept)
+    except OSError:  # a folder that takes no new file: the run goes on without the copy
+        return None
     return kept
 
 
