@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +126,12 @@ def test_a_refused_rerun_leaves_the_output_and_the_trace_as_they_were(
     assert out.read_bytes() == rows and trace.read_bytes() == traced
     assert server.stats()["requests_total"] == paid
     assert sorted(p.name for p in project.iterdir() if p.name.startswith(".")) == []
+
+    # several refused re-runs at once (whichever takes the file first restores it)
+    with ThreadPoolExecutor(3) as pool:
+        done = list(pool.map(lambda _: run(inputs=edited), range(3)))
+    assert all(d.returncode == 2 and "Traceback" not in d.stderr for d in done)
+    assert out.read_bytes() == rows and trace.read_bytes() == traced
 
     # and a run that is not refused still rewrites both
     again = run()
