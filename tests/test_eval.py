@@ -112,7 +112,7 @@ def test_a_failed_example_scores_zero_and_is_reported(server: Any, project: Path
     server.configure(rate_500=1.0)
     rows_file = project / "rows.jsonl"
     run = evaluate(project, "--data", data, "--output", rows_file)
-    assert run.returncode == 0, run.stderr
+    assert run.returncode == 1, run.stderr  # as plait run with a failed input
     assert "mean 0.0000 over 2 example(s)" in run.stdout
     assert "2 of 2 example(s) failed and scored 0" in run.stderr
     assert "example 0:" in run.stderr

@@ -27,8 +27,9 @@ from plait.cli.options import (
 )
 from plait.cli.parameters import ParametersError, load_parameters
 from plait.cli.progress import Display, Tally, make_display
-from plait.cli.target import Target, TargetError
-from plait.learning.step import TrainingStep
+from plait.cli.target import Target, TargetError, source_file
+from plait.learning.step import Inputs, TrainingStep, model_call
+from plait.module import Module
 from plait.resources.config import ConfigurationError, ResourceConfig
 
 __all__ = ["build_parser", "confidence_interval", "main"]
@@ -69,7 +70,12 @@ and the first few), never dropped.  --output FILE writes one JSON line per
 example, {"index", "input", "target", "output", "score"} (and "error" for a
 failed one), so the misses can be read.
 
-Exit status: 0 scored, 2 usage or configuration error, 130 interrupted.
+A pipeline whose first example cannot be traced is refused before any example
+is run (exit 2), as plait run does.
+
+Exit status: 0 every example scored, 1 some example failed with an error (the
+mean and the failures are still printed), 2 usage or configuration error, 130
+interrupted.
 """
 
 
@@ -151,7 +157,12 @@ def _eval(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     from plait.learning.trainer import load_examples
 
     refuse_to_clobber(
-        {"--data": ns.data, "--parameters": ns.parameters, "--resources": ns.resources},
+        {
+            "--data": ns.data,
+            "--parameters": ns.parameters,
+            "--resources": ns.resources,
+            "TARGET": source_file(ns.target),
+        },
         {"--output": ns.output},
     )
     module = Target(ns.target, ns.assignments).make()
@@ -181,6 +192,7 @@ def _eval(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
                 f"cannot write --output {ns.output}: give a file in an existing folder"
             )
     step = _ScoredStep(module, _make_loss(ns))
+    _trace_first(ns.target, module, examples)
     tally = Tally(len(examples))
     display = make_display(tally, err, quiet=ns.quiet, command="eval")
     display.start()
@@ -214,14 +226,35 @@ def _eval(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
             print(f"  ... and {len(failed) - ERRORS_SHOWN} more", file=err)
     if ns.output is not None:
         print(f"plait eval: wrote one line per example to {ns.output}", file=err)
-    return 0
+    # As `plait run`: a mean over examples that failed (an endpoint refusing every
+    # request) is not a score of the pipeline, so a script must be able to tell.
+    return 1 if failed else 0
+
+
+def _trace_first(spec: str, module: Module, examples: list[Any]) -> None:
+    """Trace the first example before any is paid for, as `plait run` does: a
+    `TracingError` there is the pipeline's code, wrong for every example alike, so it
+    is one usage error rather than a score of 0 and one error line per example."""
+    from plait.execution.runtime import traced_first
+    from plait.tracing.tracer import TracingError
+
+    def prepare(example: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        input = example[0]
+        return ((), dict(input)) if isinstance(input, Inputs) else ((input,), {})
+
+    try:
+        traced_first(module, examples[:1], prepare)
+    except TracingError as exc:
+        raise UsageError(
+            f"{spec} cannot be traced, so no example was run and nothing was paid for: {exc}"
+        ) from None
 
 
 class _ScoredStep(TrainingStep):
     """A `TrainingStep` that also hands back the model's output, for --output."""
 
     def forward(self, input: Any, target: Any = None) -> Any:
-        output = self.model(input)
+        output = model_call(self.model, input)
         return {"output": output, "feedback": self.loss_fn(output, target)}
 
 

@@ -230,9 +230,9 @@ def map_record(
 class InputSource:
     """An opened input (the file is opened now, so a bad path fails before any work).
 
-    A directory is a set of documents: each regular file in it (sorted by name) is
-    one input, its whole text; ``--format document`` makes a whole file (or stdin)
-    one input.
+    A directory is a set of documents: each regular file in it (sorted by name,
+    hidden ones skipped) is one input, its whole text; ``--format document`` makes
+    a whole file (or stdin) one input.
     """
 
     def __init__(
@@ -250,6 +250,9 @@ class InputSource:
         self.field_name = field_name
         self.shape = shape
         self.on_unused = on_unused
+        #: Where a note about the file goes (a CSV field spanning lines): the command's
+        #: stderr voice when it gave one, else stderr.
+        self.note: Callable[[str], None] = on_unused or _note_on_stderr
         self.path: Path | None = None
         self.files: list[Path] | None = None
         self._stream: IO[str] = io.StringIO()
@@ -279,7 +282,11 @@ class InputSource:
                         f"(--format document), not {fmt}; give a file for --format {fmt}"
                     )
                 try:
-                    self.files = sorted(p for p in self.path.iterdir() if p.is_file())
+                    # Hidden files (.DS_Store, .gitignore, an editor's swap file) are
+                    # not documents someone meant to run: skipped.
+                    self.files = sorted(
+                        p for p in self.path.iterdir() if p.is_file() and not p.name.startswith(".")
+                    )
                 except OSError as exc:
                     raise InputError(
                         f"cannot read input directory {location}: {exc.strerror}"
@@ -410,14 +417,30 @@ class InputSource:
     def _check_csv(self, path: Path) -> None:
         """Read the whole file once before the run: broken quoting is refused now,
         before any input is paid for, rather than after the rows before it ran."""
+        rows = 0
+        spans: list[tuple[int, int]] = []
         try:
             with open(path, encoding="utf-8-sig", errors="surrogateescape", newline="") as fh:
-                for _ in self._csv(fh):
-                    pass
+                for _ in self._csv(fh, spans):
+                    rows += 1
         except OSError as exc:
             raise InputError(f"cannot read input file {path}: {exc.strerror}") from None
+        if spans:
+            # Valid CSV, but a quote opened by mistake and closed rows later reads
+            # the same way: say how the file was read, so the count can be checked.
+            shown = ", ".join(f"{start}-{end}" for start, end in spans[:3])
+            more = f" (and {len(spans) - 3} more)" if len(spans) > 3 else ""
+            self.note(
+                f"{self.name}: read as {rows} row(s); a quoted field spans lines {shown}{more}, "
+                "so each of those is one row. If a quote was not meant to hold line breaks, "
+                "fix the quoting"
+            )
 
-    def _csv(self, lines: Iterable[str]) -> Iterator[Record]:
+    def _csv(
+        self, lines: Iterable[str], spans: list[tuple[int, int]] | None = None
+    ) -> Iterator[Record]:
+        """The rows; ``spans`` (if given) gets the lines of each row whose quoted
+        field holds line breaks."""
         # Cells as long as documents are data too (the csv module stops at 128 KiB).
         csv.field_size_limit(max(csv.field_size_limit(), _CSV_CELL_LIMIT))
         taken: list[str] = []  # the lines of the row being read
@@ -441,6 +464,9 @@ class InputSource:
             except csv.Error as exc:
                 raise InputError(self._csv_problem(exc, consumed, taken)) from None
             where = f"{self.name} line {reader.line_num}"
+            breaks = sum(v.count("\n") for v in row.values() if isinstance(v, str))
+            if breaks and spans is not None:
+                spans.append((reader.line_num - breaks, reader.line_num))
             problem = self._not_utf8(json.dumps(row, ensure_ascii=False), where)
             if problem is not None:
                 yield Record(where, {k: v for k, v in row.items() if k is not None}, problem)
@@ -490,6 +516,10 @@ class InputSource:
                 "are not passed to it (--field NAME passes one field)"
             )
         return Item(record.raw, mapped.args, mapped.kwargs)
+
+
+def _note_on_stderr(message: str) -> None:
+    print(f"plait: {message}", file=sys.stderr, flush=True)
 
 
 def read_records(location: str) -> list[Record]:

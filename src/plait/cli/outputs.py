@@ -13,21 +13,24 @@ An output that cannot be written at all (a pydantic model holding a function, an
 object whose ``str()`` raises) becomes that input's error row, of type
 ``UnwritableOutput``: every input still ends as exactly one row, and the run goes on.
 So does an output that is code rather than data (a function, lambda, method,
-class, Python module, generator or coroutine, anywhere in the output): its text
+class, Python module, plait Module, generator or coroutine, anywhere in the output): its text
 would be ``"<function ...>"``, a row that looks like a success and holds nothing.
 
 The file is rewritten from the start on every run.  A resumed run still delivers
 every input (the finished ones straight from the checkpoint, at no cost), so the
 file always ends up with each index exactly once, and no line of an earlier,
-interrupted run can be left behind or duplicated.
+interrupted run can be left behind or duplicated.  A run refused once the file
+is open (an input that differs from the checkpoint's) puts back what it held.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
 import os
+import shutil
 import sys
 import types
 from collections.abc import Callable
@@ -35,6 +38,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from plait._locks import hold
+from plait.module import Module
 from plait.values import Value, error_value
 
 __all__ = ["OutputWriter", "UnwritableOutput", "error_record", "json_default"]
@@ -55,6 +59,7 @@ _NOT_DATA = (
     types.AsyncGeneratorType,
     functools.partial,
     type,
+    Module,  # a pipeline returned instead of called: its repr is not its output
 )
 
 
@@ -63,6 +68,11 @@ def json_default(obj: Any) -> Any:
     if isinstance(obj, _NOT_DATA):
         if isinstance(obj, types.CoroutineType):
             obj.close()  # never awaited, and never will be: no warning about it
+        if isinstance(obj, Module):
+            raise TypeError(
+                f"it holds a plait Module ({type(obj).__qualname__}), which is code, not "
+                "data: return what calling it returns"
+            )
         raise TypeError(
             f"it holds a {type(obj).__name__} ({_name_of(obj)}), which is code, not data"
         )
@@ -161,6 +171,8 @@ class OutputWriter:
         on_written: Callable[[], None] | None = None,
     ) -> None:
         self.location = location
+        self._existed = False
+        self._previous: Path | None = None
         self.preserve_order = preserve_order
         self.on_written = on_written
         self.path: Path | None = None
@@ -170,10 +182,17 @@ class OutputWriter:
         else:
             self.path = Path(location)
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            existed = self.path.exists()
             # Locked before it is emptied: a second run writing the same file is refused
             # (raises plait._locks.Busy) instead of truncating the first one's rows.
             fd = hold(self.path, record_pid=False)
-            os.ftruncate(fd, 0)
+            try:
+                self._existed = existed
+                self._previous = _keep_previous(self.path, fd)
+                os.ftruncate(fd, 0)
+            except BaseException:
+                os.close(fd)
+                raise
             self._stream = open(fd, "w", encoding="utf-8")  # noqa: SIM115 (closed in close())
             self._owned = True
         self._pending: dict[int, str] = {}
@@ -233,11 +252,44 @@ class OutputWriter:
     def close(self) -> None:
         if self._owned:
             self._stream.close()
+            if self._previous is not None:
+                with contextlib.suppress(OSError):
+                    self._previous.unlink()
+                self._previous = None
         else:
             try:
                 self._stream.flush()
             except BrokenPipeError:
                 silence_stdout()
+
+    def discard(self) -> None:
+        """The run was refused after the file was opened (an input that differs from
+        the checkpoint's, code that cannot be traced): put back what the file held, so
+        a refused re-run never costs the rows a finished run paid for."""
+        if not self._owned:
+            self.close()
+            return
+        self._stream.close()
+        assert self.path is not None
+        if self._previous is not None:
+            os.replace(self._previous, self.path)
+            self._previous = None
+        elif not self._existed:
+            with contextlib.suppress(OSError):
+                self.path.unlink()
+
+
+def _keep_previous(path: Path, fd: int) -> Path | None:
+    """A copy of what the output file holds before it is emptied (None when it is
+    empty), beside it, so that `OutputWriter.discard` can restore it."""
+    if os.fstat(fd).st_size == 0:
+        return None
+    kept = path.with_name(f".{path.name}.previous")
+    try:
+        shutil.copyfile(path, kept)
+    except OSError:  # a folder that takes no new file: the run goes on without the copy
+        return None
+    return kept
 
 
 def silence_stdout() -> None:

@@ -43,7 +43,7 @@ from plait.cli.options import (
 from plait.cli.outputs import OutputWriter, error_record, silence_stdout
 from plait.cli.parameters import ParametersError, load_parameters
 from plait.cli.progress import Tally, console, duration, make_display
-from plait.cli.target import Target, TargetError
+from plait.cli.target import Target, TargetError, source_file
 from plait.execution.checkpoint import FORMAT as CHECKPOINT_FORMAT
 from plait.execution.checkpoint import Checkpoint, CheckpointError, producer_of
 from plait.execution.loop import run_blocking
@@ -80,8 +80,9 @@ Inputs (--input FILE, or - for stdin; the format comes from the file's suffix,
   CSV       a header row, then one input per row (an object of column -> text)
   text      one input per non-empty line
   document  the whole file (or stdin) is one input
---input DIR: each regular file in the directory (sorted by name) is one input,
-its whole text (the output's "input" is the file's path).
+--input DIR: each regular file in the directory (sorted by name; hidden files,
+named .*, skipped) is one input, its whole text (the output's "input" is the
+file's path).
 An object (JSON object or CSV row) with --field NAME passes that field.  Without
 --field, an object whose fields include every required parameter of forward()
 passes those fields by name (the others are not passed: stderr names them once);
@@ -379,7 +380,7 @@ class _Command:
             from plait.handlers.profiling import profile
 
             Path(ns.profile).parent.mkdir(parents=True, exist_ok=True)
-            profiler = profile(ns.profile)
+            profiler = profile()  # written below, unless the run is refused
         started = time.monotonic()
         display.start()
         try:
@@ -393,39 +394,50 @@ class _Command:
         except KeyboardInterrupt:
             display.stop()
             writer.close()
+            self._write_trace(profiler)
             return self._interrupted(tally, checkpoint)
         except BrokenPipeError:
             display.stop()
             silence_stdout()
+            self._write_trace(profiler)
             self.say("stopped: the reader of the output went away")
             return 1
+        # A refused run leaves the output file (and the trace) as they were: the rows a
+        # finished run paid for survive a re-run with an edited input.
         except CheckpointError as exc:
             display.stop()
-            writer.close()
+            writer.discard()
             raise UsageError(f"{exc} (or add --fresh to delete the checkpoint)") from None
         except TracingError as exc:  # the first input traced failed: the code is wrong
             display.stop()
-            writer.close()
+            writer.discard()
             raise UsageError(
                 f"{ns.target} cannot be traced, so no input was run and nothing was paid for: {exc}"
             ) from None
         except ClusterUnreachable as exc:
             display.stop()
-            writer.close()
+            writer.discard()
             raise UsageError(str(exc)) from None
         except OSError as exc:  # the output or the checkpoint could not be written
             display.stop()
             with contextlib.suppress(OSError):
                 writer.close()
+            self._write_trace(profiler)
             self.say(f"error: stopped: {exc}")
             return 1
         except BaseException:
             display.stop()
             writer.close()
+            self._write_trace(profiler)
             raise
         display.stop()
         writer.close()
+        self._write_trace(profiler)
         return self._summary(tally, checkpoint, time.monotonic() - started)
+
+    def _write_trace(self, profiler: Any) -> None:
+        if self.ns.profile:
+            profiler.write(self.ns.profile)
 
     # -- reporting -------------------------------------------------------------------------
     def _where(self) -> str:
@@ -695,7 +707,12 @@ def _refuse_to_clobber(ns: argparse.Namespace) -> None:
             "outputs at the end of the run; give --profile another path"
         )
     refuse_to_clobber(
-        {"--input": ns.input, "--parameters": ns.parameters, "--resources": ns.resources},
+        {
+            "--input": ns.input,
+            "--parameters": ns.parameters,
+            "--resources": ns.resources,
+            "TARGET": source_file(ns.target),
+        },
         {"--output": ns.output, "--profile": ns.profile},
     )
     if ns.profile not in (None, "-"):
@@ -714,7 +731,9 @@ def refuse_to_clobber(reads: dict[str, str | None], writes: dict[str, str | None
         for source_flag, source in reads.items():
             if source is None:
                 continue
-            what = "input file" if source_flag == "--input" else f"{source_flag} file"
+            what = {"--input": "input file", "TARGET": "pipeline's source file"}.get(
+                source_flag, f"{source_flag} file"
+            )
             if source == "-":
                 if _is_stdin(Path(target)):
                     raise UsageError(

@@ -17,7 +17,7 @@ from typing import Any
 from plait.blueprint import Blueprint, BlueprintError, parse_cli_args
 from plait.module import Module
 
-__all__ = ["Target", "TargetError"]
+__all__ = ["Target", "TargetError", "source_file"]
 
 #: Frames under this directory are plait's own; an error is located in the user's code.
 _PLAIT_DIR = str(Path(__file__).resolve().parents[1])
@@ -89,6 +89,25 @@ class Target:
         if self.instance is not None:
             return f"{self.spec} is a {type(self.instance).__name__} instance: no arguments\n"
         return self.blueprint.help()
+
+
+def source_file(spec: str) -> str | None:
+    """The file TARGET's code is in, which a command must never write over: the path
+    of ``file.py:Name``, or the file ``package.module:Name`` would be imported from
+    (found without running it; None when it cannot be found, which import reports)."""
+    where, sep, _ = spec.rpartition(":")
+    if not sep or not where:
+        return None
+    if where.endswith(".py") or "/" in where or "\\" in where:
+        return where
+    import importlib.util
+
+    _ensure_cwd_importable()
+    try:
+        found = importlib.util.find_spec(where)
+    except (ImportError, ValueError):
+        return None
+    return found.origin if found is not None and found.has_location else None
 
 
 def _location(exc: BaseException) -> str | None:

@@ -11,7 +11,23 @@ from typing import Any, ClassVar
 
 from plait.module import Module
 
-__all__ = ["TrainingStep"]
+__all__ = ["Inputs", "TrainingStep", "model_call"]
+
+
+class Inputs(dict[str, Any]):
+    """An example's input that is several keyword arguments of ``forward`` (the
+    fields of a record named like its parameters): the step spreads it into the
+    call, ``model(**inputs)``, where any other input is the one argument.
+
+    A dict, so it hashes, pickles and prints as the record's fields do.
+    """
+
+
+def model_call(model: Module, input: Any) -> Any:
+    """``model`` called on an example's input: spread when it is `Inputs`."""
+    if isinstance(input, Inputs):
+        return model(**input)
+    return model(input)
 
 
 class TrainingStep(Module):
@@ -48,4 +64,4 @@ class TrainingStep(Module):
         }
 
     def forward(self, input: Any, target: Any = None) -> Any:
-        return self.loss_fn(self.model(input), target)
+        return self.loss_fn(model_call(self.model, input), target)

@@ -61,7 +61,7 @@ from plait.handlers.stack import Message
 from plait.learning.backward import Received, collect_feedback, receive
 from plait.learning.bootstrap import Trace, TraceLog, TrainingBatch, call_step, trace_from_rows
 from plait.learning.feedback import Feedback
-from plait.learning.step import TrainingStep
+from plait.learning.step import Inputs, TrainingStep
 from plait.module import Module
 from plait.providers.base import LLMRequest
 from plait.sampling import rng_parameter_names, run_seed
@@ -166,19 +166,20 @@ def load_examples(
             if mapped.problem is not None:
                 raise TrainerError(mapped.problem)
             if mapped.kwargs:
-                if len(mapped.kwargs) > 1:
-                    raise TrainerError(
-                        f"{where} fills {len(mapped.kwargs)} parameters of forward by name "
-                        f"({', '.join(mapped.kwargs)}), but an example has one input: give "
-                        "--input-field NAME (input_field=...), or take one parameter"
-                    )
-                ((name, value),) = mapped.kwargs.items()
+                # Several parameters filled by name: the example's input is all of them,
+                # passed by name (`Inputs`); one is that field's value, as before.
+                names = ", ".join(map(repr, mapped.kwargs))
                 if on_unused is not None and mapped.unused:
                     on_unused(
-                        f"the input is the field {name!r}; the field(s) "
+                        f"the input is the field(s) {names}; the field(s) "
                         f"{', '.join(mapped.unused)} are not passed to the pipeline"
                     )
                     on_unused = None  # once, not per example
+                value = (
+                    Inputs(mapped.kwargs)
+                    if len(mapped.kwargs) > 1
+                    else next(iter(mapped.kwargs.values()))
+                )
                 examples.append((value, fields.get(target_field)))
             else:
                 examples.append((mapped.args[0], fields.get(target_field)))
