@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import sys
 import time
 from typing import Any
 
@@ -208,6 +209,10 @@ class LeasedGovernor(RateGovernor):
         self._successes_since = 0
         self._overspent = 0.0
         self._pending_429 = None
+        if _ray_stopped(self.broker):
+            # Calling the actor would start a new Ray in this process, quietly (and
+            # the user's own ray.init() then fails), to reach a broker that is gone.
+            raise RuntimeError("Ray was shut down in this process")
         started = time.perf_counter()
         try:
             reply = await asyncio.wait_for(
@@ -317,6 +322,15 @@ class LeasedGovernor(RateGovernor):
             self.paused_until = max(self.paused_until, now + retry_after)
         self._pending_429 = max(self._pending_429 or 0.0, retry_after or 0.0)
         self.wake()
+
+
+def _ray_stopped(broker: Any) -> bool:
+    """Whether ``broker`` is a Ray actor of a Ray no longer running in this process."""
+    ray = sys.modules.get("ray")
+    actor = sys.modules.get("ray.actor")
+    if ray is None or actor is None or not isinstance(broker, actor.ActorHandle):
+        return False
+    return not ray.is_initialized()
 
 
 def _each_beyond(calls: list[float], held: float) -> tuple[float, ...]:
