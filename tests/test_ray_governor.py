@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import math
+import time
 from typing import Any
 
-from plait.ray.broker import LimitBroker
+import pytest
+
+from plait.ray.broker import DELAY_MARGIN_S, LimitBroker
 from plait.ray.governor import LeasedGovernor
 from plait.resources.config import EndpointConfig
 
@@ -14,10 +18,19 @@ class _Method:
     def __init__(self, broker: LimitBroker) -> None:
         self.broker = broker
         self.calls = 0
+        #: Each reply's new tokens, with the time the broker granted them (the reply
+        #: comes back from the broker's last grant with no wait in between).
+        self.tokens: list[tuple[float, float]] = []
 
     def remote(self, *args: Any) -> Any:
         self.calls += 1
-        return self.broker.sync(*args)
+        return self._sync(*args)
+
+    async def _sync(self, *args: Any) -> dict[str, Any]:
+        reply = await self.broker.sync(*args)
+        if reply["tokens"] and math.isfinite(reply["tokens"]):
+            self.tokens.append((time.monotonic(), reply["tokens"]))
+        return reply
 
 
 class _Actor:
@@ -54,3 +67,51 @@ def test_a_saturated_worker_syncs_on_the_interval_not_per_waiting_call() -> None
     # Ramp-up takes a couple of syncs, then one per SYNC_INTERVAL_S (0.1 s), not one
     # per call that had to wait (which was hundreds).
     assert actor.sync.calls <= 8, actor.sync.calls
+
+
+def _busiest_window(grants: list[tuple[float, float]], window: float) -> float:
+    """The most tokens granted in any ``window`` seconds."""
+    return max(sum(a for t, a in grants if start <= t <= start + window) for start, _ in grants)
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_workers_waiting_together_never_get_more_tokens_than_the_limit_allows(
+    workers: int,
+) -> None:
+    # 60,000 tokens/min: 1,000 a second, a burst of 500 at the broker; every call
+    # estimates (and uses) 250.  Each worker has 4 calls waiting for tokens at once:
+    # granting their 1,000 tokens in one draw (into debt) let two workers at 600
+    # tokens/min send twice the limit in 10 s.  The times are the broker's grants, so
+    # a slow machine can only spread them out.
+    config = EndpointConfig(
+        model="m",
+        base_url="http://x",
+        api_key="k",
+        max_concurrent=16,
+        tokens_per_minute=60_000,
+    )
+    actor = _Actor()
+    governors = [LeasedGovernor(config, actor, f"w{i}") for i in range(workers)]
+    estimate = 250
+
+    async def call(governor: LeasedGovernor) -> None:
+        await governor.limiter.acquire()
+        try:
+            await governor.admit(estimate)
+        finally:
+            governor.limiter.release()
+        governor.settle(estimate, estimate)
+
+    async def chain(governor: LeasedGovernor) -> None:
+        for _ in range(12 // workers):
+            await call(governor)
+
+    async def main() -> None:
+        await asyncio.gather(*(chain(g) for g in governors for _ in range(4)))
+
+    asyncio.run(main())
+    grants = actor.sync.tokens
+    assert sum(a for _, a in grants) == 4 * 12 * estimate
+    rate, window = 1000.0, 0.1
+    bound = rate * (1 - DELAY_MARGIN_S) + rate * window + estimate  # burst, one call's debt
+    assert _busiest_window(grants, window) <= bound, grants[:8]

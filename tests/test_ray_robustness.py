@@ -250,6 +250,43 @@ def test_building_a_ray_data_pipeline_leaves_the_driver_s_own_runs_alone(
     assert json.loads(done.stdout.splitlines()[-1]) == [echo("fast", "a"), echo("fast", "b")]
 
 
+def test_a_ray_data_pipeline_called_in_the_driver_leaves_the_driver_s_own_runs_alone(
+    server: FakeOpenAIServer,
+) -> None:
+    # Trying a map function locally: its batches lease from the broker, also while a
+    # plain run goes on in another thread, and the driver's plain runs after it keep
+    # their local limits: they neither fail once Ray is shut down nor start it again
+    # (the user's own ray.init() afterwards works).
+    done = _after_shutdown(
+        server,
+        "from concurrent.futures import ThreadPoolExecutor\n"
+        "pipeline = plait.ray.Pipeline(lambda: Echo('fast'), resources=resources)\n"
+        "def plain(texts):\n"
+        "    return Echo('fast').bind(resources=resources).run_sync(texts)\n"
+        "with ThreadPoolExecutor(4) as pool:\n"
+        "    batches = [pool.submit(pipeline, {'text': [t]}) for t in 'ab']\n"
+        "    runs = [pool.submit(plain, [t]) for t in 'cd']\n"
+        "    print(json.dumps([b.result().to_pylist() for b in batches]))\n"
+        "    print(json.dumps([r.result() for r in runs]))\n"
+        "ray.shutdown()\n"
+        "fresh = plait.ResourceConfig(json.loads(sys.argv[1]))\n"
+        "print(json.dumps(Echo('fast').bind(resources=fresh).run_sync(['e'])))\n"
+        "print(json.dumps(ray.is_initialized()))\n"
+        "ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)\n"
+        "print(json.dumps(Echo('fast').bind(resources=fresh).run_sync(['f'])))\n"
+        "ray.shutdown()\n",
+    )
+    assert done.returncode == 0, done.stderr
+    batches, runs, after, started, again = (
+        json.loads(line) for line in done.stdout.splitlines()[-5:]
+    )
+    assert batches == [[{"text": t, "output": echo("fast", t), "error": None}] for t in "ab"]
+    assert runs == [[echo("fast", "c")], [echo("fast", "d")]]
+    assert after == [echo("fast", "e")]
+    assert started is False
+    assert again == [echo("fast", "f")]
+
+
 def test_a_limit_whose_broker_is_gone_fails_the_call_with_a_clear_error(
     server: FakeOpenAIServer,
 ) -> None:

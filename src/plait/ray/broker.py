@@ -25,7 +25,9 @@ The rules that make the limits hold cluster-wide:
   time to reach the endpoint (the reply, the worker's loop, the network; longer on a
   busy machine), so the buckets' burst is half a second's worth smaller than in one
   process: grants that arrive up to `DELAY_MARGIN_S` late cannot stack into a window
-  over the limit.  What a worker does not
+  over the limit.  Tokens are granted call by call (each call's whole estimate once
+  the bucket holds ``min(estimate, burst)``), so however many calls wait on however
+  many workers, one call's estimate at most is in debt.  What a worker does not
   spend it gives back; a token estimate that fell short is charged afterwards as
   debt.
 - 429: the worker that saw it reports it; every later reply tells every worker to
@@ -90,6 +92,10 @@ class Report:
     #: Requests / tokens it is waiting to spend, beyond what it holds.
     requests_wanted: float = 0.0
     tokens_wanted: float = 0.0
+    #: ``tokens_wanted`` call by call, in the order the calls wait (empty: one call).
+    #: The broker grants them one at a time, so only one call's estimate at a time can
+    #: take the bucket into debt, as in one process.
+    tokens_each: tuple[float, ...] = ()
     #: Unspent requests / tokens it gives back.
     requests_returned: float = 0.0
     tokens_returned: float = 0.0
@@ -128,14 +134,20 @@ class _Bucket:
         self.level -= granted
         return granted
 
-    def draw(self, amount: float, now: float) -> float:
-        """Grant all of ``amount`` (tokens) once ``min(amount, burst)`` is there, or
-        nothing: as in one process, a draw larger than the burst goes into debt."""
+    def draw(self, calls: list[float], now: float) -> float:
+        """Grant the tokens of the ``calls`` (each one's estimate) in order, removing the
+        ones granted: a call's whole estimate once ``min(estimate, burst)`` is there, as
+        in one process, so a call larger than the burst goes into debt and the calls
+        after it wait it off.  One draw for all of a worker's waiting calls let eight
+        calls into debt at once, and two workers doing it in turn sent twice the limit
+        in a window."""
         self.refill(now)
-        if self.level < min(amount, self.burst):
-            return 0.0
-        self.level -= amount
-        return amount
+        granted = 0.0
+        while calls and self.level >= min(calls[0], self.burst):
+            amount = calls.pop(0)
+            self.level -= amount
+            granted += amount
+        return granted
 
     def give(self, amount: float, now: float) -> None:
         self.refill(now)
@@ -198,12 +210,15 @@ class LimitBroker:
         self._absorb(state, worker, report, now)
         deadline = now + _WAIT_S
         requests = tokens = 0.0
+        calls = list(report.tokens_each) or (
+            [report.tokens_wanted] if report.tokens_wanted > 0 else []
+        )
         while True:
             grant = self._grant(
                 state,
                 worker,
                 max(0.0, report.requests_wanted - requests),
-                max(0.0, report.tokens_wanted - tokens),
+                calls,
                 time.monotonic(),
             )
             requests += grant["requests"]
@@ -217,7 +232,7 @@ class LimitBroker:
             remaining = deadline - time.monotonic()
             if not short or remaining <= 0 or grant["pause_s"] > 0:
                 return grant
-            await self._wait(min(remaining, self._refill_wait(state, report)))
+            await self._wait(min(remaining, self._refill_wait(state, report, calls)))
 
     async def budget_reserve(
         self, spec: Any, worker: str, call: bool, tokens: float, cost: float
@@ -379,7 +394,7 @@ class LimitBroker:
             self._notify()
 
     def _grant(
-        self, state: _Alias, worker: str, want_requests: float, want_tokens: float, now: float
+        self, state: _Alias, worker: str, want_requests: float, want_tokens: list[float], now: float
     ) -> dict[str, Any]:
         held = state.held[worker]
         wanted = state.wanted[worker]
@@ -397,7 +412,7 @@ class LimitBroker:
         if state.requests is not None and want_requests > 0:
             requests = state.requests.take_whole(want_requests, now)
         tokens = 0.0 if state.tokens is not None else math.inf
-        if state.tokens is not None and want_tokens > 0:
+        if state.tokens is not None and want_tokens:
             tokens = state.tokens.draw(want_tokens, now)
             state.tokens_granted += tokens
         return {
@@ -424,12 +439,12 @@ class LimitBroker:
             shares[w] += 1
         return shares.get(worker, 0)
 
-    def _refill_wait(self, state: _Alias, report: Report) -> float:
+    def _refill_wait(self, state: _Alias, report: Report, calls: list[float]) -> float:
         waits = [0.02]
         if report.requests_wanted > 0 and state.requests is not None:
             waits.append(max(0.0, (1 - state.requests.level) / state.requests.rate))
-        if report.tokens_wanted > 0 and state.tokens is not None:
-            need = min(report.tokens_wanted, state.tokens.burst) - state.tokens.level
+        if calls and state.tokens is not None:
+            need = min(calls[0], state.tokens.burst) - state.tokens.level
             waits.append(max(0.0, need / state.tokens.rate))
         return max(0.005, min(max(waits), _WAIT_S))
 

@@ -21,6 +21,7 @@ job.  Every actor's endpoints lease their capacity from the cluster's broker
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import socket
@@ -127,6 +128,12 @@ class Pipeline:
         self.error_column = error_column
         self.output_type = output_type
         self.max_concurrent = max_concurrent
+        #: This Pipeline's leases from the broker (made on its first batch).
+        self._scope: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Leases belong to the process that took them (their lease tasks, its Ray).
+        return {**self.__dict__, "_scope": None}
 
     def _inputs(self, rows: Mapping[str, Any], count: int) -> list[Any]:
         if self.input_columns:
@@ -155,19 +162,19 @@ class Pipeline:
             rows = batch
             count = len(next(iter(rows.values()))) if rows else 0
         inputs = self._inputs(rows, count)
-        _lease_limits()
         options: dict[str, Any] = {"resources": self.resources}
         if self.max_concurrent is not None:
             options["max_concurrent"] = self.max_concurrent
         results: list[Any] = []
         if inputs:
-            try:
-                if self.input_columns:
-                    results = self._run_kwargs(inputs, options)
-                else:
-                    results = self.module.run_sync(inputs, **options)
-            finally:
-                self._release_leases()
+            with self._leases():
+                try:
+                    if self.input_columns:
+                        results = self._run_kwargs(inputs, options)
+                    else:
+                        results = self.module.run_sync(inputs, **options)
+                finally:
+                    self._release_leases()
         outputs: list[Any] = []
         errors: list[str | None] = []
         for result in results:
@@ -201,6 +208,24 @@ class Pipeline:
         table = table.append_column(self.output_column, column)
         return table.append_column(self.error_column, pa.array(errors, type=pa.string()))
 
+    def _leases(self) -> contextlib.AbstractContextManager[None]:
+        """Make this Pipeline's own calls lease their limits from the cluster's broker.
+
+        Only its own calls, in the context they run in: called in a driver (to try a
+        map function locally), it must leave the driver's other runs on their local
+        limits, which must not depend on a broker that goes with its Ray.  Where the
+        whole process leases already (a pipeline worker), it uses those leases.
+        """
+        from plait.resources import manager
+
+        if manager.leasing() and self._scope is None:
+            return contextlib.nullcontext()
+        with _leasing_lock:
+            if self._scope is None:
+                self._scope = manager.GovernorScope(_leased_governors())
+        scope: manager.GovernorScope = self._scope
+        return scope.active()
+
     def _release_leases(self) -> None:
         """Give the broker back every slot and unspent request this actor holds.
 
@@ -214,9 +239,10 @@ class Pipeline:
         from plait.ray.governor import LeasedGovernor
         from plait.resources import manager
 
+        registry = manager._governors if self._scope is None else self._scope.governors
         governors = [
             g
-            for g in list(manager._governors.values())
+            for g in list(registry.values())
             if isinstance(g, LeasedGovernor) and g._task is not None
         ]
         if governors:
@@ -245,28 +271,19 @@ class Pipeline:
         return run_blocking(all_rows())
 
 
-def _lease_limits() -> None:
-    """Make this process's endpoints lease their limits from the cluster's broker.
+def _leased_governors() -> Callable[[Any], Any]:
+    """A factory of governors that lease their limits from the cluster's broker, as
+    one worker of it."""
+    from plait.ray.cluster import broker
+    from plait.ray.governor import LeasedGovernor
 
-    Done where batches run (a Ray Data actor), on the first one, not when the
-    `Pipeline` is built: the process that builds it (a driver) keeps its own limits
-    for its own runs, which must not depend on a broker that goes with its Ray.
-    """
-    from plait.resources import manager
+    limits = broker()
+    worker = f"data:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
-    with _leasing_lock:
-        if manager.leasing():
-            return
-        from plait.ray.cluster import broker
-        from plait.ray.governor import LeasedGovernor
+    def governor(config: Any) -> Any:
+        return LeasedGovernor(config, limits, worker)
 
-        limits = broker()
-        worker = f"data:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-
-        def governor(config: Any) -> Any:
-            return LeasedGovernor(config, limits, worker)
-
-        manager.use_governors(governor)
+    return governor
 
 
 _leasing_lock = threading.Lock()

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import sys
 import time
 from typing import Any
 
@@ -97,6 +98,8 @@ class LeasedGovernor(RateGovernor):
         self.token_pool = 0.0 if config.tokens_per_minute else math.inf
         self._request_waiters = 0
         self._tokens_waiting = 0.0
+        #: The estimates of the calls waiting for tokens, in the order they came.
+        self._token_calls: list[float] = []
         self._overspent = 0.0
         #: Unused parts of spent estimates, for the broker: kept here, a refund would let
         #: this worker spend tokens the broker granted earlier on top of fresh grants.
@@ -188,6 +191,7 @@ class LeasedGovernor(RateGovernor):
             # (they wake after this report went out) must not be asked for twice.
             requests_wanted=_beyond(self._request_waiters, self.request_pool),
             tokens_wanted=_beyond(self._tokens_waiting, self.token_pool),
+            tokens_each=_each_beyond(self._token_calls, self.token_pool),
             successes=self._successes_since,
             tokens_overspent=self._overspent,
             rate_limited=self._pending_429,
@@ -205,6 +209,10 @@ class LeasedGovernor(RateGovernor):
         self._successes_since = 0
         self._overspent = 0.0
         self._pending_429 = None
+        if _ray_stopped(self.broker):
+            # Calling the actor would start a new Ray in this process, quietly (and
+            # the user's own ray.init() then fails), to reach a broker that is gone.
+            raise RuntimeError("Ray was shut down in this process")
         started = time.perf_counter()
         try:
             reply = await asyncio.wait_for(
@@ -265,20 +273,20 @@ class LeasedGovernor(RateGovernor):
                 finally:
                     self._request_waiters -= 1
                 continue
-            if self.token_pool < min(estimated_tokens, self.limits_burst()):
+            # The broker grants a call's whole estimate (a large one into debt), so a call
+            # waits for all of it: sending on a part would spend tokens nobody granted.
+            if self.token_pool < estimated_tokens:
                 self._tokens_waiting += estimated_tokens
+                self._token_calls.append(estimated_tokens)
                 try:
                     await self._next_grant()
                 finally:
                     self._tokens_waiting -= estimated_tokens
+                    self._token_calls.remove(estimated_tokens)
                 continue
             self.request_pool -= 1
             self.token_pool -= estimated_tokens
             return
-
-    def limits_burst(self) -> float:
-        tpm = self.limits.tokens_per_minute
-        return math.inf if not tpm else max(1.0, tpm / 60.0)
 
     def settle(self, estimated_tokens: int, actual_tokens: int | None) -> None:
         self._successes_since += 1
@@ -314,6 +322,29 @@ class LeasedGovernor(RateGovernor):
             self.paused_until = max(self.paused_until, now + retry_after)
         self._pending_429 = max(self._pending_429 or 0.0, retry_after or 0.0)
         self.wake()
+
+
+def _ray_stopped(broker: Any) -> bool:
+    """Whether ``broker`` is a Ray actor of a Ray no longer running in this process."""
+    ray = sys.modules.get("ray")
+    actor = sys.modules.get("ray.actor")
+    if ray is None or actor is None or not isinstance(broker, actor.ActorHandle):
+        return False
+    return not ray.is_initialized()
+
+
+def _each_beyond(calls: list[float], held: float) -> tuple[float, ...]:
+    """What each waiting call wants beyond a pool's ``held``, the pool covering the
+    first calls first (an unlimited pool: none)."""
+    if not math.isfinite(held):
+        return ()
+    left, wanted = max(0.0, held), []
+    for estimate in calls:
+        covered = min(left, estimate)
+        left -= covered
+        if estimate > covered:
+            wanted.append(estimate - covered)
+    return tuple(wanted)
 
 
 def _beyond(wanted: float, held: float) -> float:

@@ -7,9 +7,11 @@ two pipelines, that drive the same endpoint share one limiter, so
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 from plait.providers import make_provider
@@ -42,7 +44,7 @@ def say_embedded(alias: str) -> None:
     look like a bad pipeline, not a missing configuration.  A logging warning, so an
     application can silence it; Ray workers leave it to their driver, which says it
     before dispatching (`plait.execution.runtime`)."""
-    if _factory is not None or embedded_said():
+    if leasing() or embedded_said():
         return
     _log.warning(
         "plait: alias %r (and any other alias) runs on the embedded local model "
@@ -70,10 +72,38 @@ def use_governors(factory: Callable[[EndpointConfig], RateGovernor] | None) -> N
         _governors.clear()
 
 
+class GovernorScope:
+    """Governors from ``factory`` for the calls made inside `active` only.
+
+    A `plait.ray.Pipeline` called in a driver (to try a map function locally) leases
+    its limits from the cluster's broker for its own batches; had it switched the
+    whole process (`use_governors`), the driver's later plain runs would lease too,
+    and fail with the broker once its Ray was shut down.  The scope follows the
+    context, which a run's event loop tasks copy.
+    """
+
+    def __init__(self, factory: Callable[[EndpointConfig], RateGovernor]) -> None:
+        self.factory = factory
+        self.governors: dict[tuple[str, str, str], RateGovernor] = {}
+
+    @contextmanager
+    def active(self) -> Iterator[None]:
+        token = _scope.set(self)
+        try:
+            yield
+        finally:
+            _scope.reset(token)
+
+
+_scope: contextvars.ContextVar[GovernorScope | None] = contextvars.ContextVar(
+    "plait_governor_scope", default=None
+)
+
+
 def leasing() -> bool:
-    """Whether this process's endpoints take their limits from a factory (a Ray worker's
-    leases) rather than holding them locally."""
-    return _factory is not None
+    """Whether endpoints made here take their limits from a factory (a Ray worker's
+    leases, process-wide or in this context) rather than holding them locally."""
+    return _factory is not None or _scope.get() is not None
 
 
 def _local_governor(config: EndpointConfig) -> RateGovernor:
@@ -88,10 +118,13 @@ def _local_governor(config: EndpointConfig) -> RateGovernor:
 def shared_governor(config: EndpointConfig) -> RateGovernor:
     """The process-wide limiter and pacing of ``config``'s endpoint, following its config."""
     key = config.endpoint_key()
+    scope = _scope.get()
     with _registry_lock:
-        governor = _governors.get(key)
+        registry = _governors if scope is None else scope.governors
+        governor = registry.get(key)
         if governor is None:
-            governor = _governors[key] = (_factory or _local_governor)(config)
+            factory = _factory or _local_governor if scope is None else scope.factory
+            governor = registry[key] = factory(config)
             return governor
     governor.configure(config.max_concurrent, config.requests_per_minute, config.tokens_per_minute)
     return governor
