@@ -487,3 +487,71 @@ def test_fresh_deletes_a_checkpoint_that_holds_only_a_call_log(
     Checkpoint(log, "plait.learning.step.TrainingStep").open().close()
     with mock({"fast": classify, "rewriter": "Answer GOOD."}, strict=True):
         assert cli_main(argv) == 0, capsys.readouterr().err
+
+
+class DemoAnswerer(plait.Module):
+    """One LLM call with learnable instructions and demonstrations (for bootstrap)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.llm = plait.LLMInference(
+            "fast",
+            system_prompt=plait.Parameter("Answer.", description="How to answer."),
+            demos=[],
+        )
+
+    def forward(self, text: str) -> Any:
+        return self.llm(text)
+
+
+@pytest.mark.parametrize("workers", [None, 2])
+def test_a_step_stopped_after_validating_an_update_resumes_without_paying_that_validation(
+    server: Any, tmp_path: Path, request: pytest.FixtureRequest, workers: int | None
+) -> None:
+    """Bootstrap's demonstration sets are validated (on Ray workers, or here), then the
+    second optimizer's endpoint is down and the step stops.  The resumed step skips the
+    initial validation the checkpoint holds, so its passes come earlier in the step
+    than they did in the stopped run: each still finds the calls it completed, and
+    together the two runs pay exactly what an uninterrupted run pays."""
+    if workers is not None:
+        request.getfixturevalue("ray_cluster")
+    from plait.learning.bootstrap import BootstrapFewShot
+    from tests.test_trainer_workers import TRAIN, VAL
+
+    def trainer(directory: Path, second_url: str) -> Trainer:
+        model = DemoAnswerer()
+        first = BootstrapFewShot(model.parameters(), max_demos=2, candidates=2)
+        second = SFAOptimizer(model.parameters(), alias="smart2", check=False, structured=False)
+        endpoint = {"provider": "openai", "model": "m", "api_key": "sk-test", "max_retries": 0}
+        config = plait.ResourceConfig(
+            {
+                "fast": {**endpoint, "base_url": server.base_url},
+                "smart2": {**endpoint, "base_url": second_url},
+            }
+        )
+        return Trainer(
+            model, Contains(), [first, second], TRAIN, VAL, resources=config, batch_size=4,
+            shuffle=False, checkpoint_dir=directory, workers=workers,
+        )  # fmt: skip
+
+    down = f"http://127.0.0.1:{_closed_port()}/v1"
+    with pytest.raises(Exception, match=r"smart2|rewrite|connect"):
+        trainer(tmp_path / "failed", down).fit_sync()
+    first_paid = server.stats()["requests_total"]
+    # The initial validation, the minibatch and bootstrap's candidates' validations.
+    assert first_paid >= len(VAL) + 4 + 2 * len(VAL)
+
+    server.reset()
+    resumed = trainer(tmp_path / "failed", server.base_url)
+    assert resumed.resumed
+    history = resumed.fit_sync()
+    second_paid = server.stats()["requests_total"]
+
+    server.reset()
+    whole = trainer(tmp_path / "whole", server.base_url)
+    expected = whole.fit_sync()
+    uninterrupted = server.stats()["requests_total"]
+
+    assert first_paid + second_paid == uninterrupted
+    assert resumed.model.state_dict() == whole.model.state_dict()
+    assert [r.val_score for r in history.steps] == [r.val_score for r in expected.steps]

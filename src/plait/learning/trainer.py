@@ -786,14 +786,18 @@ class Trainer:
             return make_spec(self.step_module, opts["resources"], opts)
         # The workers log the calls they complete in the position's call log too, each
         # pass under indexes of its own (a pass numbers its examples from 0), drawn
-        # from what it runs (``work``: the method and the examples) and how many such
-        # passes came before at this position, so the same pass of a resumed step
-        # finds its calls again, and a repeated pass (validation of values already
-        # scored) pays for its calls as it does in one process.
+        # from what it runs (``work``: the method and the examples; the parameter
+        # values and the seed it runs with) and how many such passes came before at
+        # this position, so the same pass of a resumed step finds its calls again, and
+        # a repeated pass (validation of values already scored) pays for its calls as
+        # it does in one process.  The values are part of it because a resumed step
+        # skips the passes the checkpoint already holds (the initial validation, made
+        # at the same position): counted by method and examples alone, each of the
+        # step's validation passes would come one place earlier and miss its calls.
         from plait._digest import digest
 
         spec = make_spec(self.step_module, opts["resources"], opts, log.checkpoint)
-        what = digest(work)
+        what = digest([work, self.step_module.state_dict(), opts["seed"]])
         repeat = log.passes.get(what, 0)
         log.passes[what] = repeat + 1
         spec.log_index_offset = (1 + int(digest([what, repeat], size=4), 16)) * _PASS_STRIDE
