@@ -153,6 +153,52 @@ def test_resuming_with_other_data_files_is_refused_naming_what_changed(
     assert f"({other})" not in err
 
 
+@pytest.mark.parametrize(
+    ("before", "after", "named"),
+    [
+        (["--loss", "exact"], ["--loss", "contains"], "was ExactMatch, now Contains"),
+        (
+            ["--loss", "judge", "--criteria", "correct label"],
+            ["--loss", "judge", "--criteria", "polite"],
+            'criteria was ["correct label"], now ["polite"]',
+        ),
+        (
+            ["--loss", "judge", "--criteria", "correct label"],
+            ["--loss", "judge", "--criteria", "correct label", "--judge-alias", "fast"],
+            'alias was "optimizer", now "fast"',
+        ),
+    ],
+)
+def test_resuming_with_another_loss_is_refused_naming_what_changed(
+    server: Any,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    before: list[str],
+    after: list[str],
+    named: str,
+) -> None:
+    """A resumed run compares its validation scores with the best the checkpoint kept:
+    under another loss (or the same judge grading by other criteria) that comparison,
+    and the before/after report, would mean nothing."""
+    from plait.cli import main as cli_main
+
+    judge = {"score": 10, "feedback": "fine"}
+    val = ["--val", str(tmp_path / "val.jsonl"), "--judge-alias", "optimizer"]
+    first = command(tmp_path, server.base_url, *val, *before, "--max-steps", "1")
+    answers = {"fast": classify, "rewriter": "Answer GOOD.", "optimizer": judge}
+    with mock(answers, strict=False):
+        assert cli_main(first) == 0, capsys.readouterr().err
+        capsys.readouterr()
+        again = command(tmp_path, server.base_url, *val, *after, "--max-steps", "2")
+        if "--judge-alias" in after:
+            again.remove("optimizer")
+            again.remove("--judge-alias")
+        assert cli_main(again) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert "another loss" in err and named in err, err
+
+
 # -- point 16: failures while training are one-line errors ---------------------------------------
 def _closed_port() -> int:
     import socket

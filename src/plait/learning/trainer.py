@@ -63,6 +63,7 @@ from plait.learning.bootstrap import Trace, TraceLog, TrainingBatch, call_step, 
 from plait.learning.feedback import Feedback
 from plait.learning.step import TrainingStep
 from plait.module import Module
+from plait.parameter import Parameter
 from plait.providers.base import LLMRequest
 from plait.sampling import rng_parameter_names, run_seed
 from plait.values import Value, kind_of
@@ -1051,6 +1052,7 @@ class Trainer:
             "seed": self.seed,
             "shuffle": self.shuffle,
             "data": self._data_digests(),
+            "loss": describe_loss(self.loss_fn),
         }
 
     def _data_digests(self) -> dict[str, str | None]:
@@ -1121,6 +1123,15 @@ class Trainer:
             )
         identity = self._identity()
         data = identity.pop("data")
+        loss = identity.pop("loss")
+        saved_loss = state.get("loss")
+        if isinstance(saved_loss, dict) and saved_loss != loss:
+            raise TrainerError(
+                f"the checkpoint in {self.checkpoint_dir} was scored with another loss: "
+                f"{'; '.join(loss_changes(saved_loss, loss))}; its scores would not compare "
+                "with this run's. Resume with the same loss settings (--loss, --criteria, "
+                "--judge-alias), or start fresh (--fresh, or another checkpoint directory)"
+            )
         saved = state.get("data")
         if isinstance(saved, dict) and saved != data:
             changed = [_DATA_NAMES[name] for name in data if saved.get(name) != data[name]]
@@ -1171,6 +1182,75 @@ class Trainer:
         self.global_step = int(state["global_step"])
         self.stale_steps = int(state["stale_steps"])
         return True
+
+
+def describe_loss(loss: Module) -> dict[str, Any]:
+    """What a loss scores by, as plain data: each of its modules' class, its settings
+    (plain attributes: a judge's criteria and alias, a match's normalisation) and its
+    parameters' values.  Part of a training run's identity: a resumed run compares
+    its validation scores with the best the checkpoint kept, which means nothing if
+    the loss changed in between."""
+    described: dict[str, Any] = {}
+    for path, part in loss.named_modules():
+        cls = type(part)
+        entry: dict[str, Any] = {"class": f"{cls.__module__}.{cls.__qualname__}"}
+        for key, value in sorted(vars(part).items()):
+            if key.startswith("_") or isinstance(value, Module | Parameter):
+                continue
+            shown = _plain(value)
+            if shown is not None:
+                entry[key] = shown
+        entry["parameters"] = {
+            name: _plain(param.value) for name, param in part._parameters.items()
+        }
+        described[path or "(loss)"] = entry
+    return described
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as JSON-ready data (a function by its qualified name), or None."""
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    if isinstance(value, list | tuple):
+        return [_plain(item) for item in value]
+    if isinstance(value, dict):
+        return {str(key): _plain(item) for key, item in value.items()}
+    if isinstance(value, type):
+        return f"{value.__module__}.{value.__qualname__}"
+    if callable(value):
+        name = getattr(value, "__qualname__", None) or type(value).__qualname__
+        return f"{getattr(value, '__module__', '')}.{name}"
+    return None
+
+
+def loss_changes(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """What differs between two `describe_loss` results, in words."""
+
+    def short(value: Any) -> str:
+        text = json.dumps(value, ensure_ascii=False)
+        return text if len(text) <= 60 else text[:57] + "..."
+
+    def name(entry: Any) -> str:
+        found = entry.get("class", "?") if isinstance(entry, dict) else "none"
+        return str(found).rsplit(".", 1)[-1]
+
+    changes: list[str] = []
+    for path in sorted(set(before) | set(now)):
+        was, is_ = before.get(path), now.get(path)
+        where = "the loss" if path == "(loss)" else f"the loss's {path}"
+        if (
+            not isinstance(was, dict)
+            or not isinstance(is_, dict)
+            or was.get("class") != is_.get("class")
+        ):
+            changes.append(f"{where} was {name(was)}, now {name(is_)}")
+            continue
+        for key in sorted(set(was) | set(is_)):
+            if key != "class" and was.get(key) != is_.get(key):
+                changes.append(
+                    f"{where} {key} was {short(was.get(key))}, now {short(is_.get(key))}"
+                )
+    return changes or ["its settings changed"]
 
 
 class TrainingCallFailed(TrainerError):
