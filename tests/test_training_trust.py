@@ -601,3 +601,58 @@ def test_a_step_stopped_after_validating_an_update_resumes_without_paying_that_v
     assert first_paid + second_paid == uninterrupted
     assert resumed.model.state_dict() == whole.model.state_dict()
     assert [r.val_score for r in history.steps] == [r.val_score for r in expected.steps]
+
+
+def _train_cli(argv: list[str]) -> Any:
+    import subprocess
+    import sys
+
+    return subprocess.run(
+        [sys.executable, "-m", "plait.cli", *argv],
+        cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.mark.parametrize("failing", ["minibatch", "optimizer", "teacher"])
+def test_a_failing_call_anywhere_in_training_is_one_line_naming_the_alias_and_cause(
+    server: Any, tmp_path: Path, failing: str
+) -> None:
+    """No --val: the minibatch's own calls (not validation's), a rewrite, a bootstrap
+    teacher's run: each failure is one line naming the alias and the cause, exit 1."""
+    argv = command(tmp_path, server.base_url)
+    config = json.loads((tmp_path / "resources.yaml").read_text(encoding="utf-8"))
+    config["teacher"] = dict(config["fast"])
+    alias = {"minibatch": "fast", "optimizer": "optimizer", "teacher": "teacher"}[failing]
+    config[alias] = {**config[alias], "api_key": "sk-wrong"}
+    (tmp_path / "resources.yaml").write_text(json.dumps(config), encoding="utf-8")
+    if failing == "teacher":
+        argv += ["--optimizer", "bootstrap", "--teacher-alias", "teacher"]
+    done = _train_cli(argv)
+    assert done.returncode == 1, done.stderr
+    err = done.stderr.strip()
+    assert "Traceback" not in err and "Error:" not in err.split(": error: ")[0]
+    assert len(err.splitlines()) == 1, err
+    assert f"alias {alias!r}" in err and "401" in err, err
+    assert "sk-wrong" not in err
+
+
+@pytest.mark.parametrize("missing", ["optimizer", "teacher"])
+def test_an_alias_the_run_needs_and_the_resources_lack_is_refused_before_any_call(
+    server: Any, tmp_path: Path, missing: str
+) -> None:
+    argv = command(tmp_path, server.base_url, "--val", str(tmp_path / "val.jsonl"))
+    config = json.loads((tmp_path / "resources.yaml").read_text(encoding="utf-8"))
+    if missing == "optimizer":
+        del config["optimizer"]
+    else:
+        argv += ["--optimizer", "bootstrap", "--teacher-alias", "teacher"]
+    (tmp_path / "resources.yaml").write_text(json.dumps(config), encoding="utf-8")
+    done = _train_cli(argv)
+    assert done.returncode == 2, done.stderr
+    err = done.stderr.strip()
+    assert "Traceback" not in err and len(err.splitlines()) == 1, err
+    assert f"'{missing}'" in err and "resources" in err, err
+    assert server.stats()["requests_total"] == 0

@@ -625,6 +625,7 @@ class Trainer:
         # One manager for the whole run: every call shares its endpoints (and the
         # embedded model is loaded once).
         manager = ResourceManager.coerce(self.resources)
+        self._check_aliases(manager)
         # A local Ray started for this run's passes is stopped when it ends;
         # one that was running already (or a joined cluster) is left as it was.
         owns_ray = self.on_workers and not _ray_running()
@@ -639,6 +640,43 @@ class Trainer:
                 from plait.ray.cluster import shutdown_if_started
 
                 shutdown_if_started()
+
+    def _check_aliases(self, manager: Any) -> None:
+        """Refuse, before any call is paid for, an alias the run will call that the
+        resources do not configure: the pipeline's, the loss's (a judge), each
+        optimizer's (its rewriter, bootstrap's teacher).  Found mid-run, it would stop
+        the run after the minibatch and validation calls were paid for."""
+        from plait.resources.manager import ResourceManager
+
+        def aliases(module: Any) -> set[str]:
+            return {m.alias for m in module.modules() if getattr(m, "_calls_llm", False)}
+
+        needed: list[tuple[str, set[str], Any]] = [
+            ("the pipeline", aliases(self.model), manager),
+            (f"the loss {type(self.loss_fn).__name__}", aliases(self.loss_fn), manager),
+        ]
+        for optimizer in self.optimizers:
+            own: set[str] = set()
+            for module in getattr(optimizer, "_modules", list)():
+                own |= aliases(module)
+            teacher = getattr(optimizer, "teacher_alias", None)
+            if isinstance(teacher, str):
+                own.add(teacher)
+            bound = getattr(optimizer, "resources", None)
+            where = manager if bound is None else ResourceManager.coerce(bound)
+            needed.append((f"the optimizer {type(optimizer).__name__}", own, where))
+        for who, wanted, resources in needed:
+            config = resources.config
+            if not config:
+                continue  # the embedded model answers every alias
+            missing = sorted(alias for alias in wanted if alias not in config)
+            if missing:
+                raise TrainerError(
+                    f"{who} calls the alias(es) {', '.join(map(repr, missing))}, which the "
+                    f"resources do not configure (they configure: {', '.join(sorted(config))}); "
+                    "add it to the resources file, or name a configured alias (plait train: "
+                    "--optimizer-alias, --judge-alias, --teacher-alias)"
+                )
 
     @contextlib.contextmanager
     def _call_log(self) -> Iterator[None]:
@@ -877,8 +915,13 @@ class Trainer:
 
     async def _run_example(self, example: Example) -> tuple[Any, Trace]:
         """One example through the step (train mode), with its LLM calls logged."""
+        from plait.values import ExecutionError
+
         with TraceLog(self.model) as log:
-            loss = await self._call(example)
+            try:
+                loss = await self._call(example)
+            except ExecutionError as exc:  # reported by `_score` with the call and alias
+                loss = exc.value
         failed = isinstance(loss, Value) and loss.is_error
         score = 0.0 if failed else _score(loss, self.step_module, example)
         return loss, log.trace(example, score, failed)
@@ -976,10 +1019,13 @@ class Trainer:
             if observe is not None:
                 await observe(batch)
             await optimizer.step()
-        except BaseException:
+        except BaseException as exc:
             # A step that failed part-way may have rewritten some parameters: put every
             # value back so the checkpoint and the model agree on the last good state.
             self.model.load_state_dict(before)
+            failed = _optimizer_failure(optimizer, exc)
+            if failed is not None:
+                raise failed from None
             raise
         finally:
             optimizer.zero_feedback()
@@ -1284,6 +1330,38 @@ def _failure(value: Value, step: Module | None) -> TrainingCallFailed:
         f"{meta.get('message', value.payload)}; the run stops so a broken endpoint does not "
         "score as a bad prompt (fix it, then re-run the same command: the run resumes "
         "from its checkpoint)"
+    )
+
+
+def _optimizer_failure(optimizer: Any, exc: BaseException) -> TrainingCallFailed | None:
+    """A failed call of an optimizer's step (a rewrite, a bootstrap teacher run) as one
+    error naming the optimizer, the call, its alias and the cause; None for any other
+    exception (a bug, an interrupt), which goes on as it is."""
+    from plait.learning.optimizers import OptimizerStepError
+    from plait.values import ExecutionError
+
+    causes: list[BaseException] = []
+    if isinstance(exc, OptimizerStepError):
+        causes = list(exc.failures.values())
+    elif isinstance(exc, ExecutionError):
+        causes = [exc]
+    if not causes:
+        return None
+    alias = getattr(optimizer, "alias", None) or getattr(optimizer, "teacher_alias", None)
+    on = f" (alias {alias!r})" if isinstance(alias, str) else ""
+    cause = causes[0]
+    if isinstance(cause, ExecutionError):
+        meta = cause.value.meta
+        where = f"{meta['module_path']}: " if meta.get("module_path") else ""
+        text = f"{where}{meta.get('error_type', 'error')}: {meta.get('message')}"
+    else:
+        text = f"{type(cause).__name__}: {cause}"
+    return TrainingCallFailed(
+        scrub(
+            f"a call of the optimizer {type(optimizer).__name__}{on} failed: {text}; the run "
+            "stops (fix it, then re-run the same command: the run resumes from its "
+            "checkpoint)"
+        )
     )
 
 
