@@ -656,3 +656,70 @@ def test_an_alias_the_run_needs_and_the_resources_lack_is_refused_before_any_cal
     assert "Traceback" not in err and len(err.splitlines()) == 1, err
     assert f"'{missing}'" in err and "resources" in err, err
     assert server.stats()["requests_total"] == 0
+
+
+def test_a_step_killed_after_its_worker_passes_pays_only_for_the_call_in_flight(
+    server: Any, tmp_path: Path
+) -> None:
+    """``--workers 2``, bootstrap then sfa: the initial validation, the minibatch and
+    bootstrap's candidate validations run on the Ray workers, all at the first
+    position; the process is killed while the rewrite that follows waits at the gate.
+    The resumed step (which skips the initial validation the checkpoint holds) is
+    answered every call the workers logged: only the rewrite in flight is paid twice."""
+    pytest.importorskip("ray")
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    gate = "rewrite"
+    # Only the rewrite's prompt carries the parameter's description.
+    server.configure(gate_texts={"Labelling.": gate})
+
+    def run(directory: Path, *, background: bool = False) -> Any:
+        directory.mkdir(exist_ok=True)
+        argv = command(directory, server.base_url, "--val", str(directory / "val.jsonl"))
+        argv += ["--optimizer", "bootstrap", "--optimizer", "sfa", "--candidates", "2"]
+        full = [sys.executable, "-m", "plait.cli", *argv, "--max-steps", "1", "--workers", "2"]
+        if background:
+            return subprocess.Popen(
+                full, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                start_new_session=True,
+            )  # fmt: skip
+        return subprocess.run(full, cwd=root, capture_output=True, text=True, timeout=300)
+
+    server.close_gate(gate)
+    killed_dir = tmp_path / "killed"
+    proc = run(killed_dir, background=True)
+    try:
+        server.wait_parked(gate, 1, timeout=240)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    first_paid = server.stats()["requests_total"]
+
+    server.reset()  # (which closes every gate)
+    server.configure(gate_texts={"Labelling.": gate})
+    server.open_gate(gate)
+    resumed = run(killed_dir)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming" in resumed.stderr
+    second_paid = server.stats()["requests_total"]
+
+    server.reset()
+    server.configure(gate_texts={"Labelling.": gate})
+    server.open_gate(gate)
+    whole_dir = tmp_path / "whole"
+    whole = run(whole_dir)
+    assert whole.returncode == 0, whole.stderr
+    uninterrupted = server.stats()["requests_total"]
+
+    # Only the rewrite in flight at the kill was paid twice.
+    assert first_paid + second_paid == uninterrupted + 1
+    got = json.loads((killed_dir / "out" / "parameters.json").read_text(encoding="utf-8"))
+    want = json.loads((whole_dir / "out" / "parameters.json").read_text(encoding="utf-8"))
+    assert got == want
