@@ -199,6 +199,26 @@ def test_resuming_with_another_loss_is_refused_naming_what_changed(
     assert "another loss" in err and named in err, err
 
 
+def test_resuming_on_another_model_is_refused_naming_the_alias(
+    server: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The best validation score the checkpoint kept was the old model's: a resumed run
+    on another model would keep or roll back updates by comparing the two."""
+    from plait.cli import main as cli_main
+
+    val = ["--val", str(tmp_path / "val.jsonl")]
+    with mock({"fast": classify, "rewriter": "Answer GOOD."}, strict=True):
+        assert cli_main(command(tmp_path, server.base_url, *val, "--max-steps", "1")) == 0
+        capsys.readouterr()
+        config = json.loads((tmp_path / "resources.yaml").read_text(encoding="utf-8"))
+        config["fast"] = {**config["fast"], "model": "a-bigger-model"}
+        (tmp_path / "resources.yaml").write_text(json.dumps(config), encoding="utf-8")
+        assert cli_main(command(tmp_path, server.base_url, *val, "--max-steps", "2")) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert "alias 'fast' was openai/m, now openai/a-bigger-model" in err, err
+
+
 # -- point 16: failures while training are one-line errors ---------------------------------------
 def _closed_port() -> int:
     import socket

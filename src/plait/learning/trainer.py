@@ -1099,7 +1099,30 @@ class Trainer:
             "shuffle": self.shuffle,
             "data": self._data_digests(),
             "loss": describe_loss(self.loss_fn),
+            "scored_by": self._scored_by(),
         }
+
+    def _scored_by(self) -> dict[str, str]:
+        """The model behind each alias the pipeline and the loss call ("provider/model"):
+        a validation score kept from one model means nothing next to another's.  The
+        URL is left out: the same model moved to another server scores the same."""
+        from plait.resources.manager import ResourceManager
+
+        try:
+            manager = ResourceManager.coerce(self.resources)
+        except Exception:  # reported where the run uses the resources
+            return {}
+        found: dict[str, str] = {}
+        for module in (*self.model.modules(), *self.loss_fn.modules()):
+            alias = getattr(module, "alias", None)
+            if not getattr(module, "_calls_llm", False) or not isinstance(alias, str):
+                continue
+            try:
+                config = manager.config_for(alias)
+            except Exception:  # a missing alias: refused before the first call
+                continue
+            found[alias] = f"{config.provider}/{config.model or 'default'}"
+        return found
 
     def _data_digests(self) -> dict[str, str | None]:
         """A digest of each data set's examples as loaded (train, val, test).
@@ -1170,6 +1193,21 @@ class Trainer:
         identity = self._identity()
         data = identity.pop("data")
         loss = identity.pop("loss")
+        scored_by = identity.pop("scored_by")
+        saved_models = state.get("scored_by")
+        if isinstance(saved_models, dict):
+            moved = [
+                f"alias {alias!r} was {saved_models[alias]}, now {model}"
+                for alias, model in sorted(scored_by.items())
+                if alias in saved_models and saved_models[alias] != model
+            ]
+            if moved:
+                raise TrainerError(
+                    f"the checkpoint in {self.checkpoint_dir} was scored on other models: "
+                    f"{'; '.join(moved)}; its scores would not compare with this run's. "
+                    "Resume with the same provider and model for these aliases, or start "
+                    "fresh (--fresh, or another checkpoint directory)"
+                )
         saved_loss = state.get("loss")
         if isinstance(saved_loss, dict) and saved_loss != loss:
             raise TrainerError(
