@@ -662,6 +662,9 @@ class Trainer:
             teacher = getattr(optimizer, "teacher_alias", None)
             if isinstance(teacher, str):
                 own.add(teacher)
+            teacher_module = getattr(optimizer, "teacher", None)
+            if isinstance(teacher_module, Module):
+                own |= aliases(teacher_module)
             bound = getattr(optimizer, "resources", None)
             where = manager if bound is None else ResourceManager.coerce(bound)
             needed.append((f"the optimizer {type(optimizer).__name__}", own, where))
