@@ -153,6 +153,72 @@ def test_resuming_with_other_data_files_is_refused_naming_what_changed(
     assert f"({other})" not in err
 
 
+@pytest.mark.parametrize(
+    ("before", "after", "named"),
+    [
+        (["--loss", "exact"], ["--loss", "contains"], "was ExactMatch, now Contains"),
+        (
+            ["--loss", "judge", "--criteria", "correct label"],
+            ["--loss", "judge", "--criteria", "polite"],
+            'criteria was ["correct label"], now ["polite"]',
+        ),
+        (
+            ["--loss", "judge", "--criteria", "correct label"],
+            ["--loss", "judge", "--criteria", "correct label", "--judge-alias", "fast"],
+            'alias was "optimizer", now "fast"',
+        ),
+    ],
+)
+def test_resuming_with_another_loss_is_refused_naming_what_changed(
+    server: Any,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    before: list[str],
+    after: list[str],
+    named: str,
+) -> None:
+    """A resumed run compares its validation scores with the best the checkpoint kept:
+    under another loss (or the same judge grading by other criteria) that comparison,
+    and the before/after report, would mean nothing."""
+    from plait.cli import main as cli_main
+
+    judge = {"score": 10, "feedback": "fine"}
+    val = ["--val", str(tmp_path / "val.jsonl"), "--judge-alias", "optimizer"]
+    first = command(tmp_path, server.base_url, *val, *before, "--max-steps", "1")
+    answers = {"fast": classify, "rewriter": "Answer GOOD.", "optimizer": judge}
+    with mock(answers, strict=False):
+        assert cli_main(first) == 0, capsys.readouterr().err
+        capsys.readouterr()
+        again = command(tmp_path, server.base_url, *val, *after, "--max-steps", "2")
+        if "--judge-alias" in after:
+            again.remove("optimizer")
+            again.remove("--judge-alias")
+        assert cli_main(again) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert "another loss" in err and named in err, err
+
+
+def test_resuming_on_another_model_is_refused_naming_the_alias(
+    server: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The best validation score the checkpoint kept was the old model's: a resumed run
+    on another model would keep or roll back updates by comparing the two."""
+    from plait.cli import main as cli_main
+
+    val = ["--val", str(tmp_path / "val.jsonl")]
+    with mock({"fast": classify, "rewriter": "Answer GOOD."}, strict=True):
+        assert cli_main(command(tmp_path, server.base_url, *val, "--max-steps", "1")) == 0
+        capsys.readouterr()
+        config = json.loads((tmp_path / "resources.yaml").read_text(encoding="utf-8"))
+        config["fast"] = {**config["fast"], "model": "a-bigger-model"}
+        (tmp_path / "resources.yaml").write_text(json.dumps(config), encoding="utf-8")
+        assert cli_main(command(tmp_path, server.base_url, *val, "--max-steps", "2")) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert "alias 'fast' was openai/m, now openai/a-bigger-model" in err, err
+
+
 # -- point 16: failures while training are one-line errors ---------------------------------------
 def _closed_port() -> int:
     import socket
@@ -487,3 +553,193 @@ def test_fresh_deletes_a_checkpoint_that_holds_only_a_call_log(
     Checkpoint(log, "plait.learning.step.TrainingStep").open().close()
     with mock({"fast": classify, "rewriter": "Answer GOOD."}, strict=True):
         assert cli_main(argv) == 0, capsys.readouterr().err
+
+
+class DemoAnswerer(plait.Module):
+    """One LLM call with learnable instructions and demonstrations (for bootstrap)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.llm = plait.LLMInference(
+            "fast",
+            system_prompt=plait.Parameter("Answer.", description="How to answer."),
+            demos=[],
+        )
+
+    def forward(self, text: str) -> Any:
+        return self.llm(text)
+
+
+@pytest.mark.parametrize("workers", [None, 2])
+def test_a_step_stopped_after_validating_an_update_resumes_without_paying_that_validation(
+    server: Any, tmp_path: Path, request: pytest.FixtureRequest, workers: int | None
+) -> None:
+    """Bootstrap's demonstration sets are validated (on Ray workers, or here), then the
+    second optimizer's endpoint is down and the step stops.  The resumed step skips the
+    initial validation the checkpoint holds, so its passes come earlier in the step
+    than they did in the stopped run: each still finds the calls it completed, and
+    together the two runs pay exactly what an uninterrupted run pays."""
+    if workers is not None:
+        request.getfixturevalue("ray_cluster")
+    from plait.learning.bootstrap import BootstrapFewShot
+    from tests.test_trainer_workers import TRAIN, VAL
+
+    def trainer(directory: Path, second_url: str) -> Trainer:
+        model = DemoAnswerer()
+        first = BootstrapFewShot(model.parameters(), max_demos=2, candidates=2)
+        second = SFAOptimizer(model.parameters(), alias="smart2", check=False, structured=False)
+        endpoint = {"provider": "openai", "model": "m", "api_key": "sk-test", "max_retries": 0}
+        config = plait.ResourceConfig(
+            {
+                "fast": {**endpoint, "base_url": server.base_url},
+                "smart2": {**endpoint, "base_url": second_url},
+            }
+        )
+        return Trainer(
+            model, Contains(), [first, second], TRAIN, VAL, resources=config, batch_size=4,
+            shuffle=False, checkpoint_dir=directory, workers=workers,
+        )  # fmt: skip
+
+    down = f"http://127.0.0.1:{_closed_port()}/v1"
+    with pytest.raises(Exception, match=r"smart2|rewrite|connect"):
+        trainer(tmp_path / "failed", down).fit_sync()
+    first_paid = server.stats()["requests_total"]
+    # The initial validation, the minibatch and bootstrap's candidates' validations.
+    assert first_paid >= len(VAL) + 4 + 2 * len(VAL)
+
+    server.reset()
+    resumed = trainer(tmp_path / "failed", server.base_url)
+    assert resumed.resumed
+    history = resumed.fit_sync()
+    second_paid = server.stats()["requests_total"]
+
+    server.reset()
+    whole = trainer(tmp_path / "whole", server.base_url)
+    expected = whole.fit_sync()
+    uninterrupted = server.stats()["requests_total"]
+
+    assert first_paid + second_paid == uninterrupted
+    assert resumed.model.state_dict() == whole.model.state_dict()
+    assert [r.val_score for r in history.steps] == [r.val_score for r in expected.steps]
+
+
+def _train_cli(argv: list[str]) -> Any:
+    import subprocess
+    import sys
+
+    return subprocess.run(
+        [sys.executable, "-m", "plait.cli", *argv],
+        cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.mark.parametrize("failing", ["minibatch", "optimizer", "teacher"])
+def test_a_failing_call_anywhere_in_training_is_one_line_naming_the_alias_and_cause(
+    server: Any, tmp_path: Path, failing: str
+) -> None:
+    """No --val: the minibatch's own calls (not validation's), a rewrite, a bootstrap
+    teacher's run: each failure is one line naming the alias and the cause, exit 1."""
+    argv = command(tmp_path, server.base_url)
+    config = json.loads((tmp_path / "resources.yaml").read_text(encoding="utf-8"))
+    config["teacher"] = dict(config["fast"])
+    alias = {"minibatch": "fast", "optimizer": "optimizer", "teacher": "teacher"}[failing]
+    config[alias] = {**config[alias], "api_key": "sk-wrong"}
+    (tmp_path / "resources.yaml").write_text(json.dumps(config), encoding="utf-8")
+    if failing == "teacher":
+        argv += ["--optimizer", "bootstrap", "--teacher-alias", "teacher"]
+    done = _train_cli(argv)
+    assert done.returncode == 1, done.stderr
+    err = done.stderr.strip()
+    assert "Traceback" not in err and "Error:" not in err.split(": error: ")[0]
+    assert len(err.splitlines()) == 1, err
+    assert f"alias {alias!r}" in err and "401" in err, err
+    assert "sk-wrong" not in err
+
+
+@pytest.mark.parametrize("missing", ["optimizer", "teacher"])
+def test_an_alias_the_run_needs_and_the_resources_lack_is_refused_before_any_call(
+    server: Any, tmp_path: Path, missing: str
+) -> None:
+    argv = command(tmp_path, server.base_url, "--val", str(tmp_path / "val.jsonl"))
+    config = json.loads((tmp_path / "resources.yaml").read_text(encoding="utf-8"))
+    if missing == "optimizer":
+        del config["optimizer"]
+    else:
+        argv += ["--optimizer", "bootstrap", "--teacher-alias", "teacher"]
+    (tmp_path / "resources.yaml").write_text(json.dumps(config), encoding="utf-8")
+    done = _train_cli(argv)
+    assert done.returncode == 2, done.stderr
+    err = done.stderr.strip()
+    assert "Traceback" not in err and len(err.splitlines()) == 1, err
+    assert f"'{missing}'" in err and "resources" in err, err
+    assert server.stats()["requests_total"] == 0
+
+
+def test_a_step_killed_after_its_worker_passes_pays_only_for_the_call_in_flight(
+    server: Any, tmp_path: Path
+) -> None:
+    """``--workers 2``, bootstrap then sfa: the initial validation, the minibatch and
+    bootstrap's candidate validations run on the Ray workers, all at the first
+    position; the process is killed while the rewrite that follows waits at the gate.
+    The resumed step (which skips the initial validation the checkpoint holds) is
+    answered every call the workers logged: only the rewrite in flight is paid twice."""
+    pytest.importorskip("ray")
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    gate = "rewrite"
+    # Only the rewrite's prompt carries the parameter's description.
+    server.configure(gate_texts={"Labelling.": gate})
+
+    def run(directory: Path, *, background: bool = False) -> Any:
+        directory.mkdir(exist_ok=True)
+        argv = command(directory, server.base_url, "--val", str(directory / "val.jsonl"))
+        argv += ["--optimizer", "bootstrap", "--optimizer", "sfa", "--candidates", "2"]
+        full = [sys.executable, "-m", "plait.cli", *argv, "--max-steps", "1", "--workers", "2"]
+        if background:
+            return subprocess.Popen(
+                full, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                start_new_session=True,
+            )  # fmt: skip
+        return subprocess.run(full, cwd=root, capture_output=True, text=True, timeout=300)
+
+    server.close_gate(gate)
+    killed_dir = tmp_path / "killed"
+    proc = run(killed_dir, background=True)
+    try:
+        server.wait_parked(gate, 1, timeout=240)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    first_paid = server.stats()["requests_total"]
+
+    server.reset()  # (which closes every gate)
+    server.configure(gate_texts={"Labelling.": gate})
+    server.open_gate(gate)
+    resumed = run(killed_dir)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming" in resumed.stderr
+    second_paid = server.stats()["requests_total"]
+
+    server.reset()
+    server.configure(gate_texts={"Labelling.": gate})
+    server.open_gate(gate)
+    whole_dir = tmp_path / "whole"
+    whole = run(whole_dir)
+    assert whole.returncode == 0, whole.stderr
+    uninterrupted = server.stats()["requests_total"]
+
+    # Only the rewrite in flight at the kill was paid twice.
+    assert first_paid + second_paid == uninterrupted + 1
+    got = json.loads((killed_dir / "out" / "parameters.json").read_text(encoding="utf-8"))
+    want = json.loads((whole_dir / "out" / "parameters.json").read_text(encoding="utf-8"))
+    assert got == want

@@ -98,7 +98,10 @@ async def run_traced(model: Module, loss_fn: Module, example: Example) -> Trace:
     """Run ``example`` through ``model`` and ``loss_fn`` (eval mode) with a `CallLog`.
 
     A run that fails scores 0 and is marked ``failed``: it teaches nothing, and
-    one bad example does not stop the others.
+    one bad example does not stop the others.  A run whose endpoint failed (down, a
+    refused key) is not a bad example: that error goes on, for the caller to report
+    (`Trainer` stops the run naming the alias and the cause), instead of every run
+    of the step "failing" and bootstrap silently learning nothing.
     """
     from plait.learning.feedback import Feedback
     from plait.learning.step import TrainingStep
@@ -107,11 +110,26 @@ async def run_traced(model: Module, loss_fn: Module, example: Example) -> Trace:
     with TraceLog(model) as log:
         try:
             result = await call_step(step, example)
-        except Exception:
+        except Exception as exc:
+            if endpoint_failed(exc):
+                raise
             return log.trace(example, 0.0, failed=True)
     payload = result.payload if isinstance(result, Value) else result
     score = payload.score if isinstance(payload, Feedback) else 0.0
     return log.trace(example, float(score))
+
+
+def endpoint_failed(exc: BaseException) -> bool:
+    """Whether ``exc`` is a run's failure to reach its endpoint (or the endpoint's
+    refusal), rather than a failure of the run itself (its code, a reply the model
+    got wrong)."""
+    from plait.providers.base import ProviderError, ReplyFormatError
+    from plait.values import ExecutionError
+
+    cause = exc.value.payload if isinstance(exc, ExecutionError) else exc
+    if isinstance(cause, ReplyFormatError):
+        return False
+    return isinstance(cause, ProviderError | OSError | TimeoutError)
 
 
 def call_step(step: Module, example: Example) -> Any:
@@ -240,11 +258,14 @@ class BootstrapFewShot:
         traces = batch.traces
         if traces is None or self.teacher is not None or self.teacher_alias is not None:
             teacher = self._teacher(batch)
-            traces = list(
-                await asyncio.gather(
-                    *(run_traced(teacher, batch.loss_fn, example) for example in batch.examples)
-                )
+            runs = await asyncio.gather(
+                *(run_traced(teacher, batch.loss_fn, example) for example in batch.examples),
+                return_exceptions=True,
             )
+            for run in runs:  # reported once every run has ended
+                if isinstance(run, BaseException):
+                    raise run
+            traces = [run for run in runs if not isinstance(run, BaseException)]
         stages = set(self._paths().values())
         for trace in traces:
             if trace.failed:

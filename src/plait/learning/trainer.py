@@ -63,6 +63,7 @@ from plait.learning.bootstrap import Trace, TraceLog, TrainingBatch, call_step, 
 from plait.learning.feedback import Feedback
 from plait.learning.step import Inputs, TrainingStep
 from plait.module import Module
+from plait.parameter import Parameter
 from plait.providers.base import LLMRequest
 from plait.sampling import rng_parameter_names, run_seed
 from plait.values import Value, kind_of
@@ -625,6 +626,7 @@ class Trainer:
         # One manager for the whole run: every call shares its endpoints (and the
         # embedded model is loaded once).
         manager = ResourceManager.coerce(self.resources)
+        self._check_aliases(manager)
         # A local Ray started for this run's passes is stopped when it ends;
         # one that was running already (or a joined cluster) is left as it was.
         owns_ray = self.on_workers and not _ray_running()
@@ -639,6 +641,46 @@ class Trainer:
                 from plait.ray.cluster import shutdown_if_started
 
                 shutdown_if_started()
+
+    def _check_aliases(self, manager: Any) -> None:
+        """Refuse, before any call is paid for, an alias the run will call that the
+        resources do not configure: the pipeline's, the loss's (a judge), each
+        optimizer's (its rewriter, bootstrap's teacher).  Found mid-run, it would stop
+        the run after the minibatch and validation calls were paid for."""
+        from plait.resources.manager import ResourceManager
+
+        def aliases(module: Any) -> set[str]:
+            return {m.alias for m in module.modules() if getattr(m, "_calls_llm", False)}
+
+        needed: list[tuple[str, set[str], Any]] = [
+            ("the pipeline", aliases(self.model), manager),
+            (f"the loss {type(self.loss_fn).__name__}", aliases(self.loss_fn), manager),
+        ]
+        for optimizer in self.optimizers:
+            own: set[str] = set()
+            for module in getattr(optimizer, "_modules", list)():
+                own |= aliases(module)
+            teacher = getattr(optimizer, "teacher_alias", None)
+            if isinstance(teacher, str):
+                own.add(teacher)
+            teacher_module = getattr(optimizer, "teacher", None)
+            if isinstance(teacher_module, Module):
+                own |= aliases(teacher_module)
+            bound = getattr(optimizer, "resources", None)
+            where = manager if bound is None else ResourceManager.coerce(bound)
+            needed.append((f"the optimizer {type(optimizer).__name__}", own, where))
+        for who, wanted, resources in needed:
+            config = resources.config
+            if not config:
+                continue  # the embedded model answers every alias
+            missing = sorted(alias for alias in wanted if alias not in config)
+            if missing:
+                raise TrainerError(
+                    f"{who} calls the alias(es) {', '.join(map(repr, missing))}, which the "
+                    f"resources do not configure (they configure: {', '.join(sorted(config))}); "
+                    "add it to the resources file, or name a configured alias (plait train: "
+                    "--optimizer-alias, --judge-alias, --teacher-alias)"
+                )
 
     @contextlib.contextmanager
     def _call_log(self) -> Iterator[None]:
@@ -787,14 +829,18 @@ class Trainer:
             return make_spec(self.step_module, opts["resources"], opts)
         # The workers log the calls they complete in the position's call log too, each
         # pass under indexes of its own (a pass numbers its examples from 0), drawn
-        # from what it runs (``work``: the method and the examples) and how many such
-        # passes came before at this position, so the same pass of a resumed step
-        # finds its calls again, and a repeated pass (validation of values already
-        # scored) pays for its calls as it does in one process.
+        # from what it runs (``work``: the method and the examples; the parameter
+        # values and the seed it runs with) and how many such passes came before at
+        # this position, so the same pass of a resumed step finds its calls again, and
+        # a repeated pass (validation of values already scored) pays for its calls as
+        # it does in one process.  The values are part of it because a resumed step
+        # skips the passes the checkpoint already holds (the initial validation, made
+        # at the same position): counted by method and examples alone, each of the
+        # step's validation passes would come one place earlier and miss its calls.
         from plait._digest import digest
 
         spec = make_spec(self.step_module, opts["resources"], opts, log.checkpoint)
-        what = digest(work)
+        what = digest([work, self.step_module.state_dict(), opts["seed"]])
         repeat = log.passes.get(what, 0)
         log.passes[what] = repeat + 1
         spec.log_index_offset = (1 + int(digest([what, repeat], size=4), 16)) * _PASS_STRIDE
@@ -873,8 +919,13 @@ class Trainer:
 
     async def _run_example(self, example: Example) -> tuple[Any, Trace]:
         """One example through the step (train mode), with its LLM calls logged."""
+        from plait.values import ExecutionError
+
         with TraceLog(self.model) as log:
-            loss = await self._call(example)
+            try:
+                loss = await self._call(example)
+            except ExecutionError as exc:  # reported by `_score` with the call and alias
+                loss = exc.value
         failed = isinstance(loss, Value) and loss.is_error
         score = 0.0 if failed else _score(loss, self.step_module, example)
         return loss, log.trace(example, score, failed)
@@ -972,10 +1023,13 @@ class Trainer:
             if observe is not None:
                 await observe(batch)
             await optimizer.step()
-        except BaseException:
+        except BaseException as exc:
             # A step that failed part-way may have rewritten some parameters: put every
             # value back so the checkpoint and the model agree on the last good state.
             self.model.load_state_dict(before)
+            failed = _optimizer_failure(optimizer, exc)
+            if failed is not None:
+                raise failed from None
             raise
         finally:
             optimizer.zero_feedback()
@@ -1048,7 +1102,31 @@ class Trainer:
             "seed": self.seed,
             "shuffle": self.shuffle,
             "data": self._data_digests(),
+            "loss": describe_loss(self.loss_fn),
+            "scored_by": self._scored_by(),
         }
+
+    def _scored_by(self) -> dict[str, str]:
+        """The model behind each alias the pipeline and the loss call ("provider/model"):
+        a validation score kept from one model means nothing next to another's.  The
+        URL is left out: the same model moved to another server scores the same."""
+        from plait.resources.manager import ResourceManager
+
+        try:
+            manager = ResourceManager.coerce(self.resources)
+        except Exception:  # reported where the run uses the resources
+            return {}
+        found: dict[str, str] = {}
+        for module in (*self.model.modules(), *self.loss_fn.modules()):
+            alias = getattr(module, "alias", None)
+            if not getattr(module, "_calls_llm", False) or not isinstance(alias, str):
+                continue
+            try:
+                config = manager.config_for(alias)
+            except Exception:  # a missing alias: refused before the first call
+                continue
+            found[alias] = f"{config.provider}/{config.model or 'default'}"
+        return found
 
     def _data_digests(self) -> dict[str, str | None]:
         """A digest of each data set's examples as loaded (train, val, test).
@@ -1118,6 +1196,30 @@ class Trainer:
             )
         identity = self._identity()
         data = identity.pop("data")
+        loss = identity.pop("loss")
+        scored_by = identity.pop("scored_by")
+        saved_models = state.get("scored_by")
+        if isinstance(saved_models, dict):
+            moved = [
+                f"alias {alias!r} was {saved_models[alias]}, now {model}"
+                for alias, model in sorted(scored_by.items())
+                if alias in saved_models and saved_models[alias] != model
+            ]
+            if moved:
+                raise TrainerError(
+                    f"the checkpoint in {self.checkpoint_dir} was scored on other models: "
+                    f"{'; '.join(moved)}; its scores would not compare with this run's. "
+                    "Resume with the same provider and model for these aliases, or start "
+                    "fresh (--fresh, or another checkpoint directory)"
+                )
+        saved_loss = state.get("loss")
+        if isinstance(saved_loss, dict) and saved_loss != loss:
+            raise TrainerError(
+                f"the checkpoint in {self.checkpoint_dir} was scored with another loss: "
+                f"{'; '.join(loss_changes(saved_loss, loss))}; its scores would not compare "
+                "with this run's. Resume with the same loss settings (--loss, --criteria, "
+                "--judge-alias), or start fresh (--fresh, or another checkpoint directory)"
+            )
         saved = state.get("data")
         if isinstance(saved, dict) and saved != data:
             changed = [_DATA_NAMES[name] for name in data if saved.get(name) != data[name]]
@@ -1170,6 +1272,75 @@ class Trainer:
         return True
 
 
+def describe_loss(loss: Module) -> dict[str, Any]:
+    """What a loss scores by, as plain data: each of its modules' class, its settings
+    (plain attributes: a judge's criteria and alias, a match's normalisation) and its
+    parameters' values.  Part of a training run's identity: a resumed run compares
+    its validation scores with the best the checkpoint kept, which means nothing if
+    the loss changed in between."""
+    described: dict[str, Any] = {}
+    for path, part in loss.named_modules():
+        cls = type(part)
+        entry: dict[str, Any] = {"class": f"{cls.__module__}.{cls.__qualname__}"}
+        for key, value in sorted(vars(part).items()):
+            if key.startswith("_") or isinstance(value, Module | Parameter):
+                continue
+            shown = _plain(value)
+            if shown is not None:
+                entry[key] = shown
+        entry["parameters"] = {
+            name: _plain(param.value) for name, param in part._parameters.items()
+        }
+        described[path or "(loss)"] = entry
+    return described
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as JSON-ready data (a function by its qualified name), or None."""
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    if isinstance(value, list | tuple):
+        return [_plain(item) for item in value]
+    if isinstance(value, dict):
+        return {str(key): _plain(item) for key, item in value.items()}
+    if isinstance(value, type):
+        return f"{value.__module__}.{value.__qualname__}"
+    if callable(value):
+        name = getattr(value, "__qualname__", None) or type(value).__qualname__
+        return f"{getattr(value, '__module__', '')}.{name}"
+    return None
+
+
+def loss_changes(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """What differs between two `describe_loss` results, in words."""
+
+    def short(value: Any) -> str:
+        text = json.dumps(value, ensure_ascii=False)
+        return text if len(text) <= 60 else text[:57] + "..."
+
+    def name(entry: Any) -> str:
+        found = entry.get("class", "?") if isinstance(entry, dict) else "none"
+        return str(found).rsplit(".", 1)[-1]
+
+    changes: list[str] = []
+    for path in sorted(set(before) | set(now)):
+        was, is_ = before.get(path), now.get(path)
+        where = "the loss" if path == "(loss)" else f"the loss's {path}"
+        if (
+            not isinstance(was, dict)
+            or not isinstance(is_, dict)
+            or was.get("class") != is_.get("class")
+        ):
+            changes.append(f"{where} was {name(was)}, now {name(is_)}")
+            continue
+        for key in sorted(set(was) | set(is_)):
+            if key != "class" and was.get(key) != is_.get(key):
+                changes.append(
+                    f"{where} {key} was {short(was.get(key))}, now {short(is_.get(key))}"
+                )
+    return changes or ["its settings changed"]
+
+
 class TrainingCallFailed(TrainerError):
     """A call of the pipeline or the loss failed (an endpoint down, a refused key):
     the run stops, since a broken endpoint would score as a bad prompt."""
@@ -1201,6 +1372,38 @@ def _failure(value: Value, step: Module | None) -> TrainingCallFailed:
         f"{meta.get('message', value.payload)}; the run stops so a broken endpoint does not "
         "score as a bad prompt (fix it, then re-run the same command: the run resumes "
         "from its checkpoint)"
+    )
+
+
+def _optimizer_failure(optimizer: Any, exc: BaseException) -> TrainingCallFailed | None:
+    """A failed call of an optimizer's step (a rewrite, a bootstrap teacher run) as one
+    error naming the optimizer, the call, its alias and the cause; None for any other
+    exception (a bug, an interrupt), which goes on as it is."""
+    from plait.learning.optimizers import OptimizerStepError
+    from plait.values import ExecutionError
+
+    causes: list[BaseException] = []
+    if isinstance(exc, OptimizerStepError):
+        causes = list(exc.failures.values())
+    elif isinstance(exc, ExecutionError):
+        causes = [exc]
+    if not causes:
+        return None
+    alias = getattr(optimizer, "alias", None) or getattr(optimizer, "teacher_alias", None)
+    on = f" (alias {alias!r})" if isinstance(alias, str) else ""
+    cause = causes[0]
+    if isinstance(cause, ExecutionError):
+        meta = cause.value.meta
+        where = f"{meta['module_path']}: " if meta.get("module_path") else ""
+        text = f"{where}{meta.get('error_type', 'error')}: {meta.get('message')}"
+    else:
+        text = f"{type(cause).__name__}: {cause}"
+    return TrainingCallFailed(
+        scrub(
+            f"a call of the optimizer {type(optimizer).__name__}{on} failed: {text}; the run "
+            "stops (fix it, then re-run the same command: the run resumes from its "
+            "checkpoint)"
+        )
     )
 
 
