@@ -199,6 +199,34 @@ def test_resuming_with_another_loss_is_refused_naming_what_changed(
     assert "another loss" in err and named in err, err
 
 
+@pytest.mark.parametrize("change", ["setting", "code"])
+def test_resuming_with_another_pipeline_is_refused_naming_what_changed(
+    server: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str], change: str
+) -> None:
+    """The steps a checkpoint kept were measured on the pipeline as it was: an edited
+    forward, or a call's settings changed on the command line, would be trained on
+    from scores of another pipeline."""
+    from plait.cli import main as cli_main
+
+    val = ["--val", str(tmp_path / "val.jsonl")]
+    with mock({"fast": classify, "rewriter": "Answer GOOD."}, strict=True):
+        assert cli_main(command(tmp_path, server.base_url, *val, "--max-steps", "1")) == 0
+        capsys.readouterr()
+        again = command(tmp_path, server.base_url, *val, "--max-steps", "2")
+        if change == "setting":
+            again.insert(2, "llm.temperature=0.3")
+        else:
+            pipeline = tmp_path / "pipeline.py"
+            pipeline.write_text(
+                pipeline.read_text().replace("self.llm(text)", "self.llm(text.strip())")
+            )
+        assert cli_main(again) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    named = "the settings of llm" if change == "setting" else "the pipeline's code"
+    assert "another pipeline" in err and named in err, err
+
+
 def test_resuming_on_another_model_is_refused_naming_the_alias(
     server: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -17,6 +17,7 @@ inputs run again, paying only for the calls whose requests changed.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import tempfile
@@ -69,7 +70,6 @@ def producer_of(module: Any, resources: Any, seed: int | None = None) -> dict[st
     parameters are that seed).  A checkpoint refuses to resume under another, except
     for the pipeline's code (`code_of`): when only that changed, finished outputs are
     recomputed and the logged calls still answer the requests that did not change."""
-    import hashlib
 
     def digest(value: Any) -> str:
         text = json.dumps(value, sort_keys=True, default=repr)
@@ -90,28 +90,35 @@ def producer_of(module: Any, resources: Any, seed: int | None = None) -> dict[st
     parameters = {
         name: digest(param._value) for name, param in module.named_parameters() if name not in drawn
     }
-    # Each LLM call's own settings change its replies as much as its prompt does.
-    calls = {}
-    for path, part in module.named_modules():
-        if part._calls_llm:
-            schema = getattr(part, "response_format", None)
-            calls[path or "(root)"] = digest(
-                [
-                    part.alias,
-                    getattr(part, "temperature", None),
-                    getattr(part, "max_tokens", None),
-                    canonical_schema_json(schema) if schema is not None else None,
-                    *([part.n] if getattr(part, "n", 1) != 1 else []),
-                ]
-            )
     return {
         "endpoints": endpoints,
         "parameters": parameters,
-        "calls": calls,
+        "calls": call_settings_of(module),
         "seed": seed,
         "configured": bool(resources.config),
         "code": code_of(module),
     }
+
+
+def call_settings_of(module: Any) -> dict[str, str]:
+    """A hash of each LLM call's own settings (alias, temperature, max_tokens, response
+    format, samples), by module path: they change its replies as much as its prompt."""
+    calls = {}
+    for path, part in module.named_modules():
+        if part._calls_llm:
+            schema = getattr(part, "response_format", None)
+            settings = [
+                part.alias,
+                getattr(part, "temperature", None),
+                getattr(part, "max_tokens", None),
+                canonical_schema_json(schema) if schema is not None else None,
+                *([part.n] if getattr(part, "n", 1) != 1 else []),
+            ]
+            text = json.dumps(settings, sort_keys=True, default=repr)
+            calls[path or "(root)"] = hashlib.sha256(
+                text.encode("utf-8", "surrogatepass")
+            ).hexdigest()[:16]
+    return calls
 
 
 def code_of(module: Any) -> dict[str, str]:

@@ -1104,7 +1104,16 @@ class Trainer:
             "data": self._data_digests(),
             "loss": describe_loss(self.loss_fn),
             "scored_by": self._scored_by(),
+            "pipeline": self._pipeline_identity(),
         }
+
+    def _pipeline_identity(self) -> dict[str, Any]:
+        """The pipeline's code and its calls' settings (``key=value`` arguments such as
+        ``llm.temperature=0.3`` included): the steps a checkpoint kept were measured on
+        them, and its parameters learned for them."""
+        from plait.execution.checkpoint import call_settings_of, code_of
+
+        return {"code": code_of(self.model), "calls": call_settings_of(self.model)}
 
     def _scored_by(self) -> dict[str, str]:
         """The model behind each alias the pipeline and the loss call ("provider/model"):
@@ -1198,6 +1207,22 @@ class Trainer:
         data = identity.pop("data")
         loss = identity.pop("loss")
         scored_by = identity.pop("scored_by")
+        pipeline = identity.pop("pipeline")
+        saved_pipeline = state.get("pipeline")
+        if isinstance(saved_pipeline, dict) and saved_pipeline != pipeline:
+            changed = [
+                f"the settings of {path}"
+                for path in sorted(set(pipeline["calls"]) | set(saved_pipeline.get("calls", {})))
+                if pipeline["calls"].get(path) != saved_pipeline.get("calls", {}).get(path)
+            ]
+            if saved_pipeline.get("code") != pipeline["code"]:
+                changed.insert(0, "the pipeline's code")
+            raise TrainerError(
+                f"the checkpoint in {self.checkpoint_dir} was trained with another pipeline: "
+                f"{', '.join(changed) or 'its definition'} changed since it was written; its "
+                "steps and scores were measured on the old one. Resume with the same code "
+                "and settings, or start fresh (--fresh, or another checkpoint directory)"
+            )
         saved_models = state.get("scored_by")
         if isinstance(saved_models, dict):
             moved = [
