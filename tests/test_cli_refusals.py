@@ -11,6 +11,7 @@ Every request goes to the loopback fake server.
 from __future__ import annotations
 
 import json
+import os
 import textwrap
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -49,6 +50,18 @@ class ReturnsAModule(plait.Module):
 
     async def forward(self, text: str):
         return {"pipeline": self.inner} if text == "nested" else self.inner if text == "m" else text
+
+
+class ReturnsCode(plait.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.llm = plait.LLMInference(
+            "fast", system_prompt=plait.Parameter("C", description="Coding.")
+        )
+
+    async def forward(self, text: str):
+        await self.llm(text)
+        return len  # the function, by mistake: its repr holds "built-in function"
 
 
 class Untraceable(plait.Module):
@@ -168,6 +181,50 @@ def test_no_command_writes_over_the_pipelines_own_source(server: Any, project: P
     assert server.stats()["requests_total"] == 0
 
 
+def test_no_command_writes_over_a_module_the_pipeline_imports(server: Any, project: Path) -> None:
+    """The pipeline's code is more than its own file: a helper it imports (and one that
+    helper imports) is as much its code, and as much worth keeping."""
+    package = project / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("", encoding="utf-8")
+    (package / "helpers.py").write_text("from .deep import PREFIX\n", encoding="utf-8")
+    (package / "deep.py").write_text('PREFIX = "> "\n', encoding="utf-8")
+    (package / "pipe.py").write_text(
+        textwrap.dedent(
+            """
+            import plait
+            from pkg.helpers import PREFIX
+
+            class P(plait.Module):
+                def __init__(self) -> None:
+                    super().__init__()
+                    self.llm = plait.LLMInference("fast", system_prompt="S")
+
+                def forward(self, text: str):
+                    return self.llm(PREFIX + text)
+            """
+        ),
+        encoding="utf-8",
+    )
+    inputs = write_jsonl(project / "in.jsonl", ["a"])
+    data = write_jsonl(project / "data.jsonl", [{"text": "a", "target": "a"}])
+    env = {"PYTHONPATH": os.pathsep.join([str(project), os.environ.get("PYTHONPATH", "")])}
+    for victim in ("helpers.py", "deep.py", "__init__.py"):
+        path = package / victim
+        before = path.read_bytes()
+        for name, args in (
+            ("run", ("-i", inputs, "-o", path)),
+            ("eval", ("--data", data, "-o", path)),
+        ):
+            run = plait_cli(
+                name, "pkg.pipe:P", "--resources", project / "resources.yaml", *args, env=env
+            )
+            line = refusal(run)
+            assert f"is the pipeline's source file {path}" in line, line
+            assert path.read_bytes() == before
+    assert server.stats()["requests_total"] == 0
+
+
 def test_a_quoted_csv_field_spanning_lines_is_read_and_said(server: Any, project: Path) -> None:
     table = project / "data.csv"
     table.write_text('text,target\n"a,A\nb,A\nc",A\nd,[S] d\ne,[S] e\n', encoding="utf-8")
@@ -246,6 +303,24 @@ def test_a_module_returned_as_an_output_is_that_inputs_error_row(project: Path) 
         assert rows[index]["error"]["type"] == "UnwritableOutput"
         assert "plait Module (Echo)" in rows[index]["error"]["message"]
     assert "3 input(s): 1 succeeded, 2 failed" in run.stderr
+
+
+def test_code_returned_as_an_output_is_never_scored(project: Path) -> None:
+    """eval and train score outputs as text: a function's repr must not pass for an
+    answer (with a contains loss it even holds the target)."""
+    rows = [{"text": f"q{i}", "target": "built-in function"} for i in range(3)]
+    data = write_jsonl(project / "data.jsonl", rows)
+    common = ["--loss", "contains", "--resources", project / "resources.yaml", "-q"]
+    target = f"{project / 'pipeline.py'}:ReturnsCode"
+    scored = plait_cli("eval", target, "--data", data, *common)
+    assert scored.returncode == 1, scored.stderr
+    assert scored.stdout.startswith("mean 0.0000 over 3 example(s)")
+    assert "code, not data" in scored.stderr
+    trained = plait_cli(
+        "train", target, "--data", data, "--val", data, "--out", project / "out", *common
+    )
+    assert trained.returncode != 0 and "Traceback" not in trained.stderr
+    assert "code, not data" in trained.stderr and "completed" not in trained.stderr
 
 
 def test_hidden_files_of_an_input_directory_are_not_inputs(server: Any, project: Path) -> None:

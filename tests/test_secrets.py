@@ -176,6 +176,7 @@ def test_a_key_the_endpoint_quotes_in_its_401_reaches_no_output(
         ),
         plait_cli(
             "train", f"{target}:Copy", "--data", data, "--val", data, "--resources", resources,
+            "--optimizer-alias", "smart",
             "--out", trained, env=env,
         ),
         plait_cli(

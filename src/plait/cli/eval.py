@@ -27,7 +27,7 @@ from plait.cli.options import (
 )
 from plait.cli.parameters import ParametersError, load_parameters
 from plait.cli.progress import Display, Tally, make_display
-from plait.cli.target import Target, TargetError, source_file
+from plait.cli.target import Target, TargetError, code_files
 from plait.learning.step import Inputs, TrainingStep, model_call
 from plait.module import Module
 from plait.resources.config import ConfigurationError, ResourceConfig
@@ -161,10 +161,11 @@ def _eval(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
             "--data": ns.data,
             "--parameters": ns.parameters,
             "--resources": ns.resources,
-            "TARGET": source_file(ns.target),
         },
         {"--output": ns.output},
     )
+    for path in code_files(ns.target):
+        refuse_to_clobber({"TARGET": path}, {"--output": ns.output})
     module = Target(ns.target, ns.assignments).make()
     if ns.parameters is not None:
         load_parameters(module, ns.parameters, "eval", err)

@@ -27,18 +27,16 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import json
 import os
 import shutil
 import sys
-import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
 from plait._locks import hold
-from plait.module import Module
+from plait.not_data import NOT_DATA, why_not_data
 from plait.values import Value, error_value
 
 __all__ = ["OutputWriter", "UnwritableOutput", "error_record", "json_default"]
@@ -48,34 +46,10 @@ class UnwritableOutput(TypeError):
     """An output the writer could not turn into JSON: that input's error row."""
 
 
-#: Objects that are code, not data: written as text they would pass for an output.
-_NOT_DATA = (
-    types.FunctionType,
-    types.BuiltinFunctionType,
-    types.MethodType,
-    types.ModuleType,
-    types.GeneratorType,
-    types.CoroutineType,
-    types.AsyncGeneratorType,
-    functools.partial,
-    type,
-    Module,  # a pipeline returned instead of called: its repr is not its output
-)
-
-
 def json_default(obj: Any) -> Any:
     """JSON for what pipelines return besides plain data: models, dataclasses, sets."""
-    if isinstance(obj, _NOT_DATA):
-        if isinstance(obj, types.CoroutineType):
-            obj.close()  # never awaited, and never will be: no warning about it
-        if isinstance(obj, Module):
-            raise TypeError(
-                f"it holds a plait Module ({type(obj).__qualname__}), which is code, not "
-                "data: return what calling it returns"
-            )
-        raise TypeError(
-            f"it holds a {type(obj).__name__} ({_name_of(obj)}), which is code, not data"
-        )
+    if isinstance(obj, NOT_DATA):
+        raise TypeError(why_not_data(obj))
     dump = getattr(obj, "model_dump", None)
     if callable(dump):
         return dump(mode="json")
@@ -86,11 +60,6 @@ def json_default(obj: Any) -> Any:
     if isinstance(obj, Value):
         return obj.payload
     return str(obj)
-
-
-def _name_of(obj: Any) -> str:
-    name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
-    return str(name) if name else type(obj).__name__
 
 
 def _plain(obj: Any, depth: int = 0) -> Any:

@@ -43,7 +43,7 @@ from plait.cli.options import (
 from plait.cli.outputs import OutputWriter, error_record, silence_stdout
 from plait.cli.parameters import ParametersError, load_parameters
 from plait.cli.progress import Tally, console, duration, make_display
-from plait.cli.target import Target, TargetError, source_file
+from plait.cli.target import Target, TargetError, code_files
 from plait.execution.checkpoint import FORMAT as CHECKPOINT_FORMAT
 from plait.execution.checkpoint import Checkpoint, CheckpointError, producer_of
 from plait.execution.loop import run_blocking
@@ -711,10 +711,11 @@ def _refuse_to_clobber(ns: argparse.Namespace) -> None:
             "--input": ns.input,
             "--parameters": ns.parameters,
             "--resources": ns.resources,
-            "TARGET": source_file(ns.target),
         },
         {"--output": ns.output, "--profile": ns.profile},
     )
+    for path in code_files(ns.target):
+        refuse_to_clobber({"TARGET": path}, {"--output": ns.output, "--profile": ns.profile})
     if ns.profile not in (None, "-"):
         _check_writable("--profile", Path(ns.profile))
 

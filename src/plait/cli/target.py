@@ -17,7 +17,7 @@ from typing import Any
 from plait.blueprint import Blueprint, BlueprintError, parse_cli_args
 from plait.module import Module
 
-__all__ = ["Target", "TargetError", "source_file"]
+__all__ = ["Target", "TargetError", "code_files", "source_file"]
 
 #: Frames under this directory are plait's own; an error is located in the user's code.
 _PLAIT_DIR = str(Path(__file__).resolve().parents[1])
@@ -108,6 +108,22 @@ def source_file(spec: str) -> str | None:
     except (ImportError, ValueError):
         return None
     return found.origin if found is not None and found.has_location else None
+
+
+def code_files(spec: str) -> list[str]:
+    """TARGET's own file and the user files it imports, transitively (as the checkpoint's
+    code identity finds them): the pipeline's code, which no command may write over."""
+    own = source_file(spec)
+    if own is None:
+        return []
+    from plait.execution.checkpoint import imported_user_files
+
+    where = spec.rpartition(":")[0]
+    dotted = not (where.endswith(".py") or "/" in where or "\\" in where)
+    package = None
+    if dotted:
+        package = where if Path(own).name == "__init__.py" else where.rpartition(".")[0]
+    return [own, *(str(path) for path in imported_user_files(own, package or None))]
 
 
 def _location(exc: BaseException) -> str | None:

@@ -31,7 +31,7 @@ from plait.cli.options import (
     target_parser,
 )
 from plait.cli.progress import Display, RichDisplay, Tally, is_terminal
-from plait.cli.target import Target, TargetError, source_file
+from plait.cli.target import Target, TargetError, code_files
 from plait.module import Module
 from plait.ray.cluster import ClusterUnreachable, ensure_ray
 from plait.resources.config import ConfigurationError, ResourceConfig
@@ -233,9 +233,10 @@ def _check_out(ns: argparse.Namespace, out: Path) -> None:
         )
     reads = {"--data": ns.data, "--val": ns.val, "--test": ns.test}
     reads["--resources"] = ns.resources
-    reads["TARGET"] = source_file(ns.target)
     for name in (PARAMETERS_FILE, HISTORY_JSON, HISTORY_PNG):
         refuse_to_clobber(reads, {"--out": str(out / name)})
+        for path in code_files(ns.target):
+            refuse_to_clobber({"TARGET": path}, {"--out": str(out / name)})
 
 
 def _train(ns: argparse.Namespace, err: IO[str]) -> int:

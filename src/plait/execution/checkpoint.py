@@ -22,6 +22,7 @@ import json
 import os
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -174,11 +175,32 @@ def code_of(module: Any) -> dict[str, str]:
                     stacklevel=2,
                 )
                 found[qualified] = "no source"
+    for imported, _path, data in _imported_user_files(pending, set(found)):
+        found[imported] = hashlib.sha256(data).hexdigest()[:16]
+    return dict(sorted(found.items()))
+
+
+def imported_user_files(path: str, package: str | None) -> list[Path]:
+    """The user files the Python file ``path`` imports, transitively, as `code_of`
+    finds them (outside the installation and plait; nothing is imported): the code a
+    command must never write over besides the target's own file."""
+    try:
+        source = Path(path).read_text(encoding="utf-8", errors="surrogateescape")
+    except OSError:
+        return []
+    return [found for _name, found, _data in _imported_user_files([("", package, source)], set())]
+
+
+def _imported_user_files(
+    pending: list[tuple[str, str | None, str]], seen: set[str]
+) -> Iterator[tuple[str, Path, bytes]]:
+    """(module name, file, bytes) of each user file the sources in ``pending`` (name,
+    package, source) import, transitively, skipping the names in ``seen``."""
     installed = _installed_roots()
     while pending:
         _name, package, source = pending.pop()
         for imported in _imports_of(source, package):
-            if imported in found or _is_plait(imported):
+            if imported in seen or _is_plait(imported):
                 continue
             path = _user_file(imported, installed)
             if path is None:
@@ -187,10 +209,10 @@ def code_of(module: Any) -> dict[str, str]:
                 data = path.read_bytes()
             except OSError:
                 continue
-            found[imported] = hashlib.sha256(data).hexdigest()[:16]
+            seen.add(imported)
+            yield imported, path, data
             own_package = imported if path.name == "__init__.py" else imported.rpartition(".")[0]
             pending.append((imported, own_package, data.decode("utf-8", "surrogateescape")))
-    return dict(sorted(found.items()))
 
 
 def _is_plait(name: str) -> bool:

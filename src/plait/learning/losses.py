@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from plait.learning.feedback import Feedback
 from plait.module import BackwardContext, BackwardResult, LLMInference, Module
+from plait.not_data import code_in
 from plait.values import Value, ValueKind
 
 if TYPE_CHECKING:
@@ -63,10 +64,17 @@ def _payload(obj: Any) -> Any:
 
 
 def _render(obj: Any) -> str:
-    """An output as a judge or a comparison sees it: text as is, structures as JSON."""
+    """An output as a judge or a comparison sees it: text as is, structures as JSON.
+
+    Code is refused: the repr of a function a pipeline returned by mistake would be
+    scored as if it were the pipeline's answer (and could even contain the target).
+    """
     obj = _payload(obj)
     if isinstance(obj, str):
         return obj
+    why = code_in(obj)
+    if why is not None:
+        raise TypeError(f"the output cannot be scored: {why}; return text or data")
     if hasattr(obj, "model_dump_json"):  # a pydantic model, without importing pydantic
         return str(obj.model_dump_json())
     try:
