@@ -64,6 +64,13 @@ class ReturnsCode(plait.Module):
         return len  # the function, by mistake: its repr holds "built-in function"
 
 
+class ReturnsAnObject(plait.Module):
+    async def forward(self, text: str):
+        import threading
+
+        return {"lock": threading.Lock()} if text == "lock" else object() if text == "o" else text
+
+
 class Untraceable(plait.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -321,6 +328,27 @@ def test_code_returned_as_an_output_is_never_scored(project: Path) -> None:
     )
     assert trained.returncode != 0 and "Traceback" not in trained.stderr
     assert "code, not data" in trained.stderr and "completed" not in trained.stderr
+
+
+def test_an_object_whose_only_text_is_its_address_is_an_error_row(project: Path) -> None:
+    """A lock or a bare object written as "<unlocked _thread.lock object at 0x...>"
+    would pass for an output (on workers the same row is already an error)."""
+    inputs = write_jsonl(project / "in.jsonl", ["lock", "o", "fine"])
+    out = project / "out.jsonl"
+    run = plait_cli(
+        "run", f"{project / 'pipeline.py'}:ReturnsAnObject", "-i", inputs, "-o", out,
+        "--no-checkpoint", "-q",
+    )  # fmt: skip
+    assert run.returncode == 1, run.stderr
+    rows = {row["index"]: row for row in map(json.loads, out.read_text().splitlines())}
+    assert rows[2]["output"] == "fine"
+    for index, kind in ((0, "lock"), (1, "object")):
+        assert "output" not in rows[index]
+        assert rows[index]["error"]["type"] == "UnwritableOutput"
+        assert (
+            f"holds a {kind} whose only text is its place in memory"
+            in (rows[index]["error"]["message"])
+        )
 
 
 def test_hidden_files_of_an_input_directory_are_not_inputs(server: Any, project: Path) -> None:

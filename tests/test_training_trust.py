@@ -664,7 +664,7 @@ def _train_cli(argv: list[str]) -> Any:
     )
 
 
-@pytest.mark.parametrize("failing", ["minibatch", "optimizer", "teacher"])
+@pytest.mark.parametrize("failing", ["minibatch", "optimizer", "teacher", "judge"])
 def test_a_failing_call_anywhere_in_training_is_one_line_naming_the_alias_and_cause(
     server: Any, tmp_path: Path, failing: str
 ) -> None:
@@ -673,11 +673,16 @@ def test_a_failing_call_anywhere_in_training_is_one_line_naming_the_alias_and_ca
     argv = command(tmp_path, server.base_url)
     config = json.loads((tmp_path / "resources.yaml").read_text(encoding="utf-8"))
     config["teacher"] = dict(config["fast"])
-    alias = {"minibatch": "fast", "optimizer": "optimizer", "teacher": "teacher"}[failing]
+    config["judge"] = dict(config["fast"])
+    alias = {"minibatch": "fast", "optimizer": "optimizer", "teacher": "teacher"}.get(
+        failing, failing
+    )
     config[alias] = {**config[alias], "api_key": "sk-wrong"}
     (tmp_path / "resources.yaml").write_text(json.dumps(config), encoding="utf-8")
     if failing == "teacher":
         argv += ["--optimizer", "bootstrap", "--teacher-alias", "teacher"]
+    if failing == "judge":  # the loss's own call: a judge grading each output
+        argv += ["--loss", "judge", "--criteria", "right label", "--judge-alias", "judge"]
     done = _train_cli(argv)
     assert done.returncode == 1, done.stderr
     err = done.stderr.strip()

@@ -29,6 +29,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 import shutil
 import sys
 from collections.abc import Callable
@@ -46,6 +47,10 @@ class UnwritableOutput(TypeError):
     """An output the writer could not turn into JSON: that input's error row."""
 
 
+#: What ``str()`` shows of an object that has no text of its own: its memory address.
+_ADDRESS = re.compile(r" (object )?at 0x[0-9a-fA-F]+>")
+
+
 def json_default(obj: Any) -> Any:
     """JSON for what pipelines return besides plain data: models, dataclasses, sets."""
     if isinstance(obj, NOT_DATA):
@@ -59,7 +64,13 @@ def json_default(obj: Any) -> Any:
         return sorted(obj, key=repr)
     if isinstance(obj, Value):
         return obj.payload
-    return str(obj)
+    text = str(obj)
+    if _ADDRESS.search(text):  # a lock, a socket, a plain object: only its address to show
+        raise TypeError(
+            f"it holds a {type(obj).__name__} whose only text is its place in memory "
+            f"({text}), which is not data"
+        )
+    return text
 
 
 def _plain(obj: Any, depth: int = 0) -> Any:

@@ -1384,6 +1384,12 @@ def _as_result(item: Any) -> Any:
 
 def _failure(value: Value, step: Module | None) -> TrainingCallFailed:
     """The error for a failed run, naming the call (and its alias) and the cause."""
+    from plait.values import ExecutionError
+
+    # A module whose own forward awaited a call (a judge loss) fails with that call's
+    # ExecutionError: name the call that failed, not the module around it.
+    while isinstance(value.payload, ExecutionError) and value.payload.value is not value:
+        value = value.payload.value
     meta = value.meta
     path = meta.get("skipped_module_path") if meta.get("short_circuited") else None
     path = meta.get("module_path") or path or ""
