@@ -33,3 +33,42 @@ def test_the_examples_readme_names_every_example_and_data_file() -> None:
     assert [name for name in scripts if f"| `{name}` |" not in text] == []
     assert [name for name in data if f"`data/{name}`" not in text] == []
     assert "once the optimizer lands" not in text
+
+
+def test_the_architecture_documents_handler_example_counts_calls(tmp_path: Path) -> None:
+    """docs/architecture.md's handler, as written, counts a real run's LLM calls."""
+    doc = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    block = doc.split("```python\n", 1)[1].split("```", 1)[0]
+    assert "class CountCalls(Handler)" in block
+    script = tmp_path / "count.py"
+    script.write_text(
+        block
+        + """
+import plait
+from plait.testing import FakeOpenAIServer
+
+class Pair(plait.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = plait.LLMInference("fast", system_prompt="A")
+        self.b = plait.LLMInference("fast", system_prompt="B")
+
+    def forward(self, text: str) -> object:
+        return self.b(self.a(text))
+
+with FakeOpenAIServer() as server:
+    resources = plait.ResourceConfig(
+        {"fast": {"provider": "openai", "model": "m", "base_url": server.base_url,
+                  "api_key": "sk-test"}}
+    )
+    with CountCalls() as counts:
+        Pair().bind(resources=resources).run_sync(["x", "y", "z"])
+    print(sorted(counts.by_module.items()))
+""",
+        encoding="utf-8",
+    )
+    result = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[('a', 3), ('b', 3)]"

@@ -10,12 +10,16 @@ on first use, so ``import plait`` stays fast.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from plait import handlers
 from plait._lazy import lazy_exports
+from plait._version import __version__
 from plait.containers import ModuleDict, ModuleList, ParameterDict, ParameterList, Sequential
-from plait.module import BackwardContext, BackwardResult, LLMInference, Module
+from plait.effects import Runtime, install_runtime
+from plait.execution.backends import register_backend
+from plait.inference import LLMInference
+from plait.module import BackwardContext, BackwardResult, Module
 from plait.parameter import Parameter
 from plait.tracing import TracingError
 from plait.values import ExecutionError, Value, ValueKind, unwrap, valueify
@@ -30,7 +34,25 @@ if TYPE_CHECKING:
     from plait.sampling import Rng
     from plait.sequences import MapReduce, Recurrence, Refine, chunk_text
 
-__version__ = "0.1.0"
+
+# -- the composition root: what the core hands its calls to ------------------------------
+def _runtime() -> Runtime:
+    """plait's runtime, loaded at the first call that needs it (so ``import plait``
+    stays fast), with the backward pass the core's `Value.backward` reaches."""
+    from plait.execution.runtime import ExecutionRuntime
+    from plait.learning.backward import backward
+
+    return ExecutionRuntime(backward)
+
+
+def _ray_backend() -> Any:
+    from plait.ray.backend import RayBackend
+
+    return RayBackend()
+
+
+install_runtime(_runtime)
+register_backend("ray", _ray_backend)
 
 _LAZY = {
     "BatchResult": "plait.execution",

@@ -9,10 +9,10 @@
 
     summary = await F.complete("fast", text, system="Summarize in one line.")
 
-Every LLM call plait makes goes through `chat_complete`'s one implementation:
-the calls of an `LLMInference` (the engine builds the request from the module
-and hands it over), calls written by hand in an ``async def forward``, and
-calls made outside any pipeline.  So all of them are an ``"llm"`` message on the
+Every LLM call plait makes takes one path (`plait.execution.calls`): the calls of
+an `LLMInference` (the engine builds the request from the module and hands it
+over), the calls of this API inside an ``async def forward``, and calls made
+outside any pipeline.  So all of them are an ``"llm"`` message on the
 handler stack (``cache``, ``record``/``replay``, ``mock``, ``override``,
 ``budget``, ``profile`` and checkpoints apply), then, unless a handler answered,
 a request through the run-wide limiter of the current run (inside a module) and
@@ -53,19 +53,13 @@ from __future__ import annotations
 
 import difflib
 import json
-import weakref
-from collections.abc import Callable, Coroutine, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Mapping
+from typing import Any
 
-from plait.handlers.stack import Message, apply_stack
+from plait._text import as_text, prompt_text
+from plait.execution.calls import CallSite
 from plait.providers.base import LLMRequest, LLMResponse
-from plait.resources.endpoint import CallTiming
-from plait.tracing.graph import as_text, prompt_text
-from plait.values import ExecutionError, Value, ValueKind, error_value, kind_of
-
-if TYPE_CHECKING:
-    from plait.execution.engine import _CallPriority
-    from plait.resources.manager import ResourceManager
+from plait.values import ExecutionError, Value, ValueKind, error_value
 
 __all__ = [
     "ROLES",
@@ -82,9 +76,6 @@ __all__ = [
 #: The roles a chat message may have ("developer" is OpenAI's newer name for "system").
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
-#: The default action of one call: send the request (after handlers) and fill in timing.
-Sender = Callable[[LLMRequest, CallTiming], Coroutine[Any, Any, LLMResponse]]
-
 #: Keyword names that are not provider fields: the request or the call sets them.
 _RESERVED_EXTRA = {
     "model": "the model is the alias's: configure it in the resources, or pass another alias",
@@ -97,9 +88,6 @@ _RESERVED_EXTRA = {
     "n calls (inside a seeded run each gets its own seed)",
 }
 _NAMED = ("temperature", "max_tokens", "response_format", "resources", "name")
-
-#: Where `_invoke` keeps a reply a handler gave in some other form than an `LLMResponse`.
-_RAW_REPLY = "raw_reply"
 
 
 # -- message builders ---------------------------------------------------------------------
@@ -189,7 +177,7 @@ async def chat_complete(
     provider as it is.
     """
     _check_call(alias, temperature, max_tokens, response_format, name, extra)
-    site = _CallSite(resources, name, "chat_complete")
+    site = CallSite.here(resources, name, "chat_complete")
     return await _send_messages(
         site, alias, messages, temperature, max_tokens, response_format, extra
     )
@@ -229,14 +217,14 @@ async def complete(
 
         messages.extend(demo_messages(normalize_demos(demos, "complete(demos=...)")))
     messages.append({"role": "user", "content": _prompt_content(prompt, "prompt")})
-    site = _CallSite(resources, name, "complete")
+    site = CallSite.here(resources, name, "complete")
     return await _send_messages(
         site, alias, messages, temperature, max_tokens, response_format, extra
     )
 
 
 async def _send_messages(
-    site: _CallSite,
+    site: CallSite,
     alias: str,
     messages: Any,
     temperature: float | None,
@@ -257,223 +245,7 @@ async def _send_messages(
         response_format=response_format,
         extra=dict(extra),
     )
-    return await site.invoke(request)
-
-
-# -- the one implementation ---------------------------------------------------------------
-async def _invoke(
-    request: LLMRequest,
-    resources: ResourceManager,
-    send: Sender,
-    *,
-    name: str,
-    module: Any = None,
-    node_id: str | None = None,
-    input_index: int | None = None,
-    upstream: list[str] | None = None,
-    ref: str | None = None,
-) -> Value:
-    """The atomic LLM op: ``request`` as an ``"llm"`` message, then ``send`` unless answered.
-
-    Never raises for a failed call (an ERROR value comes back).  The engine calls
-    this for every `LLMInference` node, with the node's identity and its own
-    sender; `chat_complete` and `complete` call it with the identity of where they
-    run.
-    """
-    timing = CallTiming()
-
-    def default(request: LLMRequest) -> Coroutine[Any, Any, LLMResponse]:
-        return send(request, timing)
-
-    msg = Message(
-        type="llm",
-        name=name,
-        fn=default,
-        kwargs={"request": request},
-        module=module,
-        node_id=node_id,
-        input_index=input_index,
-        # For handlers: where each alias leads, where this call's time went, and the
-        # calls it waited for (node ids), which is what a profiler's critical path needs.
-        meta={"resources": resources, "timing": timing, "upstream": upstream or []},
-    )
-    try:
-        reply = await apply_stack(msg)
-    except Exception as exc:
-        return error_value(exc, module_path=name, ref=ref)
-    final = msg.kwargs.get("request", request)
-    meta: dict[str, Any] = {
-        "module_path": name,
-        "alias": final.alias if isinstance(final, LLMRequest) else request.alias,
-        "answered_by": _answered_by(msg.meta, timing),
-    }
-    if isinstance(reply, LLMResponse):
-        response = reply
-    else:
-        meta[_RAW_REPLY] = reply
-        response = _as_response(reply)
-    meta["usage"] = response.usage
-    meta["model"] = response.model
-    return Value(ValueKind.RESPONSE, response, ref=ref, meta=meta)
-
-
-def _module_output(reply: Value) -> Value:
-    """What an `LLMInference` node outputs for ``reply``: the text, or the parsed object.
-
-    An ERROR value passes through; a reply a handler gave in another form than an
-    `LLMResponse` is output as it was given.
-    """
-    if reply.kind is ValueKind.ERROR:
-        return reply
-    meta: dict[str, Any] = {"module_path": reply.meta["module_path"]}
-    if _RAW_REPLY in reply.meta:
-        raw = reply.meta[_RAW_REPLY]
-        payload = raw.payload if isinstance(raw, Value) else raw
-        return Value(kind_of(payload), payload, ref=reply.ref, meta=meta)
-    response: LLMResponse = reply.payload
-    meta["usage"] = response.usage
-    kind = ValueKind.STRUCTURED if response.parsed is not None else ValueKind.TEXT
-    return Value(kind, response.payload, ref=reply.ref, meta=meta)
-
-
-async def _deliver(
-    resources: ResourceManager, request: LLMRequest, timing: CallTiming
-) -> LLMResponse:
-    """The default action of a call made outside a run: the endpoint, built at the first
-    request really sent (see `Engine._send` for a call inside a run)."""
-    return await resources.endpoint(request.alias).complete(request, 0.0, timing)
-
-
-class _CallSite:
-    """Where a functional call runs: the current engine's node, or on its own."""
-
-    __slots__ = ("engine", "index", "name", "node_id", "priority", "resources")
-
-    def __init__(self, resources: Any, name: str | None, fallback: str) -> None:
-        from plait.execution.engine import _CallPriority, _current_node, current_engine
-
-        engine = current_engine.get()
-        self.engine = engine
-        self.node_id: str | None = None
-        self.index: int | None = None
-        self.priority: _CallPriority | None = None
-        if engine is not None:
-            where = _current_node.get()
-            index, prefix = where if where is not None else (0, "eager/")
-            enclosing = _path_of(prefix)
-            # Named like the module's own children: "agent.vote", or "vote" in the root
-            # (whose path is its class name and whose children's paths are unprefixed).
-            root = engine.paths.get(id(engine.root))
-            if enclosing and name and enclosing != root:
-                self.name = f"{enclosing}.{name}"
-            else:
-                self.name = name or enclosing or fallback
-            self.index = index
-            self.node_id = f"{prefix}fn:{self.name}"
-            self.priority = _CallPriority(engine, index, 1)
-            self.resources = engine.resources if resources is None else _manager_for(resources)
-        else:
-            self.name = name or fallback
-            if resources is None:
-                from plait.execution.settings import get_execution_settings
-
-                settings = get_execution_settings()
-                resources = settings.resources if settings is not None else None
-            self.resources = _manager_for(resources)
-
-    def check_alias(self, alias: str) -> None:
-        config = self.resources.config
-        if config and alias not in config:
-            from plait.resources.config import ConfigurationError
-
-            known = ", ".join(sorted(config)) or "none"
-            raise ConfigurationError(
-                f"{self.name}: alias {alias!r} is not in the resources (they configure: "
-                f"{known}); add it to the ResourceConfig (passed as resources=, to bind() "
-                "or to ExecutionSettings), or call one of the configured aliases"
-            )
-
-    def seed(self, request: LLMRequest) -> int | None:
-        """The seed this call sends: from its run's seed, or outside any run from the
-        ``ExecutionSettings(seed=...)`` block it is in (the k-th identical call of the
-        block gets the k-th seed); None when no seed is in force."""
-        if self.engine is not None:
-            if self.engine.seed is None:
-                return None
-            return self.engine.call_seed(self.name, self.index, self.node_id, request)
-        from plait.execution.settings import get_execution_settings
-        from plait.sampling import call_seed
-
-        settings = get_execution_settings()
-        if settings is None or settings.seed is None:
-            return None
-        request_digest = request.fingerprint()
-        counter = settings.calls.next((self.name, request_digest))
-        return call_seed(settings.seed, self.name, None, None, request_digest, counter)
-
-    async def invoke(self, request: LLMRequest) -> Value:
-        engine, resources, priority = self.engine, self.resources, self.priority
-        if "seed" not in request.extra:  # a seed the call gives itself is kept
-            seed = self.seed(request)
-            if seed is not None:
-                from plait.sampling import with_seed
-
-                request = with_seed(request, seed)
-        send: Sender
-        if engine is not None and priority is not None and resources is engine.resources:
-
-            def send(request: LLMRequest, timing: CallTiming) -> Coroutine[Any, Any, LLMResponse]:
-                return engine._send(request, priority, timing)
-        else:
-
-            def send(request: LLMRequest, timing: CallTiming) -> Coroutine[Any, Any, LLMResponse]:
-                return _deliver(resources, request, timing)
-
-        return await _invoke(
-            request,
-            resources,
-            send,
-            name=self.name,
-            node_id=self.node_id,
-            input_index=self.index,
-        )
-
-
-def _path_of(prefix: str) -> str:
-    """The module path of the node whose forward is running, from its node-id prefix."""
-    last = prefix.rstrip("/").rpartition("/")[2]
-    return last.partition(":")[2]
-
-
-_default_manager: list[ResourceManager] = []
-_managers: dict[int, tuple[weakref.ReferenceType[Any], ResourceManager]] = {}
-
-
-def _manager_for(resources: Any) -> ResourceManager:
-    """One `ResourceManager` per resources object, so its endpoints are built once."""
-    from plait.resources.manager import ResourceManager
-
-    if isinstance(resources, ResourceManager):
-        return resources
-    if resources is None:
-        if not _default_manager:
-            _default_manager.append(ResourceManager(None))
-        return _default_manager[0]
-    key, managers = id(resources), _managers
-    found = managers.get(key)
-    if found is not None and found[0]() is resources:
-        return found[1]
-    manager = ResourceManager.coerce(resources)
-
-    def forget(_: object) -> None:
-        managers.pop(key, None)
-
-    try:
-        ref = weakref.ref(resources, forget)
-    except TypeError:  # a plain dict cannot be referred to weakly: not worth caching
-        return manager
-    managers[key] = (ref, manager)
-    return manager
+    return await site.call(request)
 
 
 # -- checks -------------------------------------------------------------------------------
@@ -619,29 +391,3 @@ def _content(
         "str, a list of content parts, or a Value/reply (F.text_of(x) or json.dumps(x) "
         "turn other objects into text)"
     )
-
-
-def _answered_by(meta: Mapping[str, Any], timing: CallTiming) -> str:
-    """The endpoint, when a request was sent; else the handler that answered."""
-    for span in timing.spans:
-        if span.kind == "request":
-            return "endpoint"
-    if meta.get("mock"):
-        return "mock"
-    for flag in ("replay", "cache", "checkpoint"):
-        if meta.get(flag) == "hit":
-            return flag
-    return "handler"
-
-
-def _as_response(reply: Any) -> LLMResponse:
-    """A reply a handler gave in another form (text, an object, a Value) as an `LLMResponse`."""
-    if isinstance(reply, Value):
-        reply = reply.payload
-    if isinstance(reply, LLMResponse):
-        return reply
-    if isinstance(reply, str):
-        return LLMResponse(reply)
-    if reply is None:
-        return LLMResponse("")
-    return LLMResponse(as_text(reply), reply)

@@ -1,14 +1,18 @@
 """`Module`: the unit users write, as in ``torch.nn.Module`` (seed 000).
 
 Children and parameters assigned as attributes register themselves.  Calling a
-module does one of three things:
+module builds one `Message` and hands it to the innermost interpreter
+(`plait.effects`), which decides what the call means where it is made:
 
 1. while a graph is being traced, the call is recorded (a leaf becomes a node, a
    composite is traced through);
-2. when the module can reach an LLM (resources bound, an `ExecutionSettings`
-   context, or LLM calls somewhere in its tree) it returns an awaitable that
-   traces and runs the whole pipeline, or an async iterator when streaming;
-3. otherwise ``forward()`` runs directly, like any Python function.
+2. inside an ``async def forward`` that a run executes, it runs as part of that run;
+3. from plain code, when the module can reach an LLM (resources bound, an
+   `ExecutionSettings` context, or LLM calls somewhere in its tree) it returns an
+   awaitable that traces and runs the whole pipeline, or an async iterator when
+   streaming; otherwise ``forward()`` runs directly, like any Python function.
+
+A module knows no tracer, engine or runtime: those are interpreters above it.
 """
 
 from __future__ import annotations
@@ -16,19 +20,16 @@ from __future__ import annotations
 import functools
 import inspect
 import weakref
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Self
+from typing import Any, ClassVar, Self
 
-from plait.handlers.stack import Message, apply_stack_sync, current_stack
+from plait.effects import Message, interpret, runtime
+from plait.options import check_setting_names
 from plait.parameter import Parameter
 from plait.values import Value
 
-if TYPE_CHECKING:
-    from plait.resources.config import ResourceConfig
-    from plait.resources.manager import ResourceManager
-
-__all__ = ["BackwardContext", "BackwardResult", "LLMInference", "Module"]
+__all__ = ["BackwardContext", "BackwardResult", "Module"]
 
 
 class _Keep:
@@ -74,7 +75,8 @@ class Module:
     _children: dict[str, Module]
     _parameters: dict[str, Parameter]
     _name: str | None
-    _bound_resources: ResourceConfig | ResourceManager | None
+    #: A `ResourceConfig` or `ResourceManager` (typed loosely: the core sits below them).
+    _bound_resources: Any
     _bound_config: dict[str, Any]
     _training: bool
     _state_version: int
@@ -245,7 +247,7 @@ class Module:
 
     def bind(
         self,
-        resources: ResourceConfig | ResourceManager | Any = _KEEP,
+        resources: Any = _KEEP,
         max_concurrent: int | _Keep | None = _KEEP,
         **kwargs: Any,
     ) -> Self:
@@ -261,8 +263,6 @@ class Module:
         for it, name by name (``root.child.bind(seed=9)`` keeps the owner's ``r``).
         ``max_concurrent`` caps the tasks this module runs at once (default 100).
         """
-        from plait.execution.settings import check_setting_names
-
         options = dict(kwargs)
         if not isinstance(max_concurrent, _Keep):
             options["max_concurrent"] = max_concurrent
@@ -279,42 +279,15 @@ class Module:
         return self
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from plait.tracing.tracer import active_trace
-
-        if active_trace.get() is not None:
-            return apply_stack_sync(self._call_message(args, kwargs, "trace"))
-        from plait.execution import runtime
-
-        engine = runtime.current_engine.get()
-        if engine is not None:
-            return engine.call_module(self, args, kwargs)
-        if self._needs_runtime():
-            return runtime.call_bound(self, args, kwargs)
-        if current_stack():
-            return apply_stack_sync(self._call_message(args, kwargs, "run"))
-        return self.forward(*args, **kwargs)
-
-    def _call_message(self, args: tuple[Any, ...], kwargs: dict[str, Any], phase: str) -> Message:
-        return Message(
+        msg = Message(
             type="module",
             name=type(self).__name__,
             fn=self.forward,
             args=args,
             kwargs=kwargs,
-            phase=phase,
             module=self,
         )
-
-    def _needs_runtime(self) -> bool:
-        from plait.execution.settings import get_execution_settings
-
-        resources, config = self._binding()
-        if resources is not None or config:
-            return True
-        settings = get_execution_settings()
-        if settings is not None and settings.resources is not None:
-            return True
-        return any(m._calls_llm or m._has_async_forward() for m in self.modules())
+        return interpret(msg)
 
     @classmethod
     @functools.cache
@@ -326,15 +299,11 @@ class Module:
 
     def run_sync(self, *args: Any, **kwargs: Any) -> Any:
         """Run to completion and return the result; works inside a running event loop too."""
-        from plait.execution import runtime
-
-        return runtime.run_blocking(runtime.call_bound(self, args, kwargs, streaming=False))
+        return runtime().run_sync(self, args, kwargs)
 
     def stream(self, inputs: Any, **options: Any) -> AsyncIterator[Any]:
         """Yield a `BatchResult` per input as each completes (or in order, with preserve_order)."""
-        from plait.execution import runtime
-
-        return runtime.stream_bound(self, inputs, options)
+        return runtime().stream(self, inputs, options)
 
     # -- introspection -------------------------------------------------------------
     def children(self) -> Iterator[Module]:
@@ -425,142 +394,3 @@ class Module:
         if len(lines) == 1:
             return lines[0] + ")"
         return "\n".join(lines) + "\n)"
-
-
-class LLMInference(Module):
-    """The atomic LLM call: every other module is a composition of these.
-
-    ``alias`` names an endpoint in the resources; ``system_prompt`` may be a string
-    (fixed) or a `Parameter` (learnable); ``response_format`` asks for a typed,
-    validated reply (a pydantic model, dataclass, TypedDict or e.g. ``list[str]``).
-
-    ``demos`` gives the call learnable demonstrations (`plait.demos`): a list of
-    ``(input, output)`` pairs or ``{"input": ..., "output": ...}`` dicts, possibly
-    empty, becomes a `Parameter` named ``demos`` that `BootstrapFewShot` fills; a
-    `Parameter` holding such a list is used as it is (``requires_grad=False``
-    fixes the examples).  They are sent as user/assistant turns after the system
-    prompt and before the input.  Without ``demos`` the call has none.
-
-    ``n`` asks for that many samples of the same request: the call returns a list
-    of ``n`` outputs, each a request of its own with its own seed (`plait.sampling`),
-    sent concurrently and cached, recorded and checkpointed one by one.  In a
-    traced ``forward`` the result is a list of ``n`` values to index, iterate or
-    pass on.  It is meant for ``temperature > 0`` (self-consistency, best-of-n).
-    """
-
-    _calls_llm: ClassVar[bool] = True
-
-    alias: str
-    temperature: float | None
-    max_tokens: int | None
-    response_format: Any
-    system_prompt: Parameter | None
-    demos: Parameter | None
-    n: int
-
-    def __init__(
-        self,
-        alias: str,
-        system_prompt: str | Parameter = "",
-        temperature: float | None = 1.0,
-        max_tokens: int | None = None,
-        response_format: type | Any = None,
-        demos: Sequence[Any] | Parameter | None = None,
-        n: int = 1,
-    ) -> None:
-        super().__init__()
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(
-                f"LLMInference(n=...) is the number of samples, a positive integer; got {n!r}"
-            )
-        self.n = n
-        if not isinstance(alias, str) or not alias:
-            raise ValueError(f"LLMInference(alias=...) must be a non-empty string, got {alias!r}")
-        if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
-            raise ValueError(f"max_tokens must be a positive integer or None, got {max_tokens!r}")
-        if temperature is not None and not isinstance(temperature, int | float):
-            raise ValueError(f"temperature must be a number or None, got {temperature!r}")
-        self.alias = alias
-        self.temperature = temperature
-        self.max_tokens = max_tokens
-        if response_format is not None:
-            from plait.structured import schema_for
-
-            schema_for(response_format)  # a bad type is an error now, not at the first call
-        self.response_format = response_format
-        if isinstance(system_prompt, Parameter):
-            self.system_prompt = system_prompt
-        elif isinstance(system_prompt, str):
-            self.system_prompt = (
-                Parameter(system_prompt, requires_grad=False) if system_prompt else None
-            )
-        else:
-            raise TypeError(
-                f"system_prompt must be a str or a Parameter, got {type(system_prompt).__name__}"
-            )
-        from plait.demos import DEMOS_DESCRIPTION, normalize_demos
-
-        if isinstance(demos, Parameter):
-            normalize_demos(demos.value, "LLMInference(demos=Parameter(...)).value")
-            self.demos = demos
-        elif demos is not None:
-            self.demos = Parameter(
-                normalize_demos(demos, "LLMInference(demos=...)"), description=DEMOS_DESCRIPTION
-            )
-        else:
-            self.demos = None
-
-    def messages(self, prompt: Any) -> list[dict[str, Any]]:
-        """The chat messages this call sends for ``prompt``: the system prompt, the
-        demonstrations as user/assistant turns, then ``prompt`` as the last user turn.
-
-        Parameter values are read as the running input sees them (see
-        `Parameter.current`); demonstrations that are not a list of input/output
-        pairs are a `plait.demos.DemoError` naming the parameter; a prompt with no
-        text of its own (None, bytes, a function) is a TypeError naming its type.
-        """
-        from plait.demos import demo_messages, normalize_demos
-        from plait.tracing.graph import prompt_text
-
-        path = self.qualified_path or "LLMInference"
-        messages: list[dict[str, Any]] = []
-        system = self.system_prompt
-        if system is not None:
-            where = f"{path}'s system prompt"
-            messages.append({"role": "system", "content": prompt_text(system.current(), where)})
-        if self.demos is not None:
-            where = f"the demonstrations of {self.qualified_path or 'this LLMInference'}"
-            messages.extend(demo_messages(normalize_demos(self.demos.current(), where)))
-        messages.append({"role": "user", "content": prompt_text(prompt, f"{path}'s prompt")})
-        return messages
-
-    def forward(self, prompt: Any) -> Any:
-        raise RuntimeError(
-            "LLMInference.forward() is not called directly: plait's runtime makes the request. "
-            "Call the module (await module(prompt), module.run_sync(prompt)) instead"
-        )
-
-    def backward(self, feedback: Value, ctx: BackwardContext) -> BackwardResult:
-        result = BackwardResult()
-        result.input_feedback["prompt"] = feedback.payload
-        if self.system_prompt is not None and self.system_prompt.requires_grad:
-            result.parameter_feedback["system_prompt"] = (
-                f"Given output feedback: {feedback.payload}\n"
-                "Suggest improvements to the system prompt."
-            )
-        return result
-
-    def extra_repr(self) -> str:
-        parts = [f"alias={self.alias!r}"]
-        if self.temperature is not None:
-            parts.append(f"temperature={self.temperature}")
-        if self.max_tokens is not None:
-            parts.append(f"max_tokens={self.max_tokens}")
-        if self.response_format is not None:
-            parts.append(f"response_format={getattr(self.response_format, '__name__', '?')}")
-        if self.n != 1:
-            parts.append(f"n={self.n}")
-        if self.demos is not None:
-            count = self.demos.current()
-            parts.append(f"demos={len(count) if isinstance(count, list) else '?'}")
-        return ", ".join(parts)

@@ -11,12 +11,22 @@ from __future__ import annotations
 import itertools
 import weakref
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from plait._tracing_hook import active_tracer
+from plait.effects import current_interpreter
 
-if TYPE_CHECKING:
-    from plait.module import Module
+
+class Owner(Protocol):
+    """What a parameter asks of the module that owns it (`plait.module.Module`, which
+    imports this file, so the parameter names only what it uses)."""
+
+    _state_version: int
+
+    @property
+    def qualified_path(self) -> str: ...
+
+    def _bump_state_version(self) -> None: ...
+
 
 __all__ = ["Parameter", "StructureLockedError"]
 
@@ -96,7 +106,7 @@ class Parameter:
         self.description = description
         self.requires_grad = requires_grad
         self._name: str | None = None
-        self._owner: weakref.ReferenceType[Module] | None = None
+        self._owner: weakref.ReferenceType[Owner] | None = None
         self._feedback_buffer: list[str] = []
         self.param_id = f"p{next(_ids)}"
 
@@ -130,8 +140,8 @@ class Parameter:
         methods and indexing are recorded and applied to the value each input runs
         with; questions about it (``len``, ``==``, truth tests) raise `TracingError`.
         """
-        tracer = active_tracer.get()
-        if tracer is not None and tracer.lift_parameters:
+        tracer = current_interpreter()
+        if tracer.lift_parameters:
             return tracer.lift_parameter(self)
         return self.current()
 
@@ -152,7 +162,7 @@ class Parameter:
         return self._value
 
     @property
-    def owner(self) -> Module | None:
+    def owner(self) -> Owner | None:
         """The module that first registered this parameter (it owns the version)."""
         return self._owner() if self._owner is not None else None
 
@@ -215,14 +225,14 @@ class Parameter:
 
     # -- use inside forward() ----------------------------------------------------
     def __str__(self) -> str:
-        tracer = active_tracer.get()
-        if tracer is not None and tracer.lift_parameters:
+        tracer = current_interpreter()
+        if tracer.lift_parameters:
             return tracer.lift_parameter(self)
         return str(self.current())
 
     def __format__(self, spec: str) -> str:
-        tracer = active_tracer.get()
-        if tracer is not None and tracer.lift_parameters:
+        tracer = current_interpreter()
+        if tracer.lift_parameters:
             if spec:
                 raise ValueError(
                     f"format spec {spec!r} on Parameter {self.qualified_name!r} cannot be "

@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from plait.effects import runtime
+
 if TYPE_CHECKING:
     from plait.parameter import Parameter
 
@@ -60,9 +62,7 @@ class Value:
     async def backward(self, feedback: Any = None) -> None:
         """Send this output's feedback (a loss's, by default) to every learnable
         Parameter that shaped it; needs an output of a module in ``train()`` mode."""
-        from plait.learning.backward import backward
-
-        await backward(self, feedback)
+        await runtime().backward(self, feedback)
 
     def __repr__(self) -> str:
         shown = self.payload

@@ -155,7 +155,7 @@ KNOB_NAMES = frozenset(name for name, _, _ in _LLM_KNOBS)
 
 def knobs_of(root: Module) -> list[Knob]:
     """Every knob in ``root``'s tree, in module order, each module once."""
-    from plait.module import LLMInference
+    from plait.inference import LLMInference
 
     found: list[Knob] = []
     for path, module in root.named_modules():

@@ -44,7 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(_overview())
         return 0
     if args[0] == "--version":
-        from plait import __version__
+        from plait._version import __version__
 
         print(f"plait {__version__}")
         return 0

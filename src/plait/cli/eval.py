@@ -27,10 +27,10 @@ from plait.cli.options import (
 )
 from plait.cli.parameters import ParametersError, load_parameters
 from plait.cli.progress import Display, Tally, make_display
-from plait.cli.target import Target, TargetError, code_files
 from plait.learning.step import Inputs, TrainingStep, model_call
 from plait.module import Module
 from plait.resources.config import ConfigurationError, ResourceConfig
+from plait.target import Target, TargetError, code_files
 
 __all__ = ["build_parser", "confidence_interval", "main"]
 

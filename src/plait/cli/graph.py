@@ -19,11 +19,11 @@ import inspect
 import sys
 from pathlib import Path
 
-from plait.cli.inputs import FORMATS, InputError, Item, first_item, open_inputs
 from plait.cli.options import parse_target_args, target_parser
-from plait.cli.target import Target, TargetError
+from plait.inputs import FORMATS, InputError, Item, first_item, open_inputs
 from plait.module import Module
 from plait.resources.config import ConfigurationError
+from plait.target import Target, TargetError
 from plait.tracing.graph import Graph, Node, NodeRef, references
 from plait.tracing.tracer import TracingError, trace
 

@@ -153,8 +153,8 @@ def parse_target_args(parser: argparse.ArgumentParser, argv: list[str]) -> argpa
     ns = parser.parse_intermixed_args(argv)
     if ns.help:
         if ns.target is not None:
-            from plait.cli.target import Target, TargetError
             from plait.resources.config import ConfigurationError
+            from plait.target import Target, TargetError
 
             try:
                 text = Target(ns.target, ns.assignments).help()

@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import IO, Any
 
 from plait._locks import Busy, hold
-from plait.cli.inputs import FORMATS, InputError, InputSource, Item, count_inputs, open_inputs
 from plait.cli.options import (
     UsageError,
     note_embedded,
@@ -43,18 +42,19 @@ from plait.cli.options import (
 from plait.cli.outputs import OutputWriter, error_record, silence_stdout
 from plait.cli.parameters import ParametersError, load_parameters
 from plait.cli.progress import Tally, console, duration, make_display
-from plait.cli.target import Target, TargetError, code_files
 from plait.execution.checkpoint import FORMAT as CHECKPOINT_FORMAT
-from plait.execution.checkpoint import Checkpoint, CheckpointError, producer_of
+from plait.execution.checkpoint import Checkpoint, CheckpointError
 from plait.execution.loop import run_blocking
-from plait.execution.runtime import _Run, traced_first
+from plait.execution.runtime import Run, traced_first
 from plait.execution.settings import resolve_options
+from plait.inputs import FORMATS, InputError, InputSource, Item, count_inputs, open_inputs
 from plait.module import Module
 from plait.ray.cluster import ClusterUnreachable, ensure_ray
 from plait.resources.config import ConfigurationError, ResourceConfig
 from plait.resources.manager import ResourceManager
 from plait.resources.usage import reset_usage, usage
 from plait.sampling import SeedError, run_seed
+from plait.target import Target, TargetError, code_files
 from plait.tracing.tracer import TracingError
 from plait.values import Value, error_value
 
@@ -291,7 +291,6 @@ class _Command:
             return None
         if self.ns.fresh:
             _remove_checkpoint(directory)  # never one another run is using
-        pipeline = f"{type(module).__module__}.{type(module).__qualname__}"
         command = {"arguments": sorted(self.ns.assignments)}
         noted = directory / COMMAND_FILE
         if noted.exists():
@@ -309,8 +308,7 @@ class _Command:
                         "add --fresh to delete the checkpoint and start over"
                     )
         try:
-            producer = producer_of(module, resources, self.seed)
-            checkpoint = Checkpoint(directory, pipeline, producer).open()
+            checkpoint = Checkpoint.of_run(directory, module, resources, self.seed).open()
         except CheckpointError as exc:
             if not exc.fresh_helps:
                 raise UsageError(str(exc)) from None
@@ -498,7 +496,7 @@ class _Command:
 
 
 # -- the run itself, on plait's event loop ----------------------------------------------------
-class _CliRun(_Run):
+class CliRun(Run):
     """The runtime's batch driver, with inputs that carry their own keyword arguments.
 
     A problem found while reading an input becomes that input's error; a problem
@@ -543,7 +541,7 @@ async def _drive(
     tally: Tally,
     display: Any,
 ) -> None:
-    state = _CliRun(module, opts, tally)
+    state = CliRun(module, opts, tally)
     state.checkpoint = checkpoint  # opened (and vetted) by the command, closed by it too
     state.task = asyncio.current_task()
     preserve = bool(opts["preserve_order"])

@@ -31,10 +31,10 @@ from plait.cli.options import (
     target_parser,
 )
 from plait.cli.progress import Display, RichDisplay, Tally, is_terminal
-from plait.cli.target import Target, TargetError, code_files
 from plait.module import Module
 from plait.ray.cluster import ClusterUnreachable, ensure_ray
 from plait.resources.config import ConfigurationError, ResourceConfig
+from plait.target import Target, TargetError, code_files
 
 __all__ = ["build_parser", "main"]
 

@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING, Any
 
 from plait._jsonl import json_line, loads, text_line
 from plait._locks import Busy, hold
+from plait.effects import Handler, Message, current_stack
 from plait.execution.codec import decode, encode
 from plait.handlers.llm import response_from_json, response_to_json
-from plait.handlers.stack import Handler, Message, current_stack
 from plait.providers.base import LLMRequest, LLMResponse
 from plait.structured import canonical_schema_json
 
@@ -64,7 +64,12 @@ class CheckpointBusy(CheckpointError):
         self.holder = holder
 
 
-def producer_of(module: Any, resources: Any, seed: int | None = None) -> dict[str, Any]:
+def pipeline_name(module: Any) -> str:
+    """The name a checkpoint records for the pipeline ``module`` is an instance of."""
+    return f"{type(module).__module__}.{type(module).__qualname__}"
+
+
+def producer_identity(module: Any, resources: Any, seed: int | None = None) -> dict[str, Any]:
     """What a run's outputs depend on besides its inputs: each alias's endpoint
     (provider, model, and a hash of its URL, which may hold credentials), each
     parameter's value (hashed) and the run seed (`plait.sampling`; an `Rng`'s own
@@ -346,7 +351,7 @@ class Checkpoint:
     ) -> None:
         self.directory = Path(directory)
         self.pipeline = pipeline
-        #: What produced the outputs (see `producer_of`); resuming under another is refused.
+        #: What produced the outputs (see `producer_identity`); resuming under another is refused.
         self.producer = producer
         #: Set when a run with no resources resumes a checkpoint made on endpoints.
         self.mismatch: str | None = None
@@ -376,6 +381,16 @@ class Checkpoint:
         self._last_reply: dict[int, tuple[str, str, str]] = {}
         self._flush_scheduled = False
         self._lock: int | None = None
+
+    @classmethod
+    def of_run(
+        cls, directory: str | os.PathLike[str], module: Any, resources: Any, seed: int | None
+    ) -> Checkpoint:
+        """The checkpoint of a run of ``module`` on ``resources`` with run seed ``seed``
+        (not opened yet): named by the pipeline's class, keyed by `producer_identity`.
+        Every place a run starts (one process, Ray workers, ``plait run``) opens its
+        checkpoint through this, so a resume means the same thing everywhere."""
+        return cls(directory, pipeline_name(module), producer_identity(module, resources, seed))
 
     @property
     def log_path(self) -> Path:
@@ -705,16 +720,14 @@ class Checkpoint:
 class CheckpointHandler(Handler):
     """Answers LLM calls that a killed run had completed; records new ones."""
 
-    sees_composite_calls = False  # acts on LLM calls only
-
     def __init__(self, checkpoint: Checkpoint, index_offset: int = 0) -> None:
         self.checkpoint = checkpoint
         #: Added to every input index in the keys: separate passes over inputs numbered
         #: from 0 (a trainer's passes on Ray workers) log to one directory apart.
         self.index_offset = index_offset
 
-    def process(self, msg: Message) -> None:
-        if msg.type != "llm" or msg.input_index is None or msg.node_id is None:
+    def process_llm(self, msg: Message) -> None:
+        if msg.input_index is None or msg.node_id is None:
             return
         request: LLMRequest = msg.kwargs["request"]
         key = self.key(msg, request)
@@ -732,7 +745,7 @@ class CheckpointHandler(Handler):
         assert msg.input_index is not None and msg.node_id is not None
         return (msg.input_index + self.index_offset, msg.node_id, request.fingerprint())
 
-    def postprocess(self, msg: Message) -> None:
+    def postprocess_llm(self, msg: Message) -> None:
         key = msg.meta.get("checkpoint_key")
         if key is None or msg.meta.get("checkpoint") == "hit" or msg.error is not None:
             return

@@ -14,34 +14,33 @@ a dependency chain.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import threading
-import time
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
-from plait.handlers.stack import (
+from plait.effects import (
     Handler,
     Message,
     apply_stack,
     current_stack,
+    find_interpreter,
     postprocess_stack,
     process_stack,
 )
+from plait.execution.calls import CallSite, NodeScope, module_output
 from plait.parameter import release_snapshot, snapshot_values, use_snapshot
-from plait.providers.base import LLMRequest, LLMResponse
-from plait.resources.endpoint import CallTiming
+from plait.providers.base import LLMRequest
 from plait.resources.limits import Priority, PriorityLimiter
 from plait.resources.manager import ResourceManager
-from plait.sampling import CallCounts, call_seed, with_seed
+from plait.sampling import CallCounts, with_seed
 from plait.tracing.graph import Graph, Node, resolve
-from plait.tracing.tracer import Tracer, TracingError, active_trace, module_paths, trace
+from plait.tracing.tracer import Tracer, TracingError, module_paths, trace
 from plait.values import ExecutionError, Value, ValueKind, error_value, kind_of
 
 if TYPE_CHECKING:
     from plait.module import Module
 
-__all__ = ["Engine", "ForwardAborted", "as_input_failure", "current_engine"]
+__all__ = ["Engine", "ForwardAborted", "as_input_failure"]
 
 
 class ForwardAborted(RuntimeError):
@@ -79,16 +78,6 @@ def as_input_failure(exc: BaseException) -> Exception | None:
     return failure
 
 
-#: The engine whose node is running here: module calls made inside an
-#: ``async def forward`` go through it (same limits, same handlers).
-current_engine: contextvars.ContextVar[Engine | None] = contextvars.ContextVar(
-    "plait_engine", default=None
-)
-_current_node: contextvars.ContextVar[tuple[int, str] | None] = contextvars.ContextVar(
-    "plait_node", default=None
-)
-
-
 class _CallPriority(Priority):
     """Input order while a batch is being admitted; critical path first once it drains."""
 
@@ -115,7 +104,7 @@ class Engine:
         self.root = root
         #: The run seed (`plait.sampling`): each LLM call sends a seed derived from it.
         self.seed = seed
-        #: Seeded calls made so far per input, by call site and request (`_count_call`).
+        #: Seeded calls made so far per input, by call site and request (`counts`).
         self.site_calls: dict[int | None, CallCounts] = {}
         self.resources = resources
         self.paths = module_paths(root)
@@ -217,26 +206,19 @@ class Engine:
             kwargs = {k: resolve(v, results) for k, v in node.kwargs.items()}
             if module._calls_llm:
                 return await self._run_llm(node, module, args, kwargs, priority, prefix, upstream)
-            token = _current_node.set((index, prefix + node.key + "/"))
-            try:
-                msg = Message(
-                    type="module",
-                    name=node.path,
-                    fn=module.forward if module._has_async_forward() else self._leaf(module),
-                    args=args,
-                    kwargs=kwargs,
-                    module=module,
-                    node_id=prefix + node.key,
-                    input_index=index,
-                    meta={"upstream": upstream},
-                )
-                engine_token = current_engine.set(self)
-                try:
-                    payload = await apply_stack(msg)
-                finally:
-                    current_engine.reset(engine_token)
-            finally:
-                _current_node.reset(token)
+            msg = Message(
+                type="module",
+                name=node.path,
+                fn=module.forward if module._has_async_forward() else self._leaf(module),
+                args=args,
+                kwargs=kwargs,
+                module=module,
+                node_id=prefix + node.key,
+                input_index=index,
+                meta={"upstream": upstream},
+            )
+            with NodeScope(self, index, prefix + node.key + "/"):
+                payload = await apply_stack(msg)
             return Value(
                 kind_of(payload), payload, ref=f"node:{node.id}", meta={"module_path": node.path}
             )
@@ -256,10 +238,8 @@ class Engine:
         prefix: str,
         upstream: list[str],
     ) -> Value:
-        """An `LLMInference` call: its request, made by the functional API's atomic op
-        (`plait.functional`), the one path every LLM call takes."""
-        from plait.functional import _invoke, _module_output
-
+        """An `LLMInference` call: its request, on the one path every LLM call takes
+        (`plait.execution.calls`), once per sample."""
         prompt = args[0] if args else kwargs["prompt"]
         request = LLMRequest(
             alias=module.alias,
@@ -268,78 +248,33 @@ class Engine:
             max_tokens=module.max_tokens,
             response_format=module.response_format,
         )
-
-        def send(request: LLMRequest, timing: CallTiming) -> Coroutine[Any, Any, LLMResponse]:
-            return self._send(request, priority, timing)
-
-        node_id = prefix + node.key
-        index = priority.index
-        samples = module.n
-        seeded = self.seed is not None or samples > 1
-        if seeded:
-            request_digest = request.fingerprint()
-            counter = self._count_call(index, node_id, request_digest)
+        # One node: its samples differ by their seeds.
+        site = CallSite.of_node(self, node.path, priority.index, prefix + node.key, priority)
+        seeds = site.seeds(request, module.n)
+        ref = f"node:{node.id}"
 
         async def one(sample: int) -> Value:
-            call = request
-            if seeded:
-                seed = call_seed(
-                    self.seed, node.path, index, node_id, request_digest, counter, sample
-                )
-                call = with_seed(request, seed)
-            reply = await _invoke(
-                call,
-                self.resources,
-                send,
-                name=node.path,
-                module=module,
-                node_id=node_id,  # one node: its samples differ by their seeds
-                input_index=index,
-                upstream=upstream,
-                ref=f"node:{node.id}",
-            )
-            return _module_output(reply)
+            call = request if seeds is None else with_seed(request, seeds[sample])
+            reply = await site.invoke(call, module=module, upstream=upstream, ref=ref)
+            return module_output(reply)
 
-        if samples == 1:
+        if module.n == 1:
             return await one(0)
-        outputs = await asyncio.gather(*(one(i) for i in range(samples)))
-        return _samples_output(outputs, node, ref=f"node:{node.id}")
+        outputs = await asyncio.gather(*(one(i) for i in range(module.n)))
+        return _samples_output(outputs, node, ref=ref)
 
-    def _count_call(self, index: int | None, node_id: str | None, request_digest: str) -> int:
-        """How many calls with this request this call site made for this input before
-        this one: a graph node runs once, but code running on real values (an ``async
-        def forward``, a functional call in a loop) may call from one site again and
-        again. Counting per request, not per site, keeps a seed a function of the call:
-        two loops gathered in one forward interleave their calls as latencies decide,
-        and only identical requests (interchangeable draws) share a count."""
+    # -- what the run's call sites ask of it (`plait.execution.calls.RunCalls`) ---------
+    def counts(self, index: int | None) -> CallCounts:
+        """The calls input ``index`` has made so far, per (call site, request): a graph
+        node runs once, but code running on real values (an ``async def forward``, a
+        functional call in a loop) may call from one site again and again."""
         sites = self.site_calls.get(index)
         if sites is None:
             sites = self.site_calls[index] = CallCounts()
-        return sites.next((node_id, request_digest))
+        return sites
 
-    def call_seed(
-        self, path: str, index: int | None, node_id: str | None, request: LLMRequest
-    ) -> int:
-        """The seed this run sends with one call from a call site (`plait.sampling`)."""
-        request_digest = request.fingerprint()
-        counter = self._count_call(index, node_id, request_digest)
-        return call_seed(self.seed, path, index, node_id, request_digest, counter)
-
-    async def _send(
-        self, request: LLMRequest, priority: _CallPriority, timing: CallTiming
-    ) -> LLMResponse:
-        """The default action of this run's LLM calls: a slot of the run's limiter, then
-        the endpoint, which is built here at the first request really sent (a run that
-        handlers answer entirely never needs an endpoint, nor the local model)."""
-        queued = time.monotonic()
-        await self.limiter.acquire(priority)
-        try:
-            timing.add("queue", queued, time.monotonic(), limit="run")
-            endpoint = self.resources.endpoint(request.alias)
-            self.aliases.add(request.alias)
-            return await endpoint.complete(request, priority, timing)
-        finally:
-            self.limiter.release()
+    def priority(self, index: int, height: int) -> Priority:
+        return _CallPriority(self, index, height)
 
     # -- module calls made from code that runs on real values -------------------------
     async def call_module(
@@ -351,8 +286,8 @@ class Engine:
     async def run_recorded(self, graph: Graph) -> Any:
         """Run calls recorded by code that had real values (an async forward, a leaf's
         sync forward, a backward) where that code runs: same limits and handlers."""
-        where = _current_node.get()
-        index, prefix = where if where is not None else (0, "eager/")
+        scope = find_interpreter(NodeScope)
+        index, prefix = (scope.index, scope.prefix) if scope is not None else (0, "eager/")
         results = await self.execute(graph, index, prefix)
         value = self.output_of(graph, results)
         if value.kind is ValueKind.ERROR:
@@ -370,11 +305,7 @@ class Engine:
         def forward(*args: Any, **kwargs: Any) -> Any:
             tracer = Tracer(self.paths, lift_parameters=False)
             with tracer:
-                token = active_trace.set(tracer)
-                try:
-                    out = module.forward(*args, **kwargs)
-                finally:
-                    active_trace.reset(token)
+                out = module.forward(*args, **kwargs)
             if not tracer.graph.nodes:
                 return out
             tracer.graph.output = tracer.capture(out, set(), {})
@@ -465,7 +396,7 @@ class _GraphRun:
         except Exception as exc:
             self.complete(node, error_value(exc, module_path=node.path, ref=f"node:{node.id}"))
             return
-        stack = tuple(h for h in current_stack() if h.sees_composite_calls)
+        stack = tuple(h for h in current_stack() if type(h).sees("module"))
         if not stack:
             self.complete(node, Value(ValueKind.OTHER, (args, kwargs)))
             return

@@ -6,24 +6,25 @@ import asyncio
 import contextlib
 import inspect
 import itertools
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from plait.effects import Message, Runtime, apply_stack_sync, current_stack, observes_every_call
+from plait.execution.backends import backend, register_backend
 from plait.execution.batch import BatchResult
 from plait.execution.checkpoint import (
     Checkpoint,
     CheckpointError,
     CheckpointHandler,
-    producer_of,
     restored_output,
 )
 from plait.execution.codec import fingerprint
-from plait.execution.engine import Engine, as_input_failure, current_engine
+from plait.execution.engine import Engine, as_input_failure
 from plait.execution.loop import run_blocking
-from plait.execution.settings import SETTING_NAMES, resolve_options
+from plait.execution.settings import SETTING_NAMES, get_execution_settings, resolve_options
 from plait.execution.tape import Tape
-from plait.handlers.stack import current_stack
-from plait.resources.manager import ResourceManager, say_embedded
+from plait.options import inputs_in_flight
+from plait.resources.manager import ResourceManager
 from plait.sampling import run_seed
 from plait.tracing.tracer import TracingError, module_paths, trace
 from plait.values import ExecutionError, Value, ValueKind, error_value
@@ -31,9 +32,61 @@ from plait.values import ExecutionError, Value, ValueKind, error_value
 if TYPE_CHECKING:
     from plait.module import Module
 
-__all__ = ["call_bound", "current_engine", "is_batch", "run", "run_blocking", "stream_bound"]
+__all__ = [
+    "ExecutionRuntime",
+    "LocalBackend",
+    "Run",
+    "backend_name",
+    "is_batch",
+    "needs_runtime",
+    "run",
+    "run_blocking",
+    "start_run",
+    "stream_bound",
+]
 
 T = TypeVar("T")
+
+
+class ExecutionRuntime(Runtime):
+    """plait's runtime as the core sees it (`plait.effects.Runtime`): the meaning of a
+    module call made from plain code, and the entry points ``run_sync``/``stream``.
+
+    ``backward`` is the backward pass (`plait.learning.backward.backward`), which the
+    composition root hands over so that this layer never imports the one above it.
+    """
+
+    def __init__(self, backward: Callable[[Any, Any], Awaitable[None]]) -> None:
+        self._backward = backward
+
+    def call_module(self, msg: Message) -> Any:
+        module = msg.module
+        if needs_runtime(module):
+            return start_run(module, msg.args, msg.kwargs)
+        if current_stack():
+            return apply_stack_sync(msg)
+        return msg.fn(*msg.args, **msg.kwargs) if msg.fn is not None else None
+
+    def run_sync(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        return run_blocking(start_run(module, args, kwargs, streaming=False))
+
+    def stream(self, module: Any, inputs: Any, options: dict[str, Any]) -> AsyncIterator[Any]:
+        return stream_bound(module, inputs, options)
+
+    async def backward(self, value: Any, feedback: Any) -> None:
+        await self._backward(value, feedback)
+
+
+def needs_runtime(module: Module) -> bool:
+    """Whether a call of ``module`` from plain code starts a run: it has resources (bound
+    or from an `ExecutionSettings`), or LLM calls or an ``async def forward`` in its tree."""
+    resources, config = module._binding()
+    if resources is not None or config:
+        return True
+    settings = get_execution_settings()
+    if settings is not None and settings.resources is not None:
+        return True
+    return any(m._calls_llm or m._has_async_forward() for m in module.modules())
 
 
 def is_batch(obj: Any) -> bool:
@@ -72,14 +125,15 @@ def split_kwargs(module: Module, kwargs: dict[str, Any]) -> tuple[dict[str, Any]
     return forward_kwargs, options
 
 
-def call_bound(
+def start_run(
     module: Module,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     streaming: bool | None = None,
     options: dict[str, Any] | None = None,
 ) -> Any:
-    """What a module call returns when it must run: an awaitable, or an async iterator."""
+    """Start a run of ``module``: what a call returns when it must run, an awaitable (of
+    one output, or of a batch's) or an async iterator when streaming."""
     forward_kwargs, call_options = split_kwargs(module, kwargs)
     call_options.update(options or {})
     bound_resources, bound_config = module._binding()
@@ -88,14 +142,13 @@ def call_bound(
         if streaming if streaming is not None else opts["streaming"]:
             _refuse_streaming_on_workers(opts)
             return _stream(module, args[0], args[1:], forward_kwargs, opts)
-        if opts["workers"] or opts["ray_address"] is not None:
-            return _run_distributed(module, args[0], args[1:], forward_kwargs, opts)
-        return _run_batch(module, args[0], args[1:], forward_kwargs, opts)
+        where = backend(backend_name(opts))
+        return where.run_batch(module, args[0], args[1:], forward_kwargs, opts)
     return _run_single(module, args, forward_kwargs, opts)
 
 
 def call_single(module: Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """`call_bound` for exactly one input, even one that is a list (a sequence to scan,
+    """`start_run` for exactly one input, even one that is a list (a sequence to scan,
     a dataset example whose input is a list): never run as a batch."""
     forward_kwargs, call_options = split_kwargs(module, kwargs)
     bound_resources, bound_config = module._binding()
@@ -112,9 +165,31 @@ def stream_bound(module: Module, inputs: Any, options: dict[str, Any]) -> AsyncI
     return _stream(module, iter(inputs), (), {}, opts)
 
 
+def backend_name(opts: dict[str, Any]) -> str:
+    """The backend a batch with these options runs on: the one named by ``backend``,
+    else Ray when ``workers`` or ``ray_address`` is set, else this process.  Options
+    that contradict each other are refused, never resolved silently."""
+    on_ray = bool(opts["workers"]) or opts["ray_address"] is not None
+    named = opts.get("backend")
+    if named is None:
+        return "ray" if on_ray else "local"
+    if named == "local" and on_ray:
+        raise ValueError(
+            "backend='local' runs the batch in this process, but workers= or ray_address= "
+            "asks for Ray workers: drop one of them (backend='ray' is what workers= means)"
+        )
+    return str(named)
+
+
 def _refuse_streaming_on_workers(opts: dict[str, Any]) -> None:
-    """Streaming runs in this process only: ``workers`` (or an address) is refused,
-    never ignored, so a run the caller meant to spread never silently runs here."""
+    """Streaming runs in this process only: ``workers`` (or an address, or another
+    backend) is refused, never ignored, so a run the caller meant to spread never
+    silently runs here."""
+    if opts.get("backend") not in (None, "local"):
+        raise ValueError(
+            f"streaming runs in this process; backend={opts['backend']!r} cannot stream: "
+            "call run_sync (or await the module) to run the batch there"
+        )
     if opts["workers"] or opts["ray_address"] is not None:
         raise ValueError(
             "streaming a batch on Ray workers is not supported: call run_sync (or "
@@ -129,19 +204,18 @@ async def run(module: Module, *args: Any, **kwargs: Any) -> Any:
     Options (``resources``, ``max_concurrent``, ``checkpoint_dir``, ...) rank above
     `bind()` and `ExecutionSettings`; other keyword arguments go to ``forward``.
     """
-    result = call_bound(module, args, kwargs, streaming=False)
+    result = start_run(module, args, kwargs, streaming=False)
     return await result
 
 
-def _every_call_observed() -> bool:
-    """A handler (a recorder) must see every call: run finished inputs through their
-    calls, which the checkpoint answers, rather than answering with the stored output."""
-    return any(getattr(handler, "sees_every_call", False) for handler in current_stack())
-
-
 # -- the drivers -------------------------------------------------------------------------
-class _Run:
-    """Per-call state: the engine, optional checkpoint, and how to shape results."""
+class Run:
+    """One run of a module (a single input, a batch, a stream): its engine, its
+    checkpoint if any, the window of inputs in flight, and how results are shaped.
+
+    The CLI (``plait run``) and a Ray worker drive their batches through a `Run` too,
+    so every place a pipeline runs resumes, seeds and reports the same way.
+    """
 
     def __init__(self, module: Module, opts: dict[str, Any], batch: bool = False) -> None:
         self.module = module
@@ -155,12 +229,12 @@ class _Run:
                 draining=not batch,
                 seed=seed,
             )
-            self.window = opts["max_inputs_in_flight"] or max(64, 2 * opts["max_concurrent"])
+            self.window = inputs_in_flight(opts)
             self.checkpoint: Checkpoint | None = None
             if opts["checkpoint_dir"] is not None:
-                pipeline = f"{type(module).__module__}.{type(module).__qualname__}"
-                producer = producer_of(module, self.engine.resources, seed)
-                self.checkpoint = Checkpoint(opts["checkpoint_dir"], pipeline, producer).open()
+                self.checkpoint = Checkpoint.of_run(
+                    opts["checkpoint_dir"], module, self.engine.resources, seed
+                ).open()
         except BaseException:
             self.give_back_seed()
             raise
@@ -178,7 +252,7 @@ class _Run:
         if self.checkpoint is not None:
             key = fingerprint([list(args), kwargs])
             found, payload = self.checkpoint.finished_output(index, key)
-            if found and not _every_call_observed():
+            if found and not observes_every_call(current_stack()):
                 return restored_output(index, payload)
         try:
             value, graph, results = await self.engine.run_input(index, args, kwargs)
@@ -273,7 +347,7 @@ class _Run:
 async def _run_single(
     module: Module, args: tuple[Any, ...], kwargs: dict[str, Any], opts: dict[str, Any]
 ) -> Any:
-    state = _Run(module, opts)
+    state = Run(module, opts)
     try:
         if state.checkpoint is not None:
             with CheckpointHandler(state.checkpoint).outermost():
@@ -296,7 +370,7 @@ async def _run_batch(
     kwargs: dict[str, Any],
     opts: dict[str, Any],
 ) -> list[Any]:
-    state = _Run(module, opts, batch=True)
+    state = Run(module, opts, batch=True)
     outputs: dict[int, Any] = {}
 
     def deliver(index: int, item: Any, value: Value) -> None:
@@ -309,6 +383,24 @@ async def _run_batch(
         raise
     state.close()
     return [outputs[i] for i in range(len(outputs))]
+
+
+class LocalBackend:
+    """This process's event loop as a backend (`plait.execution.backends`): inputs are
+    admitted as a window of them finishes, under the run's limits and handlers."""
+
+    async def run_batch(
+        self,
+        module: Module,
+        items: Iterable[Any],
+        extra: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        opts: dict[str, Any],
+    ) -> list[Any]:
+        return await _run_batch(module, items, extra, kwargs, opts)
+
+
+register_backend("local", LocalBackend)
 
 
 def traced_first(
@@ -336,71 +428,6 @@ def traced_first(
     return iter(())
 
 
-async def _run_distributed(
-    module: Module,
-    items: Iterable[Any],
-    extra: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    opts: dict[str, Any],
-) -> list[Any]:
-    """A batch on Ray workers (`plait.ray`): the same results, in the same order."""
-    from plait.ray.runner import run_distributed
-    from plait.ray.spec import make_spec
-
-    if module.training:
-        raise ValueError(
-            "a module in train() mode records its graph for backward() in this process; "
-            "run training batches without workers (Trainer(workers=N) scores on workers)"
-        )
-    resources = ResourceManager.coerce(opts["resources"])
-    if not resources.config:
-        # The workers resolve the aliases, and they leave this notice to the driver.
-        aliases = sorted({m.alias for m in module.modules() if m._calls_llm})  # type: ignore[attr-defined]
-        if aliases:
-            say_embedded(aliases[0])
-    # Drawn here, once: the workers run with this seed, not draws of their own.
-    seed, give_back = run_seed(module, opts.get("seed"))
-    opts = {**opts, "seed": seed}
-    checkpoint = None
-    if opts["checkpoint_dir"] is not None:
-        pipeline = f"{type(module).__module__}.{type(module).__qualname__}"
-        try:
-            checkpoint = Checkpoint(
-                opts["checkpoint_dir"], pipeline, producer_of(module, resources, seed)
-            ).open()
-        except BaseException:
-            give_back()
-            raise
-    outputs: dict[int, Any] = {}
-
-    def deliver(index: int, item: Any, value: Value) -> None:
-        outputs[index] = value if value.kind is ValueKind.ERROR else value.payload
-
-    def prepare(item: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        return (item, *extra), kwargs
-
-    def drive() -> None:
-        run_distributed(
-            make_spec(module, resources, opts, checkpoint),
-            traced_first(module, items, prepare),
-            prepare,
-            deliver,
-            workers=opts["workers"] or 1,
-            address=opts["ray_address"],
-            checkpoint=checkpoint,
-        )
-
-    try:
-        await asyncio.to_thread(drive)
-    except BaseException:
-        give_back()
-        raise
-    finally:
-        if checkpoint is not None:
-            checkpoint.close()
-    return [outputs[i] for i in range(len(outputs))]
-
-
 async def _stream(
     module: Module,
     items: Iterable[Any],
@@ -408,7 +435,7 @@ async def _stream(
     kwargs: dict[str, Any],
     opts: dict[str, Any],
 ) -> AsyncIterator[BatchResult]:
-    state = _Run(module, opts, batch=True)
+    state = Run(module, opts, batch=True)
     preserve = bool(opts["preserve_order"])
     slots = asyncio.Semaphore(state.window)
     queue: asyncio.Queue[BatchResult | BaseException | None] = asyncio.Queue()

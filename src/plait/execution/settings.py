@@ -2,7 +2,7 @@
 
 Precedence, highest first: per-call keyword arguments, `Module.bind()`, the
 innermost `ExecutionSettings` (which inherits whatever it does not set from the
-ones around it), then the defaults below.
+ones around it), then `plait.options.DEFAULTS`.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from plait._entries import leave
+from plait.options import DEFAULTS, SETTING_NAMES, check_setting_names
 
 __all__ = [
     "DEFAULTS",
@@ -21,19 +22,6 @@ __all__ = [
     "get_execution_settings",
     "resolve_options",
 ]
-
-DEFAULTS: dict[str, Any] = {
-    "resources": None,
-    "max_concurrent": 100,
-    "checkpoint_dir": None,
-    "streaming": False,
-    "preserve_order": False,
-    "max_inputs_in_flight": None,
-    "workers": None,
-    "ray_address": None,
-    "seed": None,
-}
-SETTING_NAMES = frozenset(DEFAULTS)
 
 #: The blocks open in this context, innermost last: (the block, its merged settings).
 #: One `ExecutionSettings` may be entered by several tasks at once (see `plait._entries`).
@@ -45,15 +33,6 @@ _blocks: ContextVar[tuple[tuple[ExecutionSettings, ExecutionSettings], ...]] = C
 def _current() -> ExecutionSettings | None:
     blocks = _blocks.get()
     return blocks[-1][1] if blocks else None
-
-
-def check_setting_names(options: dict[str, Any], where: str) -> None:
-    unknown = sorted(set(options) - SETTING_NAMES)
-    if unknown:
-        raise TypeError(
-            f"{where} got unknown execution option(s) {', '.join(map(repr, unknown))}; "
-            f"known options: {', '.join(sorted(SETTING_NAMES))}"
-        )
 
 
 class ExecutionSettings:
@@ -68,7 +47,10 @@ class ExecutionSettings:
     worker processes, with every endpoint's limits held cluster-wide: `plait.ray`),
     ``ray_address`` (join this Ray cluster, ``"auto"`` for the local one, instead of
     starting Ray for the run), ``seed`` (the run seed: every LLM call sends a seed
-    derived from it, so a sampled run repeats exactly; see `plait.sampling`).
+    derived from it, so a sampled run repeats exactly; see `plait.sampling`),
+    ``backend`` (where batches run, by the name it is registered under: ``"local"``,
+    ``"ray"``, or one of your own; see `plait.execution.backends`; by default Ray
+    when ``workers`` or ``ray_address`` is set, else this process).
     """
 
     def __init__(
@@ -82,6 +64,7 @@ class ExecutionSettings:
         workers: int | None = None,
         ray_address: str | None = None,
         seed: int | None = None,
+        backend: str | None = None,
     ) -> None:
         self.resources = resources
         self.max_concurrent = max_concurrent
@@ -92,6 +75,7 @@ class ExecutionSettings:
         self.workers = workers
         self.ray_address = ray_address
         self.seed = seed
+        self.backend = backend
         _validate(self.explicit())
         from plait.sampling import CallCounts
 
@@ -135,6 +119,12 @@ def _validate(options: dict[str, Any]) -> None:
         value = options.get(name)
         if value is not None and (not isinstance(value, int) or value < 1):
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    backend = options.get("backend")
+    if backend is not None and (not isinstance(backend, str) or not backend):
+        raise ValueError(
+            f"backend must be the name of a registered backend (e.g. 'local', 'ray'), "
+            f"got {backend!r}"
+        )
     if options.get("seed") is not None:
         from plait.sampling import check_seed
 

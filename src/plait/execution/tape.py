@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import itertools
-import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
 from plait.tracing.graph import Graph
 from plait.values import Value
 
-__all__ = ["Tape", "get_tape"]
+__all__ = ["Tape"]
 
 _ids = itertools.count(1)
-_tapes: weakref.WeakValueDictionary[str, Tape] = weakref.WeakValueDictionary()
 
 
 @dataclass(eq=False)
@@ -28,10 +26,3 @@ class Tape:
     #: it, under the same limits, resources and handlers.
     engine: Any = None
     id: str = field(default_factory=lambda: f"tape-{next(_ids)}")
-
-    def __post_init__(self) -> None:
-        _tapes[self.id] = self
-
-
-def get_tape(tape_id: str) -> Tape | None:
-    return _tapes.get(tape_id)

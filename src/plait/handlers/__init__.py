@@ -27,14 +27,16 @@ Order matters when handlers change a call: the innermost one acts first.  Put an
     with profile("trace.json"), budget(max_cost=5.0), cache("calls.db"):
         pipeline.run_sync(inputs)
 
-A handler of your own is a subclass with one or two hooks::
+A handler of your own is a subclass with one or two hooks, named for the messages it
+acts on (``process_llm``/``postprocess_llm``, ``process_module``/``postprocess_module``;
+plain ``process``/``postprocess`` see every message)::
 
     class CountCalls(Handler):
         def __init__(self) -> None:
             self.by_module: dict[str, int] = {}
 
-        def postprocess(self, msg: Message) -> None:
-            if msg.type == "llm" and msg.error is None:
+        def postprocess_llm(self, msg: Message) -> None:
+            if msg.error is None:
                 self.by_module[msg.name] = self.by_module.get(msg.name, 0) + 1
 
     with CountCalls() as counts:
@@ -50,7 +52,7 @@ message carries.
 from __future__ import annotations
 
 from plait._lazy import lazy_exports
-from plait.handlers.stack import (
+from plait.effects import (
     Handler,
     Message,
     apply_stack,

@@ -41,7 +41,7 @@ import math
 import threading
 from typing import TYPE_CHECKING
 
-from plait.handlers.stack import Handler, Message
+from plait.effects import Handler, Message
 from plait.resources.endpoint import CallTiming
 from plait.resources.limits import _wake
 
@@ -113,8 +113,6 @@ class _Ticket:
 
 class Budget(Handler):
     """Counts calls, tokens and cost, and refuses new calls past any limit."""
-
-    sees_composite_calls = False  # acts on LLM calls only
 
     def __init__(
         self,
@@ -203,8 +201,8 @@ class Budget(Handler):
                 refused,
             )
 
-    def process(self, msg: Message) -> None:
-        if msg.type != "llm" or msg.done or msg.meta.get("cache") == "hit" or msg.fn is None:
+    def process_llm(self, msg: Message) -> None:
+        if msg.done or msg.meta.get("cache") == "hit" or msg.fn is None:
             return
         timing = msg.meta.get("timing")
         if not isinstance(timing, CallTiming):
@@ -218,7 +216,7 @@ class Budget(Handler):
         ticket = tickets[id(self)] = _Ticket(self, msg.name)
         timing.gates.append(ticket)
 
-    def postprocess(self, msg: Message) -> None:
+    def postprocess_llm(self, msg: Message) -> None:
         tickets = msg.meta.get(_TICKETS)
         if tickets:
             tickets.pop(id(self), None)

@@ -32,6 +32,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
+from plait.effects import Handler, Message
 from plait.handlers.llm import (
     answer,
     request_key,
@@ -39,7 +40,6 @@ from plait.handlers.llm import (
     response_from_json,
     response_to_json,
 )
-from plait.handlers.stack import Handler, Message
 from plait.providers.base import LLMResponse
 
 __all__ = ["Cache", "CacheError", "bypass", "cache"]
@@ -101,8 +101,6 @@ class Cache(Handler):
     the cache is never wrong, it only misses.
     """
 
-    sees_composite_calls = False  # acts on LLM calls only
-
     def __init__(self, path: str | os.PathLike[str], namespace: str = "") -> None:
         self.path = Path(path)
         self.namespace = namespace
@@ -126,7 +124,7 @@ class Cache(Handler):
         )
 
     # -- the hooks ----------------------------------------------------------------------
-    def process(self, msg: Message) -> None:
+    def process_llm(self, msg: Message) -> None:
         if not self._applies(msg):
             return
         response = self._lookup(request_key(msg, self.namespace), msg)
@@ -143,7 +141,7 @@ class Cache(Handler):
         msg.meta[self._pending_key] = sent
         msg.fn = _marking(msg.fn, sent)
 
-    def postprocess(self, msg: Message) -> None:
+    def postprocess_llm(self, msg: Message) -> None:
         sent = msg.meta.pop(self._pending_key, None)
         if not sent or not sent[0] or msg.error is not None:
             return
@@ -175,7 +173,7 @@ class Cache(Handler):
             return None
 
     def _applies(self, msg: Message) -> bool:
-        if msg.type != "llm" or msg.phase != "run" or msg.done:
+        if msg.done:
             return False
         skipped = _bypassed.get()
         return not (skipped and (_EVERY in skipped or self in skipped))

@@ -29,10 +29,10 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from plait._secrets import scrub
+from plait._text import as_text
+from plait.effects import Handler, Message
 from plait.handlers.llm import request_of
-from plait.handlers.stack import Handler, Message
 from plait.providers.base import LLMResponse
-from plait.tracing.graph import as_text
 
 __all__ = ["CallLog", "CallRecord", "log_calls"]
 
@@ -60,8 +60,6 @@ class CallRecord:
 class CallLog(Handler):
     """The calls seen since the log was entered, in the order they finished."""
 
-    sees_composite_calls = False
-
     def __init__(self, show: bool | TextIO = False) -> None:
         self.calls: list[CallRecord] = []
         self._lock = threading.Lock()
@@ -72,9 +70,7 @@ class CallLog(Handler):
     def __repr__(self) -> str:
         return f"CallLog({len(self.calls)} calls)"
 
-    def postprocess(self, msg: Message) -> None:
-        if msg.type != "llm":
-            return
+    def postprocess_llm(self, msg: Message) -> None:
         if self._show:
             self._print(msg)
         if msg.error is not None:

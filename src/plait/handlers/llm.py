@@ -24,7 +24,7 @@ from plait.providers.base import LLMRequest, LLMResponse, Usage
 from plait.structured import canonical_schema_json, parse_reply
 
 if TYPE_CHECKING:
-    from plait.handlers.stack import Message
+    from plait.effects import Message
     from plait.resources.config import EndpointConfig
 
 __all__ = [

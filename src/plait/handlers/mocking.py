@@ -32,8 +32,8 @@ import json
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from plait.effects import Handler, Message
 from plait.handlers.llm import answer, request_of
-from plait.handlers.stack import Handler, Message
 from plait.providers.base import LLMRequest, LLMResponse, Usage
 from plait.structured import WRAP_KEY, is_wrapped, parse_reply
 
@@ -58,8 +58,6 @@ class Mock(Handler):
     answered (a cache hit, a checkpoint) is left alone.
     """
 
-    sees_composite_calls = False  # acts on LLM calls only
-
     def __init__(self, replies: Mapping[str, Reply], *, strict: bool = False) -> None:
         if not isinstance(replies, Mapping):
             raise TypeError(
@@ -79,10 +77,10 @@ class Mock(Handler):
                 return pattern
         return None
 
-    def process(self, msg: Message) -> Awaitable[None] | None:
+    def process_llm(self, msg: Message) -> Awaitable[None] | None:
         # A plain method (not ``async def``): module calls recorded while tracing go
         # through the synchronous stack, and only an async callable needs awaiting.
-        if msg.type != "llm" or msg.done:
+        if msg.done:
             return None
         request = request_of(msg)
         pattern = self.match(msg.name, request.alias)

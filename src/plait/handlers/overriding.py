@@ -28,8 +28,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from plait.effects import Handler, Message
 from plait.handlers.llm import request_of
-from plait.handlers.stack import Handler, Message
 
 __all__ = ["EXTRA_FIELDS", "REQUEST_FIELDS", "Override", "override"]
 
@@ -56,8 +56,6 @@ EXTRA_FIELDS = (
 class Override(Handler):
     """Rewrites the request of matching LLM calls (a copy: the original stays as it was)."""
 
-    sees_composite_calls = False  # acts on LLM calls only
-
     def __init__(self, where: str | Sequence[str] = "*", **changes: Any) -> None:
         self.where = _patterns(where)
         self.fields, self.extra = _validate(changes)
@@ -66,8 +64,8 @@ class Override(Handler):
     def matches(self, name: str) -> bool:
         return any(fnmatch.fnmatchcase(name, pattern) for pattern in self.where)
 
-    def process(self, msg: Message) -> None:
-        if msg.type != "llm" or msg.done or not self.matches(msg.name):
+    def process_llm(self, msg: Message) -> None:
+        if msg.done or not self.matches(msg.name):
             return
         request = request_of(msg)
         fields = dict(self.fields)

@@ -31,7 +31,7 @@ from typing import Any, Self
 from rich.table import Table
 
 from plait._secrets import scrub
-from plait.handlers.stack import Handler, Message
+from plait.effects import Handler, Message
 from plait.resources.endpoint import CallTiming, Span
 
 __all__ = [
@@ -164,12 +164,10 @@ class ProfileSummary:
 class Profiler(Handler):
     """Records calls as they pass through the handler stack; see the module docstring.
 
-    Only run-phase messages are recorded: trace-phase module calls are the graph
-    being built, not work being done.  A profiler kept across several ``with``
+    LLM calls and leaf module calls are drawn; a composite call's time is the time of
+    the calls inside it, drawn already.  A profiler kept across several ``with``
     blocks or runs keeps adding to the same records.
     """
-
-    sees_composite_calls = False  # draws calls; a composite's time is its calls'
 
     def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
         self.path = path
@@ -181,11 +179,15 @@ class Profiler(Handler):
         self._open: dict[int, _Record] = {}
 
     # -- recording -----------------------------------------------------------------------
-    def process(self, msg: Message) -> None:
-        if msg.phase != "run" or msg.type not in ("llm", "module"):
-            return
-        if msg.meta.get("composite"):
-            return  # a composite call's time is its calls' time, drawn already
+    def process_module(self, msg: Message) -> None:
+        if not msg.meta.get("composite"):
+            self.process_llm(msg)
+
+    def postprocess_module(self, msg: Message) -> None:
+        if not msg.meta.get("composite"):
+            self.postprocess_llm(msg)
+
+    def process_llm(self, msg: Message) -> None:
         timing = msg.meta.get("timing")
         record = _Record(
             type=msg.type,
@@ -203,7 +205,7 @@ class Profiler(Handler):
             self._open[id(msg)] = record
             self._records.append(record)
 
-    def postprocess(self, msg: Message) -> None:
+    def postprocess_llm(self, msg: Message) -> None:
         end = time.monotonic()
         timing = msg.meta.get("timing")
         spans = list(timing.spans) if isinstance(timing, CallTiming) else []

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Self
 
 from plait._jsonl import json_line, whole_lines
+from plait.effects import Handler, Message
 from plait.handlers.llm import (
     answer,
     request_key,
@@ -37,7 +38,6 @@ from plait.handlers.llm import (
     response_from_json,
     response_to_json,
 )
-from plait.handlers.stack import Handler, Message
 from plait.providers.base import LLMResponse
 
 __all__ = [
@@ -85,8 +85,6 @@ class Recorder(Handler):
     its calls reach the recording: a replay reproduces the whole run.
     """
 
-    sees_composite_calls = False  # acts on LLM calls only
-
     #: The runtime runs inputs a checkpoint finished through their calls while this
     #: handler is active, instead of answering them with the stored output.
     sees_every_call = True
@@ -122,11 +120,9 @@ class Recorder(Handler):
                 finally:
                     os.close(fd)
 
-    def process(self, msg: Message) -> None:
+    def process_llm(self, msg: Message) -> None:
         # The key is taken here, before handlers outside this one rewrite the request,
         # because that is what a replayer in the same place will see.
-        if msg.type != "llm" or msg.phase != "run":
-            return
         request = request_of(msg)
         msg.meta[self._pending_key] = {
             "key": request_key(msg),
@@ -136,7 +132,7 @@ class Recorder(Handler):
             "prompt": excerpt(request.prompt_text),
         }
 
-    def postprocess(self, msg: Message) -> None:
+    def postprocess_llm(self, msg: Message) -> None:
         record = msg.meta.pop(self._pending_key, None)
         if record is None or msg.error is not None or not isinstance(msg.value, LLMResponse):
             return
@@ -197,8 +193,6 @@ class Replayer(Handler):
     replay gives the same result every time.
     """
 
-    sees_composite_calls = False  # acts on LLM calls only
-
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self.replayed = 0
@@ -228,8 +222,8 @@ class Replayer(Handler):
                 self._loaded = True
         return self
 
-    def process(self, msg: Message) -> None:
-        if msg.type != "llm" or msg.phase != "run" or msg.done:
+    def process_llm(self, msg: Message) -> None:
+        if msg.done:
             return
         request = request_of(msg)
         stored = self._by_key.get(request_key(msg))

@@ -23,6 +23,7 @@ and the driver gives it to its own parameters (`plait.learning.Trainer` with
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import math
 import weakref
@@ -30,9 +31,12 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from plait.effects import find_interpreter
+from plait.execution.calls import NodeScope
 from plait.learning.feedback import Feedback
 from plait.parameter import Parameter
 from plait.tracing.graph import Graph, Node, NodeRef, ParamRef, references, resolve
+from plait.tracing.tracer import Tracer
 from plait.values import Value, ValueKind
 
 if TYPE_CHECKING:
@@ -230,19 +234,16 @@ class _Walk:
         engine that ran the input, so their replies, not placeholders, become the
         feedback; in an ``async def backward`` they are awaited on that engine directly.
         """
-        from plait.execution.engine import current_engine
-        from plait.tracing.tracer import Tracer, active_trace
-
         engine = self.tape.engine
         tracer = Tracer(engine.paths if engine is not None else None, lift_parameters=False)
         with tracer:
-            token = active_trace.set(tracer)
-            try:
-                result = module.backward(feedback, ctx)
-            finally:
-                active_trace.reset(token)
-        engine_token = current_engine.set(engine)
-        try:
+            result = module.backward(feedback, ctx)
+        # Module calls an async backward awaits run on the engine that ran the input (as
+        # part of the node whose code calls backward, if any).
+        outer = find_interpreter(NodeScope)
+        where = (outer.index, outer.prefix) if outer is not None else (0, "eager/")
+        scope = NodeScope(engine, *where) if engine is not None else contextlib.nullcontext()
+        with scope:
             if inspect.isawaitable(result):
                 result = await result
             if not tracer.graph.nodes or not hasattr(result, "input_feedback"):
@@ -258,8 +259,6 @@ class _Walk:
             }
             tracer.graph.output = tracer.capture(sent, set(), {})
             answered = await engine.run_recorded(tracer.graph)
-        finally:
-            current_engine.reset(engine_token)
         result.input_feedback = answered["inputs"]
         result.parameter_feedback = answered["params"]
         return result

@@ -37,7 +37,8 @@ from typing import Any
 
 from plait.demos import normalize_demos
 from plait.handlers.calls import CallLog, CallRecord
-from plait.module import LLMInference, Module
+from plait.inference import LLMInference
+from plait.module import Module
 from plait.parameter import Parameter
 from plait.values import Value
 
@@ -143,8 +144,6 @@ def call_step(step: Module, example: Example) -> Any:
 class TraceLog(CallLog):
     """A `CallLog` that also keeps the output of one module (the pipeline's), so a
     run can be turned into a `Trace`."""
-
-    sees_composite_calls = True
 
     def __init__(self, module: Module) -> None:
         super().__init__()
@@ -421,7 +420,7 @@ def _root_of(params: Sequence[Parameter]) -> Module:
     roots: dict[int, Module] = {}
     for param in params:
         node = param.owner
-        assert node is not None
+        assert isinstance(node, Module)
         seen: set[int] = set()
         while node._parent_module() is not None and id(node) not in seen:
             seen.add(id(node))

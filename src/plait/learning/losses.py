@@ -23,8 +23,9 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from plait.inference import LLMInference
 from plait.learning.feedback import Feedback
-from plait.module import BackwardContext, BackwardResult, LLMInference, Module
+from plait.module import BackwardContext, BackwardResult, Module
 from plait.not_data import code_in
 from plait.values import Value, ValueKind
 

@@ -35,8 +35,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Self, TypedDict
 
 from plait.handlers.overriding import override
+from plait.inference import LLMInference
 from plait.learning.backward import upstream_rank
-from plait.module import LLMInference, Module
+from plait.module import Module
 from plait.parameter import Parameter
 from plait.providers.base import ReplyFormatError
 from plait.values import ExecutionError

@@ -122,13 +122,13 @@ def load_examples(
     UTF-8 BOM dropped).  A mapping's input is its ``input_field``; without one,
     the fields named like ``forward``'s parameters (when they include every
     required one, the target field aside), else the field ``input``
-    (`plait.cli.inputs.map_record`, the rule ``plait run`` follows too).  A
+    (`plait.inputs.map_record`, the rule ``plait run`` follows too).  A
     mapping that gives no input is an error naming the fields it has, since
     passing the whole record would put the target inside the prompt.  A mapping
     without the target field gives a target of None (a loss that needs no
     reference, such as a judge, can still score it) unless ``require_target``.
     """
-    from plait.cli.inputs import CallShape, InputError, map_record, read_records
+    from plait.inputs import CallShape, InputError, map_record, read_records
 
     if isinstance(data, str | os.PathLike):
         path = Path(data)

@@ -11,7 +11,14 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from plait.providers.base import LLMRequest, LLMResponse, Provider, ProviderError, Usage
+from plait.providers.base import (
+    PROVIDERS,
+    LLMRequest,
+    LLMResponse,
+    Provider,
+    ProviderError,
+    Usage,
+)
 
 if TYPE_CHECKING:
     from plait.resources.config import EndpointConfig
@@ -25,13 +32,6 @@ __all__ = [
     "Usage",
     "make_provider",
 ]
-
-#: provider name -> "module:Class"
-PROVIDERS: dict[str, str] = {
-    "openai": "plait.providers.openai:OpenAIProvider",
-    "anthropic": "plait.providers.anthropic:AnthropicProvider",
-    "local": "plait.providers.local:LocalProvider",
-}
 
 
 def make_provider(config: EndpointConfig) -> Provider:

@@ -9,7 +9,16 @@ from plait._digest import digest
 from plait._secrets import scrub
 from plait.structured import canonical_schema_json
 
+#: provider name -> "module:Class": the one list of wire protocols, which the resource
+#: config checks names against and `plait.providers.make_provider` imports from.
+PROVIDERS: dict[str, str] = {
+    "openai": "plait.providers.openai:OpenAIProvider",
+    "anthropic": "plait.providers.anthropic:AnthropicProvider",
+    "local": "plait.providers.local:LocalProvider",
+}
+
 __all__ = [
+    "PROVIDERS",
     "RETRYABLE_STATUS",
     "LLMRequest",
     "LLMResponse",

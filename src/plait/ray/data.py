@@ -40,7 +40,7 @@ def _build_module(target: Any, arguments: Sequence[str]) -> Any:
     from plait.module import Module
 
     if isinstance(target, str):
-        from plait.cli.target import Target
+        from plait.target import Target
 
         return Target(target, list(arguments)).make()
     if arguments:

@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from plait.handlers.stack import Handler
+from plait.effects import Handler
 
 __all__ = ["WorkerParts", "distribute"]
 
@@ -284,8 +284,6 @@ class LeasedBudget(Handler):
     reply's usage replaces the reservation there: the rule of a `Budget` in one
     process, with one ledger for every worker."""
 
-    sees_composite_calls = False
-
     def __init__(self, spec: _BudgetSpec, broker: Any, worker: str) -> None:
         from plait.handlers.budgeting import Budget
 
@@ -305,10 +303,10 @@ class LeasedBudget(Handler):
         spec = self.spec
         return any(v is not None for v in (spec.max_calls, spec.max_tokens, spec.max_cost))
 
-    def process(self, msg: Any) -> None:
+    def process_llm(self, msg: Any) -> None:
         from plait.resources.endpoint import CallTiming
 
-        if msg.type != "llm" or msg.done or msg.meta.get("cache") == "hit" or msg.fn is None:
+        if msg.done or msg.meta.get("cache") == "hit" or msg.fn is None:
             return
         timing = msg.meta.get("timing")
         key = f"leased_budget.{id(self):x}"
@@ -317,7 +315,7 @@ class LeasedBudget(Handler):
         msg.meta[key] = True
         timing.gates.append(_LeasedTicket(self, msg.name))
 
-    def postprocess(self, msg: Any) -> None:
+    def postprocess_llm(self, msg: Any) -> None:
         msg.meta.pop(f"leased_budget.{id(self):x}", None)
 
     def report(self) -> tuple[int, int, float, int]:

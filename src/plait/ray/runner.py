@@ -143,18 +143,19 @@ def run_distributed(
     if workers < 1:
         raise ValueError(f"workers must be at least 1, got {workers}")
     ray = ensure_ray(address, workers)
-    from plait.handlers.stack import current_stack
+    from plait.effects import Interpreter, current_stack, observes_every_call
+    from plait.options import inputs_in_flight
     from plait.ray.handlers import distribute
 
-    stack = current_stack()
-    parts = distribute(stack)  # every active handler, rebuilt in each worker
+    # Every active handler, rebuilt in each worker; an interpreter (a node scope, when a
+    # forward starts a distributed batch) means nothing there.
+    stack = tuple(h for h in current_stack() if not isinstance(h, Interpreter))
+    parts = distribute(stack)
     spec.handlers = parts.specs
     # A recorder must see every call: finished inputs run through their calls (answered
     # by the checkpoint's logs) instead of being answered with their stored outputs.
-    observed = any(getattr(h, "sees_every_call", False) for h in stack)
-    window = spec.options.get("max_inputs_in_flight") or max(
-        64, 2 * int(spec.options.get("max_concurrent") or 100)
-    )
+    observed = observes_every_call(stack)
+    window = inputs_in_flight(spec.options)
     batch_size = max(1, min(batch_size, window))
     per_worker = per_worker or max(2, window // batch_size)
     dispatch = Dispatch(ray, spec, workers)

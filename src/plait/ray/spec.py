@@ -6,7 +6,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from plait.execution.checkpoint import Checkpoint, producer_of
+from plait.execution.checkpoint import Checkpoint, pipeline_name, producer_identity
 from plait.ray.worker import PipelineSpec
 from plait.resources.manager import ResourceManager
 
@@ -88,8 +88,8 @@ def make_spec(
         module_bytes=data,
         resources=config,
         options=keep,
-        pipeline=f"{type(module).__module__}.{type(module).__qualname__}",
-        producer=producer_of(module, manager, options.get("seed")),
+        pipeline=pipeline_name(module),
+        producer=producer_identity(module, manager, options.get("seed")),
         checkpoint_dir=str(checkpoint.directory) if checkpoint is not None else None,
         secrets=secrets,
     )

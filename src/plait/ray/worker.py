@@ -206,10 +206,10 @@ class PipelineWorker:
     def _run_state(self) -> Any:
         if self._state is None:
             from plait.execution.checkpoint import Checkpoint
-            from plait.execution.runtime import _Run
+            from plait.execution.runtime import Run
 
             opts = dict(self.spec.options, resources=self.resources, checkpoint_dir=None)
-            state = _Run(self.module, opts, batch=True)
+            state = Run(self.module, opts, batch=True)
             if self.spec.checkpoint_dir is not None:
                 state.checkpoint = Checkpoint(
                     self.spec.checkpoint_dir, self.spec.pipeline, self.spec.producer

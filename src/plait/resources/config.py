@@ -51,7 +51,7 @@ class EndpointConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check_provider(self) -> EndpointConfig:
-        from plait.providers import PROVIDERS
+        from plait.providers.base import PROVIDERS
 
         if self.provider not in PROVIDERS:
             known = ", ".join(repr(p) for p in PROVIDERS)

@@ -19,7 +19,8 @@ import inspect
 import math
 from typing import Any
 
-from plait.module import LLMInference, Module
+from plait.inference import LLMInference
+from plait.module import Module
 from plait.parameter import Parameter
 from plait.sequences.chunking import chunk_text
 from plait.sequences.recurrence import Recurrence

@@ -34,6 +34,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from plait.effects import current_interpreter
 from plait.module import Module
 from plait.tracing import TracingError
 
@@ -108,10 +109,7 @@ class Recurrence(Module):
         return outputs, state
 
     async def _apply_dynamic(self, sequence: Any, state: Any, resets: Any) -> Any:
-        from plait.execution import runtime
-
-        engine = runtime.current_engine.get()
-        if engine is None:  # called outside a run: run it as its own root
+        if not current_interpreter().awaits_calls:  # called outside a run
             raise RuntimeError(
                 f"{type(self).__name__}.apply() in dynamic mode runs inside plait's runtime: "
                 "call the module (await module(sequence), module.run_sync(sequence))"
@@ -125,12 +123,12 @@ class Recurrence(Module):
         flags = _flags(resets, len(items), type(self).__name__)
         outputs: list[Any] = []
         if state is None:
-            state = await self._run_initial(engine, _segment(items, flags, 0))
+            state = await self._run_initial(_segment(items, flags, 0))
         for t, item in enumerate(items):
             if flags[t] and t > 0:
-                state = await self._run_initial(engine, _segment(items, flags, t))
+                state = await self._run_initial(_segment(items, flags, t))
             output, state = _pair(
-                await engine.call_module(self._step_call, (item, state), {}),
+                await self._step_call(item, state),
                 type(self).__name__,
             )
             outputs.append(output)
@@ -138,8 +136,8 @@ class Recurrence(Module):
                 break
         return outputs, state
 
-    async def _run_initial(self, engine: Any, items: list[Any]) -> Any:
-        return await engine.call_module(_InitialCall(self), (items,), {})
+    async def _run_initial(self, items: list[Any]) -> Any:
+        return await _InitialCall(self)(items)
 
     def _has_async_forward(self) -> bool:
         """A dynamic scan runs on real values, as an ``async def forward`` does."""

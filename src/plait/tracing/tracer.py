@@ -1,4 +1,4 @@
-"""The tracer: a handler that records leaf-module calls into a `Graph`.
+"""The tracer: the interpreter that records leaf-module calls into a `Graph`.
 
 While tracing, a call of a leaf module (an `LLMInference`, a module with no
 submodules, or one with ``async def forward``) becomes a node and returns a
@@ -22,8 +22,7 @@ import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from plait._tracing_hook import active_tracer
-from plait.handlers.stack import Handler, Message
+from plait.effects import Interpreter, Message
 from plait.parameter import Parameter
 from plait.parameter import _snapshot as _parameter_snapshot
 from plait.tracing.graph import (
@@ -45,7 +44,6 @@ __all__ = [
     "TracedValue",
     "Tracer",
     "TracingError",
-    "active_trace",
     "module_paths",
     "trace",
 ]
@@ -74,9 +72,6 @@ _PLACEHOLDER = re.compile(
 )
 _BODY_RE = re.compile(_BODY)
 _DEBRIS = re.compile(rf"[{_OPEN}{_CLOSE}]|\\ue00[01]")
-
-#: The tracer recording right now, if any (the same variable parameters consult).
-active_trace = active_tracer
 
 
 class TracingError(TypeError):
@@ -320,8 +315,8 @@ class _Shape:
         return self.required <= {*positional, *kw}
 
 
-class Tracer(Handler):
-    """Records one forward pass; the innermost handler while it runs."""
+class Tracer(Interpreter):
+    """Records one forward pass; the innermost interpreter while it runs."""
 
     def __init__(
         self, paths: dict[int, str] | None = None, *, lift_parameters: bool = True
@@ -337,19 +332,13 @@ class Tracer(Handler):
         self._unnamed = itertools.count(1)
         self._scopes: list[int] = []
 
-    # -- the handler: leaf calls become nodes; composites are traced through -----------
-    def process(self, msg: Message) -> None:
-        if msg.phase != "trace":
-            return
-        msg.stop = True  # trace-time calls are the tracer's business alone
+    # -- the interpreter: leaf calls become nodes; composites are traced through ---------
+    def call_module(self, msg: Message) -> Any:
+        """Record the call: handlers see it when it runs, not while it is recorded."""
         module = msg.module
-        if module is None:
-            return
         if _is_node(module):
-            msg.value = self.record_module(module, msg.args, msg.kwargs)
-        else:
-            msg.value = self.record_composite(module, msg.args, msg.kwargs)
-        msg.done = True
+            return self.record_module(module, msg.args, msg.kwargs)
+        return self.record_composite(module, msg.args, msg.kwargs)
 
     def record_composite(
         self, module: Module, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -646,11 +635,7 @@ def trace(
     """Record ``root(*args, **kwargs)`` as a graph of leaf calls."""
     tracer = Tracer(paths if paths is not None else module_paths(root))
     with tracer:
-        token = active_trace.set(tracer)
-        try:
-            out = root(*args, **(kwargs or {}))
-        finally:
-            active_trace.reset(token)
+        out = root(*args, **(kwargs or {}))
     deps: set[int] = set()
     params: dict[int, Parameter] = {}
     tracer.graph.output = tracer.capture(out, deps, params)

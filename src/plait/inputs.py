@@ -1,4 +1,4 @@
-"""Reading a run's inputs: JSONL, CSV or plain text, from a file or stdin, one at a time.
+"""Reading a run's inputs: JSONL, CSV or plain text, from a file, a directory or stdin.
 
 Inputs are produced by a generator, so a file of millions of lines streams: the
 runtime pulls the next input only when a slot of its window frees up.  It pulls

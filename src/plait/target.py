@@ -1,4 +1,5 @@
-"""TARGET plus ``key=value`` arguments, made into a Module: the CLI's one door to blueprints.
+"""TARGET plus ``key=value`` arguments, made into a Module: the one door to blueprints
+for the CLI and Ray Data (``plait.ray.Pipeline("file.py:Name")``).
 
 Every command builds its module through `Target`, so how targets are located and
 configured lives here and nowhere else; `plait.blueprint` does the locating,

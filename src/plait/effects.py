@@ -1,0 +1,425 @@
+"""The one mechanism every call passes through (seed 004): messages, handlers,
+interpreters, and the `Runtime` the core hands its calls to.
+
+A call builds a `Message` and hands it to the innermost *interpreter*, which decides
+what the call means where it is made:
+
+* `Runtime` (installed by ``plait/__init__.py``, the composition root) for a call
+  made from plain code: it runs ``forward`` on the spot, or starts a run when the
+  module needs one (resources bound, an `ExecutionSettings`, LLM calls in its tree);
+* the tracer (`plait.tracing.tracer.Tracer`) while a ``forward`` is being recorded:
+  the call becomes a node of the graph;
+* the engine's node scope (`plait.execution.engine.NodeScope`) inside an ``async def
+  forward`` that a run is executing: the call runs as part of that run.
+
+Interpreters are handlers on the one stack (seed 004: tracing is a handler), found
+by `interpret` as the innermost `Interpreter` entered; they define no hooks, so the
+messages that really run pass them by.  The handlers (`Handler`) see each such
+message in `apply_stack`: ``process`` from the innermost ``with`` block outwards, the
+default action (``msg.fn``) unless one of them marked the message ``done``, then
+``postprocess`` from the outermost inwards.
+
+A handler opts into message types by method, as Pyro's ``_pyro_<type>``:
+``process_llm``/``postprocess_llm`` for LLM requests, ``process_module``/
+``postprocess_module`` for module calls (composite ones included).  The plain
+``process``/``postprocess`` hooks see every message.  A handler that defines no hook
+for a type is skipped for messages of that type at no cost.
+
+This module imports nothing else from plait but the utility layer: it is the bottom
+of the core, and everything above builds on it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any, ParamSpec, Self, TypeVar
+
+from plait._entries import leave
+
+__all__ = [
+    "Handler",
+    "Interpreter",
+    "Message",
+    "Runtime",
+    "apply_stack",
+    "apply_stack_sync",
+    "current_interpreter",
+    "current_stack",
+    "find_interpreter",
+    "install_runtime",
+    "interpret",
+    "observes_every_call",
+    "postprocess_stack",
+    "process_stack",
+    "runtime",
+]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+I = TypeVar("I", bound="Interpreter")  # noqa: E741
+
+_STACK: ContextVar[tuple[Handler, ...]] = ContextVar("plait_handler_stack", default=())
+#: Guards each handler's count of open blocks (threads may enter one handler at once).
+_entered_lock = threading.Lock()
+
+
+@dataclass(slots=True, eq=False)
+class Message:
+    """One effect: a module call (``type="module"``) or an LLM request (``"llm"``).
+
+    ``fn`` is the default action, called with ``args``/``kwargs`` when no handler
+    marked the message ``done``; its result lands in ``value``.  ``name`` is the
+    module path.  ``node_id`` and ``input_index`` locate a message in its run's batch,
+    which is what checkpoints and profilers key on.  If the default action raises,
+    the exception is kept in ``error`` and every ``postprocess`` still runs (a handler
+    may recover by clearing ``error`` and setting ``value``); it is raised after the
+    last one.
+    """
+
+    type: str
+    name: str
+    fn: Callable[..., Any] | None = None
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    value: Any = None
+    done: bool = False
+    stop: bool = False
+    module: Any = None
+    node_id: str | None = None
+    input_index: int | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+    error: Exception | None = None
+
+
+# -- handlers ---------------------------------------------------------------------------
+Hook = Callable[[Any, Message], Any]
+
+#: (handler class, message type) -> (process hook, postprocess hook), unbound.
+_hooks: dict[tuple[type, str], tuple[Hook | None, Hook | None]] = {}
+
+
+class Handler:
+    """Base class of effect handlers.
+
+    Define ``process_<type>`` (runs before the default action, innermost handler
+    first) and/or ``postprocess_<type>`` (after it, outermost handler last) for the
+    message types you act on (``llm``, ``module``), or the plain ``process``/
+    ``postprocess`` to see every message.  Hooks may be ``async def`` for messages
+    handled by the async `apply_stack`; plain module calls made outside any run go
+    through `apply_stack_sync` and need plain methods.  A handler is used as a context
+    manager (``with h:``) or as a decorator, and one instance may be entered by several
+    tasks or threads at once: each block is an entry of its own context's stack, not
+    state of the handler.
+    """
+
+    #: A handler that must see every call of a run (a recorder) sets this: a resumed run
+    #: then replays finished inputs through their calls (answered by the checkpoint)
+    #: instead of answering them with their stored outputs.
+    sees_every_call: bool = False
+
+    def process(self, msg: Message) -> Any:
+        """Inspect or rewrite ``msg`` before the call; set ``msg.done`` to skip it."""
+        return None
+
+    def postprocess(self, msg: Message) -> Any:
+        """Inspect or rewrite ``msg.value`` after the call."""
+        return None
+
+    @classmethod
+    def hooks_for(cls, kind: str) -> tuple[Hook | None, Hook | None]:
+        """The ``(process, postprocess)`` functions this class runs for messages of
+        type ``kind``: the type's own hooks, else the plain ones it overrides, else None."""
+        key = (cls, kind)
+        found = _hooks.get(key)
+        if found is None:
+            found = _hooks[key] = (_hook(cls, "process", kind), _hook(cls, "postprocess", kind))
+        return found
+
+    @classmethod
+    def sees(cls, kind: str) -> bool:
+        """Whether messages of type ``kind`` reach this handler at all (the engine skips
+        the work of a composite call's message when no active handler sees modules)."""
+        process, postprocess = cls.hooks_for(kind)
+        return process is not None or postprocess is not None
+
+    def __enter__(self) -> Self:
+        _STACK.set((*_STACK.get(), self))
+        with _entered_lock:
+            self.__dict__["_entered"] = self.__dict__.get("_entered", 0) + 1
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with _entered_lock:
+            self.__dict__["_entered"] = max(0, self.__dict__.get("_entered", 0) - 1)
+        leave(_STACK, self, _itself)
+
+    @property
+    def entered(self) -> int:
+        """How many blocks (in any task or thread) have this handler active now."""
+        return int(self.__dict__.get("_entered", 0))
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The handler without the blocks it is entered in here (a copy sent to another
+        process, a Ray worker, is entered there afresh)."""
+        state = dict(self.__dict__)
+        state.pop("_entered", None)
+        return state
+
+    @contextlib.contextmanager
+    def outermost(self) -> Iterator[Self]:
+        """Enter below every active handler: it processes each call last and
+        postprocesses it first, so it sees the call as the others left it (plait's
+        checkpoints use this to key on the request after any `override`)."""
+        token = _STACK.set((self, *_STACK.get()))
+        try:
+            yield self
+        finally:
+            _STACK.reset(token)
+
+    async def __aenter__(self) -> Self:
+        return self.__enter__()
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.__exit__()
+
+    def __call__(self, fn: Callable[P, R]) -> Callable[P, R]:
+        """Use the handler as a decorator: ``fn`` runs with the handler active."""
+        return _decorate(self, fn)
+
+
+def _hook(cls: type, stage: str, kind: str) -> Hook | None:
+    typed: Hook | None = getattr(cls, f"{stage}_{kind}", None)
+    if callable(typed):
+        return typed
+    plain: Hook = getattr(cls, stage)
+    return None if plain is getattr(Handler, stage) else plain
+
+
+def _itself(entry: object) -> object:
+    return entry
+
+
+def _decorate(block: Any, fn: Callable[P, R]) -> Callable[P, R]:
+    """``fn`` run inside ``with block:`` (a handler or an interpreter used as a decorator)."""
+    if inspect.iscoroutinefunction(fn):
+
+        @functools.wraps(fn)
+        async def run_async(*args: Any, **kwargs: Any) -> Any:
+            with block:
+                return await fn(*args, **kwargs)
+
+        return run_async  # type: ignore[return-value]
+
+    @functools.wraps(fn)
+    def run(*args: P.args, **kwargs: P.kwargs) -> R:
+        with block:
+            return fn(*args, **kwargs)
+
+    return run
+
+
+def current_stack() -> tuple[Handler, ...]:
+    """The active handlers, outermost first."""
+    return _STACK.get()
+
+
+def observes_every_call(stack: tuple[Handler, ...]) -> bool:
+    """Whether a handler of ``stack`` must see every call (see `Handler.sees_every_call`)."""
+    return any(handler.sees_every_call for handler in stack)
+
+
+def _plain_result(result: Any, hook: str, handler: Handler) -> None:
+    if inspect.isawaitable(result):
+        if inspect.iscoroutine(result):
+            result.close()
+        raise TypeError(
+            f"{type(handler).__name__}.{hook} is async, but this message is handled "
+            "synchronously (a plain module call made outside any run); make the hook a "
+            "plain method"
+        )
+
+
+def apply_stack_sync(msg: Message) -> Any:
+    """Run ``msg`` through the active handlers; every hook and ``fn`` must be sync."""
+    stack = _STACK.get()
+    seen = 0
+    for handler in reversed(stack):
+        seen += 1
+        hook = type(handler).hooks_for(msg.type)[0]
+        if hook is not None:
+            _plain_result(hook(handler, msg), "process", handler)
+            if msg.stop:
+                break
+    if not msg.done and msg.fn is not None:
+        try:
+            msg.value = msg.fn(*msg.args, **msg.kwargs)
+        except Exception as exc:
+            msg.error = exc
+        msg.done = True
+    for handler in stack[len(stack) - seen :]:
+        hook = type(handler).hooks_for(msg.type)[1]
+        if hook is not None:
+            _plain_result(hook(handler, msg), "postprocess", handler)
+    return _finish(msg)
+
+
+async def apply_stack(msg: Message) -> Any:
+    """Run ``msg`` through the active handlers; hooks and ``fn`` may be async."""
+    stack = _STACK.get()
+    seen = await process_stack(msg, stack)
+    if not msg.done and msg.fn is not None:
+        try:
+            result = msg.fn(*msg.args, **msg.kwargs)
+            msg.value = await result if inspect.isawaitable(result) else result
+        except Exception as exc:
+            msg.error = exc
+        msg.done = True
+    return await postprocess_stack(msg, stack, seen)
+
+
+async def process_stack(msg: Message, stack: tuple[Handler, ...]) -> int:
+    """The first half of `apply_stack`: ``process`` innermost first, until one stops.
+
+    Returns how many handlers the message passed; `postprocess_stack` hands it back
+    to exactly those.  The engine splits a composite module's call this way: its
+    handlers process the call when its arguments exist and postprocess it when the
+    calls inside it have produced its output.
+    """
+    seen = 0
+    for handler in reversed(stack):
+        seen += 1
+        hook = type(handler).hooks_for(msg.type)[0]
+        if hook is None:
+            continue
+        out = hook(handler, msg)
+        if out is not None and inspect.isawaitable(out):
+            await out
+        if msg.stop:
+            break
+    return seen
+
+
+async def postprocess_stack(msg: Message, stack: tuple[Handler, ...], seen: int) -> Any:
+    """The second half of `apply_stack`: ``postprocess`` outermost last, then the result."""
+    for handler in stack[len(stack) - seen :]:
+        hook = type(handler).hooks_for(msg.type)[1]
+        if hook is None:
+            continue
+        out = hook(handler, msg)
+        if out is not None and inspect.isawaitable(out):
+            await out
+    return _finish(msg)
+
+
+def _finish(msg: Message) -> Any:
+    if msg.error is not None:
+        raise msg.error
+    return msg.value
+
+
+# -- interpreters -------------------------------------------------------------------------
+class Interpreter(Handler):
+    """What a module call means where it is made (see the module docstring).
+
+    Entered as a context manager (``with tracer:``) it is the innermost interpreter
+    of its block; like any handler, one instance may be entered by several tasks at
+    once.  It defines no hooks: messages that run pass it by.
+    """
+
+    #: True while code that traces a graph runs: a `Parameter` read as text then turns
+    #: into a placeholder (`lift_parameter`) that keeps it in the graph.
+    lift_parameters: bool = False
+    #: True where a module call returns an awaitable that runs it as part of the current
+    #: run (an engine's node scope): code such as a dynamic `Recurrence` needs one.
+    awaits_calls: bool = False
+
+    def call_module(self, msg: Message) -> Any:
+        """The result of the module call ``msg`` (``msg.module`` called with
+        ``msg.args``/``msg.kwargs``; ``msg.fn`` is its ``forward``)."""
+        raise NotImplementedError
+
+    def lift_parameter(self, param: Any) -> str:
+        """A placeholder string that stands for ``param`` in the graph being recorded."""
+        raise TypeError(f"{type(self).__name__} records no graph")
+
+    def __enter__(self) -> Self:
+        _STACK.set((*_STACK.get(), self))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        leave(_STACK, self, _itself)
+
+
+class Runtime(Interpreter):
+    """What the core asks of the layers above it, supplied by the composition root.
+
+    It is the outermost interpreter (the meaning of a call made from plain code) and
+    the entry points a `Module` or a `Value` offers into the runtime and the backward
+    pass, which live in layers the core never imports.
+    """
+
+    def run_sync(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Run ``module`` to completion on ``args`` (one input or a batch)."""
+        raise NotImplementedError
+
+    def stream(self, module: Any, inputs: Any, options: dict[str, Any]) -> AsyncIterator[Any]:
+        """Each input's result as it completes."""
+        raise NotImplementedError
+
+    async def backward(self, value: Any, feedback: Any) -> None:
+        """Send ``feedback`` on ``value`` back to the parameters that shaped it."""
+        raise NotImplementedError
+
+
+class _Eager(Runtime):
+    """The meaning of a call before the composition root installed plait's runtime:
+    ``forward`` runs as a plain function, through the handlers when any are active."""
+
+    def call_module(self, msg: Message) -> Any:
+        if _STACK.get():
+            return apply_stack_sync(msg)
+        return msg.fn(*msg.args, **msg.kwargs) if msg.fn is not None else None
+
+
+_runtime: list[Runtime | Callable[[], Runtime]] = [_Eager()]
+
+
+def install_runtime(found: Runtime | Callable[[], Runtime]) -> None:
+    """Make ``found`` (or what it returns when first needed) the process's `Runtime`."""
+    _runtime[0] = found
+
+
+def runtime() -> Runtime:
+    """The process's `Runtime` (loading it on first use when it was installed lazily)."""
+    found = _runtime[0]
+    if not isinstance(found, Runtime):
+        found = _runtime[0] = found()
+    return found
+
+
+def current_interpreter() -> Interpreter:
+    """The innermost interpreter: the one that gives a call made here its meaning."""
+    for entered in reversed(_STACK.get()):
+        if isinstance(entered, Interpreter):
+            return entered
+    return runtime()
+
+
+def find_interpreter(kind: type[I]) -> I | None:
+    """The innermost active interpreter of type ``kind`` (an engine's node scope under a
+    tracer recording a leaf's calls, say), or None."""
+    for entered in reversed(_STACK.get()):
+        if isinstance(entered, kind):
+            return entered
+    return None
+
+
+def interpret(msg: Message) -> Any:
+    """Give the call ``msg`` its meaning here (see `Interpreter`)."""
+    return current_interpreter().call_module(msg)

@@ -1,0 +1,65 @@
+"""Where a batch runs: a backend behind one small interface, chosen by name.
+
+`run_sync`, ``await module(batch)``, ``plait run`` and the `Trainer` hand a batch to
+a backend and get one result per input back, in order, each a raw output or an
+ERROR `Value` (never a missing row).  Two are registered today: ``"local"`` (this
+process's event loop, `plait.execution.runtime`) and ``"ray"`` (`plait.ray.backend`,
+Ray workers sharing the cluster's limits).  The composition root (``plait/__init__``)
+registers them by a loader, so a backend and its dependencies load on first use and
+this layer never imports the ones above it.
+
+A new backend implements `Backend.run_batch` and is registered with
+`register_backend`; the run options it receives are the resolved ones (`plait.options`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
+
+__all__ = ["Backend", "BackendError", "backend", "backend_names", "register_backend"]
+
+
+class BackendError(LookupError):
+    """No backend is registered under the name a run asked for."""
+
+
+class Backend(Protocol):
+    """Runs a batch of inputs of a module somewhere, with the run's options."""
+
+    async def run_batch(
+        self,
+        module: Any,
+        items: Iterable[Any],
+        extra: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        opts: dict[str, Any],
+    ) -> list[Any]:
+        """Each input's result, in input order: the output, or its ERROR `Value`."""
+        ...
+
+
+_loaders: dict[str, Callable[[], Backend]] = {}
+_loaded: dict[str, Backend] = {}
+
+
+def register_backend(name: str, loader: Callable[[], Backend]) -> None:
+    """Make ``loader()`` (called once, on first use) the backend named ``name``."""
+    _loaders[name] = loader
+    _loaded.pop(name, None)
+
+
+def backend(name: str) -> Backend:
+    """The backend registered as ``name``."""
+    found = _loaded.get(name)
+    if found is None:
+        loader = _loaders.get(name)
+        if loader is None:
+            known = ", ".join(sorted(_loaders)) or "none"
+            raise BackendError(f"no backend named {name!r} is registered (known: {known})")
+        found = _loaded[name] = loader()
+    return found
+
+
+def backend_names() -> list[str]:
+    return sorted(_loaders)

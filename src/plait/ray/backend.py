@@ -1,0 +1,87 @@
+"""Ray workers as a backend (`plait.execution.backends`): a batch spread over worker
+processes that share the cluster's limits, with the same results, in the same order,
+as in one process."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from plait.execution.checkpoint import Checkpoint
+from plait.execution.runtime import traced_first
+from plait.ray.runner import run_distributed
+from plait.ray.spec import make_spec
+from plait.resources.manager import ResourceManager, say_embedded
+from plait.sampling import run_seed
+from plait.values import Value, ValueKind
+
+if TYPE_CHECKING:
+    from plait.module import Module
+
+__all__ = ["RayBackend"]
+
+
+class RayBackend:
+    """Runs a batch on Ray workers (``workers=N`` or ``ray_address=...``)."""
+
+    async def run_batch(
+        self,
+        module: Module,
+        items: Iterable[Any],
+        extra: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        opts: dict[str, Any],
+    ) -> list[Any]:
+        """A batch on Ray workers (`plait.ray`): the same results, in the same order."""
+        if module.training:
+            raise ValueError(
+                "a module in train() mode records its graph for backward() in this process; "
+                "run training batches without workers (Trainer(workers=N) scores on workers)"
+            )
+        resources = ResourceManager.coerce(opts["resources"])
+        if not resources.config:
+            # The workers resolve the aliases, and they leave this notice to the driver.
+            aliases = sorted({m.alias for m in module.modules() if m._calls_llm})  # type: ignore[attr-defined]
+            if aliases:
+                say_embedded(aliases[0])
+        # Drawn here, once: the workers run with this seed, not draws of their own.
+        seed, give_back = run_seed(module, opts.get("seed"))
+        opts = {**opts, "seed": seed}
+        checkpoint = None
+        if opts["checkpoint_dir"] is not None:
+            try:
+                checkpoint = Checkpoint.of_run(
+                    opts["checkpoint_dir"], module, resources, seed
+                ).open()
+            except BaseException:
+                give_back()
+                raise
+        outputs: dict[int, Any] = {}
+
+        def deliver(index: int, item: Any, value: Value) -> None:
+            outputs[index] = value if value.kind is ValueKind.ERROR else value.payload
+
+        def prepare(item: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+            return (item, *extra), kwargs
+
+        def drive() -> None:
+            run_distributed(
+                make_spec(module, resources, opts, checkpoint),
+                traced_first(module, items, prepare),
+                prepare,
+                deliver,
+                workers=opts["workers"] or 1,
+                address=opts["ray_address"],
+                checkpoint=checkpoint,
+            )
+
+        try:
+            await asyncio.to_thread(drive)
+        except BaseException:
+            give_back()
+            raise
+        finally:
+            if checkpoint is not None:
+                checkpoint.close()
+        return [outputs[i] for i in range(len(outputs))]
