@@ -6,15 +6,16 @@ import difflib
 import enum
 import inspect
 import sys
-import types
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeAlias, TypeVar, overload
 
-from plait.blueprint._keys import Found, Layer
+from plait.blueprint._keys import Found, Layer, found_items, join_path
 from plait.blueprint._knobs import BUILT, KNOB_NAMES, Knob, knobs_of
 from plait.blueprint._types import (
+    DEFAULT_LAYER,
     EMPTY,
+    Castable,
     CastError,
     Lookup,
     Param,
@@ -28,6 +29,7 @@ from plait.blueprint._types import (
     is_mapping,
     load_object,
     mapping_value_type,
+    module_of,
     object_text,
     signature_params,
     type_text,
@@ -44,23 +46,7 @@ __all__ = [
 
 T = TypeVar("T")
 
-#: The layer name of values nobody set: the signature's default, or a class built
-#: from a required parameter's annotation.
-DEFAULT_LAYER = "default"
 COMMAND_LINE = "command line"
-
-
-class Castable(str):
-    """A string to be converted by the annotation of the parameter it lands on.
-
-    Plain strings are values like any other; wrapping marks text that came from a
-    command line or a file, where ``"0.2"`` means a float if the parameter wants one.
-    """
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return f"Castable({str.__repr__(self)})"
 
 
 class BlueprintError(ValueError):
@@ -145,10 +131,6 @@ class _Plan:
     knobs: list[tuple[Knob, Any]] | None = None
 
 
-def _join(path: str, name: str) -> str:
-    return f"{path}.{name}" if path else name
-
-
 def _value_text(value: Any) -> str:
     if isinstance(value, enum.Enum):
         return f"{type(value).__name__}.{value.name}"
@@ -171,19 +153,13 @@ def _fields_of(value: Any) -> Mapping[Any, Any]:
     return {}
 
 
-def _module_of(factory: Any) -> types.ModuleType | None:
-    while hasattr(factory, "func"):  # functools.partial
-        factory = factory.func
-    return sys.modules.get(getattr(factory, "__module__", "") or "")
-
-
 class _Planner:
     """One walk over the target's parameters, reading the layers and noting problems."""
 
     def __init__(self, target: Callable[..., Any], layers: list[Layer]) -> None:
         self.target = target
         self.layers = layers
-        self.target_module = _module_of(target)
+        self.target_module = module_of(target)
         self.used: set[tuple[int, str]] = set()
         self.reported: set[str] = set()
         self.infos: dict[str, ArgInfo] = {}
@@ -221,7 +197,7 @@ class _Planner:
         return list(keys)
 
     def lookup_for(self, owner: Any) -> Lookup:
-        modules = [m for m in (_module_of(owner), self.target_module) if m is not None]
+        modules = [m for m in (module_of(owner), self.target_module) if m is not None]
         return Lookup(tuple(dict.fromkeys(modules)))
 
     # -- recording --------------------------------------------------------------------
@@ -267,7 +243,7 @@ class _Planner:
         node = _Call(path, factory, [], {})
         names = {p.name for p in params}
         for param in params:
-            sub = _join(path, param.name)
+            sub = join_path(path, param.name)
             child = self.param(param, sub, factory, fallbacks.get(param.name))
             if param.kind is inspect.Parameter.POSITIONAL_ONLY:
                 # Later positional values need every earlier slot filled.
@@ -277,7 +253,7 @@ class _Planner:
         extra = [k for k in self.children(path) if k not in names]
         extra += [k for k in fallbacks if k not in names and k not in extra]
         for name in extra:
-            sub = _join(path, name)
+            sub = join_path(path, name)
             if var_kw is None:
                 if name in fallbacks:
                     self.problem(
@@ -316,10 +292,7 @@ class _Planner:
     def unspecified(self, param: Param, path: str, below: list[str], owner: Any) -> _Node | None:
         annotation = param.effective
         base = _fields_of(param.default)
-        base_found = {
-            str(k): Found(v, param.default_layer, param.default_index, None)
-            for k, v in base.items()
-        }
+        base_found = found_items(base, param.default_layer, param.default_index)
         if below and is_mapping(annotation):
             self.record(param, path, "{…}", param.default_layer if base else DEFAULT_LAYER)
             return self.mapping(param, path, owner, base_found)
@@ -366,8 +339,7 @@ class _Planner:
                 self.problem(path, str(exc), found)
                 return None
             self.record(param, path, _value_text(base), found.layer, found.key)
-            items = {str(k): Found(v, found.layer, found.index, None) for k, v in base.items()}
-            return self.mapping(param, path, owner, items)
+            return self.mapping(param, path, owner, found_items(base, found.layer, found.index))
         if below or constructible_class(annotation) is not None or _wants_factory(annotation):
             try:
                 factory = find_factory(text, annotation, lookup)
@@ -399,7 +371,7 @@ class _Planner:
             return _Const(value)
         if below and is_mapping(annotation) and isinstance(value, Mapping):
             self.record(param, path, _value_text(value), found.layer, found.key)
-            items = {str(k): Found(v, found.layer, found.index, None) for k, v in value.items()}
+            items = found_items(value, found.layer, found.index)
             return self.mapping(param, path, owner, items)
         if is_factory(value):
             return self.factory(param, path, value, found)
@@ -455,7 +427,7 @@ class _Planner:
                 default_layer=inherited.layer if inherited is not None else DEFAULT_LAYER,
                 default_index=inherited.index if inherited is not None else -1,
             )
-            child = self.param(element, _join(path, name), owner, None)
+            child = self.param(element, join_path(path, name), owner, None)
             if child is None and inherited is not None:
                 child = _Const(inherited.value)
             if child is not None:
@@ -490,7 +462,7 @@ class _Planner:
             self.knob_paths.add(knob.path)
             parts = knob.path.split(".")[:-1]
             shadowed = any(
-                _join(".".join(parts[:i]), knob.name) in arguments for i in range(len(parts))
+                join_path(".".join(parts[:i]), knob.name) in arguments for i in range(len(parts))
             )
             found = self.lookup_exact(knob.path) if shadowed else self.lookup(knob.path)
             if found is None:
@@ -630,9 +602,9 @@ def _explain(
             loc = [str(part) for part in error.get("loc", ())]
             if not loc:
                 continue
-            info = infos.get(_join(path, loc[0]))
+            info = infos.get(join_path(path, loc[0]))
             source = f" (from {info.layer})" if info is not None and info.layer else ""
-            lines.append(f"{_join(path, '.'.join(loc))}{source}: {error.get('msg', error)}")
+            lines.append(f"{join_path(path, '.'.join(loc))}{source}: {error.get('msg', error)}")
         if lines:
             return lines
     return [f"{path or name}: {object_text(factory)}(...) raised {type(exc).__name__}: {exc}"]
