@@ -55,13 +55,9 @@ addressable.  Unannotated parameters take strings as they are, unless their
 default is a bool, number, string or enum, whose type is then used.
 """
 
-from plait.blueprint._core import (
-    ArgInfo,
-    Blueprint,
-    BlueprintError,
-    Castable,
-    make_from_argv,
-    parse_cli_args,
-)
+from plait.blueprint._blueprint import Blueprint, make_from_argv, parse_cli_args
+from plait.blueprint._evaluate import BlueprintError
+from plait.blueprint._plan import ArgInfo
+from plait.blueprint._types import Castable
 
 __all__ = ["ArgInfo", "Blueprint", "BlueprintError", "Castable", "make_from_argv", "parse_cli_args"]

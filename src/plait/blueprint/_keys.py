@@ -6,10 +6,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Found", "Layer", "Pattern", "parse_key"]
+__all__ = ["Found", "Layer", "Pattern", "found_items", "join_path", "parse_key"]
 
 #: Stands for "any number of path segments, including none" inside a parsed key.
 _GAP = None
+
+
+def join_path(path: str, name: str) -> str:
+    """``name`` under ``path``; the empty path is the target itself."""
+    return f"{path}.{name}" if path else name
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +85,15 @@ class Found:
     layer: str
     index: int
     key: str | None  # the key as written; None when inherited from a mapping value
+
+
+def found_items(values: Mapping[Any, Any], layer: str, index: int) -> dict[str, Found]:
+    """The items of a whole mapping ``layer`` gave (or a default held), each as found there.
+
+    They have no key of their own, so keys naming an item (``aliases.fast.model=m``)
+    compete with them by layer order alone.
+    """
+    return {str(k): Found(v, layer, index, None) for k, v in values.items()}
 
 
 @dataclass(slots=True)

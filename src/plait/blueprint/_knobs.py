@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from plait.blueprint._keys import join_path
 from plait.blueprint._types import CastError
 
 if TYPE_CHECKING:
@@ -74,11 +75,16 @@ def _samples(value: Any) -> int:
     return value
 
 
-def _system_prompt(value: Any) -> str:
+def _parameter_value(value: Any) -> Any:
+    """What a `Parameter` given whole holds (another call's learnable prompt, say); a
+    knob stored in a Parameter is set from its value, anything else is as it is."""
     from plait.parameter import Parameter
 
-    if isinstance(value, Parameter):
-        value = value.value
+    return value.value if isinstance(value, Parameter) else value
+
+
+def _system_prompt(value: Any) -> str:
+    value = _parameter_value(value)
     if not isinstance(value, str):
         raise CastError(f"a system prompt is text, got {type(value).__name__}")
     return value
@@ -90,10 +96,8 @@ def _demos(value: Any) -> list[dict[str, Any]]:
     import json
 
     from plait.demos import DemoError, normalize_demos
-    from plait.parameter import Parameter
 
-    if isinstance(value, Parameter):
-        value = value.value
+    value = _parameter_value(value)
     if isinstance(value, str):
         try:
             value = json.loads(value)
@@ -165,6 +169,5 @@ def knobs_of(root: Module) -> list[Knob]:
                     continue  # a call without demonstrations has no such setting
                 if name == "n" and module.n == 1:
                     continue  # one sample is one value, not a list: not a setting to flip
-                full = f"{path}.{name}" if path else name
-                found.append(Knob(full, module, name, type_name, convert))
+                found.append(Knob(join_path(path, name), module, name, type_name, convert))
     return found

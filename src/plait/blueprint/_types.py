@@ -23,8 +23,10 @@ from dataclasses import dataclass
 from typing import Any, Literal, Union
 
 __all__ = [
+    "DEFAULT_LAYER",
     "EMPTY",
     "CastError",
+    "Castable",
     "Lookup",
     "Param",
     "accepts",
@@ -37,6 +39,7 @@ __all__ = [
     "is_mapping",
     "load_object",
     "mapping_value_type",
+    "module_of",
     "object_text",
     "signature_params",
     "type_text",
@@ -44,11 +47,28 @@ __all__ = [
 
 EMPTY: Any = inspect.Parameter.empty
 
+#: The layer name of values nobody set: the signature's default, or a class built
+#: from a required parameter's annotation.
+DEFAULT_LAYER = "default"
+
 _SCALARS = (str, bytes, int, float, bool, complex, type(None))
 _NOT_BUILT = (*_SCALARS, object, type, list, dict, tuple, set, frozenset)
 _TRUE = frozenset({"true", "t", "yes", "y", "1", "on"})
 _FALSE = frozenset({"false", "f", "no", "n", "0", "off"})
 _NULL = frozenset({"none", "null"})
+
+
+class Castable(str):
+    """A string to be converted by the annotation of the parameter it lands on.
+
+    Plain strings are values like any other; wrapping marks text that came from a
+    command line or a file, where ``"0.2"`` means a float if the parameter wants one.
+    """
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"Castable({str.__repr__(self)})"
 
 
 class CastError(ValueError):
@@ -64,7 +84,7 @@ class Param:
     default: Any  # EMPTY when required
     kind: inspect._ParameterKind = inspect.Parameter.KEYWORD_ONLY
     doc: str = ""
-    default_layer: str = "default"
+    default_layer: str = DEFAULT_LAYER
     #: Which layer the default came from when a layer's whole mapping supplied it.
     default_index: int = -1
 
@@ -117,6 +137,11 @@ def _unwrapped(factory: Any) -> Any:
     return factory
 
 
+def module_of(factory: Any) -> types.ModuleType | None:
+    """The module that defines ``factory`` (a partial's function): where its names resolve."""
+    return sys.modules.get(getattr(_unwrapped(factory), "__module__", "") or "")
+
+
 def _hints(factory: Any) -> dict[str, Any]:
     target = _unwrapped(factory)
     candidates = [target.__init__, target.__new__] if inspect.isclass(target) else [target]
@@ -131,7 +156,7 @@ def _hints(factory: Any) -> dict[str, Any]:
 
 
 def _eval_annotation(text: str, factory: Any) -> Any:
-    module = sys.modules.get(getattr(_unwrapped(factory), "__module__", "") or "")
+    module = module_of(factory)
     namespace = dict(vars(module)) if module is not None else {}
     try:
         return eval(text, namespace)
@@ -387,7 +412,7 @@ def cast(text: str, annotation: Any, lookup: Lookup) -> Any:
     if container in (list, set, frozenset, tuple, collections.abc.Sequence):
         return _cast_sequence(text, annotation, container, args, lookup)
     if is_mapping(container):
-        return _cast_mapping(text, annotation, args, lookup)
+        return _cast_mapping(text, annotation, lookup)
     if not inspect.isclass(annotation):
         raise CastError(f"cannot convert a string to {type_text(annotation)}")
     return _cast_scalar(text, annotation)
@@ -505,16 +530,14 @@ def _structured(text: str, opener: str, what: str) -> Any:
         raise CastError(f"{text!r} starts with {opener!r} but is not a valid {what}") from None
 
 
-def _cast_items(items: list[Any], item_type: Any, lookup: Lookup) -> list[Any]:
-    out = []
-    for item in items:
-        if isinstance(item, str):
-            out.append(cast(item, item_type, lookup))
-        elif accepts(item, item_type):
-            out.append(item)
-        else:
-            raise CastError(f"item {item!r} is not {type_text(item_type)}")
-    return out
+def _cast_item(item: Any, item_type: Any, lookup: Lookup, where: str) -> Any:
+    """One element of parsed JSON (a list item, a mapping value): text is converted by
+    the element type, anything else must already fit it.  ``where`` starts the error."""
+    if isinstance(item, str):
+        return cast(item, item_type, lookup)
+    if accepts(item, item_type):
+        return item
+    raise CastError(f"{where}{item!r} is not {type_text(item_type)}")
 
 
 def _cast_sequence(
@@ -532,15 +555,16 @@ def _cast_sequence(
     if container is tuple and args and not (len(args) == 2 and args[1] is Ellipsis):
         if len(raw) != len(args):
             raise CastError(f"expected {len(args)} comma-separated items, got {len(raw)}")
-        return tuple(_cast_items([r], a, lookup)[0] for r, a in zip(raw, args, strict=True))
-    items = _cast_items(raw, args[0] if args else Any, lookup)
+        return tuple(_cast_item(r, a, lookup, "item ") for r, a in zip(raw, args, strict=True))
+    item_type = args[0] if args else Any
+    items = [_cast_item(item, item_type, lookup, "item ") for item in raw]
     if container is collections.abc.Sequence:
         return items
     result: Any = container(items)
     return result
 
 
-def _cast_mapping(text: str, annotation: Any, args: tuple[Any, ...], lookup: Lookup) -> Any:
+def _cast_mapping(text: str, annotation: Any, lookup: Lookup) -> Any:
     stripped = text.strip()
     if not stripped:
         return {}
@@ -549,16 +573,10 @@ def _cast_mapping(text: str, annotation: Any, args: tuple[Any, ...], lookup: Loo
     parsed = _structured(stripped, "{", "JSON object")
     if not isinstance(parsed, dict):
         raise CastError(f"expected a JSON object, got {text!r}")
-    value_type = args[1] if len(args) == 2 else Any
-    out = {}
-    for key, item in parsed.items():
-        if isinstance(item, str):
-            out[key] = cast(item, value_type, lookup)
-        elif accepts(item, value_type):
-            out[key] = item
-        else:
-            raise CastError(f"key {key!r}: {item!r} is not {type_text(value_type)}")
-    return out
+    value_type = mapping_value_type(annotation)
+    return {
+        key: _cast_item(item, value_type, lookup, f"key {key!r}: ") for key, item in parsed.items()
+    }
 
 
 def _cast_class(text: str, base: Any, lookup: Lookup) -> Any:
