@@ -116,7 +116,7 @@ def _error(message: str) -> int:
 
 
 def main(argv: list[str]) -> int:
-    from plait.learning.trainer import TrainerError
+    from plait.learning.failures import TrainerError
 
     parser = build_parser()
     ns = parse_target_args(parser, argv)
@@ -154,7 +154,7 @@ def confidence_interval(scores: list[float]) -> tuple[float, float, str]:
 def _eval(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     from plait.cli.run import refuse_to_clobber
     from plait.cli.train import _make_loss
-    from plait.learning.trainer import load_examples
+    from plait.learning.data import load_examples
 
     refuse_to_clobber(
         {

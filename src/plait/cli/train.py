@@ -186,7 +186,7 @@ def _error(message: str) -> int:
 
 
 def main(argv: list[str]) -> int:
-    from plait.learning.trainer import TrainerError, TrainingCallFailed
+    from plait.learning.failures import TrainerError, TrainingCallFailed
 
     parser = build_parser()
     ns = parse_target_args(parser, argv)
@@ -326,7 +326,7 @@ def _train(ns: argparse.Namespace, err: IO[str]) -> int:
 def _check_data(ns: argparse.Namespace, module: Module, err: IO[str]) -> None:
     """Read every data file before anything is paid for: a missing input or target
     field is a usage error naming the field and the fields the examples have."""
-    from plait.learning.trainer import load_examples
+    from plait.learning.data import load_examples
 
     noted: list[str] = []
 

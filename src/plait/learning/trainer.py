@@ -37,6 +37,12 @@ With ``workers=N`` (or ``ray_address=``) the minibatches' forward and backward
 passes and the validation passes run on Ray worker processes (`plait.ray`); the
 optimizer's rewrites and the decisions stay in this process.  See `Trainer` for
 what runs where.
+
+This module is the loop.  What it reads, writes and reports lives beside it, one
+job to a module: the data (`plait.learning.data`), the history and its JSON
+(`plait.learning.history`), its plot (`plait.learning.plot`), what makes a run
+the same run on resume (`plait.learning.identity`) and the errors
+(`plait.learning.failures`).  Their public names are importable from here too.
 """
 
 from __future__ import annotations
@@ -49,21 +55,30 @@ import math
 import os
 import random
 import shutil
-import tempfile
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from plait._secrets import scrub
+from plait.effects import Message
 from plait.execution.checkpoint import CheckpointHandler
-from plait.handlers.stack import Message
 from plait.learning.backward import Received, collect_feedback, receive
 from plait.learning.bootstrap import Trace, TraceLog, TrainingBatch, call_step, trace_from_rows
+from plait.learning.data import Example, load_examples
+from plait.learning.failures import (
+    TrainerError,
+    TrainingCallFailed,
+    optimizer_call_failure,
+    training_call_failure,
+)
 from plait.learning.feedback import Feedback
-from plait.learning.step import Inputs, TrainingStep
+from plait.learning.history import StepRecord, TrainingHistory, Trial, _write_atomic
+from plait.learning.identity import check_resume, run_identity
+from plait.learning.identity import describe_loss as describe_loss  # public here before the split
+from plait.learning.identity import loss_changes as loss_changes  # public here before the split
+from plait.learning.plot import plot_history
+from plait.learning.step import TrainingStep
 from plait.module import Module
-from plait.parameter import Parameter
 from plait.providers.base import LLMRequest
 from plait.sampling import rng_parameter_names, run_seed
 from plait.values import Value, kind_of
@@ -92,338 +107,6 @@ HISTORY_FILE = "history.json"
 CALLS_PREFIX = "calls-"
 #: Bumped when the checkpoint's layout changes, so an old one is refused, not misread.
 CHECKPOINT_FORMAT = "plait-trainer/1"
-
-Example = tuple[Any, Any]
-#: How a resume refused for changed data names each set.
-_DATA_NAMES = {
-    "train": "the training data (--data)",
-    "val": "the validation data (--val)",
-    "test": "the held-out test data (--test)",
-}
-
-
-class TrainerError(Exception):
-    """Training cannot start or continue; the message says what to change."""
-
-
-# -- data --------------------------------------------------------------------------------------
-def load_examples(
-    data: str | os.PathLike[str] | Iterable[Any],
-    input_field: str | None = None,
-    target_field: str = "target",
-    *,
-    forward: Callable[..., Any] | None = None,
-    require_target: bool = False,
-    on_unused: Callable[[str], None] | None = None,
-) -> list[Example]:
-    """``(input, target)`` pairs from pairs, mappings, or a data file of mappings.
-
-    A file is read as ``plait run`` reads its inputs (JSONL or CSV by suffix, a
-    UTF-8 BOM dropped).  A mapping's input is its ``input_field``; without one,
-    the fields named like ``forward``'s parameters (when they include every
-    required one, the target field aside), else the field ``input``
-    (`plait.inputs.map_record`, the rule ``plait run`` follows too).  A
-    mapping that gives no input is an error naming the fields it has, since
-    passing the whole record would put the target inside the prompt.  A mapping
-    without the target field gives a target of None (a loss that needs no
-    reference, such as a judge, can still score it) unless ``require_target``.
-    """
-    from plait.inputs import CallShape, InputError, map_record, read_records
-
-    if isinstance(data, str | os.PathLike):
-        path = Path(data)
-        if path.is_dir():
-            raise TrainerError(f"the dataset {path} is a directory; give a JSONL or CSV file")
-        try:
-            read = read_records(str(path))
-        except InputError as exc:
-            raise TrainerError(f"cannot read the dataset {path}: {exc}") from None
-        bad = next((record for record in read if record.problem is not None), None)
-        if bad is not None:
-            raise TrainerError(str(bad.problem))
-        records = [(record.where, record.value) for record in read]
-    else:
-        records = [(f"the dataset, record {n}", record) for n, record in enumerate(data, 1)]
-    shape = CallShape.of(forward) if forward is not None else None
-    examples: list[Example] = []
-    for where, record in records:
-        if isinstance(record, Mapping):
-            fields = dict(record)
-            if require_target and target_field not in fields:
-                raise TrainerError(
-                    f"{where} has no target field {target_field!r} (its fields: "
-                    f"{', '.join(map(str, fields)) or 'none'}); name the target field "
-                    "(--target-field NAME, or target_field=...)"
-                )
-            mapped = map_record(
-                fields,
-                shape,
-                input_field,
-                where,
-                field_flag="--input-field",
-                skip=frozenset({target_field}),
-                fallback_field="input",
-            )
-            if mapped.problem is not None:
-                raise TrainerError(mapped.problem)
-            if mapped.kwargs:
-                # Several parameters filled by name: the example's input is all of them,
-                # passed by name (`Inputs`); one is that field's value, as before.
-                names = ", ".join(map(repr, mapped.kwargs))
-                if on_unused is not None and mapped.unused:
-                    on_unused(
-                        f"the input is the field(s) {names}; the field(s) "
-                        f"{', '.join(mapped.unused)} are not passed to the pipeline"
-                    )
-                    on_unused = None  # once, not per example
-                value = (
-                    Inputs(mapped.kwargs)
-                    if len(mapped.kwargs) > 1
-                    else next(iter(mapped.kwargs.values()))
-                )
-                examples.append((value, fields.get(target_field)))
-            else:
-                examples.append((mapped.args[0], fields.get(target_field)))
-        elif isinstance(record, tuple | list) and len(record) == 2:
-            examples.append((record[0], record[1]))
-        else:
-            raise TrainerError(
-                f"{where} is a {type(record).__name__}; expected an (input, target) pair or "
-                f"an object with {input_field or 'input'!r} and {target_field!r}"
-            )
-    return examples
-
-
-# -- history -----------------------------------------------------------------------------------
-@dataclass(slots=True)
-class StepRecord:
-    """One optimizer step: what the batch scored, what validation said, what was kept."""
-
-    step: int
-    epoch: int
-    batch: int
-    #: Mean loss score of the minibatch before the update (higher is better)...
-    train_score: float
-    #: ...and the loss proper, ``1 - train_score``, for those who plot losses going down.
-    train_loss: float
-    #: Mean validation score after the update (None without a validation set); with
-    #: several optimizers, after the last one's (``trials`` has each).
-    val_score: float | None
-    #: Whether the update was kept (validation improved) or rolled back.
-    kept: bool
-    #: Whether validation beat the best score so far (resets the patience count).
-    improved: bool
-    #: Names of the parameters the optimizer changed.
-    changed: list[str] = field(default_factory=list)
-    #: Rewrites the optimizer refused (`check_rewrite`): parameter name -> why.
-    rejected: dict[str, str] = field(default_factory=dict)
-    #: Each optimizer's update in this step, in order (`Trial.to_json`): the values
-    #: it tried, the validation score they got, and whether they were kept.
-    trials: list[dict[str, Any]] = field(default_factory=list)
-    #: Requests sent to endpoints during the step (minibatch, rewrites, validation;
-    #: cache hits and mocked calls cost none) and the tokens they used.
-    calls: int = 0
-    tokens: int = 0
-
-
-@dataclass(slots=True)
-class Trial:
-    """One optimizer's update within a step, judged on validation on its own."""
-
-    optimizer: str
-    #: The new value of every parameter the update changed.
-    tried: dict[str, Any]
-    #: Validation score with these values (None without a validation set).
-    val_score: float | None
-    #: Kept (it beat the best score so far) or rolled back.
-    kept: bool
-    #: Rewrites the optimizer refused: parameter name -> why.
-    rejected: dict[str, str] = field(default_factory=dict)
-    #: Validation scores of the candidates the optimizer chose among (bootstrap).
-    candidates: list[float] = field(default_factory=list)
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass(slots=True)
-class TrainingHistory:
-    """Every step's scores, and how the run ended; saved as JSON, plotted to PNG."""
-
-    initial_val_score: float | None = None
-    best_val_score: float | None = None
-    steps: list[StepRecord] = field(default_factory=list)
-    #: The held-out test set's score before training and with the final values
-    #: (`Trainer(test_data=...)`, ``plait train --test``).
-    initial_test_score: float | None = None
-    final_test_score: float | None = None
-    #: "" while running; then "completed", "early_stopping" or "max_steps".
-    stopped: str = ""
-
-    @property
-    def final_val_score(self) -> float | None:
-        """The validation score of the parameters the run ends with (kept updates only)."""
-        return self.best_val_score
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "initial_val_score": self.initial_val_score,
-            "best_val_score": self.best_val_score,
-            "initial_test_score": self.initial_test_score,
-            "final_test_score": self.final_test_score,
-            "stopped": self.stopped,
-            "steps": [asdict(record) for record in self.steps],
-        }
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> TrainingHistory:
-        return cls(
-            initial_val_score=data.get("initial_val_score"),
-            best_val_score=data.get("best_val_score"),
-            steps=[StepRecord(**record) for record in data.get("steps", [])],
-            stopped=data.get("stopped", ""),
-            initial_test_score=data.get("initial_test_score"),
-            final_test_score=data.get("final_test_score"),
-        )
-
-    def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write the history as JSON (atomically: a reader never sees half a file)."""
-        target = Path(path)
-        # Rejections and tried values quote model text: no credential is written with them.
-        # allow_nan=False: a NaN would be written as a bare token no strict parser reads.
-        text = json.dumps(self.to_json(), indent=2, allow_nan=False)
-        _write_atomic(target, scrub(text) + "\n")
-        return target
-
-    def plot(self, path: str | os.PathLike[str]) -> Path:
-        """Draw the curves to a PNG; see `plot_history`."""
-        return plot_history(self, path)
-
-
-def plot_history(history: TrainingHistory, path: str | os.PathLike[str]) -> Path:
-    """The validation and train (minibatch) scores per step, as a PNG.
-
-    Two panels, so the curves never hide each other even when they coincide:
-    validation on top (each update tried: a filled marker when kept, a red cross
-    when rolled back; the line follows the best score so far, i.e. the values the
-    pipeline has), the minibatch score below.  A curve that does not move is
-    labelled "flat at X" and every point is annotated with its value (up to 30
-    steps), so a run that learned nothing reads as such instead of as an empty
-    frame.  matplotlib is imported here and only here: training itself must not
-    need it, and ``import plait`` must stay fast.
-    """
-    try:
-        import matplotlib
-    except ImportError:
-        raise TrainerError(
-            "plotting the training history needs matplotlib: pip install 'plait[plot]'"
-        ) from None
-    matplotlib.use("Agg")  # files only: no display, works on servers and in CI
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
-
-    target = Path(path)
-    steps = [record.step for record in history.steps]
-    annotate = len(steps) <= 30
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), dpi=100, sharex=True)
-    try:
-        if history.initial_val_score is not None:
-            tried = [
-                (r.step, t["val_score"], t["kept"])
-                for r in history.steps
-                for t in (r.trials or [{"val_score": r.val_score, "kept": r.kept}])
-                if t["val_score"] is not None and t.get("tried", True)
-            ]
-            best = [history.initial_val_score]
-            for step in steps:  # the score of the values each step ended with
-                scores = [y for x, y, k in tried if x == step and k]
-                best.append(scores[-1] if scores else best[-1])
-            xs = [0, *steps]
-            top.step(
-                xs,
-                best,
-                where="post",
-                color="tab:blue",
-                label=_flat_label("best validation score (the values kept)", best),
-            )
-            kept = [(x, y) for x, y, k in tried if k]
-            rolled = [(x, y) for x, y, k in tried if not k]
-            if kept:
-                top.plot(
-                    *zip(*kept, strict=True),
-                    "o",
-                    color="tab:blue",
-                    markersize=8,
-                    label="update kept",
-                )
-            if rolled:
-                top.plot(
-                    *zip(*rolled, strict=True),
-                    "x",
-                    color="red",
-                    markersize=10,
-                    markeredgewidth=2,
-                    label="update rolled back",
-                )
-            top.plot([0], [history.initial_val_score], "s", color="black", label="start")
-            if annotate:
-                _label_points(top, [(0, history.initial_val_score), *[(a, b) for a, b, _ in tried]])
-        else:
-            top.text(
-                0.5,
-                0.5,
-                "no validation set: every update was kept unjudged",
-                ha="center",
-                va="center",
-                transform=top.transAxes,
-            )
-        train = [r.train_score for r in history.steps]
-        bottom.plot(
-            steps,
-            train,
-            "o-",
-            color="tab:orange",
-            label=_flat_label("minibatch score (before the step's updates)", train),
-        )
-        if annotate:
-            _label_points(bottom, list(zip(steps, train, strict=True)))
-        for ax, title in ((top, "validation"), (bottom, "training minibatches")):
-            ax.set_ylim(-0.08, 1.12)
-            ax.set_ylabel("score (higher is better)")
-            ax.set_title(title, fontsize=10)
-            ax.grid(True, alpha=0.3)
-            ax.legend(loc="best", fontsize=8)
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        bottom.set_xlabel("step")
-        fig.suptitle(f"training history ({history.stopped or 'in progress'})")
-        fig.tight_layout()
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".png")
-        os.close(fd)
-        try:
-            fig.savefig(tmp, format="png")
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-    finally:
-        plt.close(fig)
-    return target
-
-
-def _label_points(ax: Any, points: list[tuple[float, float]]) -> None:
-    """Write each point's score just above it."""
-    for x, y in points:
-        ax.annotate(
-            f"{y:.2f}", (x, y), textcoords="offset points", xytext=(0, 7), ha="center", fontsize=7
-        )
-
-
-def _flat_label(label: str, values: list[float]) -> str:
-    """``label``, saying so when every value is the same (a flat line is easy to miss)."""
-    if values and max(values) - min(values) < 1e-12:
-        return f"{label}: flat at {values[0]:.3f}"
-    return label
 
 
 # -- progress ----------------------------------------------------------------------------------
@@ -1027,7 +710,7 @@ class Trainer:
             # A step that failed part-way may have rewritten some parameters: put every
             # value back so the checkpoint and the model agree on the last good state.
             self.model.load_state_dict(before)
-            failed = _optimizer_failure(optimizer, exc)
+            failed = optimizer_call_failure(optimizer, exc)
             if failed is not None:
                 raise failed from None
             raise
@@ -1094,66 +777,18 @@ class Trainer:
 
     # -- checkpoints ---------------------------------------------------------------------
     def _identity(self) -> dict[str, Any]:
-        """What must match for a checkpoint's position to mean the same batches."""
-        return {
-            "model": f"{type(self.model).__module__}.{type(self.model).__qualname__}",
-            "train_size": len(self.train_data),
-            "batch_size": self.batch_size,
-            "seed": self.seed,
-            "shuffle": self.shuffle,
-            "data": self._data_digests(),
-            "loss": describe_loss(self.loss_fn),
-            "scored_by": self._scored_by(),
-            "pipeline": self._pipeline_identity(),
-        }
-
-    def _pipeline_identity(self) -> dict[str, Any]:
-        """The pipeline's code and its calls' settings (``key=value`` arguments such as
-        ``llm.temperature=0.3`` included): the steps a checkpoint kept were measured on
-        them, and its parameters learned for them."""
-        from plait.execution.checkpoint import call_settings_of, code_of
-
-        return {"code": code_of(self.model), "calls": call_settings_of(self.model)}
-
-    def _scored_by(self) -> dict[str, str]:
-        """The model behind each alias the pipeline and the loss call ("provider/model"):
-        a validation score kept from one model means nothing next to another's.  The
-        URL is left out: the same model moved to another server scores the same."""
-        from plait.resources.manager import ResourceManager
-
-        try:
-            manager = ResourceManager.coerce(self.resources)
-        except Exception:  # reported where the run uses the resources
-            return {}
-        found: dict[str, str] = {}
-        for module in (*self.model.modules(), *self.loss_fn.modules()):
-            alias = getattr(module, "alias", None)
-            if not getattr(module, "_calls_llm", False) or not isinstance(alias, str):
-                continue
-            try:
-                config = manager.config_for(alias)
-            except Exception:  # a missing alias: refused before the first call
-                continue
-            found[alias] = f"{config.provider}/{config.model or 'default'}"
-        return found
-
-    def _data_digests(self) -> dict[str, str | None]:
-        """A digest of each data set's examples as loaded (train, val, test).
-
-        The data are part of what a checkpoint's scores mean: a validation score
-        kept from one file compared with scores on another would keep or roll back
-        updates, and report a held-out test, on nothing.
-        """
-        from plait._digest import digest
-
-        return {
-            name: None if examples is None else digest(examples)
-            for name, examples in (
-                ("train", self.train_data),
-                ("val", self.val_data),
-                ("test", self.test_data),
-            )
-        }
+        """What must match for a checkpoint to be this run's (`run_identity`)."""
+        return run_identity(
+            self.model,
+            self.loss_fn,
+            self.resources,
+            train=self.train_data,
+            val=self.val_data,
+            test=self.test_data,
+            batch_size=self.batch_size,
+            seed=self.seed,
+            shuffle=self.shuffle,
+        )
 
     def state_dict(self) -> dict[str, Any]:
         """Everything a resumed run needs, as JSON-ready data."""
@@ -1203,88 +838,7 @@ class Trainer:
                 f"{path} is not a plait trainer checkpoint ({CHECKPOINT_FORMAT}); choose "
                 "another checkpoint directory or delete it"
             )
-        identity = self._identity()
-        data = identity.pop("data")
-        loss = identity.pop("loss")
-        scored_by = identity.pop("scored_by")
-        pipeline = identity.pop("pipeline")
-        saved_pipeline = state.get("pipeline")
-        if isinstance(saved_pipeline, dict) and saved_pipeline != pipeline:
-            changed = [
-                f"the settings of {path}"
-                for path in sorted(set(pipeline["calls"]) | set(saved_pipeline.get("calls", {})))
-                if pipeline["calls"].get(path) != saved_pipeline.get("calls", {}).get(path)
-            ]
-            if saved_pipeline.get("code") != pipeline["code"]:
-                changed.insert(0, "the pipeline's code")
-            raise TrainerError(
-                f"the checkpoint in {self.checkpoint_dir} was trained with another pipeline: "
-                f"{', '.join(changed) or 'its definition'} changed since it was written; its "
-                "steps and scores were measured on the old one. Resume with the same code "
-                "and settings, or start fresh (--fresh, or another checkpoint directory)"
-            )
-        saved_models = state.get("scored_by")
-        if isinstance(saved_models, dict):
-            moved = [
-                f"alias {alias!r} was {saved_models[alias]}, now {model}"
-                for alias, model in sorted(scored_by.items())
-                if alias in saved_models and saved_models[alias] != model
-            ]
-            if moved:
-                raise TrainerError(
-                    f"the checkpoint in {self.checkpoint_dir} was scored on other models: "
-                    f"{'; '.join(moved)}; its scores would not compare with this run's. "
-                    "Resume with the same provider and model for these aliases, or start "
-                    "fresh (--fresh, or another checkpoint directory)"
-                )
-        saved_loss = state.get("loss")
-        if isinstance(saved_loss, dict) and saved_loss != loss:
-            raise TrainerError(
-                f"the checkpoint in {self.checkpoint_dir} was scored with another loss: "
-                f"{'; '.join(loss_changes(saved_loss, loss))}; its scores would not compare "
-                "with this run's. Resume with the same loss settings (--loss, --criteria, "
-                "--judge-alias), or start fresh (--fresh, or another checkpoint directory)"
-            )
-        saved = state.get("data")
-        if isinstance(saved, dict) and saved != data:
-            changed = [_DATA_NAMES[name] for name in data if saved.get(name) != data[name]]
-            raise TrainerError(
-                f"the checkpoint in {self.checkpoint_dir} was trained on other data: "
-                f"{', '.join(changed)} changed since it was written; resume with the same "
-                "files, or start fresh (--fresh, or another checkpoint directory)"
-            )
-        mismatched = {
-            key: (state.get(key), value)
-            for key, value in identity.items()
-            if state.get(key) != value
-        }
-        if mismatched:
-            shown = "; ".join(
-                f"{k}: checkpoint {a!r}, now {b!r}" for k, (a, b) in mismatched.items()
-            )
-            raise TrainerError(
-                f"the checkpoint in {self.checkpoint_dir} belongs to another run ({shown}); "
-                "resume with the same model, data, batch size and seed, or start fresh "
-                "(delete the directory or choose another)"
-            )
-        states = state.get("optimizers", [state.get("optimizer")])
-        if len(states) != len(self.optimizers):
-            raise TrainerError(
-                f"the checkpoint in {self.checkpoint_dir} was written with {len(states)} "
-                f"optimizer(s), this run has {len(self.optimizers)}; resume with the same "
-                "optimizers, or start fresh (delete the directory or choose another)"
-            )
-        saved_kinds = [s.get("type") if isinstance(s, dict) else None for s in states]
-        kinds = [type(optimizer).__name__ for optimizer in self.optimizers]
-        if any(a is not None and a != b for a, b in zip(saved_kinds, kinds, strict=True)):
-            # Each optimizer's state is saved at its place in the list: loaded in another
-            # order, each would get another's state (or refuse it with a bare ValueError).
-            raise TrainerError(
-                f"the checkpoint in {self.checkpoint_dir} was written by the optimizers "
-                f"{', '.join(str(k) for k in saved_kinds)} (in that order), this run has "
-                f"{', '.join(kinds)}; resume with the same optimizers in the same order "
-                "(--optimizer), or start fresh (--fresh, or another checkpoint directory)"
-            )
+        states = check_resume(self.checkpoint_dir, state, self._identity(), self.optimizers)
         self.model.load_state_dict(state["parameters"])
         for optimizer, saved in zip(self.optimizers, states, strict=True):
             if saved is not None and hasattr(optimizer, "load_state_dict"):
@@ -1295,80 +849,6 @@ class Trainer:
         self.global_step = int(state["global_step"])
         self.stale_steps = int(state["stale_steps"])
         return True
-
-
-def describe_loss(loss: Module) -> dict[str, Any]:
-    """What a loss scores by, as plain data: each of its modules' class, its settings
-    (plain attributes: a judge's criteria and alias, a match's normalisation) and its
-    parameters' values.  Part of a training run's identity: a resumed run compares
-    its validation scores with the best the checkpoint kept, which means nothing if
-    the loss changed in between."""
-    described: dict[str, Any] = {}
-    for path, part in loss.named_modules():
-        cls = type(part)
-        entry: dict[str, Any] = {"class": f"{cls.__module__}.{cls.__qualname__}"}
-        for key, value in sorted(vars(part).items()):
-            if key.startswith("_") or isinstance(value, Module | Parameter):
-                continue
-            shown = _plain(value)
-            if shown is not None:
-                entry[key] = shown
-        entry["parameters"] = {
-            name: _plain(param.value) for name, param in part._parameters.items()
-        }
-        described[path or "(loss)"] = entry
-    return described
-
-
-def _plain(value: Any) -> Any:
-    """``value`` as JSON-ready data (a function by its qualified name), or None."""
-    if value is None or isinstance(value, str | int | float | bool):
-        return value
-    if isinstance(value, list | tuple):
-        return [_plain(item) for item in value]
-    if isinstance(value, dict):
-        return {str(key): _plain(item) for key, item in value.items()}
-    if isinstance(value, type):
-        return f"{value.__module__}.{value.__qualname__}"
-    if callable(value):
-        name = getattr(value, "__qualname__", None) or type(value).__qualname__
-        return f"{getattr(value, '__module__', '')}.{name}"
-    return None
-
-
-def loss_changes(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
-    """What differs between two `describe_loss` results, in words."""
-
-    def short(value: Any) -> str:
-        text = json.dumps(value, ensure_ascii=False)
-        return text if len(text) <= 60 else text[:57] + "..."
-
-    def name(entry: Any) -> str:
-        found = entry.get("class", "?") if isinstance(entry, dict) else "none"
-        return str(found).rsplit(".", 1)[-1]
-
-    changes: list[str] = []
-    for path in sorted(set(before) | set(now)):
-        was, is_ = before.get(path), now.get(path)
-        where = "the loss" if path == "(loss)" else f"the loss's {path}"
-        if (
-            not isinstance(was, dict)
-            or not isinstance(is_, dict)
-            or was.get("class") != is_.get("class")
-        ):
-            changes.append(f"{where} was {name(was)}, now {name(is_)}")
-            continue
-        for key in sorted(set(was) | set(is_)):
-            if key != "class" and was.get(key) != is_.get(key):
-                changes.append(
-                    f"{where} {key} was {short(was.get(key))}, now {short(is_.get(key))}"
-                )
-    return changes or ["its settings changed"]
-
-
-class TrainingCallFailed(TrainerError):
-    """A call of the pipeline or the loss failed (an endpoint down, a refused key):
-    the run stops, since a broken endpoint would score as a bad prompt."""
 
 
 def _as_result(item: Any) -> Any:
@@ -1382,62 +862,6 @@ def _as_result(item: Any) -> Any:
     return item
 
 
-def _failure(value: Value, step: Module | None) -> TrainingCallFailed:
-    """The error for a failed run, naming the call (and its alias) and the cause."""
-    from plait.values import ExecutionError
-
-    # A module whose own forward awaited a call (a judge loss) fails with that call's
-    # ExecutionError: name the call that failed, not the module around it.
-    while isinstance(value.payload, ExecutionError) and value.payload.value is not value:
-        value = value.payload.value
-    meta = value.meta
-    path = meta.get("skipped_module_path") if meta.get("short_circuited") else None
-    path = meta.get("module_path") or path or ""
-    where = f" in {path}" if path else ""
-    module = dict(step.named_modules()).get(path) if step is not None and path else None
-    alias = getattr(module, "alias", None)
-    if isinstance(alias, str):
-        where += f" (alias {alias!r})"
-    return TrainingCallFailed(
-        f"a training call failed{where}: {meta.get('error_type', 'error')}: "
-        f"{meta.get('message', value.payload)}; the run stops so a broken endpoint does not "
-        "score as a bad prompt (fix it, then re-run the same command: the run resumes "
-        "from its checkpoint)"
-    )
-
-
-def _optimizer_failure(optimizer: Any, exc: BaseException) -> TrainingCallFailed | None:
-    """A failed call of an optimizer's step (a rewrite, a bootstrap teacher run) as one
-    error naming the optimizer, the call, its alias and the cause; None for any other
-    exception (a bug, an interrupt), which goes on as it is."""
-    from plait.learning.optimizers import OptimizerStepError
-    from plait.values import ExecutionError
-
-    causes: list[BaseException] = []
-    if isinstance(exc, OptimizerStepError):
-        causes = list(exc.failures.values())
-    elif isinstance(exc, ExecutionError):
-        causes = [exc]
-    if not causes:
-        return None
-    alias = getattr(optimizer, "alias", None) or getattr(optimizer, "teacher_alias", None)
-    on = f" (alias {alias!r})" if isinstance(alias, str) else ""
-    cause = causes[0]
-    if isinstance(cause, ExecutionError):
-        meta = cause.value.meta
-        where = f"{meta['module_path']}: " if meta.get("module_path") else ""
-        text = f"{where}{meta.get('error_type', 'error')}: {meta.get('message')}"
-    else:
-        text = f"{type(cause).__name__}: {cause}"
-    return TrainingCallFailed(
-        scrub(
-            f"a call of the optimizer {type(optimizer).__name__}{on} failed: {text}; the run "
-            "stops (fix it, then re-run the same command: the run resumes from its "
-            "checkpoint)"
-        )
-    )
-
-
 def _score(result: Any, step: Module | None = None, example: Example | None = None) -> float:
     """The score of one loss result: a Feedback, or a Value (train mode) carrying one.
 
@@ -1447,7 +871,7 @@ def _score(result: Any, step: Module | None = None, example: Example | None = No
     """
     payload = result.payload if isinstance(result, Value) else result
     if isinstance(result, Value) and result.is_error:
-        raise _failure(result, step)
+        raise training_call_failure(result, step)
     if isinstance(payload, Feedback):
         score = payload.score
     elif isinstance(payload, int | float) and not isinstance(payload, bool):
@@ -1530,18 +954,3 @@ def _ray_running() -> bool:
     from plait.ray.cluster import import_ray
 
     return bool(import_ray().is_initialized())
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so that a kill at any instant leaves the old or the new file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

@@ -1,0 +1,142 @@
+"""A training run's history: each step's scores and decisions, and how the run ended.
+
+The history is the run's record for people and tools: the trainer saves it
+beside its checkpoint (``history.json``) after every step, ``plait train``
+prints it and `plot_history` draws it.  It is plain data, written as JSON a
+strict parser reads, so a run can be inspected while it is still going.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from plait._secrets import scrub
+from plait.learning.plot import plot_history
+
+__all__ = ["StepRecord", "TrainingHistory", "Trial"]
+
+
+@dataclass(slots=True)
+class StepRecord:
+    """One optimizer step: what the batch scored, what validation said, what was kept."""
+
+    step: int
+    epoch: int
+    batch: int
+    #: Mean loss score of the minibatch before the update (higher is better)...
+    train_score: float
+    #: ...and the loss proper, ``1 - train_score``, for those who plot losses going down.
+    train_loss: float
+    #: Mean validation score after the update (None without a validation set); with
+    #: several optimizers, after the last one's (``trials`` has each).
+    val_score: float | None
+    #: Whether the update was kept (validation improved) or rolled back.
+    kept: bool
+    #: Whether validation beat the best score so far (resets the patience count).
+    improved: bool
+    #: Names of the parameters the optimizer changed.
+    changed: list[str] = field(default_factory=list)
+    #: Rewrites the optimizer refused (`check_rewrite`): parameter name -> why.
+    rejected: dict[str, str] = field(default_factory=dict)
+    #: Each optimizer's update in this step, in order (`Trial.to_json`): the values
+    #: it tried, the validation score they got, and whether they were kept.
+    trials: list[dict[str, Any]] = field(default_factory=list)
+    #: Requests sent to endpoints during the step (minibatch, rewrites, validation;
+    #: cache hits and mocked calls cost none) and the tokens they used.
+    calls: int = 0
+    tokens: int = 0
+
+
+@dataclass(slots=True)
+class Trial:
+    """One optimizer's update within a step, judged on validation on its own."""
+
+    optimizer: str
+    #: The new value of every parameter the update changed.
+    tried: dict[str, Any]
+    #: Validation score with these values (None without a validation set).
+    val_score: float | None
+    #: Kept (it beat the best score so far) or rolled back.
+    kept: bool
+    #: Rewrites the optimizer refused: parameter name -> why.
+    rejected: dict[str, str] = field(default_factory=dict)
+    #: Validation scores of the candidates the optimizer chose among (bootstrap).
+    candidates: list[float] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(slots=True)
+class TrainingHistory:
+    """Every step's scores, and how the run ended; saved as JSON, plotted to PNG."""
+
+    initial_val_score: float | None = None
+    best_val_score: float | None = None
+    steps: list[StepRecord] = field(default_factory=list)
+    #: The held-out test set's score before training and with the final values
+    #: (`Trainer(test_data=...)`, ``plait train --test``).
+    initial_test_score: float | None = None
+    final_test_score: float | None = None
+    #: "" while running; then "completed", "early_stopping" or "max_steps".
+    stopped: str = ""
+
+    @property
+    def final_val_score(self) -> float | None:
+        """The validation score of the parameters the run ends with (kept updates only)."""
+        return self.best_val_score
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "initial_val_score": self.initial_val_score,
+            "best_val_score": self.best_val_score,
+            "initial_test_score": self.initial_test_score,
+            "final_test_score": self.final_test_score,
+            "stopped": self.stopped,
+            "steps": [asdict(record) for record in self.steps],
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> TrainingHistory:
+        return cls(
+            initial_val_score=data.get("initial_val_score"),
+            best_val_score=data.get("best_val_score"),
+            steps=[StepRecord(**record) for record in data.get("steps", [])],
+            stopped=data.get("stopped", ""),
+            initial_test_score=data.get("initial_test_score"),
+            final_test_score=data.get("final_test_score"),
+        )
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write the history as JSON (atomically: a reader never sees half a file)."""
+        target = Path(path)
+        # Rejections and tried values quote model text: no credential is written with them.
+        # allow_nan=False: a NaN would be written as a bare token no strict parser reads.
+        text = json.dumps(self.to_json(), indent=2, allow_nan=False)
+        _write_atomic(target, scrub(text) + "\n")
+        return target
+
+    def plot(self, path: str | os.PathLike[str]) -> Path:
+        """Draw the curves to a PNG; see `plot_history`."""
+        return plot_history(self, path)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` so that a kill at any instant leaves the old or the new file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
