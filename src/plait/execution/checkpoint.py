@@ -20,12 +20,12 @@ import asyncio
 import hashlib
 import json
 import os
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from plait._files import write_atomic
 from plait._jsonl import json_line, loads, text_line
 from plait._locks import Busy, hold
 from plait.execution.codec import decode, encode
@@ -426,16 +426,14 @@ class Checkpoint:
                     f"{self.directory} has a log but no manifest.json; it was not written by "
                     "plait (or was damaged): use an empty checkpoint_dir"
                 )
-            _write_atomic(
-                self.manifest_path,
-                {
-                    "format": FORMAT,
-                    "version": VERSION,
-                    "pipeline": self.pipeline,
-                    "producer": self.producer,
-                    "created": time.time(),
-                },
-            )
+            manifest = {
+                "format": FORMAT,
+                "version": VERSION,
+                "pipeline": self.pipeline,
+                "producer": self.producer,
+                "created": time.time(),
+            }
+            write_atomic(self.manifest_path, json.dumps(manifest))
             self._log_code = self._code
         self._load_log()
         self._fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -768,16 +766,3 @@ def _restore(stored: dict[str, Any], request: LLMRequest) -> Any:
     if "text" not in stored:
         return decode(stored["value"])
     return response_from_json(stored, request)
-
-
-def _write_atomic(path: Path, data: dict[str, Any]) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(data, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
