@@ -17,7 +17,6 @@ inputs run again, paying only for the calls whose requests changed.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import os
 import time
@@ -25,6 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from plait._digest import hex_digest, json_digest
 from plait._files import write_atomic
 from plait._jsonl import json_line, loads, text_line
 from plait._locks import Busy, hold
@@ -72,10 +72,6 @@ def producer_of(module: Any, resources: Any, seed: int | None = None) -> dict[st
     for the pipeline's code (`code_of`): when only that changed, finished outputs are
     recomputed and the logged calls still answer the requests that did not change."""
 
-    def digest(value: Any) -> str:
-        text = json.dumps(value, sort_keys=True, default=repr)
-        return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-
     aliases = sorted({m.alias for m in module.modules() if m._calls_llm})
     endpoints = {}
     for alias in aliases:
@@ -83,13 +79,15 @@ def producer_of(module: Any, resources: Any, seed: int | None = None) -> dict[st
         endpoints[alias] = {
             "provider": config.provider,
             "model": config.model or "default",
-            "url": digest(config.base_url or ""),
+            "url": json_digest(config.base_url or "", size=8),
         }
     from plait.sampling import rng_parameter_names
 
     drawn = rng_parameter_names(module)
     parameters = {
-        name: digest(param._value) for name, param in module.named_parameters() if name not in drawn
+        name: json_digest(param._value, size=8)
+        for name, param in module.named_parameters()
+        if name not in drawn
     }
     return {
         "endpoints": endpoints,
@@ -115,10 +113,7 @@ def call_settings_of(module: Any) -> dict[str, str]:
                 canonical_schema_json(schema) if schema is not None else None,
                 *([part.n] if getattr(part, "n", 1) != 1 else []),
             ]
-            text = json.dumps(settings, sort_keys=True, default=repr)
-            calls[path or "(root)"] = hashlib.sha256(
-                text.encode("utf-8", "surrogatepass")
-            ).hexdigest()[:16]
+            calls[path or "(root)"] = json_digest(settings, size=8)
     return calls
 
 
@@ -137,7 +132,6 @@ def code_of(module: Any) -> dict[str, str]:
     (defined in an interactive session) is keyed by its name, and a warning says
     that changes to it go unnoticed.
     """
-    import hashlib
     import inspect
     import sys
     import warnings
@@ -161,8 +155,7 @@ def code_of(module: Any) -> dict[str, str]:
                     source = inspect.getsource(owner)
                 except (OSError, TypeError):
                     continue
-                text = source.encode("utf-8", "surrogatepass")
-                found[key] = hashlib.sha256(text).hexdigest()[:16]
+                found[key] = hex_digest(source, size=8)
                 if key == name:
                     pending.append((name, getattr(owner, "__package__", None), source))
                 break
@@ -176,7 +169,7 @@ def code_of(module: Any) -> dict[str, str]:
                 )
                 found[qualified] = "no source"
     for imported, _path, data in _imported_user_files(pending, set(found)):
-        found[imported] = hashlib.sha256(data).hexdigest()[:16]
+        found[imported] = hex_digest(data, size=8)
     return dict(sorted(found.items()))
 
 
