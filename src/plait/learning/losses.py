@@ -23,6 +23,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from plait._signature import shape_of
 from plait.learning.feedback import Feedback
 from plait.module import BackwardContext, BackwardResult, LLMInference, Module
 from plait.not_data import code_in
@@ -174,19 +175,10 @@ def _describe(fn: Callable[..., Any]) -> str:
 def _takes_target(fn: Callable[..., Any]) -> bool:
     """Whether ``fn`` accepts a second positional argument (so single-argument checks work)."""
     try:
-        params = list(inspect.signature(fn).parameters.values())
+        shape = shape_of(fn)
     except (TypeError, ValueError):
         return True
-    positional = 0
-    for param in params:
-        if param.kind is inspect.Parameter.VAR_POSITIONAL:
-            return True
-        if param.kind in (
-            inspect.Parameter.POSITIONAL_ONLY,
-            inspect.Parameter.POSITIONAL_OR_KEYWORD,
-        ):
-            positional += 1
-    return positional >= 2
+    return shape.var_positional or shape.positional >= 2
 
 
 class FunctionLoss(Loss):
