@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import os
 from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 
 import plait
 from plait._files import write_atomic
 from plait._signature import forward_shape, shape_of
+from plait._text import as_text, data_text, prompt_text
+from plait.learning.feedback import Feedback, feedback_text
+from plait.values import Value, ValueKind
 
 # -- write_atomic ---------------------------------------------------------------------
 
@@ -123,3 +128,52 @@ def test_shape_of_reads_any_callable() -> None:
     assert shape_of(lambda *items: None).var_positional
     with pytest.raises((TypeError, ValueError)):
         shape_of(42)  # type: ignore[arg-type]
+
+
+# -- value texts ---------------------------------------------------------------------
+
+
+class Reply(BaseModel):
+    label: str
+
+
+@dataclasses.dataclass
+class Point:
+    x: int
+
+
+def test_as_text_is_how_a_value_reads_in_a_prompt() -> None:
+    assert as_text("é") == "é"
+    assert as_text({"a": ["é", 1]}) == '{"a": ["é", 1]}'
+    assert as_text(Reply(label="x")) == '{"label":"x"}'
+    assert as_text((1, 2)) == "(1, 2)"
+    assert as_text(True) == "True"
+    assert as_text([object]) == str([object])  # not JSON: its str()
+
+
+def test_prompt_text_refuses_what_has_no_text() -> None:
+    assert prompt_text(3, "the prompt") == "3"
+    assert prompt_text(Point(1), "the prompt") == "Point(x=1)"
+    for textless in (None, b"x", object()):
+        with pytest.raises(TypeError, match=r"the prompt got .* where text is required"):
+            prompt_text(textless, "the prompt")
+
+
+def test_data_text_is_how_a_value_reads_as_data() -> None:
+    assert data_text("é") == "é"
+    assert data_text({"a": ["é", 1]}) == '{"a": ["é", 1]}'
+    assert data_text(Reply(label="x")) == '{"label":"x"}'
+    assert data_text((1, 2)) == "[1, 2]"
+    assert data_text(True) == "true"
+    assert data_text(None) == "null"
+    assert data_text(Point(1)) == '{"x": 1}'
+
+
+def test_feedback_text_reads_through_values() -> None:
+    feedback = Feedback(0.5, "too long")
+    assert feedback_text(feedback) == "too long"
+    assert feedback_text(Value(ValueKind.STRUCTURED, feedback)) == "too long"
+    nested = Value(ValueKind.STRUCTURED, Value(ValueKind.STRUCTURED, feedback))
+    assert feedback_text(nested) == "too long"
+    assert feedback_text("be shorter") == "be shorter"
+    assert feedback_text(3) == "3"

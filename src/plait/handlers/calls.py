@@ -29,10 +29,10 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from plait._secrets import scrub
+from plait._text import as_text
 from plait.handlers.llm import request_of
 from plait.handlers.stack import Handler, Message
 from plait.providers.base import LLMResponse
-from plait.tracing.graph import as_text
 
 __all__ = ["CallLog", "CallRecord", "log_calls"]
 
