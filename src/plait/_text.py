@@ -1,8 +1,18 @@
-"""What a value reads as when it becomes part of a prompt: one rule for every call.
+"""How a value becomes text for a model to read.
 
-A module's prompt, a functional call's message, a system prompt and a value spliced
-into an f-string while tracing all read a payload the same way, so the text a
-handler sees, the text that is cached and the text that is sent never differ.
+Two rules, each kept once, because the text they make is sent to models and so
+is part of every cache and checkpoint key: changing either would make every
+stored reply miss.
+
+- `as_text` is how a value reads spliced into a prompt (``f"...{out}..."``, a
+  message's content, a mock's reply): text as it is, a pydantic model and a dict
+  or list as JSON, anything else by ``str()``.  `prompt_text` is the same with
+  the refusal of values that have no text (None, bytes, a bare object), for
+  what a call sends as its whole prompt.
+- `data_text` is how a value reads as data to compare or grade (a loss's output
+  and target, a parameter's value whose length bounds a rewrite): text as it is,
+  everything else as JSON wherever pydantic can make JSON of it (tuples, sets,
+  dataclasses, numbers and booleans as JSON spells them), else ``str()``.
 """
 
 from __future__ import annotations
@@ -11,7 +21,7 @@ import json
 from dataclasses import is_dataclass
 from typing import Any
 
-__all__ = ["as_text", "prompt_text"]
+__all__ = ["as_text", "data_text", "prompt_text"]
 
 
 def as_text(payload: Any) -> str:
@@ -55,3 +65,17 @@ def prompt_text(payload: Any, where: str) -> str:
             "pydantic model); a None usually comes from a null or missing field of the input"
         )
     return as_text(payload)
+
+
+def data_text(obj: Any) -> str:
+    """``obj`` as data reads: text as it is, anything else as its JSON, else ``str()``."""
+    if isinstance(obj, str):
+        return obj
+    if hasattr(obj, "model_dump_json"):  # a pydantic model, without importing pydantic
+        return str(obj.model_dump_json())
+    try:
+        from pydantic_core import to_jsonable_python
+
+        return json.dumps(to_jsonable_python(obj), ensure_ascii=False)
+    except Exception:
+        return str(obj)

@@ -48,6 +48,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from plait._signature import shape_of
+
 __all__ = [
     "FORMATS",
     "CallShape",
@@ -136,24 +138,14 @@ class CallShape:
 
     @classmethod
     def of(cls, forward: Callable[..., Any]) -> CallShape:
-        names: list[str] = []
-        required: set[str] = set()
-        any_keywords = False
-        takes_record = False
-        for param in inspect.signature(forward).parameters.values():
-            if param.kind is inspect.Parameter.VAR_KEYWORD:
-                any_keywords = True
-            elif param.kind in (param.VAR_POSITIONAL, param.POSITIONAL_ONLY):
-                continue
-            else:
-                names.append(param.name)
-                if param.default is inspect.Parameter.empty:
-                    required.add(param.name)
-                takes_record = (
-                    _mapping_annotation(param.annotation) or param.name in WHOLE_RECORD_NAMES
-                )
-        whole = names[0] if len(names) == 1 and takes_record and not any_keywords else None
-        return cls(tuple(names), frozenset(required), any_keywords, whole)
+        shape = shape_of(forward)
+        whole = None
+        if len(shape.names) == 1 and not shape.var_keyword:
+            (name,) = shape.names
+            annotation = shape.signature.parameters[name].annotation
+            if _mapping_annotation(annotation) or name in WHOLE_RECORD_NAMES:
+                whole = name
+        return cls(shape.names, shape.required, shape.var_keyword, whole)
 
     def signature(self) -> str:
         shown = [name if name in self.required else f"{name}=..." for name in self.names]

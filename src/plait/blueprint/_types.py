@@ -8,7 +8,6 @@ import contextlib
 import difflib
 import enum
 import functools
-import hashlib
 import importlib
 import importlib.util
 import inspect
@@ -21,6 +20,8 @@ import typing
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Union
+
+from plait._digest import hex_digest
 
 __all__ = [
     "DEFAULT_LAYER",
@@ -619,7 +620,9 @@ def _load_file(location: str) -> types.ModuleType:
     if not path.is_file():
         raise CastError(f"no such file: {location}")
     # One module per file, named after its path: loading twice yields the same classes.
-    digest = hashlib.sha1(str(path).encode()).hexdigest()[:10]
+    # The name is part of what a checkpoint keys a pipeline's code by (`code_of`), so
+    # its hash stays the SHA-1 it has always been.
+    digest = hex_digest(str(path), size=5, algorithm="sha1")
     stem = re.sub(r"\W", "_", path.stem)
     name = f"_plait_blueprint_{stem}_{digest}"
     if name in sys.modules:

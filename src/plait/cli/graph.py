@@ -19,6 +19,7 @@ import inspect
 import sys
 from pathlib import Path
 
+from plait._signature import forward_shape
 from plait.cli.options import parse_target_args, target_parser
 from plait.inputs import FORMATS, InputError, Item, first_item, open_inputs
 from plait.module import Module
@@ -120,7 +121,7 @@ def _sample(module: Module, ns: argparse.Namespace) -> Item:
         return Item(text, (text,))
     args: list[str] = []
     kwargs: dict[str, str] = {}
-    for param in inspect.signature(module.forward).parameters.values():
+    for param in forward_shape(type(module)).parameters:
         if param.default is not inspect.Parameter.empty:
             continue
         if param.kind is inspect.Parameter.POSITIONAL_ONLY:

@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from plait._files import write_atomic
 from plait._locks import Busy, hold
 from plait.cli.options import (
     UsageError,
@@ -314,7 +315,7 @@ class _Command:
                 raise UsageError(str(exc)) from None
             raise UsageError(f"{exc} (or add --fresh to delete it and start over)") from None
         try:
-            noted.write_text(json.dumps(command), encoding="utf-8")
+            write_atomic(noted, json.dumps(command))
         except OSError as exc:
             checkpoint.close()
             raise UsageError(f"cannot write to the checkpoint {directory}: {exc}") from None

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import IO, Any
 
+from plait._files import write_atomic
 from plait.cli.options import (
     UsageError,
     add_example_arguments,
@@ -297,8 +298,8 @@ def _train(ns: argparse.Namespace, err: IO[str]) -> int:
     finally:
         display.stop()
     out.mkdir(parents=True, exist_ok=True)
-    (out / PARAMETERS_FILE).write_text(
-        json.dumps(module.state_dict(), indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
+    write_atomic(
+        out / PARAMETERS_FILE, json.dumps(module.state_dict(), indent=2, ensure_ascii=False) + "\n"
     )
     history.save(out / HISTORY_JSON)
     written = [PARAMETERS_FILE, HISTORY_JSON]

@@ -17,15 +17,15 @@ inputs run again, paying only for the calls whose requests changed.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import os
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from plait._digest import hex_digest, json_digest
+from plait._files import write_atomic
 from plait._jsonl import json_line, loads, text_line
 from plait._locks import Busy, hold
 from plait.effects import Handler, Message, current_stack
@@ -77,10 +77,6 @@ def producer_identity(module: Any, resources: Any, seed: int | None = None) -> d
     for the pipeline's code (`code_of`): when only that changed, finished outputs are
     recomputed and the logged calls still answer the requests that did not change."""
 
-    def digest(value: Any) -> str:
-        text = json.dumps(value, sort_keys=True, default=repr)
-        return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-
     aliases = sorted({m.alias for m in module.modules() if m._calls_llm})
     endpoints = {}
     for alias in aliases:
@@ -88,13 +84,15 @@ def producer_identity(module: Any, resources: Any, seed: int | None = None) -> d
         endpoints[alias] = {
             "provider": config.provider,
             "model": config.model or "default",
-            "url": digest(config.base_url or ""),
+            "url": json_digest(config.base_url or "", size=8),
         }
     from plait.sampling import rng_parameter_names
 
     drawn = rng_parameter_names(module)
     parameters = {
-        name: digest(param._value) for name, param in module.named_parameters() if name not in drawn
+        name: json_digest(param._value, size=8)
+        for name, param in module.named_parameters()
+        if name not in drawn
     }
     return {
         "endpoints": endpoints,
@@ -120,10 +118,7 @@ def call_settings_of(module: Any) -> dict[str, str]:
                 canonical_schema_json(schema) if schema is not None else None,
                 *([part.n] if getattr(part, "n", 1) != 1 else []),
             ]
-            text = json.dumps(settings, sort_keys=True, default=repr)
-            calls[path or "(root)"] = hashlib.sha256(
-                text.encode("utf-8", "surrogatepass")
-            ).hexdigest()[:16]
+            calls[path or "(root)"] = json_digest(settings, size=8)
     return calls
 
 
@@ -142,7 +137,6 @@ def code_of(module: Any) -> dict[str, str]:
     (defined in an interactive session) is keyed by its name, and a warning says
     that changes to it go unnoticed.
     """
-    import hashlib
     import inspect
     import sys
     import warnings
@@ -166,8 +160,7 @@ def code_of(module: Any) -> dict[str, str]:
                     source = inspect.getsource(owner)
                 except (OSError, TypeError):
                     continue
-                text = source.encode("utf-8", "surrogatepass")
-                found[key] = hashlib.sha256(text).hexdigest()[:16]
+                found[key] = hex_digest(source, size=8)
                 if key == name:
                     pending.append((name, getattr(owner, "__package__", None), source))
                 break
@@ -181,7 +174,7 @@ def code_of(module: Any) -> dict[str, str]:
                 )
                 found[qualified] = "no source"
     for imported, _path, data in _imported_user_files(pending, set(found)):
-        found[imported] = hashlib.sha256(data).hexdigest()[:16]
+        found[imported] = hex_digest(data, size=8)
     return dict(sorted(found.items()))
 
 
@@ -441,16 +434,14 @@ class Checkpoint:
                     f"{self.directory} has a log but no manifest.json; it was not written by "
                     "plait (or was damaged): use an empty checkpoint_dir"
                 )
-            _write_atomic(
-                self.manifest_path,
-                {
-                    "format": FORMAT,
-                    "version": VERSION,
-                    "pipeline": self.pipeline,
-                    "producer": self.producer,
-                    "created": time.time(),
-                },
-            )
+            manifest = {
+                "format": FORMAT,
+                "version": VERSION,
+                "pipeline": self.pipeline,
+                "producer": self.producer,
+                "created": time.time(),
+            }
+            write_atomic(self.manifest_path, json.dumps(manifest))
             self._log_code = self._code
         self._load_log()
         self._fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -781,16 +772,3 @@ def _restore(stored: dict[str, Any], request: LLMRequest) -> Any:
     if "text" not in stored:
         return decode(stored["value"])
     return response_from_json(stored, request)
-
-
-def _write_atomic(path: Path, data: dict[str, Any]) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(data, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from plait._signature import forward_shape
 from plait.effects import Message, Runtime, apply_stack_sync, current_stack, observes_every_call
 from plait.execution.backends import backend, register_backend
 from plait.execution.batch import BatchResult
@@ -96,26 +96,11 @@ def is_batch(obj: Any) -> bool:
     )
 
 
-_accepts: dict[type, frozenset[str] | None] = {}
-
-
-def _forward_accepts(cls: type[Module]) -> frozenset[str] | None:
-    """Keyword names ``forward`` accepts, or None when it takes ``**kwargs``."""
-    if cls in _accepts:
-        return _accepts[cls]
-    params = inspect.signature(cls.forward).parameters.values()
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-        _accepts[cls] = None
-    else:
-        _accepts[cls] = frozenset(p.name for p in params)
-    return _accepts[cls]
-
-
 def split_kwargs(module: Module, kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Separate execution options from the forward's own keyword arguments."""
     if not kwargs:
         return {}, {}
-    accepted = _forward_accepts(type(module))
+    accepted = forward_shape(type(module)).keywords
     forward_kwargs, options = {}, {}
     for name, value in kwargs.items():
         if name in SETTING_NAMES and (accepted is None or name not in accepted):

@@ -16,10 +16,9 @@ same in the others.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from typing import TYPE_CHECKING, Any
 
+from plait._digest import json_digest
 from plait.providers.base import LLMRequest, LLMResponse, Usage
 from plait.structured import canonical_schema_json, parse_reply
 
@@ -61,7 +60,7 @@ def request_key(msg: Message, namespace: str = "") -> str:
         if request.response_format is not None
         else None
     )
-    blob = json.dumps(
+    return json_digest(
         {
             "namespace": namespace,
             "provider": config.provider,
@@ -73,11 +72,10 @@ def request_key(msg: Message, namespace: str = "") -> str:
             "schema": schema,
             "extra": request.extra,
         },
-        sort_keys=True,
-        separators=(",", ":"),
         default=str,
+        compact=True,
+        size=32,
     )
-    return hashlib.sha256(blob.encode()).hexdigest()
 
 
 def response_to_json(response: LLMResponse) -> dict[str, Any]:

@@ -31,9 +31,10 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from plait._signature import forward_shape
 from plait.effects import find_interpreter
 from plait.execution.calls import NodeScope
-from plait.learning.feedback import Feedback
+from plait.learning.feedback import feedback_text
 from plait.parameter import Parameter
 from plait.tracing.graph import Graph, Node, NodeRef, ParamRef, references, resolve
 from plait.tracing.tracer import Tracer
@@ -60,15 +61,6 @@ def upstream_rank(param: Parameter) -> float:
     """How close to the inputs ``param`` shapes the output (lower is further upstream);
     infinite for a parameter no backward pass has reached."""
     return _upstream_rank.get(param, math.inf)
-
-
-def feedback_text(payload: Any) -> str:
-    """The text a loss's output contributes: a Feedback's ``text``, or the value as text."""
-    if isinstance(payload, Value):
-        payload = payload.payload
-    if isinstance(payload, Feedback):
-        return payload.text
-    return str(payload)
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,7 +279,7 @@ def _overrides_backward(module: Any) -> bool:
 
 def _bind(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
     """The recorded argument expressions by ``forward``'s parameter names."""
-    signature = inspect.signature(module.forward)
+    signature = forward_shape(type(module)).signature
     try:
         bound = signature.bind(*args, **kwargs)
     except TypeError:

@@ -2,7 +2,7 @@
 
 The trainer, ``plait train`` and ``plait eval`` read their data here, so a data
 file means the same examples to each of them, and the same inputs ``plait run``
-would pass for the same records (the field mapping is `plait.cli.inputs`').
+would pass for the same records (the field mapping is `plait.inputs`').
 """
 
 from __future__ import annotations

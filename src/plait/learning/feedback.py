@@ -12,7 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Feedback"]
+from plait.values import Value
+
+__all__ = ["Feedback", "feedback_text"]
 
 
 @dataclass(slots=True)
@@ -30,3 +32,17 @@ class Feedback:
 
     def __str__(self) -> str:
         return f"score {self.score:.2f}: {self.text}"
+
+
+def feedback_text(payload: Any) -> str:
+    """The text a loss's output sends upstream: a `Feedback`'s ``text``, else the
+    value as text; a `Value` is read through (a loss's output in train mode is one).
+
+    The backward pass starts from it and a loss's own ``backward`` passes it to the
+    output it graded, so both say the same thing about the same output.
+    """
+    while isinstance(payload, Value):
+        payload = payload.payload
+    if isinstance(payload, Feedback):
+        return payload.text
+    return payload if isinstance(payload, str) else str(payload)

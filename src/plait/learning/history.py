@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from plait._files import write_atomic
 from plait._secrets import scrub
 from plait.learning.plot import plot_history
 
@@ -119,24 +119,9 @@ class TrainingHistory:
         # Rejections and tried values quote model text: no credential is written with them.
         # allow_nan=False: a NaN would be written as a bare token no strict parser reads.
         text = json.dumps(self.to_json(), indent=2, allow_nan=False)
-        _write_atomic(target, scrub(text) + "\n")
+        write_atomic(target, scrub(text) + "\n")
         return target
 
     def plot(self, path: str | os.PathLike[str]) -> Path:
         """Draw the curves to a PNG; see `plot_history`."""
         return plot_history(self, path)
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so that a kill at any instant leaves the old or the new file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

@@ -17,14 +17,15 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import json
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from plait._signature import shape_of
+from plait._text import data_text
 from plait.inference import LLMInference
-from plait.learning.feedback import Feedback
+from plait.learning.feedback import Feedback, feedback_text
 from plait.module import BackwardContext, BackwardResult, Module
 from plait.not_data import code_in
 from plait.values import Value, ValueKind
@@ -76,14 +77,7 @@ def _render(obj: Any) -> str:
     why = code_in(obj)
     if why is not None:
         raise TypeError(f"the output cannot be scored: {why}; return text or data")
-    if hasattr(obj, "model_dump_json"):  # a pydantic model, without importing pydantic
-        return str(obj.model_dump_json())
-    try:
-        from pydantic_core import to_jsonable_python
-
-        return json.dumps(to_jsonable_python(obj), ensure_ascii=False)
-    except Exception:
-        return str(obj)
+    return data_text(obj)
 
 
 def as_feedback(obj: Any) -> Feedback:
@@ -104,13 +98,6 @@ def as_feedback(obj: Any) -> Feedback:
         f"expected a Feedback (or a Value holding one, as a loss returns in train mode), "
         f"got {type(payload).__name__}"
     )
-
-
-def _feedback_text(feedback: Any) -> str:
-    payload = _payload(feedback)
-    if isinstance(payload, Feedback):
-        return payload.text
-    return payload if isinstance(payload, str) else str(payload)
 
 
 def _snake(name: str) -> str:
@@ -163,7 +150,7 @@ class Loss(Module):
         name = "output"
         if ctx.inputs and name not in ctx.inputs:
             name = next(iter(ctx.inputs))
-        return BackwardResult(input_feedback={name: _feedback_text(feedback)})
+        return BackwardResult(input_feedback={name: feedback_text(feedback)})
 
 
 # -- programmatic losses ---------------------------------------------------------------
@@ -175,19 +162,10 @@ def _describe(fn: Callable[..., Any]) -> str:
 def _takes_target(fn: Callable[..., Any]) -> bool:
     """Whether ``fn`` accepts a second positional argument (so single-argument checks work)."""
     try:
-        params = list(inspect.signature(fn).parameters.values())
+        shape = shape_of(fn)
     except (TypeError, ValueError):
         return True
-    positional = 0
-    for param in params:
-        if param.kind is inspect.Parameter.VAR_POSITIONAL:
-            return True
-        if param.kind in (
-            inspect.Parameter.POSITIONAL_ONLY,
-            inspect.Parameter.POSITIONAL_OR_KEYWORD,
-        ):
-            positional += 1
-    return positional >= 2
+    return shape.var_positional or shape.positional >= 2
 
 
 class FunctionLoss(Loss):

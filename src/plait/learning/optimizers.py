@@ -34,6 +34,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Self, TypedDict
 
+from plait._text import data_text
 from plait.handlers.overriding import override
 from plait.inference import LLMInference
 from plait.learning.backward import upstream_rank
@@ -335,7 +336,7 @@ def rewrite_budget(old: Any) -> int:
     a short prompt by a few sentences or a long one several times over; beyond that
     it is rambling, or the meta-prompt coming back, not a value.
     """
-    size = len(_as_text(old))
+    size = len(data_text(old))
     return max(4 * size, size + 400)
 
 
@@ -379,10 +380,10 @@ def check_rewrite(old: Any, new: Any, meta_markers: Iterable[str] = ()) -> str |
     value) unless ``old`` already contained it; one longer than `rewrite_budget`
     of ``old``.  Matching ignores case.
     """
-    text = _as_text(new)
+    text = data_text(new)
     if not text.strip():
         return "the new value is empty"
-    old_text = _as_text(old).casefold()
+    old_text = data_text(old).casefold()
     folded = text.casefold()
     for marker in meta_markers:
         needle = marker.strip().casefold()
@@ -392,15 +393,6 @@ def check_rewrite(old: Any, new: Any, meta_markers: Iterable[str] = ()) -> str |
     if len(text) > budget:
         return f"the new value has {len(text)} characters, over the budget of {budget}"
     return None
-
-
-def _as_text(value: Any) -> str:
-    if isinstance(value, str):
-        return value
-    try:
-        return json.dumps(value, ensure_ascii=False)
-    except (TypeError, ValueError):
-        return str(value)
 
 
 _REWRITE_SYSTEM = (

@@ -6,11 +6,12 @@ The only module of plait that uses matplotlib, and it imports it inside
 
 from __future__ import annotations
 
+import io
 import os
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from plait._files import write_atomic
 from plait.learning.failures import TrainerError
 
 if TYPE_CHECKING:
@@ -116,15 +117,9 @@ def plot_history(history: TrainingHistory, path: str | os.PathLike[str]) -> Path
         bottom.set_xlabel("step")
         fig.suptitle(f"training history ({history.stopped or 'in progress'})")
         fig.tight_layout()
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".png")
-        os.close(fd)
-        try:
-            fig.savefig(tmp, format="png")
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        image = io.BytesIO()
+        fig.savefig(image, format="png")
+        write_atomic(target, image.getvalue())
     finally:
         plt.close(fig)
     return target

@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Final
 
+from plait._files import write_atomic
 from plait.module import Module
 from plait.parameter import StructureLockedError, _structure_lock
 
@@ -224,12 +225,7 @@ class ParameterState(Mapping[str, Any]):
 
     def save(self, path: str | Path) -> Path:
         """Write the JSON form to ``path`` (atomically: a crash never leaves half a file)."""
-        target = Path(path)
-        text = self.to_json()
-        partial = target.with_name(target.name + ".partial")
-        partial.write_text(text + "\n", encoding="utf-8")
-        partial.replace(target)
-        return target
+        return write_atomic(path, self.to_json() + "\n")
 
     @classmethod
     def load(cls, path: str | Path) -> ParameterState:

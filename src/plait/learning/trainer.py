@@ -60,6 +60,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from plait._files import write_atomic
 from plait.effects import Message
 from plait.execution.checkpoint import CheckpointHandler
 from plait.learning.backward import Received, collect_feedback, receive
@@ -72,7 +73,7 @@ from plait.learning.failures import (
     training_call_failure,
 )
 from plait.learning.feedback import Feedback
-from plait.learning.history import StepRecord, TrainingHistory, Trial, _write_atomic
+from plait.learning.history import StepRecord, TrainingHistory, Trial
 from plait.learning.identity import check_resume, run_identity
 from plait.learning.identity import describe_loss as describe_loss  # public here before the split
 from plait.learning.identity import loss_changes as loss_changes  # public here before the split
@@ -818,7 +819,7 @@ class Trainer:
                 "parameter values and optimizer state made of strings, numbers, lists and dicts"
             ) from None
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        _write_atomic(self.checkpoint_dir / CHECKPOINT_FILE, text)
+        write_atomic(self.checkpoint_dir / CHECKPOINT_FILE, text)
         self.history.save(self.checkpoint_dir / HISTORY_FILE)
         self._advance_call_log()
 

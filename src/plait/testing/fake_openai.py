@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
 import hmac
 import importlib
 import ipaddress
@@ -60,6 +59,7 @@ from typing import Any, Final
 
 from aiohttp import web
 
+from plait._digest import json_digest
 from plait.testing import API_KEY_ENV, READY_PREFIX, find_placeholder
 
 __all__ = [
@@ -158,10 +158,7 @@ def request_key(model: str, messages: Any) -> str:
     whitespace, UTF-8) of ``[model, messages]``.  A lone surrogate (which JSON can
     carry as ``\\ud800`` but UTF-8 cannot) is hashed by its code point, not refused.
     """
-    canonical = json.dumps(
-        [model, messages], sort_keys=True, separators=(",", ":"), ensure_ascii=False
-    )
-    return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return json_digest([model, messages], None, compact=True, ensure_ascii=False, size=8)
 
 
 def schema_instance(schema: Any) -> Any:
