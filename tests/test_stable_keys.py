@@ -1,7 +1,7 @@
 """Keys that stored data is found by, pinned to the values plait has always computed.
 
 A response cache finds a reply by `request_key`, a checkpoint finds a call by the
-request's fingerprint and refuses to resume under another producer (`producer_of`,
+request's fingerprint and refuses to resume under another producer (`producer_identity`,
 `call_settings_of`, `code_of`).  If any of these changed by accident (a refactor
 of the hashing, a JSON option), every user's cache would silently miss and every
 checkpoint would be refused or re-run: these tests fail first.
@@ -20,7 +20,7 @@ from pydantic import BaseModel
 
 from plait._digest import digest
 from plait.blueprint._types import _load_file
-from plait.execution.checkpoint import call_settings_of, code_of, producer_of
+from plait.execution.checkpoint import call_settings_of, code_of, producer_identity
 from plait.execution.codec import fingerprint
 from plait.handlers.llm import request_key
 from plait.handlers.stack import Message
@@ -115,7 +115,7 @@ def test_the_checkpoint_producer_is_unchanged(
     resources = ResourceManager(RESOURCES)
     assert code_of(module) == CODE
     assert call_settings_of(module) == {"llm": "ce79e12ee55c64c2"}
-    assert producer_of(module, resources, seed=7) == {
+    assert producer_identity(module, resources, seed=7) == {
         "endpoints": {"fast": {"provider": "openai", "model": "m", "url": "8a6921860d95dc50"}},
         "parameters": {"llm.system_prompt": "44899ad9fd76d690"},
         "calls": {"llm": "ce79e12ee55c64c2"},

@@ -19,6 +19,8 @@ from typing import IO, Any
 from plait.cli.options import (
     UsageError,
     add_example_arguments,
+    add_parameters_argument,
+    add_resources_argument,
     note_embedded,
     parse_target_args,
     report_error,
@@ -87,16 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--data", metavar="FILE", help="examples to score (JSONL)")
     add_example_arguments(parser)
-    parser.add_argument(
-        "--resources",
-        metavar="FILE",
-        help="aliases -> endpoints (TOML or YAML); default: the embedded local model",
-    )
-    parser.add_argument(
-        "--parameters",
-        metavar="FILE",
-        help="load learned values (the parameters.json plait train writes)",
-    )
+    add_resources_argument(parser)
+    add_parameters_argument(parser)
     parser.add_argument(
         "--seed",
         type=seed_value,

@@ -107,6 +107,24 @@ def positive_int(text: str) -> int:
 LOSSES = ("exact", "contains", "judge")
 
 
+def add_resources_argument(parser: argparse.ArgumentParser) -> None:
+    """``--resources``, worded the same for every command that runs a pipeline."""
+    parser.add_argument(
+        "--resources",
+        metavar="FILE",
+        help="aliases -> endpoints (TOML or YAML); default: the embedded local model",
+    )
+
+
+def add_parameters_argument(parser: argparse.ArgumentParser) -> None:
+    """``--parameters``: learned values to load before the run (``plait run``/``eval``)."""
+    parser.add_argument(
+        "--parameters",
+        metavar="FILE",
+        help="load learned values (the parameters.json plait train writes)",
+    )
+
+
 def add_example_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of commands that read labelled examples (``plait train`` and
     ``plait eval``): which field is the input, which the target, and how to score."""

@@ -33,6 +33,8 @@ from plait._files import write_atomic
 from plait._locks import Busy, hold
 from plait.cli.options import (
     UsageError,
+    add_parameters_argument,
+    add_resources_argument,
     note_embedded,
     parse_target_args,
     positive_int,
@@ -125,16 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="input format (default: by suffix; document: the whole file is one input)",
     )
     parser.add_argument("--field", metavar="NAME", help="pass this field of each input object")
-    parser.add_argument(
-        "--resources",
-        metavar="FILE",
-        help="aliases -> endpoints (TOML or YAML); default: the embedded local model",
-    )
-    parser.add_argument(
-        "--parameters",
-        metavar="FILE",
-        help="load learned values (the parameters.json plait train writes)",
-    )
+    add_resources_argument(parser)
+    add_parameters_argument(parser)
     parser.add_argument(
         "--max-concurrent", type=positive_int, metavar="N", help="LLM calls in flight (100)"
     )

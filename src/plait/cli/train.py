@@ -24,6 +24,7 @@ from plait._files import write_atomic
 from plait.cli.options import (
     UsageError,
     add_example_arguments,
+    add_resources_argument,
     non_negative_float,
     note_embedded,
     parse_target_args,
@@ -141,11 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="cap the length of a rewritten prompt (default: the endpoint's)",
     )
-    parser.add_argument(
-        "--resources",
-        metavar="FILE",
-        help="aliases -> endpoints (TOML or YAML); default: the embedded local model",
-    )
+    add_resources_argument(parser)
     parser.add_argument("--batch-size", type=positive_int, default=4, metavar="N", help="(4)")
     parser.add_argument("--epochs", type=positive_int, default=1, metavar="N", help="(1)")
     parser.add_argument("--patience", type=positive_int, metavar="N", help="early stopping")

@@ -10,14 +10,25 @@ this layer never imports the ones above it.
 
 A new backend implements `Backend.run_batch` and is registered with
 `register_backend`; the run options it receives are the resolved ones (`plait.options`).
+A backend the `Trainer` can spread its passes over also implements `TrainingBackend`
+(``run_steps`` and ``session``): Ray does; the trainer runs its passes in this process
+itself otherwise.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol
+from contextlib import AbstractContextManager
+from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["Backend", "BackendError", "backend", "backend_names", "register_backend"]
+__all__ = [
+    "Backend",
+    "BackendError",
+    "TrainingBackend",
+    "backend",
+    "backend_names",
+    "register_backend",
+]
 
 
 class BackendError(LookupError):
@@ -36,6 +47,34 @@ class Backend(Protocol):
         opts: dict[str, Any],
     ) -> list[Any]:
         """Each input's result, in input order: the output, or its ERROR `Value`."""
+        ...
+
+
+@runtime_checkable
+class TrainingBackend(Protocol):
+    """A backend the `Trainer` spreads its minibatch and validation passes over."""
+
+    async def run_steps(
+        self,
+        step: Any,
+        examples: list[tuple[Any, Any]],
+        opts: dict[str, Any],
+        *,
+        train: bool,
+        call_log: Any = None,
+        log_offset: int = 0,
+    ) -> list[Any]:
+        """Each ``(input, target)`` example through the training step ``step`` as it is
+        now (its parameter values, its mode), one `Value` per example in order.  With
+        ``train`` each row's payload holds the loss's ``output``, the ``feedback`` its
+        backward pass gave each parameter and the run's ``trace``.  The calls the rows
+        complete go to ``call_log`` (a checkpoint) under input indexes offset by
+        ``log_offset``, so a resumed pass finds them again."""
+        ...
+
+    def session(self) -> AbstractContextManager[None]:
+        """Keep what the backend starts alive across a training run's passes; what it
+        started for the run is stopped at the end, what was running already is left."""
         ...
 
 

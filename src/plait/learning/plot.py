@@ -8,19 +8,32 @@ from __future__ import annotations
 
 import io
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from plait._files import write_atomic
 from plait.learning.failures import TrainerError
 
-if TYPE_CHECKING:
-    from plait.learning.history import TrainingHistory
+
+class History(Protocol):
+    """What the plot reads of a `plait.learning.history.TrainingHistory` (which draws
+    itself with this module, so the plot names only what it reads)."""
+
+    @property
+    def steps(self) -> Sequence[Any]: ...
+
+    @property
+    def initial_val_score(self) -> float | None: ...
+
+    @property
+    def stopped(self) -> str: ...
+
 
 __all__ = ["plot_history"]
 
 
-def plot_history(history: TrainingHistory, path: str | os.PathLike[str]) -> Path:
+def plot_history(history: History, path: str | os.PathLike[str]) -> Path:
     """The validation and train (minibatch) scores per step, as a PNG.
 
     Two panels, so the curves never hide each other even when they coincide:

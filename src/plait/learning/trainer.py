@@ -60,8 +60,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from plait._digest import digest
 from plait._files import write_atomic
 from plait.effects import Message
+from plait.execution.backends import TrainingBackend, backend
 from plait.execution.checkpoint import CheckpointHandler
 from plait.learning.backward import Received, collect_feedback, receive
 from plait.learning.bootstrap import Trace, TraceLog, TrainingBatch, call_step, trace_from_rows
@@ -311,20 +313,17 @@ class Trainer:
         # embedded model is loaded once).
         manager = ResourceManager.coerce(self.resources)
         self._check_aliases(manager)
-        # A local Ray started for this run's passes is stopped when it ends;
-        # one that was running already (or a joined cluster) is left as it was.
-        owns_ray = self.on_workers and not _ray_running()
+        # What the workers' backend starts for this run's passes (a local Ray) is
+        # stopped when it ends; what was running already is left as it was.
+        session = self._backend().session() if self.on_workers else contextlib.nullcontext()
         try:
-            async with ExecutionSettings(resources=manager):
-                self._manager = manager
-                with self._call_log():
-                    return await self._fit()
+            with session:
+                async with ExecutionSettings(resources=manager):
+                    self._manager = manager
+                    with self._call_log():
+                        return await self._fit()
         finally:
             self._manager = None
-            if owns_ray:
-                from plait.ray.cluster import shutdown_if_started
-
-                shutdown_if_started()
 
     def _check_aliases(self, manager: Any) -> None:
         """Refuse, before any call is paid for, an alias the run will call that the
@@ -379,7 +378,7 @@ class Trainer:
         belongs to one position: once the next step's checkpoint is written
         (`_save_checkpoint`), it is replaced by an empty one, so a later step never
         replays an earlier step's replies.  Ray workers log to the same directory
-        (`_spec`).
+        (`_log_offset`).
         """
         if self.checkpoint_dir is None:
             yield
@@ -496,64 +495,63 @@ class Trainer:
         ]
         return sum(scores) / len(scores)
 
-    def _spec(self, work: Any = None) -> Any:
-        """The step as the workers build it, pickled now: with the parameter values and
-        the mode (train or eval) it has at this moment.  Resources and options are
-        resolved as a call in this process would resolve them (the step's binding,
-        else the `ExecutionSettings` around it)."""
+    def _backend(self) -> TrainingBackend:
+        """Where the passes run when they run on workers: the Ray backend."""
+        found = backend("ray")
+        if not isinstance(found, TrainingBackend):
+            raise TrainerError(f"the backend {type(found).__name__} cannot run training passes")
+        return found
+
+    def _pass_options(self) -> dict[str, Any]:
+        """The options of a pass on the workers, resolved as a call in this process
+        resolves them (the step's binding, else the `ExecutionSettings` around it), with
+        one draw from the model's Rng for the pass, made here as a batch run makes it."""
         from plait.execution.settings import resolve_options
-        from plait.ray.spec import make_spec
 
         bound_resources, bound_config = self.step_module._binding()
         opts = resolve_options({}, bound_config, bound_resources)
-        # One draw from the model's Rng for the pass, made here as a batch run makes it.
         opts["seed"], _ = run_seed(self.step_module, opts["seed"])
-        log = self._calls
-        if log is None:
-            return make_spec(self.step_module, opts["resources"], opts)
-        # The workers log the calls they complete in the position's call log too, each
-        # pass under indexes of its own (a pass numbers its examples from 0), drawn
-        # from what it runs (``work``: the method and the examples; the parameter
-        # values and the seed it runs with) and how many such passes came before at
-        # this position, so the same pass of a resumed step finds its calls again, and
-        # a repeated pass (validation of values already scored) pays for its calls as
-        # it does in one process.  The values are part of it because a resumed step
-        # skips the passes the checkpoint already holds (the initial validation, made
-        # at the same position): counted by method and examples alone, each of the
-        # step's validation passes would come one place earlier and miss its calls.
-        from plait._digest import digest
+        opts["workers"], opts["ray_address"] = self.workers, self.ray_address
+        return opts
 
-        spec = make_spec(self.step_module, opts["resources"], opts, log.checkpoint)
-        what = digest([work, self.step_module.state_dict(), opts["seed"]])
+    def _log_offset(self, work: Any, seed: int | None) -> int:
+        """Where a worker pass logs its calls in the position's call log.
+
+        Each pass numbers its examples from 0, so its calls go under indexes of its
+        own, drawn from what it runs (``work``: the method and the examples; the
+        parameter values and the seed it runs with) and how many such passes came
+        before at this position: the same pass of a resumed step finds its calls
+        again, and a repeated pass (validation of values already scored) pays for its
+        calls as it does in one process.  The values are part of it because a resumed
+        step skips the passes the checkpoint already holds (the initial validation,
+        made at the same position): counted by method and examples alone, each of the
+        step's validation passes would come one place earlier and miss its calls.
+        """
+        log = self._calls
+        assert log is not None
+        what = digest([work, self.step_module.state_dict(), seed])
         repeat = log.passes.get(what, 0)
         log.passes[what] = repeat + 1
-        spec.log_index_offset = (1 + int(digest([what, repeat], size=4), 16)) * _PASS_STRIDE
-        return spec
+        return (1 + int(digest([what, repeat], size=4), 16)) * _PASS_STRIDE
 
-    async def _on_workers(self, examples: list[Example], method: str) -> list[Value]:
-        """One result per example, in order, from ``PipelineWorker.<method>``."""
-        from plait.ray.runner import run_distributed
-
-        spec = self._spec((method, examples))
-        results: dict[int, Value] = {}
-
-        def prepare(example: Example) -> tuple[tuple[Any, ...], dict[str, Any]]:
-            return (example[0],), {"target": example[1]}
-
-        def deliver(index: int, example: Example, value: Value) -> None:
-            results[index] = value
-
-        await asyncio.to_thread(
-            run_distributed,
-            spec,
+    async def _on_workers(self, examples: list[Example], train: bool) -> list[Value]:
+        """One result per example, in order, from the step run on the workers as it is
+        now (its parameter values, its mode), its calls in the position's call log."""
+        opts = self._pass_options()
+        log = self._calls
+        offset = 0
+        if log is not None:
+            offset = self._log_offset(
+                ("train_batch" if train else "run_batch", examples), opts["seed"]
+            )
+        return await self._backend().run_steps(
+            self.step_module,
             examples,
-            prepare,
-            deliver,
-            workers=self.workers or 1,
-            address=self.ray_address,
-            method=method,
+            opts,
+            train=train,
+            call_log=log.checkpoint if log is not None else None,
+            log_offset=offset,
         )
-        return [results[index] for index in range(len(examples))]
 
     async def _score_on_workers(self, examples: list[Example]) -> list[Value]:
         """One loss result per example, in order, run on the Ray workers (eval mode).
@@ -561,7 +559,7 @@ class Trainer:
         The step is pickled here, for this pass only: the parameter values the
         workers run with are the model's current ones.
         """
-        return await self._on_workers(examples, "run_batch")
+        return await self._on_workers(examples, train=False)
 
     async def _minibatch(self, batch: list[Example]) -> tuple[float, list[Trace] | None]:
         """The minibatch's mean score and its runs' traces; its feedback put into the
@@ -625,7 +623,7 @@ class Trainer:
         step's ``state_dict()`` names, with the rank `upstream_rank` uses), which goes
         to the parameters here exactly as a backward pass in this process gives it.
         """
-        rows = await self._on_workers(batch, "train_batch")
+        rows = await self._on_workers(batch, train=True)
         outputs = [
             row if row.is_error else Value(kind_of(row.payload["output"]), row.payload["output"])
             for row in rows
@@ -914,7 +912,7 @@ class _PositionLog(CheckpointHandler):
     def __init__(self, checkpoint: Any) -> None:
         super().__init__(checkpoint)
         self.seen: dict[tuple[str, str], int] = {}
-        #: Passes sent to Ray workers at this position, by what they ran (`Trainer._spec`).
+        #: Passes sent to Ray workers at this position, by what they ran (`Trainer._log_offset`).
         self.passes: dict[str, int] = {}
 
     def key(self, msg: Message, request: LLMRequest) -> tuple[int, str, str]:
@@ -949,9 +947,3 @@ def _spend() -> tuple[int, int]:
         sum(int(row["requests"]) for row in rows),
         sum(int(row["prompt_tokens"]) + int(row["completion_tokens"]) for row in rows),
     )
-
-
-def _ray_running() -> bool:
-    from plait.ray.cluster import import_ray
-
-    return bool(import_ray().is_initialized())

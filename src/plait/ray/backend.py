@@ -5,11 +5,13 @@ as in one process."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+import contextlib
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from plait.execution.checkpoint import Checkpoint
 from plait.execution.runtime import traced_first
+from plait.ray.cluster import import_ray, shutdown_if_started
 from plait.ray.runner import run_distributed
 from plait.ray.spec import make_spec
 from plait.resources.manager import ResourceManager, say_embedded
@@ -23,7 +25,54 @@ __all__ = ["RayBackend"]
 
 
 class RayBackend:
-    """Runs a batch on Ray workers (``workers=N`` or ``ray_address=...``)."""
+    """Runs a batch, or a trainer's passes, on Ray workers (``workers=N`` or
+    ``ray_address=...``)."""
+
+    async def run_steps(
+        self,
+        step: Module,
+        examples: list[tuple[Any, Any]],
+        opts: dict[str, Any],
+        *,
+        train: bool,
+        call_log: Checkpoint | None = None,
+        log_offset: int = 0,
+    ) -> list[Value]:
+        """The trainer's pass on the workers (`plait.execution.backends.TrainingBackend`):
+        the step is pickled now, with the parameter values and mode it has."""
+        spec = make_spec(step, opts["resources"], opts, call_log)
+        if call_log is not None:
+            spec.log_index_offset = log_offset
+        results: dict[int, Value] = {}
+
+        def prepare(example: tuple[Any, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+            return (example[0],), {"target": example[1]}
+
+        def deliver(index: int, example: tuple[Any, Any], value: Value) -> None:
+            results[index] = value
+
+        await asyncio.to_thread(
+            run_distributed,
+            spec,
+            examples,
+            prepare,
+            deliver,
+            workers=opts["workers"] or 1,
+            address=opts["ray_address"],
+            method="train_batch" if train else "run_batch",
+        )
+        return [results[index] for index in range(len(examples))]
+
+    @contextlib.contextmanager
+    def session(self) -> Iterator[None]:
+        """A local Ray started for the run's passes is stopped when it ends; one that was
+        running already (or a joined cluster) is left as it was."""
+        owned = not import_ray().is_initialized()
+        try:
+            yield
+        finally:
+            if owned:
+                shutdown_if_started()
 
     async def run_batch(
         self,
