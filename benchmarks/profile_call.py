@@ -19,7 +19,7 @@ measures it two ways, against the loopback fake OpenAI server:
 cProfile inflates everything (about 2x here) and small functions most; compare
 shares, and this script's output with an earlier run of itself.
 
-    .venv/bin/python benchmarks/profile_call.py [--n 2000] [--repeats 5] [--top 25]
+    .venv/bin/python benchmarks/profile_call.py [--n 2000] [--repeats 5] [--top 25] [--no-profile]
 """
 
 from __future__ import annotations
@@ -220,6 +220,9 @@ def main() -> int:
     parser.add_argument("--top", type=int, default=25, help="functions listed by self time")
     parser.add_argument("--no-pin", action="store_true", help="server and client share CPUs")
     parser.add_argument(
+        "--no-profile", action="store_true", help="only the unprofiled CPU per call"
+    )
+    parser.add_argument(
         "--save", type=Path, help="also dump the raw profiles (pstats; the baseline's beside)"
     )
     args = parser.parse_args()
@@ -262,6 +265,8 @@ def main() -> int:
             print(f"  baseline runs: {', '.join(f'{x:.4f}' for x in base_cpu)}")
             print()
 
+        if args.no_profile:
+            return 0
         # This thread's CPU time, not the wall clock: on a shared machine a wall-clock
         # profile charges whatever function was running to the time others held the CPU.
         prof = cProfile.Profile(time.thread_time)
