@@ -20,6 +20,9 @@ with 1, 2 and 4 workers, the broker's cost and start-up).  Exits non-zero, namin
 it, when a target is missed.
 
     .venv/bin/python benchmarks/run.py [--repeats 7] [--quick] [--no-pin]
+
+``--scenarios 1,4`` runs only those scenarios of the table and prints their rows
+(nothing is written, no other section is measured): a quick before/after of a change.
 """
 
 from __future__ import annotations
@@ -399,6 +402,11 @@ def main() -> int:
         "--no-pin", action="store_true", help="let the server and plait share every CPU"
     )
     parser.add_argument("--output", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--scenarios",
+        help="comma-separated scenario numbers (1,2,3,4,6) to run alone: their table rows "
+        "are printed, RESULTS.md is left as it is",
+    )
     parser.add_argument("--rss-child", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--base-url", help=argparse.SUPPRESS)
     parser.add_argument("--in-flight", type=int, default=256, help=argparse.SUPPRESS)
@@ -417,6 +425,13 @@ def main() -> int:
         # Was a test (issue 10): one alias's limit kept full across a whole batch.
         Scenario("6. one alias at C=4, run cap 16", Single, "single", 400, 20.0, 4, 1, 1),
     ]
+    chosen = scenarios
+    if args.scenarios:
+        wanted = {part.strip() for part in args.scenarios.split(",") if part.strip()}
+        chosen = [sc for sc in scenarios if sc.name.split(".", 1)[0] in wanted]
+        if len(chosen) != len(wanted):
+            known = ", ".join(sc.name.split(".", 1)[0] for sc in scenarios)
+            parser.error(f"--scenarios {args.scenarios!r}: the scenarios are {known}")
     small, large = (2_000, 20_000) if args.quick else (10_000, 100_000)
     with FakeOpenAIServer() as server:
         pinned = not args.no_pin and pin_apart(server.pid)
@@ -424,11 +439,15 @@ def main() -> int:
         print(f"({where}; the client process on the rest)", flush=True)
         loop = asyncio.new_event_loop()
         results = []
-        for sc in scenarios:
+        for sc in chosen:
             r = run_scenario(server, loop, sc, repeats)
             results.append(r)
             print_result(r, repeats)
         loop.close()
+        if chosen is not scenarios:
+            print("\n".join(["", *table_rows(results)]))
+            print(f"({time.perf_counter() - started:.0f} s; RESULTS.md not written)")
+            return 0
         rss = {}
         for n in (small, large):
             rss[n] = measure_rss(server, n, 256)
@@ -514,6 +533,42 @@ def print_result(r: dict[str, Any], repeats: int) -> None:
     )
 
 
+def table_rows(results: list[dict[str, Any]]) -> list[str]:
+    """The scenarios' table (header included), as RESULTS.md and ``--scenarios`` show it."""
+    out = [
+        "| scenario | N | L ms | C | calls | bound s | plait median s | ratio to bound "
+        "(target) | baseline s | baseline ratio to bound | plait / baseline "
+        "| plait CPU/call ms | baseline CPU/call ms "
+        "| server max in flight (plait / baseline) | time at limit (plait / baseline) "
+        "| requests (expected) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        sc = r["scenario"]
+        ratio = r["wall"] / r["bound"] if r["bound"] else math.inf
+        if sc.latency_ms == 50.0:
+            ok = "ok" if ratio <= RATIO_TARGET else "MISSED"
+            target = f"{ratio:.3f} (<= {RATIO_TARGET}, {ok})"
+        else:
+            target = "n/a (bound 0)" if not r["bound"] else f"{ratio:.1f} (no target)"
+        cpu = f"{r['cpu']:.3f}"
+        at_limit = f"{r['at_limit']:.3f} / {r['base_at_limit']:.3f}"
+        if sc.name.startswith("6."):
+            ok = "ok" if r["at_limit"] >= SATURATION_TARGET else "MISSED"
+            at_limit += f" (>= {SATURATION_TARGET}, {ok})"
+        if sc.latency_ms == 0.0:
+            cpu += f" (<= {CPU_TARGET_MS}, {'ok' if r['cpu'] <= CPU_TARGET_MS else 'MISSED'})"
+        out.append(
+            f"| {sc.name} | {sc.n} | {sc.latency_ms:g} | {sc.in_flight} | {r['expected']} | "
+            f"{r['bound']:.3f} | {r['wall']:.3f} | {target} | {r['base_wall']:.3f} | "
+            f"{ratio_s(r['base_wall'], r['bound'])} | {r['wall'] / r['base_wall']:.3f} | "
+            f"{cpu} | {r['base_cpu']:.3f} | "
+            f"{r['max_in_flight']} / {r['base_max_in_flight']} | {at_limit} | "
+            f"{r['requests']} ({r['expected']}) |"
+        )
+    return out
+
+
 def report(
     args: argparse.Namespace,
     results: list[dict[str, Any]],
@@ -561,36 +616,8 @@ def report(
         f"**{RSS_TARGET}x** that at 10,000; time at limit at least **{SATURATION_TARGET}** in "
         "scenario 6 (one alias's limit kept full across a whole batch; formerly a test).",
         "",
-        "| scenario | N | L ms | C | calls | bound s | plait median s | ratio to bound "
-        "(target) | baseline s | baseline ratio to bound | plait / baseline "
-        "| plait CPU/call ms | baseline CPU/call ms "
-        "| server max in flight (plait / baseline) | time at limit (plait / baseline) "
-        "| requests (expected) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for r in results:
-        sc = r["scenario"]
-        ratio = r["wall"] / r["bound"] if r["bound"] else math.inf
-        if sc.latency_ms == 50.0:
-            ok = "ok" if ratio <= RATIO_TARGET else "MISSED"
-            target = f"{ratio:.3f} (<= {RATIO_TARGET}, {ok})"
-        else:
-            target = "n/a (bound 0)" if not r["bound"] else f"{ratio:.1f} (no target)"
-        cpu = f"{r['cpu']:.3f}"
-        at_limit = f"{r['at_limit']:.3f} / {r['base_at_limit']:.3f}"
-        if r is results[4]:
-            ok = "ok" if r["at_limit"] >= SATURATION_TARGET else "MISSED"
-            at_limit += f" (>= {SATURATION_TARGET}, {ok})"
-        if sc.latency_ms == 0.0:
-            cpu += f" (<= {CPU_TARGET_MS}, {'ok' if r['cpu'] <= CPU_TARGET_MS else 'MISSED'})"
-        out.append(
-            f"| {sc.name} | {sc.n} | {sc.latency_ms:g} | {sc.in_flight} | {r['expected']} | "
-            f"{r['bound']:.3f} | {r['wall']:.3f} | {target} | {r['base_wall']:.3f} | "
-            f"{ratio_s(r['base_wall'], r['bound'])} | {r['wall'] / r['base_wall']:.3f} | "
-            f"{cpu} | {r['base_cpu']:.3f} | "
-            f"{r['max_in_flight']} / {r['base_max_in_flight']} | {at_limit} | "
-            f"{r['requests']} ({r['expected']}) |"
-        )
+    out += table_rows(results)
     first = results[0]
     out += [
         "",

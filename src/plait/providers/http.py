@@ -15,7 +15,7 @@ from collections.abc import AsyncGenerator
 
 import aiohttp
 
-__all__ = ["close_session", "get_session"]
+__all__ = ["close_session", "current_session", "get_session"]
 
 _sessions: weakref.WeakKeyDictionary[
     asyncio.AbstractEventLoop, tuple[aiohttp.ClientSession, AsyncGenerator[None, None]]
@@ -27,6 +27,26 @@ async def _keeper(session: aiohttp.ClientSession) -> AsyncGenerator[None, None]:
         yield
     finally:
         await session.close()
+
+
+#: The session last looked up, and its loop (weakly): most processes run their calls
+#: on one loop, which then finds its session without a weak-keyed lookup per call.
+_last: tuple[weakref.ref[asyncio.AbstractEventLoop], aiohttp.ClientSession] | None = None
+
+
+def current_session() -> aiohttp.ClientSession | None:
+    """This loop's open session, or None (then `get_session` makes one): a plain call,
+    so the call path creates no coroutine for a session that exists."""
+    global _last
+    loop = asyncio.get_running_loop()
+    last = _last
+    if last is not None and last[0]() is loop and not last[1].closed:
+        return last[1]
+    entry = _sessions.get(loop)
+    if entry is None or entry[0].closed:
+        return None
+    _last = (weakref.ref(loop), entry[0])
+    return entry[0]
 
 
 async def get_session() -> aiohttp.ClientSession:
@@ -44,6 +64,9 @@ async def get_session() -> aiohttp.ClientSession:
 
 async def close_session() -> None:
     """Close this loop's session now (plait does this at the end of `run_sync`)."""
+    global _last
     entry = _sessions.pop(asyncio.get_running_loop(), None)
     if entry is not None:
+        if _last is not None and _last[1] is entry[0]:
+            _last = None  # no call finds it while it closes
         await entry[1].aclose()

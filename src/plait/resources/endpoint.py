@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Coroutine
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -147,17 +147,28 @@ class Endpoint:
     provider: Provider
     usage: AliasUsage
 
-    async def complete(
+    def complete(
         self,
         request: LLMRequest,
         priority: float | Priority = 0.0,
         timing: CallTiming | None = None,
-    ) -> LLMResponse:
-        """Send ``request`` with limits, retries and (for structured output) one re-ask."""
+    ) -> Coroutine[Any, Any, LLMResponse]:
+        """Send ``request`` with limits, retries and (for structured output) one re-ask.
+
+        Returns the coroutine to await: for a request without a schema, the sending
+        itself, so a plain call's await chain has no frame here (each frame of it is
+        stepped again at every suspension of the call).
+        """
         timing = timing if timing is not None else CallTiming()
-        response = await self._send_with_retries(request, priority, timing)
         if request.response_format is None:
-            return response
+            return self._send_with_retries(request, priority, timing)
+        return self._complete_structured(request, priority, timing)
+
+    async def _complete_structured(
+        self, request: LLMRequest, priority: float | Priority, timing: CallTiming
+    ) -> LLMResponse:
+        """`complete` for a request with a ``response_format``: validate, re-ask once."""
+        response = await self._send_with_retries(request, priority, timing)
         try:
             response.parsed = parse_reply(request.response_format, response.text)
             return response
@@ -188,21 +199,30 @@ class Endpoint:
     async def _send_with_retries(
         self, request: LLMRequest, priority: float | Priority, timing: CallTiming
     ) -> LLMResponse:
-        usage, governor = self.usage, self.governor
-        expected = estimate_usage(request)
-        estimate = expected.total_tokens
+        usage, governor, limiter, gates = self.usage, self.governor, self.limiter, timing.gates
+        # Estimated only when something takes it: a gate's reservation, a TPM limit, a
+        # lease; an endpoint with none (and a free slot) costs its calls no coroutine
+        # beyond the provider's.
+        expected: Usage | None = None
+        estimate = 0
         attempt = 0
         while True:
             attempt += 1
             queued = time.monotonic()
-            await self.limiter.acquire(priority)
+            if not limiter.try_acquire():
+                await limiter.acquire(priority)
             admitted: list[AdmissionGate] = []
             sent = False
             try:
                 slot = time.monotonic()
                 timing.add("queue", queued, slot)
-                admitted = await self._admit(timing.gates, request, expected)
-                await governor.admit(estimate)
+                if gates or not governor.open_at(slot):
+                    if expected is None:
+                        expected = estimate_usage(request)
+                        estimate = expected.total_tokens
+                    if gates:
+                        admitted = await self._admit(gates, request, expected)
+                    await governor.admit(estimate)
                 started = time.monotonic()
                 if started - slot > 1e-4:
                     timing.add("rate_wait", slot, started)
@@ -235,7 +255,7 @@ class Endpoint:
                         gate.settle(None)
                     else:
                         gate.withdraw()
-                self.limiter.release()
+                limiter.release()
             cap = self.config.max_retry_after_s
             if failure.status == 429:
                 usage.rate_limited += 1

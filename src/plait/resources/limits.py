@@ -15,6 +15,7 @@ import asyncio
 import heapq
 import itertools
 import threading
+from typing import Any, ClassVar
 
 __all__ = ["Priority", "PriorityLimiter"]
 
@@ -36,6 +37,14 @@ class PriorityLimiter:
 
     #: The least limit allowed (a leased limiter starts with none: `plait.ray`).
     minimum = 1
+    #: Whether `try_acquire` may stand in for `acquire`: not in a subclass that overrides
+    #: ``acquire``, whose slots may need more than a free one (a lease, `plait.ray`).
+    takes_free_slots: ClassVar[bool] = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "acquire" in cls.__dict__:
+            cls.takes_free_slots = False
 
     def __init__(self, limit: int) -> None:
         if limit < self.minimum:
@@ -67,6 +76,18 @@ class PriorityLimiter:
             self._limit = limit
             woken = self._admit_locked()
         _wake(woken)
+
+    def try_acquire(self) -> bool:
+        """Take a slot if one is free and nobody waits, as `acquire` would at once; False
+        when the caller must await `acquire`.  A plain call: the call path creates no
+        coroutine for a limit that is not full."""
+        if not self.takes_free_slots:
+            return False
+        with self._lock:
+            if self._held < self._limit and not self._waiters:
+                self._held += 1
+                return True
+        return False
 
     async def acquire(self, priority: float | Priority = 0.0) -> None:
         with self._lock:
@@ -109,6 +130,8 @@ class PriorityLimiter:
     def release(self) -> None:
         with self._lock:
             self._held -= 1
+            if not self._waiters:
+                return
             woken = self._admit_locked()
         _wake(woken)
 

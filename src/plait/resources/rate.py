@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from typing import Any, ClassVar
 
 from plait.resources.limits import PriorityLimiter
 
@@ -64,6 +65,15 @@ class TokenBucket:
 class RateGovernor:
     """Everything that paces one endpoint: RPM, TPM, Retry-After pauses and AIMD."""
 
+    #: Whether `open_at` may stand in for `admit`: not in a subclass that overrides
+    #: ``admit``, whose admission may need more than no limit and no pause (a lease).
+    paces_locally: ClassVar[bool] = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "admit" in cls.__dict__:
+            cls.paces_locally = False
+
     def __init__(
         self,
         limiter: PriorityLimiter,
@@ -92,6 +102,17 @@ class RateGovernor:
         if (self.tokens.rate * 60 if self.tokens else None) != tokens_per_minute:
             self.tokens = TokenBucket(tokens_per_minute) if tokens_per_minute else None
 
+    def open_at(self, now: float) -> bool:
+        """Whether a request may go at ``now`` with nothing to wait for or account: no
+        RPM or TPM limit and no Retry-After pause (`admit` would return at once having
+        drawn nothing), so the caller can skip `admit` and the estimate it takes."""
+        return (
+            self.paces_locally
+            and self.requests is None
+            and self.tokens is None
+            and self.paused_until <= now
+        )
+
     async def admit(self, estimated_tokens: int) -> None:
         """Wait until a request of ``estimated_tokens`` may be sent, then account for it."""
         while True:
@@ -117,6 +138,8 @@ class RateGovernor:
         """Correct the token estimate with the reply's usage, and recover concurrency."""
         if self.tokens is not None and actual_tokens is not None:
             self.tokens.adjust(estimated_tokens - actual_tokens)
+        if self.limiter.limit >= self.max_concurrent:
+            return  # nothing to recover (as the check below; a cut after it comes after us)
         with self._lock:
             current = self.limiter.limit
             if current >= self.max_concurrent:
