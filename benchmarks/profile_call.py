@@ -51,11 +51,23 @@ CALLS_PER_INPUT = 3
 COMPONENTS: list[tuple[str, tuple[str, ...]]] = [
     (
         "module call / tracing",
-        ("/plait/module.py", "/plait/tracing/", "/plait/_tracing_hook.py", "/plait/parameter.py"),
+        (
+            "/plait/module.py",
+            "/plait/inference.py",
+            "/plait/tracing/",
+            "/plait/_tracing_hook.py",  # before issue 21
+            "/plait/parameter.py",
+        ),
     ),
-    ("handler stack", ("/plait/handlers/stack.py", "/plait/_entries.py")),
+    (
+        "handler stack",
+        ("/plait/effects.py", "/plait/handlers/stack.py", "/plait/_entries.py"),
+    ),
     ("seeds / keys", ("/plait/sampling.py", "/plait/_digest.py", "/plait/handlers/llm.py")),
-    ("llm op (functional._invoke)", ("/plait/functional.py",)),
+    (
+        "llm call path (execution.calls; functional._invoke before issue 21)",
+        ("/plait/execution/calls.py", "/plait/functional.py"),
+    ),
     ("engine / graph run", ("/plait/execution/", "/plait/values.py")),
     (
         "limits / endpoint / rate governor",
@@ -89,9 +101,9 @@ LANDMARKS: list[tuple[str, str]] = [
     ("tracing/tracer.py", "record_module"),
     ("execution/engine.py", "_run_node"),
     ("execution/engine.py", "_run_llm"),
-    ("functional.py", "_invoke"),
-    ("handlers/stack.py", "apply_stack"),
-    ("execution/engine.py", "_send"),
+    ("execution/calls.py", "invoke"),
+    ("effects.py", "apply_stack"),
+    ("execution/calls.py", "send"),
     ("resources/endpoint.py", "complete"),
     ("resources/endpoint.py", "_send_with_retries"),
     ("providers/openai.py", "send"),
