@@ -239,3 +239,31 @@ def test_a_backend_that_cannot_do_what_was_asked_is_refused(
     with pytest.raises(ValueError, match="backend must be the name"):
         plait.ExecutionSettings(backend="")
     assert counting.batches == []  # nothing ran, nothing was paid
+
+
+def test_a_subclass_overriding_a_plain_hook_wins_over_its_bases_typed_one() -> None:
+    class Base(Handler):
+        def postprocess_llm(self, msg: Message) -> None:
+            msg.meta["by"] = "base"
+
+    class Child(Base):
+        def postprocess(self, msg: Message) -> None:
+            msg.meta["by"] = "child"
+
+    class Grandchild(Child):
+        def postprocess_module(self, msg: Message) -> None:
+            msg.meta["by"] = "grandchild"
+
+    for handler, kind, expected in [
+        (Base(), "llm", "base"),
+        (Child(), "llm", "child"),
+        (Child(), "module", "child"),
+        (Grandchild(), "module", "grandchild"),
+        (Grandchild(), "llm", "child"),
+    ]:
+        msg = Message(type=kind, name="x")
+        hook = type(handler).hooks_for(kind)[1]
+        assert hook is not None
+        hook(handler, msg)
+        assert msg.meta["by"] == expected, (type(handler).__name__, kind)
+    assert Base.hooks_for("module") == (None, None)

@@ -194,11 +194,17 @@ class Handler:
 
 
 def _hook(cls: type, stage: str, kind: str) -> Hook | None:
-    typed: Hook | None = getattr(cls, f"{stage}_{kind}", None)
-    if callable(typed):
-        return typed
-    plain: Hook = getattr(cls, stage)
-    return None if plain is getattr(Handler, stage) else plain
+    """The nearest definition along the MRO of the typed hook or the plain one (the
+    typed one first within a class), so a subclass overriding either wins over what
+    its bases define; `Handler`'s own plain hooks do nothing and count as none."""
+    typed = f"{stage}_{kind}"
+    for klass in cls.__mro__:
+        if klass is Handler:
+            return None
+        found: Hook | None = klass.__dict__.get(typed) or klass.__dict__.get(stage)
+        if found is not None:
+            return found
+    return None
 
 
 def _itself(entry: object) -> object:

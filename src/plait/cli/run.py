@@ -45,10 +45,11 @@ from plait.cli.options import (
 from plait.cli.outputs import OutputWriter, error_record, silence_stdout
 from plait.cli.parameters import ParametersError, load_parameters
 from plait.cli.progress import Tally, console, duration, make_display
+from plait.execution.backends import RowBackend, backend
 from plait.execution.checkpoint import FORMAT as CHECKPOINT_FORMAT
 from plait.execution.checkpoint import Checkpoint, CheckpointError
 from plait.execution.loop import run_blocking
-from plait.execution.runtime import Run, traced_first
+from plait.execution.runtime import Run
 from plait.execution.settings import resolve_options
 from plait.inputs import FORMATS, InputError, InputSource, Item, count_inputs, open_inputs
 from plait.module import Module
@@ -591,28 +592,27 @@ def _drive_on_ray(
     display: Any,
     ns: argparse.Namespace,
 ) -> None:
-    """The same run on Ray workers (`plait.ray`): rows, checkpoint and summary as above."""
-    from plait.ray.cluster import shutdown_if_started
-    from plait.ray.runner import run_distributed
-    from plait.ray.spec import make_spec
+    """The same run on Ray workers (the ``"ray"`` backend): rows, checkpoint and
+    summary as above, each row written as it arrives."""
+    found = backend("ray")
+    if not isinstance(found, RowBackend):
+        raise UsageError(f"the backend {type(found).__name__} cannot hand rows over as they arrive")
 
     def prepare(item: Item) -> Any:
         if item.problem is not None:
             return error_value(InputError(item.problem), module_path=None)
         return item.args, item.kwargs
 
-    try:
-        run_distributed(
-            make_spec(module, resources, opts, checkpoint),
-            traced_first(module, items, prepare),
+    with found.session():
+        found.deliver_rows(
+            module,
+            resources,
+            items,
             prepare,
             _deliverer(writer, tally, display),
-            workers=ns.workers or 1,
-            address=ns.ray_address,
-            checkpoint=checkpoint,
+            {**opts, "workers": ns.workers, "ray_address": ns.ray_address},
+            checkpoint,
         )
-    finally:
-        shutdown_if_started()
 
 
 def _print_results(path: Path) -> None:

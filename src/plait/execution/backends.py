@@ -10,9 +10,9 @@ this layer never imports the ones above it.
 
 A new backend implements `Backend.run_batch` and is registered with
 `register_backend`; the run options it receives are the resolved ones (`plait.options`).
-A backend the `Trainer` can spread its passes over also implements `TrainingBackend`
-(``run_steps`` and ``session``): Ray does; the trainer runs its passes in this process
-itself otherwise.
+Two capabilities beyond that, each a protocol a backend may also implement (Ray does):
+`RowBackend` hands each row over as it arrives (``plait run`` writes it at once), and
+`TrainingBackend` runs a `Trainer`'s passes (``run_steps``, within a ``session``).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from typing import Any, Protocol, runtime_checkable
 __all__ = [
     "Backend",
     "BackendError",
+    "RowBackend",
     "TrainingBackend",
     "backend",
     "backend_names",
@@ -47,6 +48,30 @@ class Backend(Protocol):
         opts: dict[str, Any],
     ) -> list[Any]:
         """Each input's result, in input order: the output, or its ERROR `Value`."""
+        ...
+
+
+@runtime_checkable
+class RowBackend(Protocol):
+    """A backend that hands each row over as it arrives, not a list at the end."""
+
+    def deliver_rows(
+        self,
+        module: Any,
+        resources: Any,
+        items: Iterable[Any],
+        prepare: Callable[[Any], Any],
+        deliver: Callable[[int, Any, Any], None],
+        opts: dict[str, Any],
+        checkpoint: Any = None,
+    ) -> None:
+        """Run each item, calling ``deliver(index, item, value)`` as its row arrives;
+        ``prepare(item)`` gives its ``(args, kwargs)`` or an ERROR `Value` to deliver
+        as it is.  Blocks the calling thread until every row is delivered."""
+        ...
+
+    def session(self) -> AbstractContextManager[None]:
+        """Keep what the backend starts alive for the run; stop what it started."""
         ...
 
 

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from plait.demos import normalize_demos
+from plait.effects import Message
 from plait.handlers.calls import CallLog, CallRecord
 from plait.inference import LLMInference
 from plait.module import Module
@@ -150,12 +151,17 @@ class TraceLog(CallLog):
         self.module = module
         self.output: Any = None
 
-    def postprocess(self, msg: Any) -> None:
+    def postprocess_module(self, msg: Message) -> None:
+        self._keep_output(msg)
+
+    def postprocess_llm(self, msg: Message) -> None:
+        self._keep_output(msg)  # a pipeline that is one LLMInference
+        super().postprocess_llm(msg)
+
+    def _keep_output(self, msg: Message) -> None:
         if msg.module is self.module and msg.error is None:
             value = msg.value
             self.output = getattr(value, "payload", value)
-        if msg.type == "llm":
-            super().postprocess(msg)
 
     def trace(self, example: Example, score: float, failed: bool = False) -> Trace:
         return Trace(example, score, None if failed else self.output, list(self.calls), failed)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from plait.execution.checkpoint import Checkpoint
@@ -63,6 +63,31 @@ class RayBackend:
         )
         return [results[index] for index in range(len(examples))]
 
+    def deliver_rows(
+        self,
+        module: Module,
+        resources: ResourceManager,
+        items: Iterable[Any],
+        prepare: Callable[[Any], tuple[tuple[Any, ...], dict[str, Any]] | Value],
+        deliver: Callable[[int, Any, Value], None],
+        opts: dict[str, Any],
+        checkpoint: Checkpoint | None = None,
+    ) -> None:
+        """Run each item on the workers, calling ``deliver(index, item, value)`` as each
+        row arrives (`plait.execution.backends.RowBackend`; blocks the calling thread).
+        ``prepare(item)`` gives an input's ``(args, kwargs)``, or the ERROR `Value` to
+        deliver without running it.  The first input is traced here first, so a mistake
+        in the pipeline's code stops the run once, before any worker is paid for."""
+        run_distributed(
+            make_spec(module, resources, opts, checkpoint),
+            traced_first(module, items, prepare),
+            prepare,
+            deliver,
+            workers=opts["workers"] or 1,
+            address=opts["ray_address"],
+            checkpoint=checkpoint,
+        )
+
     @contextlib.contextmanager
     def session(self) -> Iterator[None]:
         """A local Ray started for the run's passes is stopped when it ends; one that was
@@ -114,19 +139,10 @@ class RayBackend:
         def prepare(item: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
             return (item, *extra), kwargs
 
-        def drive() -> None:
-            run_distributed(
-                make_spec(module, resources, opts, checkpoint),
-                traced_first(module, items, prepare),
-                prepare,
-                deliver,
-                workers=opts["workers"] or 1,
-                address=opts["ray_address"],
-                checkpoint=checkpoint,
-            )
-
         try:
-            await asyncio.to_thread(drive)
+            await asyncio.to_thread(
+                self.deliver_rows, module, resources, items, prepare, deliver, opts, checkpoint
+            )
         except BaseException:
             give_back()
             raise
