@@ -241,7 +241,7 @@ def observes_every_call(stack: tuple[Handler, ...]) -> bool:
 
 
 def _plain_result(result: Any, hook: str, handler: Handler) -> None:
-    if inspect.isawaitable(result):
+    if result is not None and inspect.isawaitable(result):
         if inspect.iscoroutine(result):
             result.close()
         raise TypeError(

@@ -103,17 +103,23 @@ class LLMInference(Module):
         pairs are a `plait.demos.DemoError` naming the parameter; a prompt with no
         text of its own (None, bytes, a function) is a TypeError naming its type.
         """
-        path = self.qualified_path or "LLMInference"
         messages: list[dict[str, Any]] = []
         system = self.system_prompt
         if system is not None:
-            where = f"{path}'s system prompt"
-            messages.append({"role": "system", "content": prompt_text(system.current(), where)})
+            content = system.current()
+            if not isinstance(content, str):  # text needs no check (nor a label built)
+                content = prompt_text(content, f"{self._label()}'s system prompt")
+            messages.append({"role": "system", "content": content})
         if self.demos is not None:
             where = f"the demonstrations of {self.qualified_path or 'this LLMInference'}"
             messages.extend(demo_messages(normalize_demos(self.demos.current(), where)))
-        messages.append({"role": "user", "content": prompt_text(prompt, f"{path}'s prompt")})
+        if not isinstance(prompt, str):
+            prompt = prompt_text(prompt, f"{self._label()}'s prompt")
+        messages.append({"role": "user", "content": prompt})
         return messages
+
+    def _label(self) -> str:
+        return self.qualified_path or "LLMInference"
 
     def forward(self, prompt: Any) -> Any:
         raise RuntimeError(

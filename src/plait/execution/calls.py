@@ -215,7 +215,8 @@ class CallSite:
         if run is None or priority is None:
             return await self.resources.endpoint(request.alias).complete(request, 0.0, timing)
         queued = time.monotonic()
-        await run.limiter.acquire(priority)
+        if not run.limiter.try_acquire():  # a free slot is taken without a coroutine
+            await run.limiter.acquire(priority)
         try:
             timing.add("queue", queued, time.monotonic(), limit="run")
             endpoint = self.resources.endpoint(request.alias)
