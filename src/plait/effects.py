@@ -49,6 +49,7 @@ __all__ = [
     "Runtime",
     "apply_stack",
     "apply_stack_sync",
+    "call_eagerly",
     "current_interpreter",
     "current_stack",
     "find_interpreter",
@@ -190,7 +191,21 @@ class Handler:
 
     def __call__(self, fn: Callable[P, R]) -> Callable[P, R]:
         """Use the handler as a decorator: ``fn`` runs with the handler active."""
-        return _decorate(self, fn)
+        if inspect.iscoroutinefunction(fn):
+
+            @functools.wraps(fn)
+            async def run_async(*args: Any, **kwargs: Any) -> Any:
+                with self:
+                    return await fn(*args, **kwargs)
+
+            return run_async  # type: ignore[return-value]
+
+        @functools.wraps(fn)
+        def run(*args: P.args, **kwargs: P.kwargs) -> R:
+            with self:
+                return fn(*args, **kwargs)
+
+        return run
 
 
 def _hook(cls: type, stage: str, kind: str) -> Hook | None:
@@ -209,25 +224,6 @@ def _hook(cls: type, stage: str, kind: str) -> Hook | None:
 
 def _itself(entry: object) -> object:
     return entry
-
-
-def _decorate(block: Any, fn: Callable[P, R]) -> Callable[P, R]:
-    """``fn`` run inside ``with block:`` (a handler or an interpreter used as a decorator)."""
-    if inspect.iscoroutinefunction(fn):
-
-        @functools.wraps(fn)
-        async def run_async(*args: Any, **kwargs: Any) -> Any:
-            with block:
-                return await fn(*args, **kwargs)
-
-        return run_async  # type: ignore[return-value]
-
-    @functools.wraps(fn)
-    def run(*args: P.args, **kwargs: P.kwargs) -> R:
-        with block:
-            return fn(*args, **kwargs)
-
-    return run
 
 
 def current_stack() -> tuple[Handler, ...]:
@@ -383,14 +379,19 @@ class Runtime(Interpreter):
         raise NotImplementedError
 
 
+def call_eagerly(msg: Message) -> Any:
+    """A module call run on the spot: ``forward`` as a plain function, through the
+    handlers when any are active (the runtime's meaning of a call that needs no run)."""
+    if _STACK.get():
+        return apply_stack_sync(msg)
+    return msg.fn(*msg.args, **msg.kwargs) if msg.fn is not None else None
+
+
 class _Eager(Runtime):
-    """The meaning of a call before the composition root installed plait's runtime:
-    ``forward`` runs as a plain function, through the handlers when any are active."""
+    """The meaning of a call before the composition root installed plait's runtime."""
 
     def call_module(self, msg: Message) -> Any:
-        if _STACK.get():
-            return apply_stack_sync(msg)
-        return msg.fn(*msg.args, **msg.kwargs) if msg.fn is not None else None
+        return call_eagerly(msg)
 
 
 _runtime: list[Runtime | Callable[[], Runtime]] = [_Eager()]

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterat
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from plait._signature import forward_shape
-from plait.effects import Message, Runtime, apply_stack_sync, current_stack, observes_every_call
+from plait.effects import Message, Runtime, call_eagerly, current_stack, observes_every_call
 from plait.execution.backends import backend, register_backend
 from plait.execution.batch import BatchResult
 from plait.execution.checkpoint import (
@@ -63,9 +63,7 @@ class ExecutionRuntime(Runtime):
         module = msg.module
         if needs_runtime(module):
             return start_run(module, msg.args, msg.kwargs)
-        if current_stack():
-            return apply_stack_sync(msg)
-        return msg.fn(*msg.args, **msg.kwargs) if msg.fn is not None else None
+        return call_eagerly(msg)
 
     def run_sync(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return run_blocking(start_run(module, args, kwargs, streaming=False))
@@ -348,28 +346,6 @@ async def _run_single(
     return state.shape(value)
 
 
-async def _run_batch(
-    module: Module,
-    items: Iterable[Any],
-    extra: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    opts: dict[str, Any],
-) -> list[Any]:
-    state = Run(module, opts, batch=True)
-    outputs: dict[int, Any] = {}
-
-    def deliver(index: int, item: Any, value: Value) -> None:
-        outputs[index] = value if value.kind is ValueKind.ERROR else state.shape(value)
-
-    try:
-        await state.drive(items, extra, kwargs, deliver, asyncio.Semaphore(state.window), True)
-    except BaseException:
-        state.close(finished=False)
-        raise
-    state.close()
-    return [outputs[i] for i in range(len(outputs))]
-
-
 class LocalBackend:
     """This process's event loop as a backend (`plait.execution.backends`): inputs are
     admitted as a window of them finishes, under the run's limits and handlers."""
@@ -382,7 +358,20 @@ class LocalBackend:
         kwargs: dict[str, Any],
         opts: dict[str, Any],
     ) -> list[Any]:
-        return await _run_batch(module, items, extra, kwargs, opts)
+        state = Run(module, opts, batch=True)
+        outputs: dict[int, Any] = {}
+
+        def deliver(index: int, item: Any, value: Value) -> None:
+            outputs[index] = value if value.kind is ValueKind.ERROR else state.shape(value)
+
+        slots = asyncio.Semaphore(state.window)
+        try:
+            await state.drive(items, extra, kwargs, deliver, slots, True)
+        except BaseException:
+            state.close(finished=False)
+            raise
+        state.close()
+        return [outputs[i] for i in range(len(outputs))]
 
 
 register_backend("local", LocalBackend)
