@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import plait
@@ -126,3 +127,10 @@ class TwoSteps(plait.Module):
 
 def two_steps(doc: str) -> str:
     return echo("B", echo("A", doc))
+
+
+class LoopKind(plait.Module):
+    """Which event loop runs its input: the module of the running loop's class."""
+
+    async def forward(self, text: str) -> str:
+        return f"{text}: {type(asyncio.get_running_loop()).__module__}"

@@ -26,7 +26,7 @@ from plait.handlers.budgeting import BudgetExceeded
 from plait.testing import FakeOpenAIServer
 
 from .conftest import ROOT, make_resources
-from .pipelines import Echo, FanOutFanIn, TwoSteps, echo, two_steps
+from .pipelines import Echo, FanOutFanIn, LoopKind, TwoSteps, echo, two_steps
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
@@ -104,6 +104,16 @@ def test_requests_per_minute_hold_across_four_workers(server: FakeOpenAIServer) 
     for i, t_i in enumerate(arrivals):
         for j in range(i, len(arrivals)):
             assert j - i + 1 <= burst + rate * (arrivals[j] - t_i) + 1, (i, j)
+
+
+def test_workers_run_on_the_standard_asyncio_loop_even_where_uvloop_is_installed() -> None:
+    """Ray puts an async actor on uvloop when it can import it, and plait's workers died
+    under it with SIGSEGV in ``uv__signal_event`` (CI: three in a row, one training run
+    lost).  The dev environment installs uvloop (the fake server uses it), so this would
+    say "uvloop" if plait's workers did not ask Ray for the standard loop."""
+    pytest.importorskip("uvloop")
+    out = LoopKind().run_sync([f"in {i}" for i in range(4)], workers=2)
+    assert out == [f"in {i}: asyncio.unix_events" for i in range(4)]
 
 
 def test_a_killed_worker_s_inputs_rerun_elsewhere_without_paying_twice(
