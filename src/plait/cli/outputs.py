@@ -32,7 +32,6 @@ import os
 import re
 import shutil
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -139,22 +138,17 @@ def error_record(value: Value) -> dict[str, Any]:
 class OutputWriter:
     """Writes result lines to a file or stdout, in completion or in input order.
 
-    In input order a finished result waits until every earlier one is written;
-    ``on_written`` is told of each line, so the caller frees a window slot only
-    when the line is out and the buffer of waiting results stays bounded.
+    In input order a finished result waits until every earlier one is written.  The
+    local backend hands rows over in input order already (a window slot frees only
+    as its row is delivered, which keeps what waits bounded), so then nothing waits
+    here; the rows of Ray workers arrive as they finish and are put in order here.
     """
 
-    def __init__(
-        self,
-        location: str,
-        preserve_order: bool = False,
-        on_written: Callable[[], None] | None = None,
-    ) -> None:
+    def __init__(self, location: str, preserve_order: bool = False) -> None:
         self.location = location
         self._existed = False
         self._previous: Path | None = None
         self.preserve_order = preserve_order
-        self.on_written = on_written
         self.path: Path | None = None
         if location == "-":
             self._stream: IO[str] = sys.stdout
@@ -226,8 +220,6 @@ class OutputWriter:
         self._stream.write(line + "\n")
         self._stream.flush()
         self.written += 1
-        if self.on_written is not None:
-            self.on_written()
 
     def close(self) -> None:
         if self._owned:

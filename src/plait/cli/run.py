@@ -1,8 +1,10 @@
 """``plait run``: a pipeline over a file of inputs, resumable, with progress and a bill.
 
-The run goes through the same runtime as ``module.stream()`` (its window of
-inputs, its checkpoints, its handlers); the CLI adds what a batch job at a
-terminal needs: inputs read lazily from a file, one JSON line out per input as it
+The rows run on a backend picked by name (`plait.execution.backends`): ``"local"``,
+this process's event loop with the same window of inputs, checkpoints and handlers
+as ``module.stream()``, or ``"ray"`` for ``--workers``/``--ray-address``.  Either
+hands each row over as it arrives (``deliver_rows``); the CLI adds what a batch job
+at a terminal needs: inputs read lazily from a file, one JSON line out per input as it
 completes, a progress display, a usage table, and a clean stop on Ctrl-C that
 the same command resumes.
 
@@ -17,7 +19,6 @@ a run resumable.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import itertools
 import json
@@ -25,7 +26,7 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -48,8 +49,7 @@ from plait.cli.progress import Tally, console, duration, make_display
 from plait.execution.backends import RowBackend, backend
 from plait.execution.checkpoint import FORMAT as CHECKPOINT_FORMAT
 from plait.execution.checkpoint import Checkpoint, CheckpointError
-from plait.execution.loop import run_blocking
-from plait.execution.runtime import Run
+from plait.execution.runtime import Prepared, backend_name
 from plait.execution.settings import resolve_options
 from plait.inputs import FORMATS, InputError, InputSource, Item, count_inputs, open_inputs
 from plait.module import Module
@@ -350,9 +350,12 @@ class _Command:
             options["max_concurrent"] = ns.max_concurrent
         opts = resolve_options(options, module._bound_config, None)
         opts["seed"] = self.seed
-        # The command owns the checkpoint (opened above) and the order, whatever bind() said.
+        # The command owns the checkpoint (opened above), the order and where the rows
+        # run (Ray for --workers or --ray-address, else this process), whatever bind() said.
         opts["checkpoint_dir"] = None
         opts["preserve_order"] = bool(ns.preserve_order)
+        opts.update(workers=ns.workers, ray_address=ns.ray_address, backend=None)
+        where = _row_backend(backend_name(opts))
 
         if ns.output != "-" and Path(ns.output).is_dir():
             raise UsageError(f"--output {ns.output} is a directory; give the path of a file")
@@ -378,13 +381,16 @@ class _Command:
         started = time.monotonic()
         display.start()
         try:
-            with profiler:
-                if ns.workers or ns.ray_address:
-                    _drive_on_ray(
-                        module, resources, opts, checkpoint, items, writer, tally, display, ns
-                    )
-                else:
-                    run_blocking(_drive(module, opts, checkpoint, items, writer, tally, display))
+            with profiler, where.session():
+                where.deliver_rows(
+                    module,
+                    resources,
+                    items,
+                    _preparer(tally),
+                    _deliverer(writer, tally, display),
+                    opts,
+                    checkpoint,
+                )
         except KeyboardInterrupt:
             display.stop()
             writer.close()
@@ -491,82 +497,41 @@ class _Command:
         return 0
 
 
-# -- the run itself, on plait's event loop ----------------------------------------------------
-class CliRun(Run):
-    """The runtime's batch driver, with inputs that carry their own keyword arguments.
+# -- the rows ------------------------------------------------------------------------------
+def _row_backend(name: str) -> RowBackend:
+    """The backend the rows run on, by the name it is registered under."""
+    found = backend(name)
+    if not isinstance(found, RowBackend):
+        raise UsageError(
+            f"the {name!r} backend ({type(found).__name__}) cannot hand rows over as they "
+            "arrive, which plait run needs to write them"
+        )
+    return found
 
-    A problem found while reading an input becomes that input's error; a problem
-    with the run as a whole (a changed input under a checkpoint, a broken output)
-    stops it at once rather than after the remaining inputs were fed.
-    """
 
-    def __init__(self, module: Module, opts: dict[str, Any], tally: Tally) -> None:
-        super().__init__(module, opts, batch=True)
-        self.tally = tally
-        self.fatal: BaseException | None = None
-        self.task: asyncio.Task[Any] | None = None
+def _preparer(tally: Tally) -> Callable[[Item], Prepared]:
+    """What the backend calls as it admits an input: its arguments (now in flight), or,
+    for an input that could not be read, the error that is its row."""
 
-    def stop(self, exc: BaseException) -> None:
-        if self.fatal is None:
-            self.fatal = exc
-            if self.task is not None:
-                self.task.cancel()
-
-    async def one(self, index: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
-        item: Item = args[0]
+    def prepare(item: Item) -> Prepared:
         if item.problem is not None:
             return error_value(InputError(item.problem), module_path=None)
-        tally = self.tally
         tally.in_flight += 1
-        try:
-            value = await super().one(index, item.args, item.kwargs)
-        except CheckpointError as exc:
-            self.stop(exc)
-            raise
-        finally:
-            tally.in_flight -= 1
-        return value
+        return item.args, item.kwargs
+
+    return prepare
 
 
-async def _drive(
-    module: Module,
-    opts: dict[str, Any],
-    checkpoint: Checkpoint | None,
-    items: Iterator[Item],
-    writer: OutputWriter,
-    tally: Tally,
-    display: Any,
-) -> None:
-    state = CliRun(module, opts, tally)
-    state.checkpoint = checkpoint  # opened (and vetted) by the command, closed by it too
-    state.task = asyncio.current_task()
-    preserve = bool(opts["preserve_order"])
-    slots = asyncio.Semaphore(state.window)
-    if preserve:
-        writer.on_written = slots.release  # a slot frees only once its line is out
-
-    written = _deliverer(writer, tally, display)
-
-    def deliver(index: int, item: Any, value: Value) -> None:
-        try:
-            written(index, item, value)
-        except Exception as exc:
-            state.stop(exc)
-            raise
-
-    try:
-        await state.drive(items, (), {}, deliver, slots, not preserve)
-    except asyncio.CancelledError:
-        if state.fatal is not None:
-            raise state.fatal from None
-        raise
-
-
-def _deliverer(writer: OutputWriter, tally: Tally, display: Any) -> Any:
+def _deliverer(
+    writer: OutputWriter, tally: Tally, display: Any
+) -> Callable[[int, Item, Value], None]:
     """What happens to each finished input: its row is written, then counted (the
-    summary is what was written, never what was expected)."""
+    summary is what was written, never what was expected).  A row that cannot be
+    written at all raises, which stops the run."""
 
-    def deliver(index: int, item: Any, value: Value) -> None:
+    def deliver(index: int, item: Item, value: Value) -> None:
+        if item.problem is None:
+            tally.in_flight -= 1
         value = writer.write(index, item.raw, value)  # an unwritable output: its error
         if value.is_error:
             tally.failed += 1
@@ -579,40 +544,6 @@ def _deliverer(writer: OutputWriter, tally: Tally, display: Any) -> Any:
         display.changed()
 
     return deliver
-
-
-def _drive_on_ray(
-    module: Module,
-    resources: ResourceManager,
-    opts: dict[str, Any],
-    checkpoint: Checkpoint | None,
-    items: Iterator[Item],
-    writer: OutputWriter,
-    tally: Tally,
-    display: Any,
-    ns: argparse.Namespace,
-) -> None:
-    """The same run on Ray workers (the ``"ray"`` backend): rows, checkpoint and
-    summary as above, each row written as it arrives."""
-    found = backend("ray")
-    if not isinstance(found, RowBackend):
-        raise UsageError(f"the backend {type(found).__name__} cannot hand rows over as they arrive")
-
-    def prepare(item: Item) -> Any:
-        if item.problem is not None:
-            return error_value(InputError(item.problem), module_path=None)
-        return item.args, item.kwargs
-
-    with found.session():
-        found.deliver_rows(
-            module,
-            resources,
-            items,
-            prepare,
-            _deliverer(writer, tally, display),
-            {**opts, "workers": ns.workers, "ray_address": ns.ray_address},
-            checkpoint,
-        )
 
 
 def _print_results(path: Path) -> None:

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ExecutionRuntime",
     "LocalBackend",
+    "Prepared",
     "Run",
     "backend_name",
     "is_batch",
@@ -46,6 +47,10 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+#: What a driver's ``prepare(item)`` gives: the input's ``(args, kwargs)``, or the
+#: ERROR `Value` that is its row without running it.
+Prepared = tuple[tuple[Any, ...], dict[str, Any]] | Value
 
 
 class ExecutionRuntime(Runtime):
@@ -200,7 +205,15 @@ class Run:
     so every place a pipeline runs resumes, seeds and reports the same way.
     """
 
-    def __init__(self, module: Module, opts: dict[str, Any], batch: bool = False) -> None:
+    def __init__(
+        self,
+        module: Module,
+        opts: dict[str, Any],
+        batch: bool = False,
+        checkpoint: Checkpoint | None = None,
+    ) -> None:
+        """``checkpoint``: one the caller opened (and vetted) and closes itself, as
+        ``plait run`` does; without it the run opens ``opts["checkpoint_dir"]``'s."""
         self.module = module
         self.training = module.training
         seed, self.give_back_seed = run_seed(module, opts.get("seed"))
@@ -213,11 +226,13 @@ class Run:
                 seed=seed,
             )
             self.window = inputs_in_flight(opts)
-            self.checkpoint: Checkpoint | None = None
-            if opts["checkpoint_dir"] is not None:
+            self.checkpoint: Checkpoint | None = checkpoint
+            self._owns_checkpoint = False
+            if checkpoint is None and opts["checkpoint_dir"] is not None:
                 self.checkpoint = Checkpoint.of_run(
                     opts["checkpoint_dir"], module, self.engine.resources, seed
                 ).open()
+                self._owns_checkpoint = True
         except BaseException:
             self.give_back_seed()
             raise
@@ -227,7 +242,7 @@ class Run:
         it again (resuming its checkpoint) draws the same seeds."""
         if not finished:
             self.give_back_seed()
-        if self.checkpoint is not None:
+        if self.checkpoint is not None and self._owns_checkpoint:
             self.checkpoint.close()
 
     async def one(self, index: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
@@ -271,44 +286,91 @@ class Run:
     async def drive(
         self,
         items: Iterable[Any],
-        extra: tuple[Any, ...],
-        kwargs: dict[str, Any],
+        prepare: Callable[[Any], Prepared],
         deliver: Callable[[int, Any, Value], None],
-        slots: asyncio.Semaphore,
-        release_on_done: bool,
+        slots: asyncio.Semaphore | None = None,
+        in_order: bool = False,
     ) -> None:
-        """Feed inputs lazily: a new one is pulled only when a slot of the window frees up."""
+        """Run every item, calling ``deliver(index, item, value)`` with its row.
+
+        Inputs are fed lazily: the next item is pulled, and ``prepare(item)`` called
+        (its ``(args, kwargs)``, or an ERROR `Value` to deliver as it is), only when a
+        slot of the window frees up.  ``in_order`` delivers the rows in input order, a
+        finished row waiting for the ones before it.  Without ``slots`` a slot frees as
+        its row is delivered, so rows waiting for their turn count against the window
+        and what is buffered stays bounded; with ``slots`` (a stream's) the caller
+        frees one per row it has taken.
+
+        A problem with the run rather than an input (the checkpoint refusing an input,
+        the first trace failing: the pipeline's code is wrong, ``deliver`` raising: the
+        row has nowhere to go) stops it at once: the inputs in flight are cancelled and
+        that exception is raised here.
+        """
+        own_slots = slots is None
+        window = asyncio.Semaphore(self.window) if slots is None else slots
         tasks: set[asyncio.Task[None]] = set()
         handler = CheckpointHandler(self.checkpoint) if self.checkpoint is not None else None
-
         code_error = self.engine.code_error_of
+        driver = asyncio.current_task()
+        assert driver is not None  # a coroutine of a running loop
+        stopped: list[Exception] = []  # why the run stopped, from an input's task
+        unwinding = False
+        waiting: dict[int, tuple[Any, Value]] = {}  # in order: rows before theirs are due
+        due = 0
 
-        async def one(index: int, item: Any) -> None:
+        def stop(exc: Exception) -> None:
+            """Stop the run from an input's task: wake the driver with a cancellation
+            it turns into ``exc``."""
+            if not stopped and not unwinding:
+                stopped.append(exc)
+                driver.cancel()
+
+        def hand_over(index: int, item: Any, value: Value) -> None:
+            nonlocal due
+            if not in_order:
+                deliver(index, item, value)
+                if own_slots:
+                    window.release()
+                return
+            waiting[index] = (item, value)
+            while due in waiting:
+                item, value = waiting.pop(due)
+                deliver(due, item, value)
+                due += 1
+                if own_slots:
+                    window.release()
+
+        async def one(index: int, item: Any, prepared: Prepared) -> None:
+            if isinstance(prepared, Value):
+                value = prepared  # refused before running (an unreadable input): its row
+            else:
+                args, kwargs = prepared
+                try:
+                    value = await self.one(index, args, kwargs)
+                    code_error()
+                except (CheckpointError, TracingError) as exc:
+                    stop(exc)  # about the run, not this input: the run stops and says why
+                    return
+                except BaseException as exc:
+                    # Never lose an input: whatever went wrong is this input's error,
+                    # unless it is about the run (a real cancellation, Ctrl-C).
+                    failure = as_input_failure(exc)
+                    if failure is None:
+                        raise
+                    value = error_value(
+                        failure, module_path=f"{type(self.module).__name__} (input {index})"
+                    )
             try:
-                value = await self.one(index, (item, *extra), kwargs)
-                code_error()
-            except (CheckpointError, TracingError):
-                raise  # about the run, not this input: the run stops and says why
-            except BaseException as exc:
-                # Never lose an input: whatever went wrong is this input's error, unless
-                # it is about the run (a real cancellation, Ctrl-C).
-                failure = as_input_failure(exc)
-                if failure is None:
-                    raise
-                value = error_value(
-                    failure, module_path=f"{type(self.module).__name__} (input {index})"
-                )
-            finally:
-                if release_on_done:
-                    slots.release()
-            deliver(index, item, value)
+                hand_over(index, item, value)
+            except Exception as exc:  # the row could not be delivered (written)
+                stop(exc)
 
         scope = handler.outermost() if handler is not None else contextlib.nullcontext()
         try:
             scope.__enter__()
             for index, item in enumerate(items):
-                await slots.acquire()
-                task = asyncio.create_task(one(index, item))
+                await window.acquire()
+                task = asyncio.create_task(one(index, item, prepare(item)))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
                 # Let the new input trace and send its first requests before the next one
@@ -319,9 +381,15 @@ class Run:
             self.engine.start_draining()
             while tasks:
                 await asyncio.gather(*list(tasks))
-        except BaseException:
+        except BaseException as exc:
+            unwinding = True
             for task in tasks:
                 task.cancel()
+            if tasks:  # let them unwind (and forget their checkpoint entries) first
+                await asyncio.wait(list(tasks))
+            if stopped and isinstance(exc, asyncio.CancelledError):
+                driver.uncancel()  # the cancellation was ours, to stop the run
+                raise stopped[0] from None
             raise
         finally:
             scope.__exit__(None, None, None)
@@ -348,7 +416,11 @@ async def _run_single(
 
 class LocalBackend:
     """This process's event loop as a backend (`plait.execution.backends`): inputs are
-    admitted as a window of them finishes, under the run's limits and handlers."""
+    admitted as a window of them finishes, under the run's limits and handlers.
+
+    A batch (`run_batch`) and rows handed over as they arrive (`deliver_rows`, what
+    ``plait run`` writes) are one driver, `Run.drive`: the list is the rows collected.
+    """
 
     async def run_batch(
         self,
@@ -358,20 +430,70 @@ class LocalBackend:
         kwargs: dict[str, Any],
         opts: dict[str, Any],
     ) -> list[Any]:
-        state = Run(module, opts, batch=True)
+        training = module.training  # as the run starts: a Value per row in train() mode
         outputs: dict[int, Any] = {}
 
-        def deliver(index: int, item: Any, value: Value) -> None:
-            outputs[index] = value if value.kind is ValueKind.ERROR else state.shape(value)
+        def prepare(item: Any) -> Prepared:
+            return (item, *extra), kwargs
 
-        slots = asyncio.Semaphore(state.window)
-        try:
-            await state.drive(items, extra, kwargs, deliver, slots, True)
-        except BaseException:
-            state.close(finished=False)
-            raise
-        state.close()
+        def deliver(index: int, item: Any, value: Value) -> None:
+            error = value.kind is ValueKind.ERROR
+            outputs[index] = value if error or training else value.payload
+
+        # The list is in input order whatever the rows' order: waiting for a slow first
+        # row would only hold the window back.
+        await self.rows(
+            module, opts["resources"], items, prepare, deliver, {**opts, "preserve_order": False}
+        )
         return [outputs[i] for i in range(len(outputs))]
+
+    def deliver_rows(
+        self,
+        module: Module,
+        resources: Any,
+        items: Iterable[Any],
+        prepare: Callable[[Any], Prepared],
+        deliver: Callable[[int, Any, Value], None],
+        opts: dict[str, Any],
+        checkpoint: Checkpoint | None = None,
+    ) -> None:
+        """Run each item on this process's event loop, calling ``deliver(index, item,
+        value)`` as its row arrives (`plait.execution.backends.RowBackend`; blocks the
+        calling thread).  See `rows`."""
+        run_blocking(self.rows(module, resources, items, prepare, deliver, opts, checkpoint))
+
+    async def rows(
+        self,
+        module: Module,
+        resources: Any,
+        items: Iterable[Any],
+        prepare: Callable[[Any], Prepared],
+        deliver: Callable[[int, Any, Value], None],
+        opts: dict[str, Any],
+        checkpoint: Checkpoint | None = None,
+    ) -> None:
+        """`deliver_rows` on the running loop.
+
+        ``prepare(item)`` is called as the item is admitted to the window; an ERROR
+        `Value` it gives is that item's row as it is.  ``checkpoint`` is one the caller
+        opened and closes (else ``opts["checkpoint_dir"]``'s is opened and closed here).
+        With ``opts["preserve_order"]`` rows are delivered in input order and a slot of
+        the window frees only as its row is delivered, so the rows waiting for an
+        earlier one stay within the window.  A ``deliver`` that raises stops the run at
+        once, and its exception is raised here.
+        """
+        state = Run(module, {**opts, "resources": resources}, batch=True, checkpoint=checkpoint)
+        finished = False
+        try:
+            await state.drive(items, prepare, deliver, in_order=bool(opts["preserve_order"]))
+            finished = True
+        finally:
+            state.close(finished)
+
+    @contextlib.contextmanager
+    def session(self) -> Iterator[None]:
+        """Nothing to keep alive: the runtime loop outlives every run of the process."""
+        yield
 
 
 register_backend("local", LocalBackend)
@@ -410,9 +532,13 @@ async def _stream(
     opts: dict[str, Any],
 ) -> AsyncIterator[BatchResult]:
     state = Run(module, opts, batch=True)
-    preserve = bool(opts["preserve_order"])
+    # A slot frees once the consumer has taken its row: a slow consumer holds the
+    # window back instead of letting finished rows pile up in the queue.
     slots = asyncio.Semaphore(state.window)
     queue: asyncio.Queue[BatchResult | BaseException | None] = asyncio.Queue()
+
+    def prepare(item: Any) -> Prepared:
+        return (item, *extra), kwargs
 
     def deliver(index: int, item: Any, value: Value) -> None:
         if value.kind is ValueKind.ERROR:
@@ -422,7 +548,7 @@ async def _stream(
 
     async def produce() -> None:
         try:
-            await state.drive(items, extra, kwargs, deliver, slots, False)
+            await state.drive(items, prepare, deliver, slots, in_order=bool(opts["preserve_order"]))
         except BaseException as exc:  # surfaced to the consumer below
             queue.put_nowait(exc)
             if isinstance(exc, asyncio.CancelledError):
@@ -431,8 +557,6 @@ async def _stream(
             queue.put_nowait(None)
 
     producer = asyncio.create_task(produce())
-    pending: dict[int, BatchResult] = {}
-    next_index = 0
     finished = False
     try:
         while True:
@@ -442,16 +566,8 @@ async def _stream(
                 break
             if isinstance(item, BaseException):
                 raise item
-            if not preserve:
-                slots.release()
-                yield item
-                continue
-            pending[item.index] = item
-            while next_index in pending:
-                ready = pending.pop(next_index)
-                next_index += 1
-                slots.release()
-                yield ready
+            slots.release()
+            yield item
     finally:
         if not producer.done():
             producer.cancel()

@@ -76,12 +76,29 @@ class RayBackend:
         """Run each item on the workers, calling ``deliver(index, item, value)`` as each
         row arrives (`plait.execution.backends.RowBackend`; blocks the calling thread).
         ``prepare(item)`` gives an input's ``(args, kwargs)``, or the ERROR `Value` to
-        deliver without running it.  The first input is traced here first, so a mistake
-        in the pipeline's code stops the run once, before any worker is paid for."""
+        deliver without running it; it is called once per item, as the item is taken
+        for a worker (a caller counts what is in flight there).  The first input is
+        traced here first, so a mistake in the pipeline's code stops the run once,
+        before any worker is paid for; its preparation is kept for its worker.  A
+        ``deliver`` that raises stops the run, and its exception is raised here."""
+        kept: list[tuple[Any, Any]] = []  # the first item, prepared to be traced
+
+        def prepare_to_trace(item: Any) -> Any:
+            prepared = prepare(item)
+            kept.append((item, prepared))
+            return prepared
+
+        def prepare_once(item: Any) -> Any:
+            if kept:  # the runner's first call is the first item, traced already
+                first, prepared = kept.pop()
+                if first is item:
+                    return prepared
+            return prepare(item)
+
         run_distributed(
             make_spec(module, resources, opts, checkpoint),
-            traced_first(module, items, prepare),
-            prepare,
+            traced_first(module, items, prepare_to_trace),
+            prepare_once,
             deliver,
             workers=opts["workers"] or 1,
             address=opts["ray_address"],
