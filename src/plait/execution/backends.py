@@ -10,9 +10,11 @@ this layer never imports the ones above it.
 
 A new backend implements `Backend.run_batch` and is registered with
 `register_backend`; the run options it receives are the resolved ones (`plait.options`).
-Two capabilities beyond that, each a protocol a backend may also implement (Ray does):
-`RowBackend` hands each row over as it arrives (``plait run`` writes it at once), and
-`TrainingBackend` runs a `Trainer`'s passes (``run_steps``, within a ``session``).
+Two capabilities beyond that, each a protocol a backend may also implement:
+`RowBackend` hands each row over as it arrives (both backends do: ``plait run`` picks
+one by name, ``"local"`` or ``"ray"`` for ``--workers``, and writes each row at once),
+and `TrainingBackend` runs a `Trainer`'s passes (``run_steps``, within a ``session``;
+Ray does).
 """
 
 from __future__ import annotations
@@ -65,9 +67,19 @@ class RowBackend(Protocol):
         opts: dict[str, Any],
         checkpoint: Any = None,
     ) -> None:
-        """Run each item, calling ``deliver(index, item, value)`` as its row arrives;
-        ``prepare(item)`` gives its ``(args, kwargs)`` or an ERROR `Value` to deliver
-        as it is.  Blocks the calling thread until every row is delivered."""
+        """Run each item, calling ``deliver(index, item, value)`` as its row arrives.
+        Blocks the calling thread until every row is delivered.
+
+        ``prepare(item)`` is called once per item, as the backend admits it: it gives
+        the item's ``(args, kwargs)``, or an ERROR `Value` that is delivered as it is
+        (the caller can count what is in flight between the two calls).  ``checkpoint``
+        is one the caller opened and closes; finished inputs are answered from it (their
+        value's ``meta["checkpoint"]`` is ``"hit"``).  A ``deliver`` that raises (the
+        row cannot be written) stops the run at once and its exception is raised here;
+        so is a `CheckpointError`, and a `TracingError` of the first input.  Rows come
+        in completion order; with ``opts["preserve_order"]`` the local backend hands
+        them over in input order, a waiting row keeping its slot of the window, while
+        Ray does not, so a caller that needs the order still puts them in it."""
         ...
 
     def session(self) -> AbstractContextManager[None]:
