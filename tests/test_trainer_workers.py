@@ -17,7 +17,9 @@ is why these tests answer every call from the server instead.
 from __future__ import annotations
 
 import json
+import os
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +100,62 @@ def test_validation_on_workers_gives_the_same_scores_and_history_as_one_process(
     assert history.to_json() == expected.to_json()
     assert prompt_of(on_workers) == prompt_of(alone)
     assert ray_cluster.is_initialized()  # a Ray the run did not start is left running
+
+
+class NotesItsProcess(plait.Module):
+    """A leaf that writes down which process ran it and passes its input on."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self.path = path
+
+    async def forward(self, text: str) -> str:
+        with open(self.path, "a", encoding="utf-8") as notes:
+            notes.write(f"{os.getpid()}\n")
+        return text
+
+
+class NotedAnswerer(Answerer):
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self.note = NotesItsProcess(path)
+
+    def forward(self, text: str) -> Any:
+        return self.llm(self.note(text))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_the_passes_of_a_training_run_share_its_worker_processes(
+    server: FakeOpenAIServer, ray_cluster: Any, tmp_path: Path
+) -> None:
+    """Each pass (the initial validation, every minibatch and validation) used to start
+    worker processes of its own, about three seconds each for passes that take a
+    fraction of one; the passes of one run now share them, and the run stops them."""
+    notes = tmp_path / "pids.txt"
+    model = NotedAnswerer(str(notes))
+    optimizer = SFAOptimizer(model.parameters(), alias="smart", check=False, structured=False)
+    resources = make_resources(server, ("fast", "smart"))
+    trainer = Trainer(
+        model, Contains(), optimizer, TRAIN, VAL, resources=resources, batch_size=4,
+        shuffle=False, workers=2,
+    )  # fmt: skip
+    history = trainer.fit_sync()
+    assert len(history.steps) == 2  # the first validation, then two minibatches and theirs
+    assert len(notes.read_text().split()) >= len(VAL) * 2 + len(TRAIN)
+    pids = {int(pid) for pid in notes.read_text().split()}
+    assert 1 <= len(pids) <= 2
+    assert os.getpid() not in pids
+    deadline = time.monotonic() + 60
+    while any(_alive(pid) for pid in pids):  # stopped with the run (Ray reaps them)
+        assert time.monotonic() < deadline, f"workers {pids} outlived their training run"
+        time.sleep(0.05)
 
 
 class Critiqued(plait.LLMInference):

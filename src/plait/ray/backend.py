@@ -7,12 +7,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Iterable, Iterator
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from plait.execution.checkpoint import Checkpoint
 from plait.execution.runtime import traced_first
 from plait.ray.cluster import import_ray, shutdown_if_started
-from plait.ray.runner import run_distributed
+from plait.ray.runner import WorkerPool, run_distributed
 from plait.ray.spec import make_spec
 from plait.resources.manager import ResourceManager, say_embedded
 from plait.sampling import run_seed
@@ -22,6 +23,9 @@ if TYPE_CHECKING:
     from plait.module import Module
 
 __all__ = ["RayBackend"]
+
+#: The workers kept for the passes of the `RayBackend.session` this code runs in.
+_session_pool: ContextVar[WorkerPool | None] = ContextVar("plait_ray_worker_pool", default=None)
 
 
 class RayBackend:
@@ -60,6 +64,7 @@ class RayBackend:
             workers=opts["workers"] or 1,
             address=opts["ray_address"],
             method="train_batch" if train else "run_batch",
+            pool=_session_pool.get(),
         )
         return [results[index] for index in range(len(examples))]
 
@@ -107,14 +112,22 @@ class RayBackend:
 
     @contextlib.contextmanager
     def session(self) -> Iterator[None]:
-        """A local Ray started for the run's passes is stopped when it ends; one that was
-        running already (or a joined cluster) is left as it was."""
+        """The run's passes share their worker processes (each pass loads its own
+        pipeline into them), which are stopped when the session ends; a local Ray
+        started for the run is stopped then too, one that was running already (or a
+        joined cluster) is left as it was."""
         owned = not import_ray().is_initialized()
+        pool = WorkerPool()
+        token = _session_pool.set(pool)
         try:
             yield
         finally:
-            if owned:
-                shutdown_if_started()
+            _session_pool.reset(token)
+            try:
+                pool.close()
+            finally:
+                if owned:
+                    shutdown_if_started()
 
     async def run_batch(
         self,

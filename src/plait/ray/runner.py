@@ -24,6 +24,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import itertools
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -42,7 +43,14 @@ from plait.ray.worker import (
 )
 from plait.values import Value, ValueKind, error_value
 
-__all__ = ["MAX_LOSSES", "Dispatch", "WorkItem", "WorkerDied", "run_distributed"]
+__all__ = [
+    "MAX_LOSSES",
+    "Dispatch",
+    "WorkItem",
+    "WorkerDied",
+    "WorkerPool",
+    "run_distributed",
+]
 
 #: How many worker deaths one input may see before it becomes its error row.
 MAX_LOSSES = 3
@@ -96,6 +104,26 @@ class Dispatch:
         name = f"w{next(self._names)}"
         return _Worker(name, self._class.remote(self.spec, name))
 
+    def load(self, spec: PipelineSpec) -> None:
+        """Give the running workers another pipeline (a trainer's next pass): each
+        rebuilds it from ``spec`` in place of starting a process; one that died since
+        is replaced by a new worker built from ``spec``."""
+        self.spec = spec
+        loading = [(w, w.actor.load.remote(spec)) for w in self.workers]
+        for worker, ref in loading:
+            try:
+                self.ray.get(ref)
+            except self.ray.exceptions.RayActorError:
+                if worker.worker_id:
+                    self.broker.forget.remote(worker.worker_id)
+                self.replace(worker)
+
+    def finish_pass(self) -> None:
+        """Close each worker's run (its call log) and keep the processes for the next."""
+        for worker in self.workers:
+            with contextlib.suppress(Exception):
+                self.ray.get(worker.actor.close.remote(), timeout=10)
+
     def replace(self, dead: _Worker) -> _Worker:
         self.restarts += 1
         fresh = self._start()
@@ -117,6 +145,49 @@ class Dispatch:
             self.ray.get(forgotten, timeout=10)
 
 
+class WorkerPool:
+    """Worker processes kept between the runs of one session (a `Trainer`'s passes).
+
+    Starting a worker costs a process, ``import plait`` and a Ray actor: about three
+    seconds, where a validation pass of a few dozen calls takes a fraction of one, so a
+    training run on workers spent most of its time starting them.  A pass takes an idle
+    set of workers (`Dispatch`), reloads it with its own pipeline, and gives it back
+    when it ends; passes that run at once each get a set of their own.  `close` stops
+    them all at the end of the session.
+    """
+
+    def __init__(self) -> None:
+        self._idle: list[tuple[tuple[int, str | None], Dispatch]] = []
+        self._lock = threading.Lock()
+
+    def take(self, ray: Any, spec: PipelineSpec, workers: int, address: str | None) -> Dispatch:
+        """An idle set of ``workers`` loaded with ``spec``, or a new one."""
+        key = (workers, address)
+        with self._lock:
+            found = next((d for k, d in self._idle if k == key), None)
+            if found is not None:
+                self._idle = [(k, d) for k, d in self._idle if d is not found]
+        if found is None:
+            return Dispatch(ray, spec, workers)
+        try:
+            found.load(spec)
+        except BaseException:
+            found.close()
+            raise
+        return found
+
+    def give_back(self, dispatch: Dispatch, workers: int, address: str | None) -> None:
+        dispatch.finish_pass()
+        with self._lock:
+            self._idle.append(((workers, address), dispatch))
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for _, dispatch in idle:
+            dispatch.close()
+
+
 def run_distributed(
     spec: PipelineSpec,
     items: Iterable[Any],
@@ -129,14 +200,16 @@ def run_distributed(
     batch_size: int = 16,
     per_worker: int | None = None,
     method: str = "run_batch",
+    pool: WorkerPool | None = None,
 ) -> dict[str, Any]:
     """Run ``items`` on ``workers`` Ray worker processes; ``deliver`` each result.
 
     ``prepare(item)`` gives an input's ``(args, kwargs)``, or a `Value` (an ERROR) to
     deliver without running it.  ``method`` is the `PipelineWorker` method that runs
     a batch: ``"run_batch"`` (the outputs) or ``"train_batch"`` (train-mode outputs
-    with the feedback their backward pass collected).  Returns what happened
-    (worker restarts, rows).
+    with the feedback their backward pass collected).  With a ``pool`` the workers
+    come from it and go back to it (a run that fails stops its own).  Returns what
+    happened (worker restarts, rows).
     """
     if method not in ("run_batch", "train_batch"):
         raise ValueError(f"method must be 'run_batch' or 'train_batch', got {method!r}")
@@ -160,7 +233,10 @@ def run_distributed(
     window = inputs_in_flight(spec.options)
     batch_size = max(1, min(batch_size, window))
     per_worker = per_worker or max(2, window // batch_size)
-    dispatch = Dispatch(ray, spec, workers)
+    if pool is None:
+        dispatch = Dispatch(ray, spec, workers)
+    else:
+        dispatch = pool.take(ray, spec, workers, address)
     source: Iterator[tuple[int, Any]] = enumerate(items)
     retry: collections.deque[WorkItem] = collections.deque()
     rerun: set[int] = set()  # indices a dead worker held
@@ -235,6 +311,7 @@ def run_distributed(
         batch[:] = sendable
         return getattr(worker.actor, method).remote(batch, again) if batch else None
 
+    finished = False
     try:
         while True:
             # An input lost twice with its worker runs alone on an idle worker: the
@@ -296,8 +373,12 @@ def run_distributed(
                     if row[0] in originals:  # exactly once, whatever a lost worker sent
                         finish(row[0], value_of(row))
                 parts.collect(worker.name, worker.worker_id, result.get("reports", []))
+        finished = True
     finally:
-        dispatch.close()
+        if pool is not None and finished:
+            pool.give_back(dispatch, workers, address)
+        else:
+            dispatch.close()
     return {
         "restarts": dispatch.restarts,
         "delivered": delivered,

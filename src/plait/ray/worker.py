@@ -176,11 +176,9 @@ class PipelineWorker:
     """Runs batches of a pipeline in one Ray worker process (made an actor by the driver)."""
 
     def __init__(self, spec: PipelineSpec, name: str) -> None:
-        from ray import cloudpickle
-
         from plait.ray.cluster import broker
         from plait.ray.governor import LeasedGovernor
-        from plait.resources.manager import ResourceManager, use_governors
+        from plait.resources.manager import use_governors
 
         self.name = name
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{name}:{uuid.uuid4().hex[:6]}"
@@ -191,15 +189,25 @@ class PipelineWorker:
             return LeasedGovernor(config, limits, worker_id)
 
         use_governors(governor)
-        from plait._secrets import register
+        self._state: Any = None
+        self.load(spec)
 
+    def load(self, spec: PipelineSpec) -> None:
+        """Build the pipeline, its resources and handlers from ``spec``: at the start,
+        and again for each pass a `WorkerPool` hands this worker (the run before is
+        closed first, so its call log is complete)."""
+        from ray import cloudpickle
+
+        from plait._secrets import register
+        from plait.resources.manager import ResourceManager
+
+        self.close()
         for name, value in spec.secrets.items():
             os.environ[name] = value.get_secret_value()
             register(value.get_secret_value())
         self.spec = spec
         self.module = cloudpickle.loads(spec.module_bytes)
         self.resources = ResourceManager.coerce(spec.resources)
-        self._state: Any = None
         self.handlers = [h.build(self) for h in spec.handlers]
         self._run_state()  # the checkpoint opens now: a bad one fails the start, not a batch
 
