@@ -123,6 +123,20 @@ def test_show_prints_every_result_in_a_table(
     assert "ERROR" in done.stdout  # the failed input is shown as an error, not dropped
 
 
+def test_show_prints_the_whole_path_of_a_long_output(
+    server: FakeOpenAIServer, res: Path, tmp_path: Path
+) -> None:
+    """A table title is wrapped and cut to the table's width: the path was shown as
+    ``(/tmp/pytest-of-root/pope...``; it is printed whole, on a line of its own."""
+    out = tmp_path / ("a-long-folder-name-" * 6) / "out.jsonl"
+    done = cli(
+        "run", FAN, "-i", jsonl(tmp_path / "in.jsonl", ["alpha"]), "-o", out, "--resources", res,
+        "--show",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert f"results ({out})" in done.stdout.splitlines()
+
+
 def test_run_reads_stdin_and_writes_stdout(server: FakeOpenAIServer, res: Path) -> None:
     # JSON objects whose keys are forward's parameters are spread into keyword arguments
     lines = [{"question": "why", "context": "sky"}, {"question": "how"}]

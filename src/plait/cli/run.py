@@ -550,7 +550,7 @@ def _print_results(path: Path) -> None:
     """The outputs file as a table on stdout, for a run someone is watching (the demo)."""
     from rich.table import Table
 
-    table = Table(title=f"results ({path})", show_lines=True)
+    table = Table(show_lines=True)
     for column in ("#", "input", "output"):
         table.add_column(column, overflow="fold")
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
@@ -564,7 +564,11 @@ def _print_results(path: Path) -> None:
             else result
         )
         table.add_row(str(row["index"]), _clip(json.dumps(row["input"], ensure_ascii=False)), shown)
-    console(sys.stdout).print(table)
+    out = console(sys.stdout)
+    # The path on a line of its own, never wrapped or cut (a table title is, to its width):
+    # it is what a reader copies.
+    out.print(f"results ({path})", soft_wrap=True, markup=False, highlight=False)
+    out.print(table)
 
 
 def _refuse_unfit(items: Iterator[Item], field_name: str | None) -> Iterator[Item]:
