@@ -71,7 +71,6 @@ _PLACEHOLDER = re.compile(
         )
     )
 )
-_BODY_RE = re.compile(_BODY)
 _DEBRIS = re.compile(rf"[{_OPEN}{_CLOSE}]|\\ue00[01]")
 
 
@@ -157,10 +156,11 @@ class TracedValue(_Placeholder):
     _iteration = "iteration or unpacking (index it instead: out[0], out['key'])"
 
     def __new__(cls, tracer: Tracer, node: int, path: str) -> TracedValue:
-        self = super().__new__(cls, f"{_OPEN}{_MARK}{tracer.serial}:n{node}{_CLOSE}")
-        self.__dict__["_plait_node"] = node
-        self.__dict__["_plait_tracer"] = tracer
-        self.__dict__["_plait_label"] = path
+        self = str.__new__(cls, f"{_OPEN}{_MARK}{tracer.serial}:n{node}{_CLOSE}")
+        attributes = self.__dict__
+        attributes["_plait_node"] = node
+        attributes["_plait_tracer"] = tracer
+        attributes["_plait_label"] = path
         return self
 
     @property
@@ -310,7 +310,7 @@ class Tracer(Interpreter):
     def call_module(self, msg: Message) -> Any:
         """Record the call: handlers see it when it runs, not while it is recorded."""
         module = msg.module
-        if _is_node(module):
+        if module._calls_llm or _is_node(module):
             return self.record_module(module, msg.args, msg.kwargs)
         return self.record_composite(module, msg.args, msg.kwargs)
 
@@ -328,8 +328,9 @@ class Tracer(Interpreter):
         path = self.path_of(module)
         deps: set[int] = set()
         params: dict[int, Parameter] = {}
-        cargs = tuple(self.capture(a, deps, params) for a in args)
-        ckwargs = {k: self.capture(v, deps, params) for k, v in kwargs.items()}
+        capture = self.capture
+        cargs = tuple([capture(a, deps, params) for a in args])
+        ckwargs = {k: capture(v, deps, params) for k, v in kwargs.items()}
         enter = self._add(
             Node(
                 len(self.graph.nodes),
@@ -338,19 +339,21 @@ class Tracer(Interpreter):
                 module,
                 cargs,
                 ckwargs,
-                tuple(sorted(deps)),
+                _in_order(deps),
                 tuple(params.values()),
             )
         )
         label = f"{path} (argument)"
-        inner_args = tuple(self._substitute(a, enter.id, (0, i), label) for i, a in enumerate(args))
-        inner_kwargs = {k: self._substitute(v, enter.id, (1, k), label) for k, v in kwargs.items()}
-        self._scopes.append(enter.id)
+        substitute, source = self._substitute, enter.id
+        inner_args = tuple([substitute(a, source, (0, i), label) for i, a in enumerate(args)])
+        inner_kwargs = {k: substitute(v, source, (1, k), label) for k, v in kwargs.items()}
+        self._scopes.append(source)
         try:
             out = module.forward(*inner_args, **inner_kwargs)
         finally:
             self._scopes.pop()
-        if inspect.isawaitable(out):
+        # A traced output is never awaitable: only something else is worth inspect's test.
+        if type(out) is not TracedValue and inspect.isawaitable(out):
             if inspect.iscoroutine(out):
                 out.close()
             raise TracingError(
@@ -368,7 +371,7 @@ class Tracer(Interpreter):
                 module,
                 (cout,),
                 {},
-                tuple(sorted(odeps)),
+                _in_order(odeps),
                 tuple(oparams.values()),
                 pair=enter.id,
             )
@@ -378,7 +381,9 @@ class Tracer(Interpreter):
     def _substitute(self, obj: Any, source: int, where: tuple[Any, ...], label: str) -> Any:
         """``obj`` with every traced part replaced by a read of node ``source`` at ``where``."""
         cls = type(obj)
-        if cls is TracedValue or cls is LiftedParameter or (cls is str and _holds_placeholder(obj)):
+        if cls is str:
+            return self._projection(source, where, label) if _holds_placeholder(obj) else obj
+        if cls is TracedValue or cls is LiftedParameter:
             return self._projection(source, where, label)
         if cls is list or cls is tuple or (isinstance(obj, tuple) and hasattr(obj, "_fields")):
             items = [
@@ -411,15 +416,16 @@ class Tracer(Interpreter):
         return path
 
     def record_module(self, module: Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        path = self.path_of(module)
+        path = self.paths.get(id(module)) or self.path_of(module)
         _check_arguments(module, path, args, kwargs)
         deps: set[int] = set()
         params: dict[int, Parameter] = {}
-        cargs = tuple(self.capture(a, deps, params) for a in args)
-        ckwargs = {k: self.capture(v, deps, params) for k, v in kwargs.items()}
-        for attribute in ("system_prompt", "demos"):
+        capture = self.capture
+        cargs = tuple([capture(a, deps, params) for a in args])
+        ckwargs = {k: capture(v, deps, params) for k, v in kwargs.items()} if kwargs else {}
+        for attribute in _OWN_PARAMETERS:
             own = getattr(module, attribute, None)
-            if isinstance(own, Parameter):
+            if own is not None and isinstance(own, Parameter):
                 params[id(own)] = own
         node = self._add(
             Node(
@@ -429,7 +435,7 @@ class Tracer(Interpreter):
                 module,
                 cargs,
                 ckwargs,
-                tuple(sorted(deps)),
+                _in_order(deps),
                 tuple(params.values()),
             )
         )
@@ -449,8 +455,9 @@ class Tracer(Interpreter):
     ) -> TracedValue:
         deps: set[int] = set()
         params: dict[int, Parameter] = {}
-        cargs = tuple(self.capture(a, deps, params) for a in args)
-        ckwargs = {k: self.capture(v, deps, params) for k, v in (kwargs or {}).items()}
+        capture = self.capture
+        cargs = tuple([capture(a, deps, params) for a in args])
+        ckwargs = {k: capture(v, deps, params) for k, v in (kwargs or {}).items()}
         node = self._add(
             Node(
                 len(self.graph.nodes),
@@ -459,7 +466,7 @@ class Tracer(Interpreter):
                 None,
                 cargs,
                 ckwargs,
-                tuple(sorted(deps)),
+                _in_order(deps),
                 tuple(params.values()),
                 op=fn,
             )
@@ -474,11 +481,15 @@ class Tracer(Interpreter):
             node.scope = scope
             if scope not in node.deps:
                 node.deps = (*node.deps, scope)
-        self.graph.nodes.append(node)
+        graph = self.graph
+        nodes = graph.nodes
+        nodes.append(node)
         for dep in node.deps:
-            self.graph.nodes[dep].dependents.append(node.id)
-        for param in node.params:
-            self.graph.params[id(param)] = param
+            nodes[dep].dependents.append(node.id)
+        if node.params:
+            known = graph.params
+            for param in node.params:
+                known[id(param)] = param
         return node
 
     def lift_parameter(self, param: Parameter) -> str:
@@ -498,7 +509,7 @@ class Tracer(Interpreter):
             deps.add(obj._plait_node)
             return NodeRef(obj._plait_node)
         if cls is str:
-            if _holds_placeholder(obj):
+            if _OPEN in obj or "\\ue00" in obj:  # `_holds_placeholder`, inlined
                 return self._capture_text(obj, deps, params)
             return obj
         if isinstance(obj, Parameter):
@@ -527,15 +538,18 @@ class Tracer(Interpreter):
     def _capture_text(self, text: str, deps: set[int], params: dict[int, Parameter]) -> Any:
         parts: list[str | NodeRef | ParamRef | Formatted] = []
         end = 0
+        serial_text = str(self.serial)
         for match in _PLACEHOLDER.finditer(text):
             if match.start() > end:
                 parts.append(self._literal(text[end : match.start()]))
             end = match.end()
-            group = next(g for g in ("raw", "ascii", "unicode", "repr") if match.group(g))
-            body = _BODY_RE.fullmatch(match.group(group))
-            assert body is not None
-            serial, kind, index, as_repr = body.groups()
-            if serial != str(self.serial):
+            # The alternative that matched is the last group to close (its name), and
+            # the body's four groups follow it.
+            group = match.lastgroup
+            at = match.lastindex
+            assert group is not None and at is not None
+            serial, kind, index, as_repr = match.group(at + 1, at + 2, at + 3, at + 4)
+            if serial != serial_text:
                 raise TracingError(_foreign(text[:60]))
             ref = self._reference(kind, int(index), deps, params)
             if group == "repr":
@@ -592,6 +606,17 @@ def _foreign(what: str) -> str:
         "meaningful inside the forward() call that produced them (do not keep them in "
         "attributes or globals between calls)"
     )
+
+
+#: A leaf's own parameters, recorded on its node (an `LLMInference`'s; any module's).
+_OWN_PARAMETERS = ("system_prompt", "demos")
+
+
+def _in_order(deps: set[int]) -> tuple[int, ...]:
+    """A node's dependencies in id order (most nodes have none or one: no sort)."""
+    if len(deps) < 2:
+        return tuple(deps)
+    return tuple(sorted(deps))
 
 
 def _is_node(module: Module) -> bool:
