@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from plait._text import as_text
-from plait.effects import Interpreter, Message, apply_stack, find_interpreter
+from plait.effects import Interpreter, Message, apply_stack, current_stack, find_interpreter
 from plait.providers.base import LLMRequest, LLMResponse
 from plait.resources.endpoint import CallTiming
 from plait.sampling import CallCounts, call_seed, with_seed
@@ -230,45 +230,73 @@ class CallSite:
         request: LLMRequest,
         *,
         module: Any = None,
-        upstream: list[str] | None = None,
+        upstream: Callable[[], list[str]] | None = None,
         ref: str | None = None,
+        output: bool = False,
     ) -> Value:
         """The atomic LLM op: ``request`` as an ``"llm"`` message, then `send` unless a
-        handler answered.  Never raises for a failed call (an ERROR value comes back)."""
+        handler answered.  Never raises for a failed call (an ERROR value comes back).
+
+        ``upstream`` gives the node ids of the calls this one waited for, which handlers
+        see in the message's meta.  With ``output`` the value is what an `LLMInference`
+        node outputs for the reply (`module_output`), built without the reply's own.
+        When no active handler hooks LLM messages, nobody would see the message: the
+        call is sent without one (and without `apply_stack`'s coroutines), exactly as
+        `apply_stack` would have sent it.
+        """
         timing = CallTiming()
-        send = self.send
-
-        def default(request: LLMRequest) -> Any:
-            return send(request, timing)
-
         name = self.name
-        msg = Message(
-            type="llm",
-            name=name,
-            fn=default,
-            kwargs={"request": request},
-            module=module,
-            node_id=self.node_id,
-            input_index=self.index,
-            # For handlers: where each alias leads, where this call's time went, and the
-            # calls it waited for (node ids), which is what a profiler's critical path needs.
-            meta={"resources": self.resources, "timing": timing, "upstream": upstream or []},
-        )
-        try:
-            reply = await apply_stack(msg)
-        except Exception as exc:
-            return error_value(exc, module_path=name, ref=ref)
-        final = msg.kwargs.get("request", request)
+        stack = current_stack()
+        if not stack or not any(type(handler).sees("llm") for handler in stack):
+            try:
+                reply: Any = await self.send(request, timing)
+            except Exception as exc:
+                return error_value(exc, module_path=name, ref=ref)
+            final: Any = request
+            handled: Mapping[str, Any] = _NO_META
+        else:
+            send = self.send
+
+            def default(request: LLMRequest) -> Any:
+                return send(request, timing)
+
+            msg = Message(
+                type="llm",
+                name=name,
+                fn=default,
+                kwargs={"request": request},
+                module=module,
+                node_id=self.node_id,
+                input_index=self.index,
+                # For handlers: where each alias leads, where this call's time went, and
+                # the calls it waited for (node ids), which a profiler's critical path needs.
+                meta={
+                    "resources": self.resources,
+                    "timing": timing,
+                    "upstream": upstream() if upstream is not None else [],
+                },
+            )
+            try:
+                reply = await apply_stack(msg)
+            except Exception as exc:
+                return error_value(exc, module_path=name, ref=ref)
+            final = msg.kwargs.get("request", request)
+            handled = msg.meta
+        if isinstance(reply, LLMResponse):
+            response = reply
+            raw = False
+        else:
+            response = as_response(reply)
+            raw = True
+        if output:
+            return _node_output(name, response, reply, raw, ref)
         meta: dict[str, Any] = {
             "module_path": name,
             "alias": final.alias if isinstance(final, LLMRequest) else request.alias,
-            "answered_by": _answered_by(msg.meta, timing),
+            "answered_by": _answered_by(handled, timing),
         }
-        if isinstance(reply, LLMResponse):
-            response = reply
-        else:
+        if raw:
             meta[RAW_REPLY] = reply
-            response = as_response(reply)
         meta["usage"] = response.usage
         meta["model"] = response.model
         return Value(ValueKind.RESPONSE, response, ref=ref, meta=meta)
@@ -286,19 +314,30 @@ def module_output(reply: Value) -> Value:
     """What an `LLMInference` node outputs for ``reply``: the text, or the parsed object.
 
     An ERROR value passes through; a reply a handler gave in another form than an
-    `LLMResponse` is output as it was given.
+    `LLMResponse` is output as it was given.  (`CallSite.invoke` with ``output=True``
+    builds the same value straight from the reply.)
     """
     if reply.kind is ValueKind.ERROR:
         return reply
-    meta: dict[str, Any] = {"module_path": reply.meta["module_path"]}
-    if RAW_REPLY in reply.meta:
-        raw = reply.meta[RAW_REPLY]
+    meta = reply.meta
+    is_raw = RAW_REPLY in meta
+    return _node_output(
+        meta["module_path"], reply.payload, meta[RAW_REPLY] if is_raw else None, is_raw, reply.ref
+    )
+
+
+def _node_output(
+    name: str, response: LLMResponse, raw: Any, is_raw: bool, ref: str | None
+) -> Value:
+    """`module_output` of a reply: ``response`` is the reply as an `LLMResponse`, and
+    with ``is_raw`` a handler answered with ``raw``, which was not one."""
+    meta: dict[str, Any] = {"module_path": name}
+    if is_raw:
         payload = raw.payload if isinstance(raw, Value) else raw
-        return Value(kind_of(payload), payload, ref=reply.ref, meta=meta)
-    response: LLMResponse = reply.payload
+        return Value(kind_of(payload), payload, ref=ref, meta=meta)
     meta["usage"] = response.usage
     kind = ValueKind.STRUCTURED if response.parsed is not None else ValueKind.TEXT
-    return Value(kind, response.payload, ref=reply.ref, meta=meta)
+    return Value(kind, response.payload, ref=ref, meta=meta)
 
 
 def as_response(reply: Any) -> LLMResponse:
@@ -312,6 +351,10 @@ def as_response(reply: Any) -> LLMResponse:
     if reply is None:
         return LLMResponse("")
     return LLMResponse(as_text(reply), reply)
+
+
+#: The meta of a call no handler saw.
+_NO_META: Mapping[str, Any] = {}
 
 
 def _answered_by(meta: Mapping[str, Any], timing: CallTiming) -> str:

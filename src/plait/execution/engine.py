@@ -27,7 +27,7 @@ from plait.effects import (
     postprocess_stack,
     process_stack,
 )
-from plait.execution.calls import CallSite, NodeScope, module_output
+from plait.execution.calls import CallSite, NodeScope
 from plait.parameter import release_snapshot, snapshot_values, use_snapshot
 from plait.providers.base import LLMRequest
 from plait.resources.limits import Priority, PriorityLimiter
@@ -190,45 +190,60 @@ class Engine:
         run = _GraphRun(self, graph, index, prefix)
         return await run.wait()
 
-    async def _run_node(
+    def _call_node(
         self,
         node: Node,
         results: dict[int, Value],
         priority: _CallPriority,
         prefix: str,
-        upstream: list[str],
-    ) -> Value:
-        index = priority.index
+        upstream: Callable[[], list[str]],
+    ) -> Coroutine[Any, Any, Value]:
+        """The coroutine that runs a module node (its caller turns what it raises into
+        the node's failure); ``upstream`` gives the node ids of the calls it waited for.
+
+        A plain function, not a coroutine: for an `LLMInference` with one sample it
+        returns the call itself (`CallSite.invoke`), so the node's task awaits the
+        request with no frame of the engine's in between (every frame of the await
+        chain is stepped again at each suspension of the call).
+        """
         module = node.module
         assert module is not None
-        try:
-            args = tuple(resolve(a, results) for a in node.args)
-            kwargs = {k: resolve(v, results) for k, v in node.kwargs.items()}
-            if module._calls_llm:
-                return await self._run_llm(node, module, args, kwargs, priority, prefix, upstream)
-            msg = Message(
-                type="module",
-                name=node.path,
-                fn=module.forward if module._has_async_forward() else self._leaf(module),
-                args=args,
-                kwargs=kwargs,
-                module=module,
-                node_id=prefix + node.key,
-                input_index=index,
-                meta={"upstream": upstream},
-            )
-            with NodeScope(self, index, prefix + node.key + "/"):
-                payload = await apply_stack(msg)
-            return Value(
-                kind_of(payload), payload, ref=f"node:{node.id}", meta={"module_path": node.path}
-            )
-        except BaseException as exc:
-            failure = as_input_failure(exc)
-            if failure is None:
-                raise
-            return error_value(failure, module_path=node.path, ref=f"node:{node.id}")
+        args = tuple([resolve(a, results) for a in node.args])
+        kwargs = {k: resolve(v, results) for k, v in node.kwargs.items()} if node.kwargs else {}
+        if module._calls_llm:
+            return self._call_llm(node, module, args, kwargs, priority, prefix, upstream)
+        return self._run_module(node, module, args, kwargs, priority.index, prefix, upstream())
 
-    async def _run_llm(
+    async def _run_module(
+        self,
+        node: Node,
+        module: Module,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        index: int,
+        prefix: str,
+        upstream: list[str],
+    ) -> Value:
+        """A leaf module that is not an LLM call: its forward on real values, through the
+        handlers, with module calls made inside it run on this run (`NodeScope`)."""
+        msg = Message(
+            type="module",
+            name=node.path,
+            fn=module.forward if module._has_async_forward() else self._leaf(module),
+            args=args,
+            kwargs=kwargs,
+            module=module,
+            node_id=prefix + node.key,
+            input_index=index,
+            meta={"upstream": upstream},
+        )
+        with NodeScope(self, index, prefix + node.key + "/"):
+            payload = await apply_stack(msg)
+        return Value(
+            kind_of(payload), payload, ref=f"node:{node.id}", meta={"module_path": node.path}
+        )
+
+    def _call_llm(
         self,
         node: Node,
         module: Any,
@@ -236,8 +251,8 @@ class Engine:
         kwargs: dict[str, Any],
         priority: _CallPriority,
         prefix: str,
-        upstream: list[str],
-    ) -> Value:
+        upstream: Callable[[], list[str]],
+    ) -> Coroutine[Any, Any, Value]:
         """An `LLMInference` call: its request, on the one path every LLM call takes
         (`plait.execution.calls`), once per sample."""
         prompt = args[0] if args else kwargs["prompt"]
@@ -250,18 +265,29 @@ class Engine:
         )
         # One node: its samples differ by their seeds.
         site = CallSite.of_node(self, node.path, priority.index, prefix + node.key, priority)
-        seeds = site.seeds(request, module.n)
+        samples = module.n
+        seeds = site.seeds(request, samples)
         ref = f"node:{node.id}"
+        if samples == 1:
+            call = request if seeds is None else with_seed(request, seeds[0])
+            return site.invoke(call, module=module, upstream=upstream, ref=ref, output=True)
 
-        async def one(sample: int) -> Value:
-            call = request if seeds is None else with_seed(request, seeds[sample])
-            reply = await site.invoke(call, module=module, upstream=upstream, ref=ref)
-            return module_output(reply)
+        async def all_samples() -> Value:
+            outputs = await asyncio.gather(
+                *(
+                    site.invoke(
+                        request if seeds is None else with_seed(request, seeds[sample]),
+                        module=module,
+                        upstream=upstream,
+                        ref=ref,
+                        output=True,
+                    )
+                    for sample in range(samples)
+                )
+            )
+            return _samples_output(outputs, node, ref=ref)
 
-        if module.n == 1:
-            return await one(0)
-        outputs = await asyncio.gather(*(one(i) for i in range(module.n)))
-        return _samples_output(outputs, node, ref=ref)
+        return all_samples()
 
     # -- what the run's call sites ask of it (`plait.execution.calls.RunCalls`) ---------
     def counts(self, index: int | None) -> CallCounts:
@@ -410,9 +436,7 @@ class _GraphRun:
             input_index=self.index,
             meta={
                 "composite": True,
-                "upstream": [
-                    self.prefix + self.graph.nodes[d].key for d in self.graph.call_deps(node.id)
-                ],
+                "upstream": self.upstream(node),
             },
         )
         self._spawn(node, self._process(node, msg, stack))
@@ -489,13 +513,28 @@ class _GraphRun:
         self.tasks.add(asyncio.get_running_loop().create_task(run()))
 
     async def run(self, node: Node) -> None:
-        priority = _CallPriority(self.engine, self.index, self.heights[node.id])
-        upstream = [self.prefix + self.graph.nodes[d].key for d in self.graph.call_deps(node.id)]
-        value = await self.engine._run_node(node, self.results, priority, self.prefix, upstream)
+        """A module node, as a task of its own; what it raises is its failure."""
+        engine = self.engine
+        priority = _CallPriority(engine, self.index, self.heights[node.id])
+        try:
+            value = await engine._call_node(
+                node, self.results, priority, self.prefix, lambda: self.upstream(node)
+            )
+        except BaseException as exc:
+            failure = as_input_failure(exc)
+            if failure is None:
+                raise
+            value = error_value(failure, module_path=node.path, ref=f"node:{node.id}")
         task = asyncio.current_task()
         if task is not None:
             self.tasks.discard(task)
         self.complete(node, value)
+
+    def upstream(self, node: Node) -> list[str]:
+        """The node ids of the calls ``node`` waited for (for handlers: a profiler's
+        critical path); worked out only when a handler is there to see them."""
+        nodes, prefix = self.graph.nodes, self.prefix
+        return [prefix + nodes[d].key for d in self.graph.call_deps(node.id)]
 
     def complete(self, node: Node, value: Value) -> None:
         self.results[node.id] = value
