@@ -80,6 +80,8 @@ class Shape:
         names = self.names
         if not self.simple or len(args) > len(names):
             return False
+        if not kwargs and len(args) == len(names):
+            return True  # every parameter given by position: nothing left to check
         given = names[: len(args)]
         if kwargs and (not set(kwargs) <= set(names) or not set(kwargs).isdisjoint(given)):
             return False

@@ -428,5 +428,9 @@ def find_interpreter(kind: type[I]) -> I | None:
 
 
 def interpret(msg: Message) -> Any:
-    """Give the call ``msg`` its meaning here (see `Interpreter`)."""
-    return current_interpreter().call_module(msg)
+    """Give the call ``msg`` its meaning here (see `Interpreter`): `current_interpreter`,
+    written out, as every module call asks it."""
+    for entered in reversed(_STACK.get()):
+        if isinstance(entered, Interpreter):
+            return entered.call_module(msg)
+    return runtime().call_module(msg)

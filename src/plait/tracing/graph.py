@@ -229,7 +229,10 @@ class Graph:
         """
         heights = [0] * len(self.nodes)
         for node in reversed(self.nodes):
-            below = max((heights[d] for d in node.dependents), default=0)
+            below = 0
+            for dependent in node.dependents:  # a loop: max() of a generator per node costs more
+                if heights[dependent] > below:
+                    below = heights[dependent]
             heights[node.id] = below + (node.kind == "module")
         return heights
 
