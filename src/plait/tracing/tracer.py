@@ -587,6 +587,8 @@ class Tracer(Interpreter):
     @staticmethod
     def _literal(text: str) -> str:
         """Text between placeholders; what is left of a broken one is an error, not text."""
+        if _OPEN not in text and _CLOSE not in text and "\\ue00" not in text:
+            return text  # nothing `_DEBRIS` could find: no regex search
         debris = _DEBRIS.search(text)
         if debris is not None:
             start = max(0, debris.start() - 20)
