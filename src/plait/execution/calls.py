@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from plait._text import as_text
 from plait.effects import Interpreter, Message, apply_stack, current_stack, find_interpreter
 from plait.providers.base import LLMRequest, LLMResponse
-from plait.resources.endpoint import CallTiming
+from plait.resources.endpoint import CallTiming, UnseenTiming
 from plait.sampling import CallCounts, call_seed, with_seed
 from plait.values import Value, ValueKind, error_value, kind_of
 
@@ -256,10 +256,11 @@ class CallSite:
         call is sent without one (and without `apply_stack`'s coroutines), exactly as
         `apply_stack` would have sent it.
         """
-        timing = CallTiming()
         name = self.name
         stack = current_stack()
         if not stack or not any(type(handler).sees("llm") for handler in stack):
+            # Nothing reads a node's timing when no handler sees its call.
+            timing = UnseenTiming() if output else CallTiming()
             run, priority = self.run, self.priority
             try:
                 if run is None or priority is None:
@@ -278,6 +279,7 @@ class CallSite:
             final: Any = request
             handled: Mapping[str, Any] = _NO_META
         else:
+            timing = CallTiming()
             send = self.send
 
             def default(request: LLMRequest) -> Any:

@@ -39,6 +39,7 @@ __all__ = [
     "CallTiming",
     "Endpoint",
     "Span",
+    "UnseenTiming",
     "backoff_delay",
     "estimate_tokens",
     "estimate_usage",
@@ -136,6 +137,16 @@ class CallTiming:
 
     def add(self, kind: str, start: float, end: float, **info: Any) -> None:
         self.spans.append(Span(kind, start, end, info))
+
+
+class UnseenTiming(CallTiming):
+    """The timing of a call that nothing will read (no handler saw its message, and its
+    caller does not ask who answered it): spans are not kept, gates never added."""
+
+    __slots__ = ()
+
+    def add(self, kind: str, start: float, end: float, **info: Any) -> None:
+        return None
 
 
 @dataclass(slots=True)

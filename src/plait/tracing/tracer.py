@@ -417,11 +417,15 @@ class Tracer(Interpreter):
 
     def record_module(self, module: Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         path = self.paths.get(id(module)) or self.path_of(module)
-        _check_arguments(module, path, args, kwargs)
+        if not forward_shape(type(module)).fits(args, kwargs):
+            _check_arguments(module, path, args, kwargs)
         deps: set[int] = set()
         params: dict[int, Parameter] = {}
         capture = self.capture
-        cargs = tuple([capture(a, deps, params) for a in args])
+        if len(args) == 1:  # the usual leaf call: no comprehension (a frame of its own)
+            cargs: tuple[Any, ...] = (capture(args[0], deps, params),)
+        else:
+            cargs = tuple([capture(a, deps, params) for a in args])
         ckwargs = {k: capture(v, deps, params) for k, v in kwargs.items()} if kwargs else {}
         for attribute in _OWN_PARAMETERS:
             own = getattr(module, attribute, None)
@@ -435,7 +439,7 @@ class Tracer(Interpreter):
                 module,
                 cargs,
                 ckwargs,
-                _in_order(deps),
+                tuple(deps) if len(deps) < 2 else tuple(sorted(deps)),  # `_in_order`
                 tuple(params.values()),
             )
         )
