@@ -185,34 +185,13 @@ class Engine:
         return Value(kind_of(payload), payload)
 
     # -- a graph ---------------------------------------------------------------------
-    async def execute(self, graph: Graph, index: int, prefix: str) -> dict[int, Value]:
-        """Run every node of ``graph``; returns each node's Value (errors included)."""
-        run = _GraphRun(self, graph, index, prefix)
-        return await run.wait()
+    def execute(
+        self, graph: Graph, index: int, prefix: str
+    ) -> Coroutine[Any, Any, dict[int, Value]]:
+        """Run every node of ``graph``; returns each node's Value (errors included).
 
-    def _call_node(
-        self,
-        node: Node,
-        results: dict[int, Value],
-        priority: _CallPriority,
-        prefix: str,
-        upstream: Callable[[], list[str]],
-    ) -> Coroutine[Any, Any, Value]:
-        """The coroutine that runs a module node (its caller turns what it raises into
-        the node's failure); ``upstream`` gives the node ids of the calls it waited for.
-
-        A plain function, not a coroutine: for an `LLMInference` with one sample it
-        returns the call itself (`CallSite.invoke`), so the node's task awaits the
-        request with no frame of the engine's in between (every frame of the await
-        chain is stepped again at each suspension of the call).
-        """
-        module = node.module
-        assert module is not None
-        args = tuple([resolve(a, results) for a in node.args])
-        kwargs = {k: resolve(v, results) for k, v in node.kwargs.items()} if node.kwargs else {}
-        if module._calls_llm:
-            return self._call_llm(node, module, args, kwargs, priority, prefix, upstream)
-        return self._run_module(node, module, args, kwargs, priority.index, prefix, upstream())
+        The coroutine to await is the run's own (no frame here on the input's chain)."""
+        return _GraphRun(self, graph, index, prefix).wait()
 
     async def _run_module(
         self,
@@ -254,7 +233,9 @@ class Engine:
         upstream: Callable[[], list[str]],
     ) -> Coroutine[Any, Any, Value]:
         """An `LLMInference` call: its request, on the one path every LLM call takes
-        (`plait.execution.calls`), once per sample."""
+        (`plait.execution.calls`), once per sample.  Returns the coroutine to await (for
+        one sample, the call's own); ``upstream`` gives the ids of the calls it waited
+        for, asked only when a handler sees the call."""
         prompt = args[0] if args else kwargs["prompt"]
         request = LLMRequest(
             alias=module.alias,
@@ -513,13 +494,32 @@ class _GraphRun:
         self.tasks.add(asyncio.get_running_loop().create_task(run()))
 
     async def run(self, node: Node) -> None:
-        """A module node, as a task of its own; what it raises is its failure."""
-        engine = self.engine
+        """A module node, as a task of its own; what it raises is its failure.
+
+        For an `LLMInference` with one sample the coroutine awaited here is the call
+        itself (`CallSite.invoke`, which `Engine._call_llm` returns), so the task's
+        await chain has no frame of the engine's in between: every frame of it is
+        stepped again at each suspension of the call.
+        """
+        engine, results, prefix = self.engine, self.results, self.prefix
+        module = node.module
+        assert module is not None
         priority = _CallPriority(engine, self.index, self.heights[node.id])
         try:
-            value = await engine._call_node(
-                node, self.results, priority, self.prefix, lambda: self.upstream(node)
-            )
+            if len(node.args) == 1:  # the usual leaf call: no comprehension (a frame)
+                args: tuple[Any, ...] = (resolve(node.args[0], results),)
+            else:
+                args = tuple([resolve(a, results) for a in node.args])
+            kwargs = {k: resolve(v, results) for k, v in node.kwargs.items()} if node.kwargs else {}
+            if module._calls_llm:
+                work = engine._call_llm(
+                    node, module, args, kwargs, priority, prefix, lambda: self.upstream(node)
+                )
+            else:
+                work = engine._run_module(
+                    node, module, args, kwargs, self.index, prefix, self.upstream(node)
+                )
+            value = await work
         except BaseException as exc:
             failure = as_input_failure(exc)
             if failure is None:
