@@ -397,13 +397,16 @@ class _GraphRun:
 
     # -- composite calls: handlers process at enter, postprocess at exit ----------------
     def enter(self, node: Node) -> None:
+        results = self.results
         try:
-            args = tuple(resolve(a, self.results) for a in node.args)
-            kwargs = {k: resolve(v, self.results) for k, v in node.kwargs.items()}
+            args = tuple([resolve(a, results) for a in node.args])
+            kwargs = {k: resolve(v, results) for k, v in node.kwargs.items()}
         except Exception as exc:
             self.complete(node, error_value(exc, module_path=node.path, ref=f"node:{node.id}"))
             return
-        stack = tuple(h for h in current_stack() if type(h).sees("module"))
+        stack = current_stack()
+        if stack:
+            stack = tuple([h for h in stack if type(h).sees("module")])
         if not stack:
             self.complete(node, Value(ValueKind.OTHER, (args, kwargs)))
             return

@@ -127,8 +127,12 @@ class Template(Resolvable):
         self.parts = parts
 
     def resolve(self, results: Results) -> str:
+        # A list: join would build one from a generator anyway.
         return "".join(
-            part if isinstance(part, str) else as_text(part.resolve(results)) for part in self.parts
+            [
+                part if isinstance(part, str) else as_text(part.resolve(results))
+                for part in self.parts
+            ]
         )
 
     def __repr__(self) -> str:
