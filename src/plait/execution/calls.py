@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 import weakref
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from plait._text import as_text
@@ -218,24 +218,12 @@ class CallSite:
         if not run.limiter.try_acquire():  # a free slot is taken without a coroutine
             await run.limiter.acquire(priority)
         try:
-            return await self._holding_slot(request, queued, timing, run, priority)
+            timing.add("queue", queued, time.monotonic(), limit="run")
+            endpoint = self.resources.endpoint(request.alias)
+            run.aliases.add(request.alias)
+            return await endpoint.complete(request, priority, timing)
         finally:
             run.limiter.release()
-
-    def _holding_slot(
-        self,
-        request: LLMRequest,
-        queued: float,
-        timing: CallTiming,
-        run: RunCalls,
-        priority: Priority,
-    ) -> Coroutine[Any, Any, LLMResponse]:
-        """`send` once it holds its slot of the run's limiter (since ``queued``): the
-        endpoint's coroutine, to await in the caller's frame."""
-        timing.add("queue", queued, time.monotonic(), limit="run")
-        endpoint = self.resources.endpoint(request.alias)
-        run.aliases.add(request.alias)
-        return endpoint.complete(request, priority, timing)
 
     async def invoke(
         self,
@@ -261,19 +249,8 @@ class CallSite:
         if not stack or not any(type(handler).sees("llm") for handler in stack):
             # Nothing reads a node's timing when no handler sees its call.
             timing = UnseenTiming() if output else CallTiming()
-            run, priority = self.run, self.priority
             try:
-                if run is None or priority is None:
-                    reply: Any = await self.send(request, timing)
-                else:
-                    # `send`, written out: the call's await chain has a frame fewer
-                    queued = time.monotonic()
-                    if not run.limiter.try_acquire():
-                        await run.limiter.acquire(priority)
-                    try:
-                        reply = await self._holding_slot(request, queued, timing, run, priority)
-                    finally:
-                        run.limiter.release()
+                reply: Any = await self.send(request, timing)
             except Exception as exc:
                 return error_value(exc, module_path=name, ref=ref)
             final: Any = request
