@@ -114,8 +114,6 @@ class Dispatch:
             try:
                 self.ray.get(ref)
             except self.ray.exceptions.RayActorError:
-                if worker.worker_id:
-                    self.broker.forget.remote(worker.worker_id)
                 self.replace(worker)
 
     def finish_pass(self) -> None:
@@ -125,6 +123,9 @@ class Dispatch:
                 self.ray.get(worker.actor.close.remote(), timeout=10)
 
     def replace(self, dead: _Worker) -> _Worker:
+        """A new worker in place of ``dead``, whose slots the broker takes back at once."""
+        if dead.worker_id:
+            self.broker.forget.remote(dead.worker_id)
         self.restarts += 1
         fresh = self._start()
         info = self.ray.get(fresh.actor.ready.remote())
@@ -419,8 +420,6 @@ def _lost(
             del held[ref]
             lost += other
     retry.extendleft(reversed(sorted(lost, key=lambda item: item[0])))
-    if worker.worker_id:
-        dispatch.broker.forget.remote(worker.worker_id)  # its slots go back at once
     if worker in dispatch.workers:
         dispatch.replace(worker)
     return [item[0] for item in lost]
