@@ -42,6 +42,7 @@ __all__ = [
     "needs_runtime",
     "run",
     "run_blocking",
+    "shaped",
     "start_run",
     "stream_bound",
 ]
@@ -278,10 +279,8 @@ class Run:
         return value
 
     def shape(self, value: Value) -> Any:
-        """What the caller gets: the raw output, or a Value in training mode."""
-        if self.training:
-            return value
-        return value.payload
+        """What this run's caller gets for ``value`` (`shaped`)."""
+        return shaped(value, self.training)
 
     async def drive(
         self,
@@ -430,15 +429,14 @@ class LocalBackend:
         kwargs: dict[str, Any],
         opts: dict[str, Any],
     ) -> list[Any]:
-        training = module.training  # as the run starts: a Value per row in train() mode
+        training = module.training  # as the run starts
         outputs: dict[int, Any] = {}
 
         def prepare(item: Any) -> Prepared:
             return (item, *extra), kwargs
 
         def deliver(index: int, item: Any, value: Value) -> None:
-            error = value.kind is ValueKind.ERROR
-            outputs[index] = value if error or training else value.payload
+            outputs[index] = value if value.kind is ValueKind.ERROR else shaped(value, training)
 
         # The list is in input order whatever the rows' order: waiting for a slow first
         # row would only hold the window back.
@@ -497,6 +495,12 @@ class LocalBackend:
 
 
 register_backend("local", LocalBackend)
+
+
+def shaped(value: Value, training: bool) -> Any:
+    """What the caller of a run gets for an input's ``value``: the raw output, or the
+    `Value` itself for a module in ``train()`` mode (seed 000's execution patterns)."""
+    return value if training else value.payload
 
 
 def traced_first(
