@@ -119,3 +119,12 @@ def ray_cluster() -> Iterator[Any]:
     yield ray
     if started:
         ray.shutdown()
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` still exists (a worker a test expects to be stopped)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Any
 
 import plait
@@ -134,3 +135,14 @@ class LoopKind(plait.Module):
 
     async def forward(self, text: str) -> str:
         return f"{text}: {type(asyncio.get_running_loop()).__module__}"
+
+
+class Tagged(plait.Module):
+    """Says which pipeline and which process ran its input."""
+
+    def __init__(self, tag: str) -> None:
+        super().__init__()
+        self.tag = tag
+
+    async def forward(self, text: str) -> str:
+        return f"{self.tag}:{text}:{os.getpid()}"

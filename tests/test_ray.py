@@ -25,8 +25,8 @@ from plait.handlers import budget, cache, profile
 from plait.handlers.budgeting import BudgetExceeded
 from plait.testing import FakeOpenAIServer
 
-from .conftest import ROOT, make_resources
-from .pipelines import Echo, FanOutFanIn, LoopKind, TwoSteps, echo, two_steps
+from .conftest import ROOT, make_resources, process_alive
+from .pipelines import Echo, FanOutFanIn, LoopKind, Tagged, TwoSteps, echo, two_steps
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
@@ -114,6 +114,53 @@ def test_workers_run_on_the_standard_asyncio_loop_even_where_uvloop_is_installed
     pytest.importorskip("uvloop")
     out = LoopKind().run_sync([f"in {i}" for i in range(4)], workers=2)
     assert out == [f"in {i}: asyncio.unix_events" for i in range(4)]
+
+
+def test_passes_at_once_take_workers_of_their_own_from_a_pool_and_later_ones_reuse_them() -> None:
+    """A `WorkerPool` (a training run's passes) hands each pass running at the same
+    time a set of workers of its own, loaded with its own pipeline; a pass after them
+    reloads idle workers instead of starting processes; closing the pool stops them."""
+    import asyncio
+
+    from plait.execution.settings import resolve_options
+    from plait.ray.runner import WorkerPool, run_distributed
+    from plait.ray.spec import make_spec
+    from plait.resources.manager import ResourceManager
+
+    pool = WorkerPool()
+    opts = resolve_options({}, {}, None)
+
+    def one_pass(tag: str) -> list[str]:
+        rows: dict[int, str] = {}
+        spec = make_spec(Tagged(tag), ResourceManager.coerce(None), opts)
+        run_distributed(
+            spec, [f"{tag}{i}" for i in range(6)], lambda text: ((text,), {}),
+            lambda index, item, value: rows.__setitem__(index, value.payload),
+            workers=2, pool=pool,
+        )  # fmt: skip
+        return [rows[i] for i in range(6)]
+
+    async def two_at_once() -> list[list[str]]:
+        return list(await asyncio.gather(*(asyncio.to_thread(one_pass, t) for t in "AB")))
+
+    def pids(rows: list[str]) -> set[str]:
+        return {row.rsplit(":", 1)[1] for row in rows}
+
+    try:
+        a, b = asyncio.run(two_at_once())
+        assert [row.rsplit(":", 1)[0] for row in a] == [f"A:A{i}" for i in range(6)]
+        assert [row.rsplit(":", 1)[0] for row in b] == [f"B:B{i}" for i in range(6)]
+        assert not pids(a) & pids(b)  # never one worker for both pipelines at once
+        c = one_pass("C")
+        assert [row.rsplit(":", 1)[0] for row in c] == [f"C:C{i}" for i in range(6)]
+        assert pids(c) <= pids(a) | pids(b)  # reloaded, not started
+    finally:
+        pool.close()
+    started = {int(pid) for pid in pids(a) | pids(b)}
+    deadline = time.monotonic() + 60
+    while any(process_alive(pid) for pid in started):  # stopped with the pool (Ray reaps them)
+        assert time.monotonic() < deadline, f"workers {started} outlived their pool"
+        time.sleep(0.05)
 
 
 def test_a_killed_worker_s_inputs_rerun_elsewhere_without_paying_twice(

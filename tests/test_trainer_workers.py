@@ -32,7 +32,7 @@ from plait.learning.optimizers import SFAOptimizer
 from plait.learning.trainer import Trainer, TrainerError
 from plait.testing import FakeOpenAIServer
 
-from .conftest import make_resources, plait_cli
+from .conftest import make_resources, plait_cli, process_alive
 
 INITIAL = "Answer."
 
@@ -124,14 +124,6 @@ class NotedAnswerer(Answerer):
         return self.llm(self.note(text))
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def test_the_passes_of_a_training_run_share_its_worker_processes(
     server: FakeOpenAIServer, ray_cluster: Any, tmp_path: Path
 ) -> None:
@@ -153,7 +145,7 @@ def test_the_passes_of_a_training_run_share_its_worker_processes(
     assert 1 <= len(pids) <= 2
     assert os.getpid() not in pids
     deadline = time.monotonic() + 60
-    while any(_alive(pid) for pid in pids):  # stopped with the run (Ray reaps them)
+    while any(process_alive(pid) for pid in pids):  # stopped with the run (Ray reaps them)
         assert time.monotonic() < deadline, f"workers {pids} outlived their training run"
         time.sleep(0.05)
 
