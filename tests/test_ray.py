@@ -483,3 +483,20 @@ def test_a_seeded_batch_on_workers_draws_the_same_seeds_as_one_process(
     assert pipeline.rng.counter.value == 1
     seeded = pipeline.run_sync(inputs, seed=5)
     assert pipeline.run_sync(inputs, seed=5, workers=2) == seeded != here
+
+
+def test_the_drivers_checkpoint_log_is_not_sent_to_the_workers(tmp_path: Path) -> None:
+    """A trainer's call log is a `CheckpointHandler` on the driver's stack.  Shipped to
+    the workers, it carried the driver's raw file descriptor, and a worker wrote log
+    records into whatever that number was there (CI: an HTTP connection to the model,
+    answered with "400 Invalid method").  Workers log to their own files instead."""
+    from plait.execution.checkpoint import Checkpoint, CheckpointHandler
+    from plait.ray.handlers import distribute
+
+    checkpoint = Checkpoint(tmp_path / "calls", "p").open()
+    try:
+        parts = distribute((CheckpointHandler(checkpoint),))
+        shipped = [type(spec).__name__ for spec in parts.specs]
+        assert shipped == ["_UsageSpec"]
+    finally:
+        checkpoint.close()

@@ -56,6 +56,7 @@ class WorkerParts:
 
 def distribute(stack: tuple[Handler, ...]) -> WorkerParts:
     """Specs for ``stack`` (outermost first, as `current_stack` gives it), plus usage."""
+    from plait.execution.checkpoint import CheckpointHandler
     from plait.handlers.budgeting import Budget
     from plait.handlers.caching import Cache
     from plait.handlers.profiling import Profiler
@@ -66,6 +67,12 @@ def distribute(stack: tuple[Handler, ...]) -> WorkerParts:
     parts.specs.append(_UsageSpec())
     parts.collectors.append(usage)
     for handler in stack:
+        if isinstance(handler, CheckpointHandler):
+            # The driver's log (a trainer's call log) stays here: a worker logs to its
+            # own file of that checkpoint (`PipelineSpec.checkpoint_dir`).  Pickled, the
+            # handler took the driver's raw file descriptor along, and the worker wrote
+            # log records into whatever that number was there: an HTTP connection.
+            continue
         if isinstance(handler, Profiler):
             parts.specs.append(_ProfileSpec())
             parts.collectors.append(_ProfileCollector(handler))
