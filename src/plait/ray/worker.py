@@ -359,6 +359,9 @@ class PipelineWorker:
         }
 
     def close(self) -> None:
+        """End the run; its call log, which this worker opened, is closed with it."""
         if self._state is not None:
-            self._state.close()
-            self._state = None
+            state, self._state = self._state, None
+            state.close()
+            if state.checkpoint is not None:
+                state.checkpoint.close()
