@@ -63,6 +63,7 @@ def server(server_process: FakeOpenAIServer) -> FakeOpenAIServer:
         timeout_hang_s=30.0,
         seed=0,
         quote_key_in_401=False,
+        gate_texts={},
     )
     server_process.reset()
     return server_process

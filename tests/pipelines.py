@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 from typing import Any
 
@@ -128,13 +127,6 @@ class TwoSteps(plait.Module):
 
 def two_steps(doc: str) -> str:
     return echo("B", echo("A", doc))
-
-
-class LoopKind(plait.Module):
-    """Which event loop runs its input: the module of the running loop's class."""
-
-    async def forward(self, text: str) -> str:
-        return f"{text}: {type(asyncio.get_running_loop()).__module__}"
 
 
 class Tagged(plait.Module):

@@ -684,3 +684,20 @@ def test_a_pipeline_class_without_source_is_keyed_by_name_and_says_so(
     pipeline = namespace["Nameless"]().bind(resources=resources)
     with pytest.warns(UserWarning, match="no source found for pipeline_without_source.Nameless"):
         assert pipeline.run_sync(["a", "b"], checkpoint_dir=tmp_path / "ckpt") == ["a", "b"]
+
+
+def test_a_checkpoint_refuses_to_be_pickled_naming_what_to_send_instead(tmp_path: Path) -> None:
+    """An open checkpoint holds this process's file descriptors: a pickled copy in a Ray
+    worker once wrote call records into whatever those numbers were there."""
+    import pickle
+
+    from plait.execution.checkpoint import Checkpoint
+
+    checkpoint = Checkpoint(tmp_path / "ck", "pipeline").open()
+    try:
+        with pytest.raises(TypeError, match=r"cannot be pickled.*send its directory"):
+            pickle.dumps(checkpoint)
+        with pytest.raises(TypeError, match="cannot be pickled"):
+            pickle.dumps({"nested": [checkpoint]})
+    finally:
+        checkpoint.close()

@@ -26,7 +26,7 @@ from plait.handlers.budgeting import BudgetExceeded
 from plait.testing import FakeOpenAIServer
 
 from .conftest import ROOT, make_resources, process_alive
-from .pipelines import Echo, FanOutFanIn, LoopKind, Tagged, TwoSteps, echo, two_steps
+from .pipelines import Echo, FanOutFanIn, Tagged, TwoSteps, echo, two_steps
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
@@ -76,11 +76,23 @@ def test_a_batch_on_workers_gives_the_one_process_results_in_order(
 
 
 def test_max_concurrent_holds_across_four_workers(server: FakeOpenAIServer) -> None:
-    server.configure(latency_ms=40)
+    """Four workers share one alias's limit of 8: all 8 slots get used (every request
+    parks at a gate until 8 wait there, a state, not a timing) and never a ninth."""
+    server.configure(gate_texts={"q": "c8"})  # every request parks until the gate opens
     resources = make_resources(server, model="cluster-c8", max_concurrent=8)
     inputs = [f"q{i}" for i in range(160)]
-    out = Echo("fast").bind(resources=resources).run_sync(inputs, workers=4)
-    assert out == [echo("fast", t) for t in inputs]
+    result: dict[str, Any] = {}
+
+    def run() -> None:
+        result["out"] = Echo("fast").bind(resources=resources).run_sync(inputs, workers=4)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    server.wait_parked("c8", 8)  # the whole limit is in use, spread over the workers
+    server.open_gate("c8")
+    thread.join(timeout=300)
+    assert not thread.is_alive()
+    assert result["out"] == [echo("fast", t) for t in inputs]
     stats = server.stats()
     assert stats["requests_total"] == 160
     assert stats["max_in_flight"] == 8  # the limit, and all of it: never more, and used
@@ -104,16 +116,6 @@ def test_requests_per_minute_hold_across_four_workers(server: FakeOpenAIServer) 
     for i, t_i in enumerate(arrivals):
         for j in range(i, len(arrivals)):
             assert j - i + 1 <= burst + rate * (arrivals[j] - t_i) + 1, (i, j)
-
-
-def test_workers_run_on_the_standard_asyncio_loop_even_where_uvloop_is_installed() -> None:
-    """Ray puts an async actor on uvloop when it can import it, and plait's workers died
-    under it with SIGSEGV in ``uv__signal_event`` (CI: three in a row, one training run
-    lost).  The dev environment installs uvloop (the fake server uses it), so this would
-    say "uvloop" if plait's workers did not ask Ray for the standard loop."""
-    pytest.importorskip("uvloop")
-    out = LoopKind().run_sync([f"in {i}" for i in range(4)], workers=2)
-    assert out == [f"in {i}: asyncio.unix_events" for i in range(4)]
 
 
 def test_passes_at_once_take_workers_of_their_own_from_a_pool_and_later_ones_reuse_them() -> None:

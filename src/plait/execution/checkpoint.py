@@ -486,6 +486,17 @@ class Checkpoint:
         self._size = os.fstat(self._fd).st_size
         return self
 
+    def __reduce__(self) -> Any:
+        """Refuse to be pickled: an open checkpoint holds this process's file descriptors,
+        and a copy in another process would write its records into whatever those
+        numbers are there (a worker once wrote call records into an HTTP connection and
+        into its event loop's signal pipe).  Another process opens the checkpoint's
+        directory itself (`open_for_worker`)."""
+        raise TypeError(
+            f"a Checkpoint ({self.directory}) cannot be pickled or sent to another process: "
+            "send its directory and open it there (Checkpoint.open_for_worker)"
+        )
+
     def close(self) -> None:
         for reader in self._readers.values():
             os.close(reader)

@@ -21,7 +21,6 @@ import time
 from typing import Any
 
 __all__ = [
-    "ACTOR_RUNTIME_ENV",
     "BROKER_NAME",
     "CONNECT_TIMEOUT_S",
     "NAMESPACE",
@@ -35,14 +34,6 @@ __all__ = [
 
 NAMESPACE = "plait"
 BROKER_NAME = "plait-limits"
-
-#: The environment of every actor plait starts (its workers, the broker).  Ray runs an
-#: async actor's methods on uvloop whenever uvloop is importable, on a thread of its
-#: own; under that loop plait's workers died with SIGSEGV in ``uv__signal_event``
-#: (three workers in a row, in CI, taking a training run down with them).  plait's
-#: actors run on the standard asyncio loop its own tests run on; a job's other
-#: environment variables are merged with this one by Ray, not replaced.
-ACTOR_RUNTIME_ENV: dict[str, Any] = {"env_vars": {"RAY_USE_UVLOOP": "0"}}
 
 #: How long joining a cluster may wait for its address to answer (seconds); the
 #: environment variable ``PLAIT_RAY_CONNECT_TIMEOUT`` overrides it.
@@ -189,9 +180,7 @@ def broker() -> Any:
     ray = import_ray()
     from plait.ray.broker import LimitBroker
 
-    actor = ray.remote(num_cpus=0, max_concurrency=10_000, runtime_env=ACTOR_RUNTIME_ENV)(
-        LimitBroker
-    )
+    actor = ray.remote(num_cpus=0, max_concurrency=10_000)(LimitBroker)
     return actor.options(
         name=BROKER_NAME, namespace=NAMESPACE, get_if_exists=True, lifetime="detached"
     ).remote()

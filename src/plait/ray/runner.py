@@ -85,12 +85,10 @@ class Dispatch:
         self.restarts = 0
         self._names = itertools.count()
         self.workers: list[_Worker] = []
-        from plait.ray.cluster import ACTOR_RUNTIME_ENV, broker
+        from plait.ray.cluster import broker
 
         self.broker = broker()
-        self._class = ray.remote(
-            num_cpus=0, max_restarts=0, max_concurrency=1000, runtime_env=ACTOR_RUNTIME_ENV
-        )(PipelineWorker)
+        self._class = ray.remote(num_cpus=0, max_restarts=0, max_concurrency=1000)(PipelineWorker)
         self.workers = [self._start() for _ in range(workers)]
         # Wait for every worker to have built its pipeline: a spec that cannot be
         # unpickled or built is one clear error here, not one per batch.
