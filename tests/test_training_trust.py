@@ -464,7 +464,9 @@ def test_a_step_killed_mid_way_pays_only_for_the_calls_it_had_not_completed(
     assert not list((killed_dir / "out" / "checkpoint").glob("calls-*"))
 
 
-def test_bootstrap_on_workers_pays_for_each_minibatch_once(server: Any, tmp_path: Path) -> None:
+def test_bootstrap_on_workers_pays_for_each_minibatch_once(
+    server: Any, ray_cluster: Any, tmp_path: Path
+) -> None:
     """The workers send back the runs they paid for; bootstrap learns from those
     instead of running the minibatch again in the driver."""
     pytest.importorskip("ray")
@@ -490,7 +492,8 @@ def test_bootstrap_on_workers_pays_for_each_minibatch_once(server: Any, tmp_path
         return server.stats()["requests_total"], results
 
     alone_paid, alone = train("alone")
-    workers_paid, on_workers = train("workers", "--workers", "2")
+    address = ray_cluster.get_runtime_context().gcs_address
+    workers_paid, on_workers = train("workers", "--workers", "2", "--ray-address", address)
     assert workers_paid == alone_paid
     assert on_workers == alone
     # Bootstrap did learn from the runs: each step scored demonstration sets.
@@ -712,7 +715,7 @@ def test_an_alias_the_run_needs_and_the_resources_lack_is_refused_before_any_cal
 
 
 def test_a_step_killed_after_its_worker_passes_pays_only_for_the_call_in_flight(
-    server: Any, tmp_path: Path
+    server: Any, ray_cluster: Any, tmp_path: Path
 ) -> None:
     """``--workers 2``, bootstrap then sfa: the initial validation, the minibatch and
     bootstrap's candidate validations run on the Ray workers, all at the first
@@ -726,6 +729,7 @@ def test_a_step_killed_after_its_worker_passes_pays_only_for_the_call_in_flight(
     import sys
 
     root = Path(__file__).resolve().parent.parent
+    address = ray_cluster.get_runtime_context().gcs_address
     gate = "rewrite"
     # Only the rewrite's prompt carries the parameter's description.
     server.configure(gate_texts={"Labelling.": gate})
@@ -735,6 +739,7 @@ def test_a_step_killed_after_its_worker_passes_pays_only_for_the_call_in_flight(
         argv = command(directory, server.base_url, "--val", str(directory / "val.jsonl"))
         argv += ["--optimizer", "bootstrap", "--optimizer", "sfa", "--candidates", "2"]
         full = [sys.executable, "-m", "plait.cli", *argv, "--max-steps", "1", "--workers", "2"]
+        full += ["--ray-address", address]  # the session's Ray: the driver alone is killed
         if background:
             return subprocess.Popen(
                 full, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
