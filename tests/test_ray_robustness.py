@@ -212,14 +212,20 @@ import plait.ray
 from tests.pipelines import Echo
 
 resources = plait.ResourceConfig(json.loads(sys.argv[1]))
-ray.init(num_cpus=1, include_dashboard=False, namespace="plait", log_to_driver=False,
-         configure_logging=False)
+def join():
+    # The session's Ray, joined as a driver of its own: what a shutdown stops here is
+    # this process's connection, as for a local Ray of its own (only slower to start).
+    ray.init(address=sys.argv[2], namespace="plait", log_to_driver=False,
+             configure_logging=False)
+join()
 {body}
 """
 
 
-def _after_shutdown(server: FakeOpenAIServer, body: str) -> subprocess.CompletedProcess[str]:
-    """Run ``body`` in a process of its own that started (and may stop) its own Ray."""
+def _after_shutdown(
+    server: FakeOpenAIServer, ray: Any, body: str
+) -> subprocess.CompletedProcess[str]:
+    """Run ``body`` in a process of its own that joined Ray (and may leave it)."""
     config = {
         "fast": {
             "provider": "openai",
@@ -229,7 +235,13 @@ def _after_shutdown(server: FakeOpenAIServer, body: str) -> subprocess.Completed
         }
     }
     return subprocess.run(
-        [sys.executable, "-c", _AFTER_SHUTDOWN.format(body=body), json.dumps(config)],
+        [
+            sys.executable,
+            "-c",
+            _AFTER_SHUTDOWN.format(body=body),
+            json.dumps(config),
+            ray.get_runtime_context().gcs_address,
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -238,10 +250,11 @@ def _after_shutdown(server: FakeOpenAIServer, body: str) -> subprocess.Completed
 
 
 def test_building_a_ray_data_pipeline_leaves_the_driver_s_own_runs_alone(
-    server: FakeOpenAIServer,
+    server: FakeOpenAIServer, ray_cluster: Any
 ) -> None:
     done = _after_shutdown(
         server,
+        ray_cluster,
         "plait.ray.Pipeline(lambda: Echo('fast'), resources=resources)\n"
         "ray.shutdown()\n"
         "print(json.dumps(Echo('fast').bind(resources=resources).run_sync(['a', 'b'])))\n",
@@ -251,7 +264,7 @@ def test_building_a_ray_data_pipeline_leaves_the_driver_s_own_runs_alone(
 
 
 def test_a_ray_data_pipeline_called_in_the_driver_leaves_the_driver_s_own_runs_alone(
-    server: FakeOpenAIServer,
+    server: FakeOpenAIServer, ray_cluster: Any
 ) -> None:
     # Trying a map function locally: its batches lease from the broker, also while a
     # plain run goes on in another thread, and the driver's plain runs after it keep
@@ -259,6 +272,7 @@ def test_a_ray_data_pipeline_called_in_the_driver_leaves_the_driver_s_own_runs_a
     # (the user's own ray.init() afterwards works).
     done = _after_shutdown(
         server,
+        ray_cluster,
         "from concurrent.futures import ThreadPoolExecutor\n"
         "pipeline = plait.ray.Pipeline(lambda: Echo('fast'), resources=resources)\n"
         "def plain(texts):\n"
@@ -272,7 +286,7 @@ def test_a_ray_data_pipeline_called_in_the_driver_leaves_the_driver_s_own_runs_a
         "fresh = plait.ResourceConfig(json.loads(sys.argv[1]))\n"
         "print(json.dumps(Echo('fast').bind(resources=fresh).run_sync(['e'])))\n"
         "print(json.dumps(ray.is_initialized()))\n"
-        "ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)\n"
+        "join()\n"
         "print(json.dumps(Echo('fast').bind(resources=fresh).run_sync(['f'])))\n"
         "ray.shutdown()\n",
     )
@@ -288,11 +302,12 @@ def test_a_ray_data_pipeline_called_in_the_driver_leaves_the_driver_s_own_runs_a
 
 
 def test_a_limit_whose_broker_is_gone_fails_the_call_with_a_clear_error(
-    server: FakeOpenAIServer,
+    server: FakeOpenAIServer, ray_cluster: Any
 ) -> None:
     # The batch runs here, so this process leases its limits; then its Ray goes away.
     done = _after_shutdown(
         server,
+        ray_cluster,
         "pipeline = plait.ray.Pipeline(lambda: Echo('fast'), resources=resources)\n"
         "print(json.dumps(pipeline({'text': ['a']}).to_pylist()))\n"
         "ray.shutdown()\n"
