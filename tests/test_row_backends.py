@@ -22,6 +22,7 @@ from plait.cli import main
 from plait.execution.backends import RowBackend, backend, register_backend
 from plait.execution.runtime import LocalBackend
 from plait.execution.settings import resolve_options
+from plait.learning.passes import LocalTrainingBackend
 from plait.testing import FakeOpenAIServer
 from plait.values import Value, error_value
 from tests.pipelines import echo
@@ -92,11 +93,12 @@ class BatchesOnly:
 
 @contextlib.contextmanager
 def registered_as_local(replacement: Any) -> Iterator[None]:
-    register_backend("local", lambda: replacement)
+    previous = register_backend("local", lambda: replacement)
+    assert previous is not None
     try:
         yield
     finally:
-        register_backend("local", LocalBackend)
+        register_backend("local", previous)
 
 
 def records(path: Path) -> dict[int, dict[str, Any]]:
@@ -136,7 +138,7 @@ def test_plait_run_goes_through_the_backend_registered_as_local(
         assert sorted(index for index, _, hit in recording.rows if hit == "hit") == list(range(5))
         assert records(out) == written
     assert "5 succeeded, 0 failed, 5 from the checkpoint" in capsys.readouterr().err
-    assert type(backend("local")) is LocalBackend  # put back
+    assert type(backend("local")) is LocalTrainingBackend  # put back
 
 
 def test_plait_run_refuses_a_backend_that_cannot_hand_rows_over(

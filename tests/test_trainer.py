@@ -481,3 +481,51 @@ def test_an_example_whose_input_is_a_list_is_one_input_not_a_batch(
     with mock({"fast": lambda request: request.prompt_text, "rewriter": "Join them."}):
         history = trainer.fit_sync()
     assert history.initial_val_score == 1.0 and history.steps[0].train_score == 1.0
+
+
+# -- where the passes run -----------------------------------------------------------------------
+class RecordingPasses:
+    """The local backend, noting each training pass the Trainer hands it."""
+
+    def __init__(self) -> None:
+        from plait.learning.passes import LocalTrainingBackend
+
+        self.local = LocalTrainingBackend()
+        self.passes: list[tuple[bool, int]] = []  # (train, examples)
+        self.sessions = 0
+
+    async def run_batch(self, *args: Any) -> list[Any]:
+        return await self.local.run_batch(*args)
+
+    async def run_steps(
+        self, step: Any, examples: list[Any], opts: dict[str, Any], **flags: Any
+    ) -> list[Any]:
+        self.passes.append((flags["train"], len(examples)))
+        return await self.local.run_steps(step, examples, opts, **flags)
+
+    def session(self) -> Any:
+        self.sessions += 1
+        return self.local.session()
+
+
+def test_the_passes_in_this_process_go_through_the_backend_registered_as_local(
+    resources: plait.ResourceConfig,
+) -> None:
+    """One mechanism for where passes run: without workers, the minibatches and the
+    validation passes are the ``"local"`` backend's ``run_steps`` (as on Ray workers
+    they are the ``"ray"`` backend's), within one session of it."""
+    from plait.execution.backends import register_backend
+
+    recording = RecordingPasses()
+    previous = register_backend("local", lambda: recording)
+    assert previous is not None
+    try:
+        trainer = make_trainer(["Answer BAD.", "Answer GOOD."], resources, batch_size=4)
+        history = train(trainer)
+    finally:
+        register_backend("local", previous)
+    # The initial validation, then per step its minibatch and the validation of the update.
+    assert recording.passes == [(False, 4), (True, 4), (False, 4), (True, 4), (False, 4)]
+    assert recording.sessions == 1
+    assert [step.kept for step in history.steps] == [False, True]  # as without the recording
+    assert prompt_of(trainer) == "Answer GOOD."

@@ -45,6 +45,14 @@ def _runtime() -> Runtime:
     return ExecutionRuntime(backward)
 
 
+def _local_backend() -> Any:
+    """This process as a backend, with the `Trainer`'s passes (which live in the
+    learning layer, above the runtime)."""
+    from plait.learning.passes import LocalTrainingBackend
+
+    return LocalTrainingBackend()
+
+
 def _ray_backend() -> Any:
     from plait.ray.backend import RayBackend
 
@@ -52,6 +60,7 @@ def _ray_backend() -> Any:
 
 
 install_runtime(_runtime)
+register_backend("local", _local_backend)
 register_backend("ray", _ray_backend)
 
 _LAZY = {

@@ -14,7 +14,9 @@ Two capabilities beyond that, each a protocol a backend may also implement:
 `RowBackend` hands each row over as it arrives (both backends do: ``plait run`` picks
 one by name, ``"local"`` or ``"ray"`` for ``--workers``, and writes each row at once),
 and `TrainingBackend` runs a `Trainer`'s passes (``run_steps``, within a ``session``;
-Ray does).
+both do: ``"local"`` is registered by the composition root as
+`plait.learning.passes.LocalTrainingBackend`, the runtime's `LocalBackend` with the
+passes, which live in the learning layer above it).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any, Protocol, runtime_checkable
 __all__ = [
     "Backend",
     "BackendError",
+    "PassLog",
     "RowBackend",
     "TrainingBackend",
     "backend",
@@ -87,9 +90,21 @@ class RowBackend(Protocol):
         ...
 
 
+class PassLog(Protocol):
+    """A `Trainer`'s call log at its current position, as a backend that runs a pass in
+    other processes needs it: the checkpoint the pass's calls go to, and where in it."""
+
+    checkpoint: Any
+
+    def pass_offset(self, work: Any, values: dict[str, Any], seed: int | None) -> int:
+        """The first input index of the calls of a pass running ``work`` (its method and
+        examples) with these parameter ``values`` and ``seed``."""
+        ...
+
+
 @runtime_checkable
 class TrainingBackend(Protocol):
-    """A backend the `Trainer` spreads its minibatch and validation passes over."""
+    """A backend the `Trainer` runs its minibatch and validation passes on."""
 
     async def run_steps(
         self,
@@ -98,15 +113,21 @@ class TrainingBackend(Protocol):
         opts: dict[str, Any],
         *,
         train: bool,
-        call_log: Any = None,
-        log_offset: int = 0,
+        call_log: PassLog | None = None,
+        feedback: bool = True,
     ) -> list[Any]:
         """Each ``(input, target)`` example through the training step ``step`` as it is
         now (its parameter values, its mode), one `Value` per example in order.  With
         ``train`` each row's payload holds the loss's ``output``, the ``feedback`` its
-        backward pass gave each parameter and the run's ``trace``.  The calls the rows
-        complete go to ``call_log`` (a checkpoint) under input indexes offset by
-        ``log_offset``, so a resumed pass finds them again."""
+        backward pass gave each parameter (none when ``feedback`` is false; a backend
+        may compute it anyway) and the run's ``trace`` (`plait.learning.passes`).
+
+        A backend that runs the calls in this process leaves seeds and logging to the
+        caller's run (each call draws its seed; the call log is on the handler stack).
+        One that sends the pass elsewhere draws the pass's seed from the step, as a
+        batch run does, and has its calls logged to ``call_log.checkpoint`` under
+        indexes from ``call_log.pass_offset(...)``, so a resumed pass finds them again.
+        """
         ...
 
     def session(self) -> AbstractContextManager[None]:
@@ -119,10 +140,13 @@ _loaders: dict[str, Callable[[], Backend]] = {}
 _loaded: dict[str, Backend] = {}
 
 
-def register_backend(name: str, loader: Callable[[], Backend]) -> None:
-    """Make ``loader()`` (called once, on first use) the backend named ``name``."""
+def register_backend(name: str, loader: Callable[[], Backend]) -> Callable[[], Backend] | None:
+    """Make ``loader()`` (called once, on first use) the backend named ``name``; returns
+    the loader it replaces (None for a new name), so it can be put back."""
+    previous = _loaders.get(name)
     _loaders[name] = loader
     _loaded.pop(name, None)
+    return previous
 
 
 def backend(name: str) -> Backend:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from plait._signature import forward_shape
 from plait.effects import Message, Runtime, call_eagerly, current_stack, observes_every_call
-from plait.execution.backends import backend, register_backend
+from plait.execution.backends import backend
 from plait.execution.batch import BatchResult
 from plait.execution.checkpoint import (
     Checkpoint,
@@ -492,9 +492,6 @@ class LocalBackend:
     def session(self) -> Iterator[None]:
         """Nothing to keep alive: the runtime loop outlives every run of the process."""
         yield
-
-
-register_backend("local", LocalBackend)
 
 
 def shaped(value: Value, training: bool) -> Any:

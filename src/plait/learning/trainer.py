@@ -47,7 +47,6 @@ the same run on resume (`plait.learning.identity`) and the errors
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import copy
 import json
@@ -65,8 +64,8 @@ from plait._files import write_atomic
 from plait.effects import Message
 from plait.execution.backends import TrainingBackend, backend
 from plait.execution.checkpoint import CheckpointHandler
-from plait.learning.backward import Received, collect_feedback, receive
-from plait.learning.bootstrap import Trace, TraceLog, TrainingBatch, call_step, trace_from_rows
+from plait.learning.backward import Received, receive
+from plait.learning.bootstrap import Trace, TrainingBatch, trace_from_rows
 from plait.learning.data import Example, load_examples
 from plait.learning.failures import (
     TrainerError,
@@ -83,7 +82,7 @@ from plait.learning.plot import plot_history
 from plait.learning.step import TrainingStep
 from plait.module import Module
 from plait.providers.base import LLMRequest
-from plait.sampling import rng_parameter_names, run_seed
+from plait.sampling import rng_parameter_names
 from plait.values import Value, kind_of
 
 __all__ = [
@@ -161,9 +160,9 @@ class Trainer:
       the score after each update), in eval mode.
     * Each pass pickles the step afresh, so the workers run with the parameter
       values the model has at that moment (the update just made, or the values
-      restored after a roll-back), never those of an earlier pass; and each pass
-      starts its worker processes anew (seconds, not minutes), so workers pay off
-      when the examples are many or slow to run.  The endpoints' limits are held
+      restored after a roll-back), never those of an earlier pass; the passes of a
+      run share their worker processes (each pass loads its step into them), so
+      only the first pays for starting them.  The endpoints' limits are held
       for the cluster as a whole.
     * In this process (the driver): the minibatch score (``train_score``, the
       mean of the losses the workers returned), putting the returned feedback into
@@ -313,9 +312,9 @@ class Trainer:
         # embedded model is loaded once).
         manager = ResourceManager.coerce(self.resources)
         self._check_aliases(manager)
-        # What the workers' backend starts for this run's passes (a local Ray) is
+        # What the backend starts for this run's passes (Ray workers, a local Ray) is
         # stopped when it ends; what was running already is left as it was.
-        session = self._backend().session() if self.on_workers else contextlib.nullcontext()
+        session = self._backend().session()
         try:
             with session:
                 async with ExecutionSettings(resources=manager):
@@ -378,7 +377,7 @@ class Trainer:
         belongs to one position: once the next step's checkpoint is written
         (`_save_checkpoint`), it is replaced by an empty one, so a later step never
         replays an earlier step's replies.  Ray workers log to the same directory
-        (`_log_offset`).
+        (`_PositionLog.pass_offset`).
         """
         if self.checkpoint_dir is None:
             yield
@@ -479,16 +478,7 @@ class Trainer:
 
     async def _evaluate(self, examples: list[Example]) -> float:
         self.step_module.eval()
-        results: list[Any]
-        if self.on_workers:
-            results = await self._score_on_workers(examples)
-        else:
-            # Every example's run ends before a failure is reported: one failed call
-            # must not leave the others running unawaited behind the error.
-            ended = await asyncio.gather(
-                *(self._call(example) for example in examples), return_exceptions=True
-            )
-            results = [_as_result(item) for item in ended]
+        results = await self._pass(examples, train=False)
         scores = [
             _score(result, self.step_module, example)
             for result, example in zip(results, examples, strict=True)
@@ -496,134 +486,64 @@ class Trainer:
         return sum(scores) / len(scores)
 
     def _backend(self) -> TrainingBackend:
-        """Where the passes run when they run on workers: the Ray backend."""
-        found = backend("ray")
+        """Where the passes run: this process, or Ray workers with ``workers`` or
+        ``ray_address`` (`backend_name`, the rule a batch run follows)."""
+        from plait.execution.runtime import backend_name
+
+        name = backend_name({"workers": self.workers, "ray_address": self.ray_address})
+        found = backend(name)
         if not isinstance(found, TrainingBackend):
-            raise TrainerError(f"the backend {type(found).__name__} cannot run training passes")
+            raise TrainerError(
+                f"the backend {name!r} ({type(found).__name__}) cannot run training passes: "
+                "it has no run_steps"
+            )
         return found
 
     def _pass_options(self) -> dict[str, Any]:
-        """The options of a pass on the workers, resolved as a call in this process
-        resolves them (the step's binding, else the `ExecutionSettings` around it), with
-        one draw from the model's Rng for the pass, made here as a batch run makes it."""
+        """The options of a pass, resolved as a call in this process resolves them (the
+        step's binding, else the `ExecutionSettings` around it)."""
         from plait.execution.settings import resolve_options
 
         bound_resources, bound_config = self.step_module._binding()
         opts = resolve_options({}, bound_config, bound_resources)
-        opts["seed"], _ = run_seed(self.step_module, opts["seed"])
         opts["workers"], opts["ray_address"] = self.workers, self.ray_address
         return opts
 
-    def _log_offset(self, work: Any, seed: int | None) -> int:
-        """Where a worker pass logs its calls in the position's call log.
-
-        Each pass numbers its examples from 0, so its calls go under indexes of its
-        own, drawn from what it runs (``work``: the method and the examples; the
-        parameter values and the seed it runs with) and how many such passes came
-        before at this position: the same pass of a resumed step finds its calls
-        again, and a repeated pass (validation of values already scored) pays for its
-        calls as it does in one process.  The values are part of it because a resumed
-        step skips the passes the checkpoint already holds (the initial validation,
-        made at the same position): counted by method and examples alone, each of the
-        step's validation passes would come one place earlier and miss its calls.
-        """
-        log = self._calls
-        assert log is not None
-        what = digest([work, self.step_module.state_dict(), seed])
-        repeat = log.passes.get(what, 0)
-        log.passes[what] = repeat + 1
-        return (1 + int(digest([what, repeat], size=4), 16)) * _PASS_STRIDE
-
-    async def _on_workers(self, examples: list[Example], train: bool) -> list[Value]:
-        """One result per example, in order, from the step run on the workers as it is
-        now (its parameter values, its mode), its calls in the position's call log."""
-        opts = self._pass_options()
-        log = self._calls
-        offset = 0
-        if log is not None:
-            offset = self._log_offset(
-                ("train_batch" if train else "run_batch", examples), opts["seed"]
-            )
+    async def _pass(
+        self, examples: list[Example], train: bool, feedback: bool = True
+    ) -> list[Value]:
+        """One result per example, in order, from the step as it is now (its parameter
+        values, its mode), run by the trainer's backend; the calls it makes go to the
+        position's call log (see `_PositionLog.pass_offset`)."""
         return await self._backend().run_steps(
             self.step_module,
             examples,
-            opts,
+            self._pass_options(),
             train=train,
-            call_log=log.checkpoint if log is not None else None,
-            log_offset=offset,
+            call_log=self._calls,
+            feedback=feedback,
         )
-
-    async def _score_on_workers(self, examples: list[Example]) -> list[Value]:
-        """One loss result per example, in order, run on the Ray workers (eval mode).
-
-        The step is pickled here, for this pass only: the parameter values the
-        workers run with are the model's current ones.
-        """
-        return await self._on_workers(examples, train=False)
 
     async def _minibatch(self, batch: list[Example]) -> tuple[float, list[Trace] | None]:
         """The minibatch's mean score and its runs' traces; its feedback put into the
         parameters, in batch order.
 
         Each example's loss runs in ``train()`` mode and its backward pass is
-        collected on its own (`collect_feedback`); the feedback then goes to the
-        parameters example by example, so their buffers, and the rewrite prompts
-        made from them, do not depend on which example's backward finished first.
-        When no optimizer needs feedback (`BootstrapFewShot` learns from traces)
-        there is no backward pass.  On Ray workers the traces are the ones the
-        workers sent back with each example's result.
+        collected on its own; the feedback then goes to the parameters example by
+        example, so their buffers, and the rewrite prompts made from them, do not
+        depend on which example's backward finished first.  When no optimizer needs
+        feedback (`BootstrapFewShot` learns from traces) there is no backward pass.
+        Each row comes back as its loss's output, the feedback its backward pass gave
+        each parameter (named by the step's ``state_dict()`` names, with the rank
+        `upstream_rank` uses) and its run as the backend saw it, wherever it ran
+        (`plait.learning.passes`).
         """
         needs_feedback = any(getattr(o, "needs_feedback", True) for o in self.optimizers)
         self.step_module.train()
         try:
-            if self.on_workers:
-                return await self._minibatch_on_workers(batch, needs_feedback)
-            runs = await asyncio.gather(*(self._run_example(example) for example in batch))
-            losses = [loss for loss, _ in runs]
-            train_score = sum(
-                _score(loss, self.step_module, example)
-                for loss, example in zip(losses, batch, strict=True)
-            ) / len(losses)
-            collected = (
-                await asyncio.gather(*(collect_feedback(loss) for loss in losses))
-                if needs_feedback
-                else []
-            )
+            rows = await self._pass(batch, train=True, feedback=needs_feedback)
         finally:
             self.step_module.eval()
-        for received in collected:
-            receive(received)
-        return train_score, [trace for _, trace in runs]
-
-    def _call(self, example: Example) -> Any:
-        """The step on one example: its input is one input even when it is a list."""
-        return call_step(self.step_module, example)
-
-    async def _run_example(self, example: Example) -> tuple[Any, Trace]:
-        """One example through the step (train mode), with its LLM calls logged."""
-        from plait.values import ExecutionError
-
-        with TraceLog(self.model) as log:
-            try:
-                loss = await self._call(example)
-            except ExecutionError as exc:  # reported by `_score` with the call and alias
-                loss = exc.value
-        failed = isinstance(loss, Value) and loss.is_error
-        score = 0.0 if failed else _score(loss, self.step_module, example)
-        return loss, log.trace(example, score, failed)
-
-    async def _minibatch_on_workers(
-        self, batch: list[Example], needs_feedback: bool
-    ) -> tuple[float, list[Trace] | None]:
-        """`_minibatch` with the forward, loss and backward passes on the Ray workers.
-
-        The step goes to the workers in ``train()`` mode with the parameters' current
-        values (`PipelineWorker.train_batch`); each example comes back as its loss's
-        output and the feedback its backward pass gave each parameter (named by the
-        step's ``state_dict()`` names, with the rank `upstream_rank` uses), which goes
-        to the parameters here exactly as a backward pass in this process gives it.
-        """
-        rows = await self._on_workers(batch, train=True)
         outputs = [
             row if row.is_error else Value(kind_of(row.payload["output"]), row.payload["output"])
             for row in rows
@@ -633,7 +553,7 @@ class Trainer:
             for output, example in zip(outputs, batch, strict=True)
         ]
         train_score = sum(scores) / len(scores)
-        # The runs as the workers logged them: an optimizer learning from runs
+        # The runs as the backend logged them: an optimizer learning from runs
         # (`BootstrapFewShot`) is shown these instead of running the examples again.
         traces: list[Trace] | None = [
             trace_from_rows(row.payload["trace"], self.model, example, score)
@@ -850,17 +770,6 @@ class Trainer:
         return True
 
 
-def _as_result(item: Any) -> Any:
-    """A gathered eval-mode run: its result, or the error Value of the call that failed."""
-    from plait.values import ExecutionError
-
-    if isinstance(item, ExecutionError):
-        return item.value
-    if isinstance(item, BaseException):
-        raise item
-    return item
-
-
 def _score(result: Any, step: Module | None = None, example: Example | None = None) -> float:
     """The score of one loss result: a Feedback, or a Value (train mode) carrying one.
 
@@ -912,7 +821,7 @@ class _PositionLog(CheckpointHandler):
     def __init__(self, checkpoint: Any) -> None:
         super().__init__(checkpoint)
         self.seen: dict[tuple[str, str], int] = {}
-        #: Passes sent to Ray workers at this position, by what they ran (`Trainer._log_offset`).
+        #: Passes sent to other processes at this position, by what they ran (`pass_offset`).
         self.passes: dict[str, int] = {}
 
     def key(self, msg: Message, request: LLMRequest) -> tuple[int, str, str]:
@@ -921,6 +830,24 @@ class _PositionLog(CheckpointHandler):
         occurrence = self.seen.get(call, 0)
         self.seen[call] = occurrence + 1
         return (occurrence, *call)
+
+    def pass_offset(self, work: Any, values: dict[str, Any], seed: int | None) -> int:
+        """Where a pass run in other processes (Ray workers) logs its calls in this log.
+
+        Each such pass numbers its examples from 0, so its calls go under indexes of
+        its own, drawn from what it runs (``work``: the method and the examples; the
+        parameter ``values`` and the ``seed`` it runs with) and how many such passes
+        came before at this position: the same pass of a resumed step finds its calls
+        again, and a repeated pass (validation of values already scored) pays for its
+        calls as it does in one process.  The values are part of it because a resumed
+        step skips the passes the checkpoint already holds (the initial validation,
+        made at the same position): counted by method and examples alone, each of the
+        step's validation passes would come one place earlier and miss its calls.
+        """
+        what = digest([work, values, seed])
+        repeat = self.passes.get(what, 0)
+        self.passes[what] = repeat + 1
+        return (1 + int(digest([what, repeat], size=4), 16)) * _PASS_STRIDE
 
 
 def _optimizer_list(optimizer: Any) -> list[Any]:

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
+from plait.execution.backends import PassLog
 from plait.execution.checkpoint import Checkpoint
 from plait.execution.runtime import traced_first
 from plait.ray.cluster import import_ray, shutdown_if_started
@@ -39,14 +40,20 @@ class RayBackend:
         opts: dict[str, Any],
         *,
         train: bool,
-        call_log: Checkpoint | None = None,
-        log_offset: int = 0,
+        call_log: PassLog | None = None,
+        feedback: bool = True,
     ) -> list[Value]:
         """The trainer's pass on the workers (`plait.execution.backends.TrainingBackend`):
-        the step is pickled now, with the parameter values and mode it has."""
-        spec = make_spec(step, opts["resources"], opts, call_log)
+        the step is pickled now, with the parameter values and mode it has, and runs
+        with one seed drawn here from its Rng for the pass, as a batch run draws it.
+        The workers always make the backward pass's feedback."""
+        seed, _ = run_seed(step, opts.get("seed"))
+        opts = {**opts, "seed": seed}
+        checkpoint = call_log.checkpoint if call_log is not None else None
+        spec = make_spec(step, opts["resources"], opts, checkpoint)
         if call_log is not None:
-            spec.log_index_offset = log_offset
+            work = ("train_batch" if train else "run_batch", examples)
+            spec.log_index_offset = call_log.pass_offset(work, step.state_dict(), seed)
         results: dict[int, Value] = {}
 
         def prepare(example: tuple[Any, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:

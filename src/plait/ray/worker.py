@@ -257,11 +257,9 @@ class PipelineWorker:
         model's output and each LLM call's stage, input, reply text and payload,
         `plait.learning.bootstrap.trace_rows`), so the driver never reruns an example
         it already paid for here.  An input whose forward or backward failed is its
-        error row.
+        error row.  The rows are made as in one process (`plait.learning.passes.train_row`).
         """
-        from plait.learning.backward import collect_feedback
-        from plait.learning.bootstrap import TraceLog, trace_rows
-        from plait.learning.step import TrainingStep
+        from plait.learning.passes import parameter_names, train_row
 
         state = self._run_state()
         if not state.training:
@@ -269,32 +267,13 @@ class PipelineWorker:
                 "train_batch needs the pipeline sent in train() mode: call .train() on it "
                 "before make_spec"
             )
-        names = {id(param): name for name, param in self.module.named_parameters()}
-
-        model = self.module.model if isinstance(self.module, TrainingStep) else None
+        names = parameter_names(self.module)
 
         async def one(index: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Row:
-            if model is None:
-                value = await state.one(index, args, kwargs)
-                trace = None
-            else:
-                with TraceLog(model) as log:
-                    value = await state.one(index, args, kwargs)
-                trace = trace_rows(log)
+            value = await train_row(self.module, lambda: state.one(index, args, kwargs), names)
             if value.kind is ValueKind.ERROR:
                 return row_of(index, value)
-            feedback = []
-            for item in await collect_feedback(value):
-                name = names.get(id(item.param))
-                if name is None:
-                    raise RuntimeError(
-                        f"the backward pass reached the parameter {item.param.qualified_name!r}, "
-                        f"which {type(self.module).__name__} does not hold, so its feedback "
-                        "cannot be named for the driver; register it on a module of the pipeline"
-                    )
-                feedback.append((name, item.text, item.rank))
-            payload = {"output": value.payload, "feedback": feedback, "trace": trace}
-            return (index, True, payload, {})
+            return (index, True, value.payload, {})
 
         return await self._batch(items, rerun, one)
 
