@@ -19,7 +19,16 @@ measures it two ways, against the loopback fake OpenAI server:
 cProfile inflates everything (about 2x here) and small functions most; compare
 shares, and this script's output with an earlier run of itself.
 
+``--fresh K`` measures the unprofiled ratio another way: K rounds, each one plait
+process and one baseline process of their own (which goes first alternates), each
+warmed up by one run and then timed over ``--repeats`` runs against the same
+server.  It reports the median of the K per-round ratios and their spread.  One
+process running both sides shares its heap, its allocator and its caches between
+them, and the order of the runs inside it; separate processes share only the
+machine, which then moves both sides of a round alike.
+
     .venv/bin/python benchmarks/profile_call.py [--n 2000] [--repeats 5] [--top 25] [--no-profile]
+    .venv/bin/python benchmarks/profile_call.py --fresh 9 [--n 1000] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -27,8 +36,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import json
 import pstats
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -223,6 +234,77 @@ def cpu_per_call(fn: Callable[[], Any], calls: int) -> float:
     return (time.process_time() - cpu0) / calls * 1000
 
 
+def measure_side(side: str, base_url: str, n: int, repeats: int) -> list[float]:
+    """CPU ms per call of ``repeats`` runs of one side, in this process, after a
+    warm-up run (imports, connections)."""
+    inputs = [f"document number {i}" for i in range(n)]
+    calls = CALLS_PER_INPUT * n
+    if side == "plait":
+        pipeline = bound_pipeline(FanOutFanIn, base_url, 32)
+
+        def once() -> Any:
+            return pipeline.run_sync(inputs)
+
+        once()
+        return [cpu_per_call(once, calls) for _ in range(repeats)]
+    base = Baseline(base_url, 32)
+    loop = asyncio.new_event_loop()
+
+    def base_once() -> Any:
+        return loop.run_until_complete(base.run(base.fan, inputs))
+
+    base_once()
+    try:
+        return [cpu_per_call(base_once, calls) for _ in range(repeats)]
+    finally:
+        loop.run_until_complete(base.close())
+        loop.close()
+
+
+def fresh_rounds(base_url: str, rounds: int, n: int, repeats: int) -> list[tuple[float, float]]:
+    """``rounds`` pairs of (plait, baseline) CPU ms per call, each side measured in a
+    process of its own (the median of its ``repeats`` runs), which side goes first
+    alternating from round to round."""
+    pairs = []
+    for k in range(rounds):
+        order = ("plait", "baseline") if k % 2 == 0 else ("baseline", "plait")
+        got: dict[str, float] = {}
+        for side in order:
+            argv = ["--child", side, "--url", base_url, "--n", str(n), "--repeats", str(repeats)]
+            done = subprocess.run(
+                [sys.executable, __file__, *argv],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            got[side] = statistics.median(json.loads(done.stdout.splitlines()[-1]))
+        pairs.append((got["plait"], got["baseline"]))
+    return pairs
+
+
+def report_fresh(pairs: list[tuple[float, float]], n: int, repeats: int, pinned: bool) -> None:
+    ratios = sorted(p / b for p, b in pairs)
+    quart = statistics.quantiles(ratios, n=4) if len(ratios) >= 2 else [ratios[0]] * 3
+    print(
+        f"FanOutFanIn, N={n} ({CALLS_PER_INPUT * n} calls), latency 0, "
+        f"{'server on its own CPU' if pinned else 'server sharing the CPUs'}; "
+        f"{len(pairs)} rounds of one plait and one baseline process each (median of "
+        f"{repeats} runs after a warm-up), first side alternating:"
+    )
+    print(
+        f"  plait / baseline: median {statistics.median(ratios):.3f}, quartiles "
+        f"{quart[0]:.3f}-{quart[2]:.3f}, range {ratios[0]:.3f}-{ratios[-1]:.3f}"
+    )
+    plait_ms = statistics.median(p for p, _ in pairs)
+    base_ms = statistics.median(b for _, b in pairs)
+    print(
+        f"  CPU per call, median over rounds: plait {plait_ms:.4f} ms, baseline "
+        f"{base_ms:.4f} ms, plait's own {(plait_ms - base_ms) * 1000:.1f} us"
+    )
+    for k, (p, b) in enumerate(pairs):
+        print(f"  round {k + 1}: plait {p:.4f}, baseline {b:.4f}, ratio {p / b:.3f}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=2000, help="inputs per run (3 calls each)")
@@ -237,12 +319,24 @@ def main() -> int:
     parser.add_argument(
         "--save", type=Path, help="also dump the raw profiles (pstats; the baseline's beside)"
     )
+    parser.add_argument(
+        "--fresh", type=int, default=0, help="rounds of one process per side (see above)"
+    )
+    parser.add_argument("--child", choices=["plait", "baseline"], help=argparse.SUPPRESS)
+    parser.add_argument("--url", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child:  # one side of a --fresh round: its runs' CPU per call, as JSON
+        print(json.dumps(measure_side(args.child, args.url, args.n, args.repeats)))
+        return 0
     inputs = [f"document number {i}" for i in range(args.n)]
     calls = CALLS_PER_INPUT * args.n
     with FakeOpenAIServer() as server:
         pinned = not args.no_pin and pin_apart(server.pid)
         server.configure(latency_ms=0.0)
+        if args.fresh:
+            pairs = fresh_rounds(server.base_url, args.fresh, args.n, args.repeats)
+            report_fresh(pairs, args.n, args.repeats, pinned)
+            return 0
         pipeline = bound_pipeline(FanOutFanIn, server.base_url, 32)
         base = Baseline(server.base_url, 32)
         loop = asyncio.new_event_loop()
