@@ -502,3 +502,43 @@ def test_the_drivers_checkpoint_log_is_not_sent_to_the_workers(tmp_path: Path) -
         assert shipped == ["_UsageSpec"]
     finally:
         checkpoint.close()
+
+
+def test_rows_on_workers_come_in_input_order_when_asked(
+    server: FakeOpenAIServer, ray_cluster: Any
+) -> None:
+    """``preserve_order`` holds on Ray as in this process: the first input is held at a
+    gate until every other input's call has completed at the server, and still its row
+    is handed over first (the backend holds the others, not the caller)."""
+    from plait.execution.backends import backend
+    from plait.execution.settings import resolve_options
+
+    server.configure(gate_texts={"first": "order"})
+    resources = make_resources(server, model="cluster-order", max_concurrent=8)
+    texts = ["first", *(f"then {i}" for i in range(39))]  # more than one batch of 16
+    module = Echo("fast")
+    opts = resolve_options({"workers": 2, "preserve_order": True}, {}, resources)
+    delivered: list[tuple[int, Any]] = []
+
+    def prepare(item: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        return (item,), {}
+
+    def deliver(index: int, item: Any, value: plait.Value) -> None:
+        delivered.append((index, value.payload))
+
+    where = backend("ray")
+    thread = threading.Thread(
+        target=where.deliver_rows,  # type: ignore[attr-defined]
+        args=(module, opts["resources"], texts, prepare, deliver, opts),
+    )
+    thread.start()
+    server.wait_parked("order", 1)
+    deadline = time.monotonic() + 60
+    while sum(1 for r in server.stats()["requests"] if r["status"] == 200) < len(texts) - 1:
+        assert time.monotonic() < deadline, "the other inputs' calls never completed"
+        time.sleep(0.01)
+    assert delivered == []  # every later row is done, and waits for the first
+    server.open_gate("order")
+    thread.join(timeout=120)
+    assert not thread.is_alive()
+    assert delivered == [(i, echo("fast", text)) for i, text in enumerate(texts)]

@@ -136,19 +136,16 @@ def error_record(value: Value) -> dict[str, Any]:
 
 
 class OutputWriter:
-    """Writes result lines to a file or stdout, in completion or in input order.
+    """Writes result lines to a file or stdout, each as it is given.
 
-    In input order a finished result waits until every earlier one is written.  The
-    local backend hands rows over in input order already (a window slot frees only
-    as its row is delivered, which keeps what waits bounded), so then nothing waits
-    here; the rows of Ray workers arrive as they finish and are put in order here.
+    The order is the backend's: with ``--preserve-order`` every backend hands the rows
+    over in input order (`plait.execution.backends.RowBackend`).
     """
 
-    def __init__(self, location: str, preserve_order: bool = False) -> None:
+    def __init__(self, location: str) -> None:
         self.location = location
         self._existed = False
         self._previous: Path | None = None
-        self.preserve_order = preserve_order
         self.path: Path | None = None
         if location == "-":
             self._stream: IO[str] = sys.stdout
@@ -169,8 +166,6 @@ class OutputWriter:
                 raise
             self._stream = open(fd, "w", encoding="utf-8")  # noqa: SIM115 (closed in close())
             self._owned = True
-        self._pending: dict[int, str] = {}
-        self._next = 0
         self.written = 0
 
     def write(self, index: int, raw: Any, value: Value) -> Value:
@@ -188,7 +183,7 @@ class OutputWriter:
                 module_path=value.meta.get("module_path"),
             )
             line = self._line(index, raw, value)
-        self._put(index, line)
+        self._emit(line)
         return value
 
     def _line(self, index: int, raw: Any, value: Value) -> str:
@@ -206,15 +201,6 @@ class OutputWriter:
         except UnicodeEncodeError:  # a lone surrogate: only JSON's \u escapes can carry it
             line = json.dumps(json.loads(line))
         return line
-
-    def _put(self, index: int, line: str) -> None:
-        if not self.preserve_order:
-            self._emit(line)
-            return
-        self._pending[index] = line
-        while self._next in self._pending:
-            self._emit(self._pending.pop(self._next))
-            self._next += 1
 
     def _emit(self, line: str) -> None:
         self._stream.write(line + "\n")

@@ -360,7 +360,7 @@ class _Command:
         if ns.output != "-" and Path(ns.output).is_dir():
             raise UsageError(f"--output {ns.output} is a directory; give the path of a file")
         try:
-            writer = OutputWriter(ns.output, preserve_order=opts["preserve_order"])
+            writer = OutputWriter(ns.output)
         except Busy as exc:
             raise UsageError(
                 f"the output {ns.output} is being written by {exc.holder}; two runs writing "

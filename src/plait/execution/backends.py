@@ -80,9 +80,9 @@ class RowBackend(Protocol):
         value's ``meta["checkpoint"]`` is ``"hit"``).  A ``deliver`` that raises (the
         row cannot be written) stops the run at once and its exception is raised here;
         so is a `CheckpointError`, and a `TracingError` of the first input.  Rows come
-        in completion order; with ``opts["preserve_order"]`` the local backend hands
-        them over in input order, a waiting row keeping its slot of the window, while
-        Ray does not, so a caller that needs the order still puts them in it."""
+        in completion order; with ``opts["preserve_order"]`` in input order (the local
+        backend keeps a waiting row's slot of the window, so what waits stays bounded;
+        Ray holds a row that finished early until the earlier ones have come)."""
         ...
 
     def session(self) -> AbstractContextManager[None]:

@@ -25,6 +25,9 @@ if TYPE_CHECKING:
 
 __all__ = ["RayBackend"]
 
+#: What a row backend hands each row to: ``deliver(index, item, value)``.
+Deliver = Callable[[int, Any, Value], None]
+
 #: The workers kept for the passes of the `RayBackend.session` this code runs in.
 _session_pool: ContextVar[WorkerPool | None] = ContextVar("plait_ray_worker_pool", default=None)
 
@@ -92,7 +95,11 @@ class RayBackend:
         for a worker (a caller counts what is in flight there).  The first input is
         traced here first, so a mistake in the pipeline's code stops the run once,
         before any worker is paid for; its preparation is kept for its worker.  A
-        ``deliver`` that raises stops the run, and its exception is raised here."""
+        ``deliver`` that raises stops the run, and its exception is raised here.  With
+        ``opts["preserve_order"]`` the rows are handed over in input order: a row that
+        finished before an earlier one waits here for it (the workers keep running)."""
+        if opts.get("preserve_order"):
+            deliver = _in_input_order(deliver)
         kept: list[tuple[Any, Any]] = []  # the first item, prepared to be traced
 
         def prepare_to_trace(item: Any) -> Any:
@@ -187,3 +194,18 @@ class RayBackend:
             if checkpoint is not None:
                 checkpoint.close()
         return [outputs[i] for i in range(len(outputs))]
+
+
+def _in_input_order(deliver: Deliver) -> Deliver:
+    """``deliver``, called in input order whatever order the rows come in."""
+    waiting: dict[int, tuple[Any, Value]] = {}
+    following = 0
+
+    def in_order(index: int, item: Any, value: Value) -> None:
+        nonlocal following
+        waiting[index] = (item, value)
+        while following in waiting:
+            deliver(following, *waiting.pop(following))
+            following += 1
+
+    return in_order
