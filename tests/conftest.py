@@ -8,6 +8,7 @@ teardown with the offending excerpt.
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -120,6 +121,17 @@ def ray_cluster() -> Iterator[Any]:
     yield ray
     if started:
         ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def refused_port() -> Iterator[int]:
+    """A loopback port that refuses every connection: bound for the whole session and
+    never listened on.  A port merely freed after a bind could be taken meanwhile by
+    anything the suite starts (Ray opens many), and then answer."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        yield port
 
 
 def process_alive(pid: int) -> bool:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -594,14 +593,9 @@ def test_graph_shows_or_collapses_ops_and_reads_a_sample_file(
 
 
 # -- plait check ----------------------------------------------------------------------------------
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
-
-
-def test_check_reports_each_alias(server: FakeOpenAIServer, res: Path, tmp_path: Path) -> None:
+def test_check_reports_each_alias(
+    server: FakeOpenAIServer, res: Path, tmp_path: Path, refused_port: int
+) -> None:
     done = cli("check", "--resources", res, env={"COLUMNS": "200"})
     assert done.returncode == 0, done.stdout + done.stderr
     assert "answered in" in done.stdout and "problem" not in done.stdout
@@ -615,7 +609,7 @@ def test_check_reports_each_alias(server: FakeOpenAIServer, res: Path, tmp_path:
         'api_key = "sk-nope"\n'
         f'[no_env]\nprovider = "openai"\nmodel = "m"\nbase_url = "{server.base_url}"\n'
         'api_key_env = "PLAIT_CLI_TEST_UNSET_KEY"\n'
-        f'[down]\nprovider = "openai"\nmodel = "m"\nbase_url = "http://127.0.0.1:{closed_port()}/v1"\n'
+        f'[down]\nprovider = "openai"\nmodel = "m"\nbase_url = "http://127.0.0.1:{refused_port}/v1"\n'
         'api_key = "sk-test"\n'
         '[typo]\nprovider = "openai"\nmodel = "m"\nmax_concurent = 3\n'
     )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 
 import pydantic
@@ -32,11 +31,9 @@ def requests(server: FakeOpenAIServer) -> int:
     return int(server.stats()["requests_total"])
 
 
-def nowhere(aliases: tuple[str, ...] = ("fast",)) -> plait.ResourceConfig:
-    """Resources whose endpoint is a loopback port nothing listens on: any request fails."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+def nowhere(port: int, aliases: tuple[str, ...] = ("fast",)) -> plait.ResourceConfig:
+    """Resources whose endpoint is ``port``, which refuses every connection (the
+    ``refused_port`` fixture): any request fails."""
     settings = {
         "provider": "openai",
         "model": "m",
@@ -52,7 +49,7 @@ def lines(path: Path) -> list[dict[str, object]]:
 
 
 def test_a_recorded_batch_replays_offline_with_identical_outputs(
-    server: FakeOpenAIServer, tmp_path: Path
+    server: FakeOpenAIServer, tmp_path: Path, refused_port: int
 ) -> None:
     path = tmp_path / "run.jsonl"
     inputs = [f"item {i}" for i in range(100)]
@@ -63,7 +60,7 @@ def test_a_recorded_batch_replays_offline_with_identical_outputs(
 
     server.reset()
     with replay(path) as replayer:
-        offline = FanOutFanIn().bind(resources=nowhere()).run_sync(inputs)
+        offline = FanOutFanIn().bind(resources=nowhere(refused_port)).run_sync(inputs)
     assert offline == recorded
     assert replayer.replayed == 300
     assert requests(server) == 0
@@ -72,7 +69,7 @@ def test_a_recorded_batch_replays_offline_with_identical_outputs(
 
 
 def test_a_single_call_and_a_two_alias_pipeline_replay(
-    server: FakeOpenAIServer, tmp_path: Path
+    server: FakeOpenAIServer, tmp_path: Path, refused_port: int
 ) -> None:
     path = tmp_path / "run.jsonl"
     with record(path):
@@ -81,7 +78,8 @@ def test_a_single_call_and_a_two_alias_pipeline_replay(
     assert recorded == echo("ana", echo("sum", "text"))
     server.reset()
     with replay(path):
-        again = SummarizeAndAnalyze().bind(resources=nowhere(("fast", "smart"))).run_sync("text")
+        offline = nowhere(refused_port, ("fast", "smart"))
+        again = SummarizeAndAnalyze().bind(resources=offline).run_sync("text")
     assert again == recorded and requests(server) == 0
 
 
@@ -91,7 +89,7 @@ class Person(pydantic.BaseModel):
 
 
 def test_a_structured_reply_replays_as_the_typed_object(
-    server: FakeOpenAIServer, tmp_path: Path
+    server: FakeOpenAIServer, tmp_path: Path, refused_port: int
 ) -> None:
     path = tmp_path / "run.jsonl"
     module = plait.LLMInference("fast", response_format=Person)
@@ -99,19 +97,19 @@ def test_a_structured_reply_replays_as_the_typed_object(
         recorded = module.bind(resources=make_resources(server)).run_sync("who is it?")
     server.reset()
     with replay(path):
-        replayed = module.bind(resources=nowhere()).run_sync("who is it?")
+        replayed = module.bind(resources=nowhere(refused_port)).run_sync("who is it?")
     assert isinstance(replayed, Person) and replayed == recorded
     assert requests(server) == 0
 
 
 def test_a_changed_prompt_fails_naming_the_module_and_the_prompt(
-    server: FakeOpenAIServer, tmp_path: Path
+    server: FakeOpenAIServer, tmp_path: Path, refused_port: int
 ) -> None:
     path = tmp_path / "run.jsonl"
     with record(path):
         FanOutFanIn().bind(resources=make_resources(server)).run_sync("the original prompt")
 
-    pipeline = FanOutFanIn().bind(resources=nowhere())
+    pipeline = FanOutFanIn().bind(resources=nowhere(refused_port))
     assert pipeline.right.system_prompt is not None
     pipeline.right.system_prompt.value = "R, but changed"  # one module's prompt moved on
     with replay(path), pytest.raises(plait.ExecutionError) as caught:
@@ -124,7 +122,7 @@ def test_a_changed_prompt_fails_naming_the_module_and_the_prompt(
     with replay(path):  # in a batch the changed input fails alone, as its Value(ERROR)
         outputs = (
             FanOutFanIn()
-            .bind(resources=nowhere())
+            .bind(resources=nowhere(refused_port))
             .run_sync(["the original prompt", "a new input " + "long " * 40])
         )
     assert outputs[0] == expected_fan("the original prompt")

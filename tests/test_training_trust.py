@@ -248,18 +248,9 @@ def test_resuming_on_another_model_is_refused_naming_the_alias(
 
 
 # -- point 16: failures while training are one-line errors ---------------------------------------
-def _closed_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
-
-
 @pytest.mark.parametrize("failure", ["endpoint down", "401"])
 def test_a_failing_validation_call_is_one_line_naming_the_alias_and_cause(
-    server: Any, tmp_path: Path, failure: str
+    server: Any, tmp_path: Path, failure: str, refused_port: int
 ) -> None:
     import subprocess
     import sys
@@ -268,7 +259,7 @@ def test_a_failing_validation_call_is_one_line_naming_the_alias_and_cause(
     argv = command(tmp_path, base_url, "--val", str(tmp_path / "val.jsonl"))
     config = (tmp_path / "resources.yaml").read_text(encoding="utf-8")
     if failure == "endpoint down":
-        config = config.replace(base_url, f"http://127.0.0.1:{_closed_port()}/v1")
+        config = config.replace(base_url, f"http://127.0.0.1:{refused_port}/v1")
         config = config.replace('"openai"', '"openai", "max_retries": 0')
     else:
         config = config.replace("sk-test", "sk-wrong")
@@ -525,7 +516,11 @@ def test_a_training_run_whose_checkpoint_is_in_use_is_a_one_line_error(
 
 @pytest.mark.parametrize("workers", [None, 2])
 def test_a_step_that_failed_mid_way_resumes_without_paying_its_completed_calls_again(
-    server: Any, tmp_path: Path, request: pytest.FixtureRequest, workers: int | None
+    server: Any,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+    workers: int | None,
+    refused_port: int,
 ) -> None:
     """The minibatch's calls (made here, or on Ray workers) complete, then the rewrite's
     endpoint is down: the step stops.  Once it is back, the resumed step pays only for
@@ -549,7 +544,7 @@ def test_a_step_that_failed_mid_way_resumes_without_paying_its_completed_calls_a
             shuffle=False, checkpoint_dir=directory, workers=workers,
         )  # fmt: skip
 
-    down = f"http://127.0.0.1:{_closed_port()}/v1"
+    down = f"http://127.0.0.1:{refused_port}/v1"
     with pytest.raises(Exception, match=r"smart|rewrite|connect"):
         trainer(tmp_path / "failed", down).fit_sync()
     first_paid = server.stats()["requests_total"]
@@ -603,7 +598,11 @@ class DemoAnswerer(plait.Module):
 
 @pytest.mark.parametrize("workers", [None, 2])
 def test_a_step_stopped_after_validating_an_update_resumes_without_paying_that_validation(
-    server: Any, tmp_path: Path, request: pytest.FixtureRequest, workers: int | None
+    server: Any,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+    workers: int | None,
+    refused_port: int,
 ) -> None:
     """Bootstrap's demonstration sets are validated (on Ray workers, or here), then the
     second optimizer's endpoint is down and the step stops.  The resumed step skips the
@@ -631,7 +630,7 @@ def test_a_step_stopped_after_validating_an_update_resumes_without_paying_that_v
             shuffle=False, checkpoint_dir=directory, workers=workers,
         )  # fmt: skip
 
-    down = f"http://127.0.0.1:{_closed_port()}/v1"
+    down = f"http://127.0.0.1:{refused_port}/v1"
     with pytest.raises(Exception, match=r"smart2|rewrite|connect"):
         trainer(tmp_path / "failed", down).fit_sync()
     first_paid = server.stats()["requests_total"]
