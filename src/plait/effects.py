@@ -412,10 +412,8 @@ def runtime() -> Runtime:
 
 def current_interpreter() -> Interpreter:
     """The innermost interpreter: the one that gives a call made here its meaning."""
-    for entered in reversed(_STACK.get()):
-        if isinstance(entered, Interpreter):
-            return entered
-    return runtime()
+    found = find_interpreter(Interpreter)
+    return found if found is not None else runtime()
 
 
 def find_interpreter(kind: type[I]) -> I | None:
@@ -428,9 +426,5 @@ def find_interpreter(kind: type[I]) -> I | None:
 
 
 def interpret(msg: Message) -> Any:
-    """Give the call ``msg`` its meaning here (see `Interpreter`): `current_interpreter`,
-    written out, as every module call asks it."""
-    for entered in reversed(_STACK.get()):
-        if isinstance(entered, Interpreter):
-            return entered.call_module(msg)
-    return runtime().call_module(msg)
+    """Give the call ``msg`` its meaning here (see `Interpreter`)."""
+    return current_interpreter().call_module(msg)

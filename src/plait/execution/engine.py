@@ -246,26 +246,18 @@ class Engine:
         )
         # One node: its samples differ by their seeds.
         site = CallSite.of_node(self, node.path, priority.index, prefix + node.key, priority)
-        samples = module.n
-        seeds = site.seeds(request, samples)
+        seeds = site.seeds(request, module.n)
+        calls = [request] * module.n if seeds is None else [with_seed(request, s) for s in seeds]
         ref = f"node:{node.id}"
-        if samples == 1:
-            call = request if seeds is None else with_seed(request, seeds[0])
+
+        def invoke(call: LLMRequest) -> Coroutine[Any, Any, Value]:
             return site.invoke(call, module=module, upstream=upstream, ref=ref, output=True)
 
+        if len(calls) == 1:
+            return invoke(calls[0])
+
         async def all_samples() -> Value:
-            outputs = await asyncio.gather(
-                *(
-                    site.invoke(
-                        request if seeds is None else with_seed(request, seeds[sample]),
-                        module=module,
-                        upstream=upstream,
-                        ref=ref,
-                        output=True,
-                    )
-                    for sample in range(samples)
-                )
-            )
+            outputs = await asyncio.gather(*(invoke(call) for call in calls))
             return _samples_output(outputs, node, ref=ref)
 
         return all_samples()

@@ -310,7 +310,7 @@ class Tracer(Interpreter):
     def call_module(self, msg: Message) -> Any:
         """Record the call: handlers see it when it runs, not while it is recorded."""
         module = msg.module
-        if module._calls_llm or _is_node(module):
+        if _is_node(module):
             return self.record_module(module, msg.args, msg.kwargs)
         return self.record_composite(module, msg.args, msg.kwargs)
 
@@ -439,7 +439,7 @@ class Tracer(Interpreter):
                 module,
                 cargs,
                 ckwargs,
-                tuple(deps) if len(deps) < 2 else tuple(sorted(deps)),  # `_in_order`
+                _in_order(deps),
                 tuple(params.values()),
             )
         )
@@ -513,7 +513,7 @@ class Tracer(Interpreter):
             deps.add(obj._plait_node)
             return NodeRef(obj._plait_node)
         if cls is str:
-            if _OPEN in obj or "\\ue00" in obj:  # `_holds_placeholder`, inlined
+            if _holds_placeholder(obj):
                 return self._capture_text(obj, deps, params)
             return obj
         if isinstance(obj, Parameter):
