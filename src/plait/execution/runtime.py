@@ -53,6 +53,9 @@ T = TypeVar("T")
 #: ERROR `Value` that is its row without running it.
 Prepared = tuple[tuple[Any, ...], dict[str, Any]] | Value
 
+#: What a driver hands each row to: ``deliver(index, item, value)``.
+Deliver = Callable[[int, Any, Value], None]
+
 
 class ExecutionRuntime(Runtime):
     """plait's runtime as the core sees it (`plait.effects.Runtime`): the meaning of a
@@ -286,7 +289,7 @@ class Run:
         self,
         items: Iterable[Any],
         prepare: Callable[[Any], Prepared],
-        deliver: Callable[[int, Any, Value], None],
+        deliver: Deliver,
         slots: asyncio.Semaphore | None = None,
         in_order: bool = False,
     ) -> None:
@@ -451,7 +454,7 @@ class LocalBackend:
         resources: Any,
         items: Iterable[Any],
         prepare: Callable[[Any], Prepared],
-        deliver: Callable[[int, Any, Value], None],
+        deliver: Deliver,
         opts: dict[str, Any],
         checkpoint: Checkpoint | None = None,
     ) -> None:
@@ -466,7 +469,7 @@ class LocalBackend:
         resources: Any,
         items: Iterable[Any],
         prepare: Callable[[Any], Prepared],
-        deliver: Callable[[int, Any, Value], None],
+        deliver: Deliver,
         opts: dict[str, Any],
         checkpoint: Checkpoint | None = None,
     ) -> None:

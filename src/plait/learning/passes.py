@@ -23,6 +23,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from plait.execution.backends import PassLog
 from plait.execution.runtime import LocalBackend
 from plait.learning.backward import collect_feedback
 from plait.learning.bootstrap import TraceLog, call_step, trace_rows
@@ -86,7 +87,7 @@ class LocalTrainingBackend(LocalBackend):
         opts: dict[str, Any],
         *,
         train: bool,
-        call_log: Any = None,
+        call_log: PassLog | None = None,
         feedback: bool = True,
     ) -> list[Value]:
         """Each example as a call of ``step`` here, all at once, one `Value` per example

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from plait.execution.backends import PassLog
 from plait.execution.checkpoint import Checkpoint
-from plait.execution.runtime import traced_first
+from plait.execution.runtime import Deliver, traced_first
 from plait.ray.cluster import import_ray, shutdown_if_started
 from plait.ray.runner import WorkerPool, run_distributed
 from plait.ray.spec import make_spec
@@ -24,9 +24,6 @@ if TYPE_CHECKING:
     from plait.module import Module
 
 __all__ = ["RayBackend"]
-
-#: What a row backend hands each row to: ``deliver(index, item, value)``.
-Deliver = Callable[[int, Any, Value], None]
 
 #: The workers kept for the passes of the `RayBackend.session` this code runs in.
 _session_pool: ContextVar[WorkerPool | None] = ContextVar("plait_ray_worker_pool", default=None)
@@ -84,7 +81,7 @@ class RayBackend:
         resources: ResourceManager,
         items: Iterable[Any],
         prepare: Callable[[Any], tuple[tuple[Any, ...], dict[str, Any]] | Value],
-        deliver: Callable[[int, Any, Value], None],
+        deliver: Deliver,
         opts: dict[str, Any],
         checkpoint: Checkpoint | None = None,
     ) -> None:

@@ -248,16 +248,12 @@ class PipelineWorker:
         """Run ``items`` in ``train()`` mode and each one's backward pass; one `Row` per item.
 
         The pipeline must have been sent in ``train()`` mode (a `TrainingStep`, say).
-        A row's payload is plain data: ``{"output": the output (a loss's Feedback),
-        "feedback": [(parameter name, text, rank), ...], "trace": ...}``, the feedback
-        the backward pass from that output gave each parameter, in order, named as the
-        pipeline's ``state_dict()`` names it.  Nothing is kept here: the driver gives the
-        feedback to its own parameters (`plait.learning.backward.receive`).  For a
-        `TrainingStep`, ``trace`` is the run as `BootstrapFewShot` learns from it (the
-        model's output and each LLM call's stage, input, reply text and payload,
-        `plait.learning.bootstrap.trace_rows`), so the driver never reruns an example
-        it already paid for here.  An input whose forward or backward failed is its
-        error row.  The rows are made as in one process (`plait.learning.passes.train_row`).
+        A row's payload is the plain data `plait.learning.passes.train_row` makes, as in
+        one process: the loss's output, the feedback each parameter received (named by
+        the pipeline's ``state_dict()`` names, which the driver gives to its own
+        parameters) and the run's trace, so the driver never reruns an example it
+        already paid for here.  An input whose forward or backward failed is its error
+        row.
         """
         from plait.learning.passes import parameter_names, train_row
 
