@@ -542,3 +542,23 @@ def test_rows_on_workers_come_in_input_order_when_asked(
     thread.join(timeout=120)
     assert not thread.is_alive()
     assert delivered == [(i, echo("fast", text)) for i, text in enumerate(texts)]
+
+
+def test_rows_held_for_input_order_are_never_dropped_without_a_word() -> None:
+    """The Ray backend's reorder buffer hands rows on in input order, and a run that
+    ends with rows still held (waiting for one that never came) is an error, not a
+    shorter output."""
+    from plait.ray.backend import _InputOrder
+
+    got: list[int] = []
+    ordered = _InputOrder(lambda index, item, value: got.append(index))
+    for index in (2, 0, 3, 1):
+        ordered(index, f"in {index}", plait.Value(plait.ValueKind.TEXT, "x"))
+    assert got == [0, 1, 2, 3]
+    ordered.finish()  # nothing held
+
+    gap = _InputOrder(lambda index, item, value: got.append(index))
+    gap(1, "in 1", plait.Value(plait.ValueKind.TEXT, "x"))
+    gap(2, "in 2", plait.Value(plait.ValueKind.TEXT, "x"))
+    with pytest.raises(RuntimeError, match=r"without a row for input 0, so the 2 row"):
+        gap.finish()

@@ -95,8 +95,9 @@ class RayBackend:
         ``deliver`` that raises stops the run, and its exception is raised here.  With
         ``opts["preserve_order"]`` the rows are handed over in input order: a row that
         finished before an earlier one waits here for it (the workers keep running)."""
-        if opts.get("preserve_order"):
-            deliver = _in_input_order(deliver)
+        ordered = _InputOrder(deliver) if opts.get("preserve_order") else None
+        if ordered is not None:
+            deliver = ordered
         kept: list[tuple[Any, Any]] = []  # the first item, prepared to be traced
 
         def prepare_to_trace(item: Any) -> Any:
@@ -120,6 +121,8 @@ class RayBackend:
             address=opts["ray_address"],
             checkpoint=checkpoint,
         )
+        if ordered is not None:
+            ordered.finish()
 
     @contextlib.contextmanager
     def session(self) -> Iterator[None]:
@@ -193,16 +196,27 @@ class RayBackend:
         return [outputs[i] for i in range(len(outputs))]
 
 
-def _in_input_order(deliver: Deliver) -> Deliver:
-    """``deliver``, called in input order whatever order the rows come in."""
-    waiting: dict[int, tuple[Any, Value]] = {}
-    following = 0
+class _InputOrder:
+    """A ``deliver`` that hands rows on in input order whatever order they come in."""
 
-    def in_order(index: int, item: Any, value: Value) -> None:
-        nonlocal following
+    def __init__(self, deliver: Deliver) -> None:
+        self._deliver = deliver
+        self._waiting: dict[int, tuple[Any, Value]] = {}
+        self._following = 0
+
+    def __call__(self, index: int, item: Any, value: Value) -> None:
+        waiting = self._waiting
         waiting[index] = (item, value)
-        while following in waiting:
-            deliver(following, *waiting.pop(following))
-            following += 1
+        while self._following in waiting:
+            self._deliver(self._following, *waiting.pop(self._following))
+            self._following += 1
 
-    return in_order
+    def finish(self) -> None:
+        """Refuse to end with rows still held: they wait for a row that never came, and
+        would be lost without a word."""
+        if self._waiting:
+            raise RuntimeError(
+                f"the run ended without a row for input {self._following}, so the "
+                f"{len(self._waiting)} row(s) after it were held back; this is a bug in "
+                "plait's Ray runner, which owes every input one row"
+            )
