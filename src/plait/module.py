@@ -29,7 +29,7 @@ from plait.options import check_setting_names
 from plait.parameter import Parameter
 from plait.values import Value
 
-__all__ = ["BackwardContext", "BackwardResult", "Module"]
+__all__ = ["BackwardContext", "BackwardResult", "Module", "llm_aliases"]
 
 
 class _Keep:
@@ -394,3 +394,9 @@ class Module:
         if len(lines) == 1:
             return lines[0] + ")"
         return "\n".join(lines) + "\n)"
+
+
+def llm_aliases(module: Any) -> set[str]:
+    """The aliases the LLM calls of ``module``'s tree name (what its resources must
+    configure, what a checkpoint records, what a batch run must be able to batch)."""
+    return {m.alias for m in module.modules() if getattr(m, "_calls_llm", False)}

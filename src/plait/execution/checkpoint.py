@@ -31,6 +31,7 @@ from plait._locks import Busy, hold
 from plait.effects import Handler, Message, current_stack
 from plait.execution.codec import decode, encode
 from plait.handlers.llm import response_from_json, response_to_json
+from plait.module import llm_aliases
 from plait.providers.base import LLMRequest, LLMResponse
 from plait.structured import canonical_schema_json
 
@@ -77,7 +78,7 @@ def producer_identity(module: Any, resources: Any, seed: int | None = None) -> d
     for the pipeline's code (`code_of`): when only that changed, finished outputs are
     recomputed and the logged calls still answer the requests that did not change."""
 
-    aliases = sorted({m.alias for m in module.modules() if m._calls_llm})
+    aliases = sorted(llm_aliases(module))
     endpoints = {}
     for alias in aliases:
         config = resources.config_for(alias)

@@ -28,6 +28,7 @@ from plait.effects import (
     process_stack,
 )
 from plait.execution.calls import CallSite, NodeScope
+from plait.module import llm_aliases
 from plait.parameter import release_snapshot, snapshot_values, use_snapshot
 from plait.providers.base import LLMRequest
 from plait.resources.limits import Priority, PriorityLimiter
@@ -119,7 +120,7 @@ class Engine:
         #: which a batch reports once, before anything is paid for (see `run_input`).
         self.traced = False
         self.code_error: TracingError | None = None
-        resources.check_aliases({m.alias for m in root.modules() if m._calls_llm})  # type: ignore[attr-defined]
+        resources.check_aliases(llm_aliases(root))
 
     def start_draining(self) -> None:
         """The batch has no inputs left to admit: re-rank waiting calls tallest-first."""
@@ -590,5 +591,8 @@ def _samples_output(outputs: list[Value], node: Node, ref: str) -> Value:
         if used is not None:
             usage.prompt_tokens += used.prompt_tokens
             usage.completion_tokens += used.completion_tokens
+            usage.cache_read_tokens += used.cache_read_tokens
+            usage.cache_write_tokens += used.cache_write_tokens
+            usage.cache_write_1h_tokens += used.cache_write_1h_tokens
     meta = {"module_path": node.path, "usage": usage}
     return Value(ValueKind.STRUCTURED, [value.payload for value in outputs], ref=ref, meta=meta)

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING
 from plait.effects import Handler, Message
 from plait.resources.endpoint import CallTiming
 from plait.resources.limits import _wake
+from plait.resources.pricing import Prices
 
 if TYPE_CHECKING:
     from plait.providers.base import LLMRequest, Usage
@@ -86,12 +87,14 @@ def _count(amount: float, noun: str) -> str:
 class _Ticket:
     """One call this budget watches: its `AdmissionGate` at the endpoint."""
 
-    __slots__ = ("budget", "config", "counted", "name", "new", "reserved")
+    __slots__ = ("budget", "config", "counted", "name", "new", "reserved", "tier")
 
     def __init__(self, budget: Budget, name: str) -> None:
         self.budget = budget
         self.name = name
         self.config: EndpointConfig | None = None
+        #: How the endpoint that admitted it serves it ("batch": at the batch price).
+        self.tier = "standard"
         #: The call is counted in ``calls`` (at its first admission; ``new`` while that
         #: admission may still be withdrawn).
         self.counted = False
@@ -226,7 +229,7 @@ class Budget(Handler):
     ) -> asyncio.Future[None] | None:
         if self.max_cost is not None:
             _check_prices(endpoint.config, endpoint.alias, ticket.name)
-        tokens, cost = estimate.total_tokens, _cost(endpoint.config, estimate)
+        tokens, cost = estimate.total_tokens, _cost(endpoint.config, estimate, endpoint.tier)
         with self._lock:
             reached = self._reached(first=not ticket.counted)
             if reached is None:
@@ -237,6 +240,7 @@ class Budget(Handler):
                 self._reserved_cost += cost
                 self._holders += 1
                 ticket.reserved, ticket.config = (tokens, cost), endpoint.config
+                ticket.tier = endpoint.tier
                 return None
             if isinstance(reached, str):  # "wait"
                 waiter = asyncio.get_running_loop().create_future()
@@ -271,7 +275,7 @@ class Budget(Handler):
             ticket.new = False
             if usage is not None and ticket.config is not None:
                 self._token_count += usage.total_tokens
-                self._cost += _cost(ticket.config, usage)
+                self._cost += _cost(ticket.config, usage, ticket.tier)
             waiters = self._release(ticket)
         _wake_pending(waiters)
 
@@ -328,10 +332,8 @@ def _check_prices(config: EndpointConfig, alias: str, where: str) -> None:
         )
 
 
-def _cost(config: EndpointConfig, usage: Usage) -> float:
-    input_price = config.input_price_per_mtok or 0.0
-    output_price = config.output_price_per_mtok or 0.0
-    return (usage.prompt_tokens * input_price + usage.completion_tokens * output_price) / 1e6
+def _cost(config: EndpointConfig, usage: Usage, tier: str) -> float:
+    return Prices.of(config).cost(usage, tier)
 
 
 def budget(

@@ -329,10 +329,8 @@ class Trainer:
         resources do not configure: the pipeline's, the loss's (a judge), each
         optimizer's (its rewriter, bootstrap's teacher).  Found mid-run, it would stop
         the run after the minibatch and validation calls were paid for."""
+        from plait.module import llm_aliases as aliases
         from plait.resources.manager import ResourceManager
-
-        def aliases(module: Any) -> set[str]:
-            return {m.alias for m in module.modules() if getattr(m, "_calls_llm", False)}
 
         needed: list[tuple[str, set[str], Any]] = [
             ("the pipeline", aliases(self.model), manager),

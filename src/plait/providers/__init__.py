@@ -12,7 +12,9 @@ import importlib
 from typing import TYPE_CHECKING
 
 from plait.providers.base import (
+    BATCH_APIS,
     PROVIDERS,
+    BatchAPI,
     LLMRequest,
     LLMResponse,
     Provider,
@@ -30,6 +32,7 @@ __all__ = [
     "Provider",
     "ProviderError",
     "Usage",
+    "make_batch_api",
     "make_provider",
 ]
 
@@ -39,3 +42,21 @@ def make_provider(config: EndpointConfig) -> Provider:
     cls = getattr(importlib.import_module(module_name), class_name)
     provider: Provider = cls(config)
     return provider
+
+
+def make_batch_api(config: EndpointConfig) -> BatchAPI:
+    """The batch API of ``config``'s endpoint; a clear error for a provider without one."""
+    target = BATCH_APIS.get(config.provider)
+    if target is None:
+        from plait.resources.config import ConfigurationError
+
+        known = ", ".join(repr(p) for p in BATCH_APIS)
+        raise ConfigurationError(
+            f"provider {config.provider!r} has no batch API plait can use (those with one: "
+            f"{known}); run this alias without backend='batch' (--batch-api), or point it "
+            "at a provider that sells batches"
+        )
+    module_name, _, class_name = target.partition(":")
+    cls = getattr(importlib.import_module(module_name), class_name)
+    api: BatchAPI = cls(config)
+    return api

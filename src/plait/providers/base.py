@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -16,10 +17,18 @@ PROVIDERS: dict[str, str] = {
     "anthropic": "plait.providers.anthropic:AnthropicProvider",
     "local": "plait.providers.local:LocalProvider",
 }
+#: provider name -> "module:Class" of its batch API (`BatchAPI`), for the providers
+#: that sell one.
+BATCH_APIS: dict[str, str] = {
+    "openai": "plait.providers.openai_batch:OpenAIBatchAPI",
+}
 
 __all__ = [
+    "BATCH_APIS",
     "PROVIDERS",
     "RETRYABLE_STATUS",
+    "BatchAPI",
+    "BatchStatus",
     "LLMRequest",
     "LLMResponse",
     "Provider",
@@ -67,8 +76,15 @@ class LLMRequest:
 
 @dataclass(slots=True)
 class Usage:
+    """Tokens one reply used.  ``prompt_tokens`` counts the whole prompt; the cache
+    counts are the parts of it read from and written to the provider's prompt cache
+    (``cache_write_1h_tokens``: the writes kept an hour, a part of ``cache_write_tokens``)."""
+
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    cache_write_1h_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:
@@ -85,6 +101,9 @@ class LLMResponse:
     model: str = ""
     finish_reason: str | None = None
     attempts: int = 1
+    #: How the request was served: "standard", "flex" or "batch" (its price,
+    #: `plait.resources.pricing`).
+    tier: str = "standard"
 
     @property
     def payload(self) -> Any:
@@ -144,3 +163,56 @@ class Provider(Protocol):
     """
 
     async def send(self, request: LLMRequest) -> LLMResponse: ...
+
+
+@dataclass(frozen=True, slots=True)
+class BatchStatus:
+    """A submitted batch as its provider reports it."""
+
+    #: Whether it will change no more (completed, expired, failed, cancelled).
+    ended: bool
+    #: The provider's own word for its state.
+    state: str
+    done: int = 0
+    total: int = 0
+    #: Why the whole batch failed, if it did.
+    problem: str | None = None
+    #: Where its results are (provider-specific: file ids, a URL).
+    files: tuple[str, ...] = ()
+
+
+class BatchAPI(Protocol):
+    """One endpoint's batch API: the wire half of a batch run (`plait.resources.batching`
+    keeps the queue, the ledger and the polling).  Every method makes one attempt and
+    raises `ProviderError` as `Provider.send` does."""
+
+    #: The most requests and bytes (of `line`s) one batch may hold.
+    max_requests: int
+    max_bytes: int
+
+    def line(self, custom_id: str, request: LLMRequest) -> bytes:
+        """``request`` as one item of a batch, named ``custom_id``: the bytes counted
+        against ``max_bytes`` and handed to `submit`."""
+        ...
+
+    async def submit(self, lines: list[bytes], token: str) -> str:
+        """Submit one batch of ``lines``, marked with plait's ``token`` where the
+        provider can keep it; its id."""
+        ...
+
+    async def find(self, token: str, since: float) -> str | None:
+        """The id of a batch submitted with ``token`` (at or after ``since``, epoch
+        seconds), or None: a run killed while submitting learns whether it was."""
+        ...
+
+    async def status(self, batch_id: str) -> BatchStatus: ...
+
+    def results(
+        self, status: BatchStatus
+    ) -> AsyncIterator[tuple[str, LLMResponse | ProviderError]]:
+        """Each item's outcome, by custom id, once the batch has ended: its reply
+        (``tier`` "batch"), or the error it got (``retryable`` when another batch
+        may answer it: an expired item, a server error)."""
+        ...
+
+    async def cancel(self, batch_id: str) -> None: ...

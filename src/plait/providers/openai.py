@@ -95,21 +95,38 @@ class OpenAIProvider:
                 f"request to {self.shown_url} timed out after {self.config.timeout} s",
                 retryable=True,
             ) from exc
+        return self.reply(_loads_or_none(raw), raw)
+
+    def reply(self, body: Any, raw: bytes) -> LLMResponse:
+        """A chat completion's JSON ``body`` (None: ``raw`` was not JSON) as an
+        `LLMResponse`: the online reply's and a batch result line's, read alike."""
         try:
-            body = _loads(raw)
+            if body is None:
+                raise ValueError("not JSON")
             choice = body["choices"][0]
             text = choice["message"].get("content") or ""
             usage = body.get("usage") or {}
-        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            details = usage.get("prompt_tokens_details") or {}
+            used = Usage(
+                int(usage.get("prompt_tokens") or 0),
+                int(usage.get("completion_tokens") or 0),
+                cache_read_tokens=int(details.get("cached_tokens") or 0),
+            )
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
             raise ProviderError(f"malformed reply from {self.shown_url}: {raw[:200]!r}") from exc
         return LLMResponse(
             text=text,
-            usage=Usage(
-                int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
-            ),
+            usage=used,
             model=str(body.get("model") or self.config.model),
             finish_reason=choice.get("finish_reason"),
         )
+
+
+def _loads_or_none(raw: bytes) -> Any:
+    try:
+        return _loads(raw)
+    except ValueError:
+        return None
 
 
 #: What orjson must refuse (so `_dumps` falls back to `json`, which refuses them too)

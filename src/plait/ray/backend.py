@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from plait.execution.backends import PassLog
 from plait.execution.checkpoint import Checkpoint
 from plait.execution.runtime import Deliver, traced_first
+from plait.module import llm_aliases
 from plait.ray.cluster import import_ray, shutdown_if_started
 from plait.ray.runner import WorkerPool, run_distributed
 from plait.ray.spec import make_spec
@@ -160,7 +161,7 @@ class RayBackend:
         resources = ResourceManager.coerce(opts["resources"])
         if not resources.config:
             # The workers resolve the aliases, and they leave this notice to the driver.
-            aliases = sorted({m.alias for m in module.modules() if m._calls_llm})  # type: ignore[attr-defined]
+            aliases = sorted(llm_aliases(module))
             if aliases:
                 say_embedded(aliases[0])
         # Drawn here, once: the workers run with this seed, not draws of their own.

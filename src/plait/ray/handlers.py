@@ -346,6 +346,7 @@ class _LeasedTicket:
         self.counted = False  # counted in ``calls`` (at its first admission)
         self.new = False  # ... by an admission that may still be withdrawn
         self.reserved: tuple[float, float] | None = None  # held in the broker's ledger
+        self.tier = "standard"  # how the admitting endpoint serves it (its price)
 
     async def admit(self, endpoint: Any, request: Any, estimate: Any) -> Any:
 
@@ -355,7 +356,8 @@ class _LeasedTicket:
         if spec.max_cost is not None:
             _check_prices(endpoint.config, endpoint.alias, self.name)
         if budget.limited:
-            tokens, cost = float(estimate.total_tokens), _cost(endpoint.config, estimate)
+            tokens = float(estimate.total_tokens)
+            cost = _cost(endpoint.config, estimate, endpoint.tier)
             call = not self.counted
             reply = await budget.broker.budget_reserve.remote(
                 spec, budget.worker, call, tokens, cost
@@ -368,7 +370,7 @@ class _LeasedTicket:
             if not reply["reserved"]:
                 return asyncio.sleep(0)  # the broker has waited already: ask again
             self.reserved = (tokens, cost)
-        self.config = endpoint.config
+        self.config, self.tier = endpoint.config, endpoint.tier
         if not self.counted:
             with budget._lock:
                 budget.local._calls += 1
@@ -381,7 +383,7 @@ class _LeasedTicket:
         budget = self.budget
         self.new = False
         tokens = usage.total_tokens if usage is not None else 0
-        cost = _cost(self.config, usage) if usage is not None and self.config else 0.0
+        cost = _cost(self.config, usage, self.tier) if usage is not None and self.config else 0.0
         with budget._lock:
             budget.local._token_count += tokens
             budget.local._cost += cost

