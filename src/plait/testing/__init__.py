@@ -25,7 +25,7 @@ import urllib.request
 import weakref
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any, ClassVar, Final, Self
+from typing import IO, Any, ClassVar, Final, Literal, Self
 
 __all__ = [
     "ANTHROPIC_API_KEY_ENV",
@@ -479,7 +479,10 @@ class FakeAnthropicServer(_FakeServerProcess):
     """The fake Anthropic Messages API (:mod:`plait.testing.fake_anthropic`) in a child process.
 
     Without ``api_key`` the server accepts any ``x-api-key``, but still requires one, as the
-    real API does.
+    real API does. It also speaks the Message Batches API (``client.messages.batches``) and
+    keeps prompt-cache books for blocks marked ``cache_control``; :meth:`configure` steers
+    both, :meth:`batches` and :meth:`stats` show what happened, and ``reset()`` forgets
+    requests, batches and cache entries and restores the default settings.
     """
 
     _module = "plait.testing.fake_anthropic"
@@ -491,6 +494,92 @@ class FakeAnthropicServer(_FakeServerProcess):
     def base_url(self) -> str:
         """What the Anthropic SDK expects as ``base_url``: it appends ``/v1/messages`` itself."""
         return f"http://127.0.0.1:{self.port}"
+
+    def configure(
+        self,
+        *,
+        batch_turnaround_s: float | None = None,
+        batch_item_fail_rate: float | None = None,
+        batch_expire: bool | None = None,
+        batch_expire_fraction: float | None = None,
+        batch_max_requests: int | None = None,
+        batch_max_bytes: int | None = None,
+        batch_gate_open: bool | None = None,
+        batch_results_order: Literal["submitted", "reversed", "shuffled"] | None = None,
+        batch_params_validation: Literal["create", "results"] | None = None,
+        seed: int | None = None,
+        cache_min_tokens: int | None = None,
+        cache_clock_offset_s: float | None = None,
+    ) -> dict[str, Any]:
+        """Change the settings given (the others stay); returns the server's whole config.
+
+        ``reset()`` restores every default. Raises ValueError when the server refuses a value.
+
+        * ``batch_turnaround_s`` (0.2): how long a batch stays in processing before it ends;
+        * ``batch_item_fail_rate`` (0): chance that a batched request ends ``errored``
+          (``api_error``), drawn from the server's random stream, which ``seed`` (0) restarts;
+        * ``batch_expire`` (False) with ``batch_expire_fraction`` (0.5): batches end with
+          that share of their requests (rounded up, the last submitted) ``expired``;
+        * ``batch_max_requests`` (100,000) and ``batch_max_bytes`` (256 MiB): the limits on
+          one batch;
+        * ``batch_gate_open`` (True): while False no batch ends, not even a canceled one (see
+          :meth:`close_batch_gate`);
+        * ``batch_results_order`` (``"submitted"``): the order of a batch's results file;
+        * ``batch_params_validation`` (``"create"``): invalid params refuse the whole batch
+          with 400; ``"results"`` accepts it and gives those requests ``errored`` results;
+        * ``cache_min_tokens`` (1024): shorter prefixes are not cached;
+        * ``cache_clock_offset_s`` (0): seconds added to the prompt cache's clock (see
+          :meth:`advance_cache_clock`).
+        """
+        given = {
+            "batch_turnaround_s": batch_turnaround_s,
+            "batch_item_fail_rate": batch_item_fail_rate,
+            "batch_expire": batch_expire,
+            "batch_expire_fraction": batch_expire_fraction,
+            "batch_max_requests": batch_max_requests,
+            "batch_max_bytes": batch_max_bytes,
+            "batch_gate_open": batch_gate_open,
+            "batch_results_order": batch_results_order,
+            "batch_params_validation": batch_params_validation,
+            "seed": seed,
+            "cache_min_tokens": cache_min_tokens,
+            "cache_clock_offset_s": cache_clock_offset_s,
+        }
+        changes = {key: value for key, value in given.items() if value is not None}
+        return self._as_dict(self._call("POST", "/_config", changes))
+
+    def config(self) -> dict[str, Any]:
+        """The server's current settings (see :meth:`configure`)."""
+        return self._as_dict(self._call("GET", "/_config"))
+
+    def batches(self) -> dict[str, Any]:
+        """Statistics of the Message Batches received since the last ``reset()``.
+
+        Keys: ``batches_total``, ``requests_total``, ``bytes_total``, ``status_counts``
+        (processing status -> batches), ``result_counts`` (result type -> requests),
+        ``rejected`` (creations refused), ``calls`` (route -> calls: ``create``,
+        ``retrieve``, ``list``, ``cancel``, ``results``, ``delete``), ``order`` (batch ids,
+        oldest first), ``custom_ids`` (every custom_id of an accepted batch -> how many
+        times it was submitted), ``cache`` (``read_tokens``, ``write_tokens``) and
+        ``batches``: batch id -> ``order``, ``requests``, ``bytes``, ``processing_status``,
+        ``deleted``, ``request_counts``, ``custom_ids``, ``cache`` and ``items`` (custom_id
+        -> its ``result`` type and ``cache`` ``{"read", "write"}``, once the batch ended).
+        """
+        return self._as_dict(self._call("GET", "/_batches"))
+
+    def close_batch_gate(self) -> None:
+        """Hold every batch in processing (``in_progress`` or ``canceling``) from now on."""
+        self.configure(batch_gate_open=False)
+
+    def open_batch_gate(self) -> None:
+        """Let held batches end (those whose turnaround has passed end at once)."""
+        self.configure(batch_gate_open=True)
+
+    def advance_cache_clock(self, seconds: float) -> None:
+        """Move the prompt cache's clock forward: ``301`` expires the ``5m`` entries not
+        used since, ``3601`` the ``1h`` ones too."""
+        offset = float(self.config()["cache_clock_offset_s"])
+        self.configure(cache_clock_offset_s=offset + seconds)
 
 
 def _seq(record: dict[str, Any]) -> int:
