@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 import plait
-from plait.testing import FakeOpenAIServer, take_placeholder_requests
+from plait.testing import BATCH_CONFIG_DEFAULTS, FakeOpenAIServer, take_placeholder_requests
 
 PLACEHOLDER_GUARD_MESSAGE = "a fake server received a request holding a tracing placeholder"
 
@@ -52,8 +52,10 @@ def server_process() -> Iterator[FakeOpenAIServer]:
 
 @pytest.fixture()
 def server(server_process: FakeOpenAIServer) -> FakeOpenAIServer:
-    """The session's server with its stats cleared and its faults and latency off."""
+    """The session's server with its stats, files and batches cleared, its faults and latency
+    off and its batch settings at their defaults."""
     server_process.configure(
+        **BATCH_CONFIG_DEFAULTS,
         latency_ms=0,
         jitter_ms=0,
         rate_429=0,

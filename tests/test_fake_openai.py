@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from plait.testing import FakeOpenAIServer
+from plait.testing import BATCH_CONFIG_DEFAULTS, FakeOpenAIServer
 from plait.testing.fake_openai import estimate_tokens, request_key, schema_instance
 
 # Never send loopback requests through a proxy configured in the environment.
@@ -32,6 +32,7 @@ _DEFAULT_CONFIG: dict[str, Any] = {
     "timeout_hang_s": 30.0,
     "seed": 0,
     "quote_key_in_401": False,
+    **BATCH_CONFIG_DEFAULTS,
 }
 
 

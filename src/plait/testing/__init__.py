@@ -1,8 +1,9 @@
 """Test helpers for plait.
 
 The fake servers themselves live in :mod:`plait.testing.fake_openai` (OpenAI-compatible chat
-completions) and :mod:`plait.testing.fake_anthropic` (the Anthropic Messages API), and each runs
-in its own process. The controlling helpers are defined here, and deliberately use only the
+completions, with the Batch API's files and batches from :mod:`plait.testing.fake_batches`) and
+:mod:`plait.testing.fake_anthropic` (the Anthropic Messages API), and each runs in its own
+process. The controlling helpers are defined here, and deliberately use only the
 standard library, so that importing ``plait.testing`` stays cheap and so that running a server
 with ``python -m plait.testing.fake_...`` does not import the server module twice.
 """
@@ -23,14 +24,16 @@ import time
 import urllib.error
 import urllib.request
 import weakref
+from collections.abc import Mapping
 from pathlib import Path
-from types import TracebackType
+from types import MappingProxyType, TracebackType
 from typing import IO, Any, ClassVar, Final, Literal, Self
 
 __all__ = [
     "ANTHROPIC_API_KEY_ENV",
     "ANTHROPIC_READY_PREFIX",
     "API_KEY_ENV",
+    "BATCH_CONFIG_DEFAULTS",
     "PLACEHOLDER_PATTERN",
     "READY_PREFIX",
     "FakeAnthropicServer",
@@ -50,6 +53,22 @@ ANTHROPIC_READY_PREFIX: Final = "PLAIT_FAKE_ANTHROPIC_READY"
 
 ANTHROPIC_API_KEY_ENV: Final = "PLAIT_FAKE_ANTHROPIC_API_KEY"
 """The fake Anthropic server's counterpart of :data:`API_KEY_ENV`."""
+
+BATCH_CONFIG_DEFAULTS: Final[Mapping[str, Any]] = MappingProxyType(
+    {
+        "batch_turnaround_s": 0.2,
+        "batch_max_requests": 50_000,
+        "batch_max_bytes": 200 * 1024 * 1024,
+        "batch_item_fail_rate": 0.0,
+        "batch_expire": False,
+        "batch_expire_fraction": 0.5,
+        "batch_fail_validation": False,
+        "batch_gate": None,
+        "batch_validate_on_upload": True,
+    }
+)
+"""The fake OpenAI server's batch settings as it starts (``configure(**BATCH_CONFIG_DEFAULTS)``
+puts them back); :mod:`plait.testing.fake_batches` says what each one does."""
 
 _STARTUP_TIMEOUT_S: Final = 30.0
 _STOP_TIMEOUT_S: Final = 10.0
@@ -401,7 +420,13 @@ class _FakeServerProcess:
 
 
 class FakeOpenAIServer(_FakeServerProcess):
-    """The fake OpenAI-compatible server (:mod:`plait.testing.fake_openai`) in a child process."""
+    """The fake OpenAI-compatible server (:mod:`plait.testing.fake_openai`) in a child process.
+
+    Besides chat completions it speaks OpenAI's Batch API (``/v1/files``, ``/v1/batches``; see
+    :mod:`plait.testing.fake_batches`): `configure` takes its ``batch_*`` settings, `batches`
+    tells what it received, and a batch parked at a gate (``batch_gate``, or a line's
+    ``[[gate:NAME]]``) is waited for with `wait_parked` and released with `open_gate`.
+    """
 
     _module = "plait.testing.fake_openai"
     _ready_prefix = READY_PREFIX
@@ -431,13 +456,30 @@ class FakeOpenAIServer(_FakeServerProcess):
         path = "/_stats?bodies=1" if bodies else "/_stats"
         return self._as_dict(self._call("GET", path))
 
+    def batches(self) -> dict[str, Any]:
+        """What the Batch API received since the last `reset` (``GET /_batches``).
+
+        ``{"batches_created", "files_uploaded", "batch_requests_total",
+        "batch_lines_answered", "batches": [{"id", "seq", "status", "requests",
+        "input_bytes", "input_file_id", "metadata", "request_counts"}, ...],
+        "custom_ids": {custom_id: times submitted}, "api_calls": {"METHOD /route": n}}``;
+        ``batches`` is in creation order and ``custom_ids`` counts every line of every
+        created batch, so a test can check that no request was submitted twice.
+        """
+        return self._as_dict(self._call("GET", "/_batches"))
+
+    def submitted_twice(self) -> dict[str, int]:
+        """The custom ids submitted in more than one batch line since the last `reset`."""
+        counts = self.batches()["custom_ids"]
+        return {custom_id: n for custom_id, n in counts.items() if n > 1}
+
     @property
     def base_url(self) -> str:
         """What an OpenAI client expects as ``base_url`` (includes the ``/v1`` prefix)."""
         return f"http://127.0.0.1:{self.port}/v1"
 
     def configure(self, **config: Any) -> dict[str, Any]:
-        """Change fault injection / latency settings; returns the server's whole config.
+        """Change fault injection / latency / batch settings; returns the server's whole config.
 
         Raises ValueError when the server rejects the settings (e.g. an unknown key).
         """

@@ -36,6 +36,16 @@ does not clear that list: the test harness fails any test that sent one.
 
 Status codes in the statistics follow HTTP, with two additions: ``0`` is a connection the server
 dropped on purpose (``rate_drop``) and ``499`` is a request whose client went away first.
+
+The server also speaks OpenAI's Batch API: ``POST /v1/files`` (batch input files),
+``GET /v1/files/{id}``, ``GET /v1/files/{id}/content``, ``DELETE /v1/files/{id}``,
+``POST /v1/batches``, ``GET /v1/batches``, ``GET /v1/batches/{id}`` and
+``POST /v1/batches/{id}/cancel``, with ``batch_*`` settings in ``/_config`` (turnaround, limits,
+item failures, expiry, failed validation, a gate that holds batches in progress) and its own
+statistics at ``GET /_batches``. Each batch line is answered by the same reply logic as
+``/v1/chat/completions`` (`FakeOpenAIApp.answer_line`), so a body gets the same reply either
+way; batch lines never count in this route's statistics (``/_stats`` shows them apart as
+``batch_lines_answered``). :mod:`plait.testing.fake_batches` describes it all.
 """
 
 from __future__ import annotations
@@ -55,12 +65,14 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
+from types import EllipsisType
 from typing import Any, Final
 
 from aiohttp import web
 
 from plait._digest import json_digest
 from plait.testing import API_KEY_ENV, READY_PREFIX, find_placeholder
+from plait.testing.fake_batches import BatchSettings, BatchStore
 
 __all__ = [
     "MODEL_ID",
@@ -89,13 +101,16 @@ class PlaceholderLog:
         self.total = 0
         self.records: list[dict[str, Any]] = []
 
-    def check(self, raw: bytes, endpoint: str) -> None:
+    def check(self, raw: bytes, endpoint: str, model: str | None = None) -> None:
+        """Record ``raw`` if it holds a placeholder; ``model`` names the model when the
+        body does not at its top level (a batch input line)."""
         found = find_placeholder(raw)
         if found is None:
             return
         self.total += 1
-        parsed = _parsed_body(raw)
-        model = parsed.get("model") if isinstance(parsed, dict) else None
+        if model is None:
+            parsed = _parsed_body(raw)
+            model = parsed.get("model") if isinstance(parsed, dict) else None
         record = {
             "seq": self.total,
             "endpoint": endpoint,
@@ -315,10 +330,18 @@ class _Config:
         #: that gate as if it carried ``[[gate:NAME]]``, while the request itself stays the
         #: same (a test can reorder replies without changing what was asked).
         self.gate_texts: dict[str, str] = {}
+        #: The batch API's settings (``batch_*`` keys), see :mod:`plait.testing.fake_batches`.
+        self.batch = BatchSettings()
 
     def as_dict(self) -> dict[str, Any]:
         names = (*self._DURATIONS, *self._RATES, "seed", "quote_key_in_401", "gate_texts")
-        return {name: getattr(self, name) for name in names}
+        return {**{name: getattr(self, name) for name in names}, **self.batch.as_dict()}
+
+    def apply(self, changes: dict[str, Any]) -> None:
+        """Set what `validate` returned."""
+        batch_keys = BatchSettings.names()
+        for key, value in changes.items():
+            setattr(self.batch if key in batch_keys else self, key, value)
 
     def validate(self, changes: dict[str, Any]) -> dict[str, Any]:
         """Check every change before applying any, so a bad request leaves config untouched."""
@@ -348,6 +371,8 @@ class _Config:
                 ):
                     raise ValueError("gate_texts maps non-empty texts to gate names")
                 clean[key] = {text: name.strip() for text, name in value.items()}
+            elif key in BatchSettings.names():
+                clean[key] = self.batch.check(key, value)
             else:
                 raise ValueError(f"unknown config key {key!r}")
         return clean
@@ -477,6 +502,13 @@ class _Stats:
         }
 
 
+def _fault_body(status: int) -> dict[str, Any]:
+    """The error body of an injected failure with HTTP ``status``."""
+    if status == 429:
+        return _error_body(429, "Rate limit reached (injected by the fake server).")
+    return _error_body(status, f"Injected failure with HTTP status {status}.")
+
+
 def _parsed_body(raw: bytes) -> Any:
     """A recorded body as JSON, or as text when it was not JSON."""
     try:
@@ -492,11 +524,29 @@ class _BadRequest(Exception):
     """A request the real API would reject with 400; the message goes back to the client."""
 
 
+def _error_body(
+    status: int,
+    message: str,
+    *,
+    param: str | None = None,
+    code: str | EllipsisType | None = ...,
+) -> dict[str, Any]:
+    """OpenAI's error object for ``status``; ``code`` defaults to the usual one for the status."""
+    kind, usual = _ERROR_KINDS.get(status, ("server_error" if status >= 500 else "api_error", None))
+    if isinstance(code, EllipsisType):
+        code = usual
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
 def _error_response(
-    status: int, message: str, headers: dict[str, str] | None = None
+    status: int,
+    message: str,
+    headers: dict[str, str] | None = None,
+    *,
+    param: str | None = None,
+    code: str | EllipsisType | None = ...,
 ) -> web.Response:
-    kind, code = _ERROR_KINDS.get(status, ("server_error" if status >= 500 else "api_error", None))
-    body = {"error": {"message": message, "type": kind, "param": None, "code": code}}
+    body = _error_body(status, message, param=param, code=code)
     return web.Response(
         status=status,
         body=json.dumps(body).encode(),
@@ -505,8 +555,11 @@ def _error_response(
     )
 
 
-def _json_response(payload: Any, status: int = 200) -> web.Response:
-    return web.Response(status=status, body=json.dumps(payload).encode(), headers=_JSON_HEADERS)
+def _json_response(
+    payload: Any, status: int = 200, headers: dict[str, str] | None = None
+) -> web.Response:
+    all_headers = _JSON_HEADERS if headers is None else {**_JSON_HEADERS, **headers}
+    return web.Response(status=status, body=json.dumps(payload).encode(), headers=all_headers)
 
 
 def _content_text(content: Any) -> str:
@@ -581,6 +634,8 @@ class FakeOpenAIApp:
         # Gates: requests carrying [[gate:NAME]] wait on gates[NAME] until it is opened.
         self._gates: dict[str, asyncio.Event] = {}
         self._parked: dict[str, int] = {}
+        #: The batch API's files and batches (see :mod:`plait.testing.fake_batches`).
+        self.batches = BatchStore(self, self.config.batch)
 
     def make_app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -593,6 +648,7 @@ class FakeOpenAIApp:
         app.router.add_post("/_gate", self.set_gate)
         app.router.add_get("/_config", self.get_config)
         app.router.add_post("/_config", self.set_config)
+        self.batches.add_routes(app)
         return app
 
     def _authorized(self, request: web.Request) -> bool:
@@ -610,6 +666,23 @@ class FakeOpenAIApp:
             return f"Incorrect API key provided: {given.removeprefix('Bearer ')}."
         return "Incorrect API key provided."
 
+    # -- what the batch store asks of its host (see fake_batches.BatchHost) -------------------
+
+    def refusal(self, request: web.Request) -> web.Response | None:
+        """The 401 the online route would give this request, or None when its key is right."""
+        return None if self._authorized(request) else _error_response(401, self._refusal(request))
+
+    def error_response(
+        self, status: int, message: str, *, param: str | None = None, code: str | None = None
+    ) -> web.Response:
+        return _error_response(status, message, param=param, code=code)
+
+    def check_placeholders(self, raw: bytes, endpoint: str, model: str | None) -> None:
+        self.placeholders_seen.check(raw, endpoint, model)
+
+    def seed(self) -> int:
+        return self.config.seed
+
     # -- control endpoints ---------------------------------------------------------------------
 
     async def stats(self, request: web.Request) -> web.Response:
@@ -618,6 +691,7 @@ class FakeOpenAIApp:
         snapshot["gated"] = dict(self._parked)
         snapshot["placeholder_requests"] = list(self.placeholders_seen.records)
         snapshot["placeholder_requests_total"] = self.placeholders_seen.total
+        snapshot["batch_lines_answered"] = self.batches.lines_answered
         return _json_response(snapshot)
 
     async def placeholders(self, request: web.Request) -> web.Response:
@@ -625,6 +699,7 @@ class FakeOpenAIApp:
 
     async def reset(self, request: web.Request) -> web.Response:
         self._stats.reset(time.monotonic())
+        self.batches.reset()
         # Open every gate, so a test that failed half-way never leaves requests parked for
         # the next one; later requests on the same names find closed gates again.
         for event in self._gates.values():
@@ -674,8 +749,7 @@ class FakeOpenAIApp:
             changes = self.config.validate(body)
         except ValueError as err:
             return _error_response(400, str(err))
-        for key, value in changes.items():
-            setattr(self.config, key, value)
+        self.config.apply(changes)
         if "seed" in changes:
             self._rng.seed(changes["seed"])
         return _json_response(self.config.as_dict())
@@ -683,8 +757,9 @@ class FakeOpenAIApp:
     # -- OpenAI endpoints ----------------------------------------------------------------------
 
     async def models(self, request: web.Request) -> web.Response:
-        if not self._authorized(request):
-            return _error_response(401, self._refusal(request))
+        refused = self.refusal(request)
+        if refused is not None:
+            return refused
         return _json_response({"object": "list", "data": [{"id": MODEL_ID, "object": "model"}]})
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
@@ -759,40 +834,39 @@ class FakeOpenAIApp:
         delay_s -= time.monotonic() - t_start
         if delay_s > 0.0:
             await asyncio.sleep(delay_s)
-        gate_name = directives.gate
-        if gate_name is None:
-            gate_name = next(
-                (name for text, name in config.gate_texts.items() if text in directives.text), None
-            )
+        gate_name = self._gate_name(directives)
         if gate_name is not None:
-            gate = self._gate(gate_name)
-            if not gate.is_set():
-                name = gate_name
-                self._parked[name] = self._parked.get(name, 0) + 1
-                try:
-                    await gate.wait()
-                finally:
-                    self._parked[name] -= 1
-                    if not self._parked[name]:
-                        del self._parked[name]
+            await self.park(gate_name)
 
         if drop:
             return None
         if hang:
             return _error_response(504, "The server timed out producing a reply.")
-        if directives.status is not None and directives.status != 200:
-            return self._fault(directives.status)
         if limited:
-            return self._fault(429)
-        if failed:
-            return self._fault(500)
+            status, payload = 429, _fault_body(429)
+        elif failed:
+            status, payload = 500, _fault_body(500)
+        else:
+            status, payload = self._reply(plan, rng)
+        if status == 200:
+            outcome.completion_tokens = payload["usage"]["completion_tokens"]
+        return _json_response(payload, status, self._fault_headers(status))
 
+    # -- the reply itself, shared by the online route and the batch API ------------------------
+
+    def _reply(self, plan: _Plan, rng: random.Random) -> tuple[int, dict[str, Any]]:
+        """The status and JSON body that answer ``plan`` once the online-only faults
+        (drops, hangs, random 429s and 500s) are out of the way: a ``[[status:NNN]]`` error,
+        or the completion. ``rng`` draws a ``[[sample:N]]`` request's sample when the
+        request has no seed."""
+        directives = plan.directives
+        if directives.status is not None and directives.status != 200:
+            return directives.status, _fault_body(directives.status)
         if directives.sample is not None:
             source = random.Random(plan.seed) if plan.seed is not None else rng
             plan.draw = source.randrange(directives.sample)
         text, finish_reason = plan.reply()
         completion_tokens = estimate_tokens(len(text))
-        outcome.completion_tokens = completion_tokens
         self._completions += 1
         payload = {
             "id": f"chatcmpl-{self._completions}",
@@ -807,30 +881,82 @@ class FakeOpenAIApp:
                 }
             ],
             "usage": {
-                "prompt_tokens": outcome.prompt_tokens,
+                "prompt_tokens": plan.prompt_tokens,
                 "completion_tokens": completion_tokens,
-                "total_tokens": outcome.prompt_tokens + completion_tokens,
+                "total_tokens": plan.prompt_tokens + completion_tokens,
             },
         }
-        return _json_response(payload)
+        return 200, payload
 
-    def _fault(self, status: int) -> web.Response:
-        if status == 429:
-            retry_after = self.config.retry_after_s
-            headers = {
-                "Retry-After": f"{retry_after:g}",
-                "retry-after-ms": str(round(retry_after * 1000)),
-            }
-            return _error_response(
-                429, "Rate limit reached (injected by the fake server).", headers
-            )
-        return _error_response(status, f"Injected failure with HTTP status {status}.")
+    async def answer_line(
+        self, body: Any, rng: random.Random, interrupt: asyncio.Event
+    ) -> tuple[int, dict[str, Any]] | None:
+        """A batch line's answer: what ``/v1/chat/completions`` answers for ``body``, bar the
+        online-only faults and latency (a batch's timing is its turnaround). A line that
+        names a gate parks there first; ``None`` means ``interrupt`` was set while it waited
+        (its batch was cancelled), so the line was never answered."""
+        try:
+            plan = _plan_body(body)
+        except _BadRequest as err:
+            return 400, _error_body(400, str(err))
+        gate_name = self._gate_name(plan.directives)
+        if gate_name is not None and not await self.park(gate_name, interrupt):
+            return None
+        return self._reply(plan, rng)
+
+    def _fault_headers(self, status: int) -> dict[str, str] | None:
+        if status != 429:
+            return None
+        retry_after = self.config.retry_after_s
+        return {"Retry-After": f"{retry_after:g}", "retry-after-ms": str(round(retry_after * 1000))}
+
+    # -- gates -------------------------------------------------------------------------------
+
+    def _gate_name(self, directives: _Directives) -> str | None:
+        """The gate a request parks at: its ``[[gate:NAME]]``, else a ``gate_texts`` match."""
+        if directives.gate is not None:
+            return directives.gate
+        texts = self.config.gate_texts
+        return next((name for text, name in texts.items() if text in directives.text), None)
+
+    async def park(self, name: str, interrupt: asyncio.Event | None = None) -> bool:
+        """Wait at gate ``name`` (counted in ``/_gate`` and ``/_stats``) until it opens: True;
+        or until ``interrupt`` is set first: False."""
+        gate = self._gate(name)
+        if gate.is_set():
+            return True
+        self._parked[name] = self._parked.get(name, 0) + 1
+        try:
+            if interrupt is None:
+                await gate.wait()
+                return True
+            waits = (asyncio.ensure_future(gate.wait()), asyncio.ensure_future(interrupt.wait()))
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for wait in waits:
+                    wait.cancel()
+            return gate.is_set()
+        finally:
+            self._parked[name] -= 1
+            if not self._parked[name]:
+                del self._parked[name]
 
 
 class _Plan:
     """A validated chat request, reduced to what is needed to produce its reply."""
 
-    __slots__ = ("directives", "draw", "max_tokens", "model", "seed", "structured", "system")
+    __slots__ = (
+        "directives",
+        "draw",
+        "key",
+        "max_tokens",
+        "model",
+        "prompt_tokens",
+        "seed",
+        "structured",
+        "system",
+    )
 
     def __init__(
         self,
@@ -839,10 +965,15 @@ class _Plan:
         directives: _Directives,
         structured: str | None,
         max_tokens: int | None,
-        seed: int | None = None,
+        seed: int | None,
+        prompt_tokens: int,
+        key: str,
     ) -> None:
         self.model = model
         self.seed = seed
+        self.prompt_tokens = prompt_tokens
+        #: The request's identity in the statistics (see `request_key`).
+        self.key = key
         #: The sample drawn for a ``[[sample:N]]`` request (set when it is answered).
         self.draw: int | None = None
         self.system = system
@@ -867,16 +998,31 @@ class _Plan:
 
 
 def _parse_request(raw: bytes, outcome: _Outcome) -> _Plan:
+    """The plan for an online request's raw body, noting in ``outcome`` what the
+    statistics record (the model even when the request is refused)."""
     try:
         body = json.loads(raw)
     except ValueError:
         raise _BadRequest("request body is not valid JSON") from None
+    model = body.get("model") if isinstance(body, dict) else None
+    if isinstance(model, str):
+        outcome.model = model
+    plan = _plan_body(body)
+    outcome.key = plan.key
+    outcome.system = plan.system
+    outcome.prompt_tokens = plan.prompt_tokens
+    return plan
+
+
+def _plan_body(body: Any) -> _Plan:
+    """A chat-completions request body (parsed JSON), validated and reduced to its reply's
+    plan; a body the real API would refuse raises `_BadRequest`. The online route and
+    every batch line go through here, so both answer the same body the same way."""
     if not isinstance(body, dict):
         raise _BadRequest("request body must be a JSON object")
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise _BadRequest("you must provide a model parameter")
-    outcome.model = model
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise _BadRequest("messages must be a non-empty array")
@@ -896,9 +1042,6 @@ def _parse_request(raw: bytes, outcome: _Outcome) -> _Plan:
             last_user = text
         elif role == "system" and system is None:
             system = text
-    outcome.key = request_key(model, messages)
-    outcome.system = system
-    outcome.prompt_tokens = estimate_tokens(chars)
 
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     if max_tokens is not None and (
@@ -913,7 +1056,10 @@ def _parse_request(raw: bytes, outcome: _Outcome) -> _Plan:
     structured = None
     if directives.reply is None:
         structured = _structured_reply(body.get("response_format"))
-    return _Plan(model, system, directives, structured, max_tokens, seed)
+    key = request_key(model, messages)
+    return _Plan(
+        model, system, directives, structured, max_tokens, seed, estimate_tokens(chars), key
+    )
 
 
 def _structured_reply(response_format: Any) -> str | None:
