@@ -59,9 +59,16 @@ def _ray_backend() -> Any:
     return RayBackend()
 
 
+def _batch_backend() -> Any:
+    from plait.execution.batch_api import BatchAPIBackend
+
+    return BatchAPIBackend()
+
+
 install_runtime(_runtime)
 register_backend("local", _local_backend)
 register_backend("ray", _ray_backend)
+register_backend("batch", _batch_backend)
 
 _LAZY = {
     "BatchResult": "plait.execution",

@@ -1,4 +1,4 @@
-"""The ``plait`` command: ``plait run``, ``graph``, ``check``, ``train`` and ``eval``.
+"""The ``plait`` command: ``plait run``, ``graph``, ``check``, ``train``, ``eval``, ``status``.
 
 Each command lives in a module of its own and is imported only when used, so
 ``plait check`` does not pay for the tracer and ``plait --help`` pays for nothing.
@@ -22,6 +22,7 @@ COMMANDS = {
     "check": ("plait.cli.check", "check each resource alias: config, key, endpoint, model"),
     "train": ("plait.cli.train", "train a pipeline's prompts on a dataset (resumable, plotted)"),
     "eval": ("plait.cli.eval", "score a pipeline on a dataset: mean, 95% interval, failures"),
+    "status": ("plait.cli.status", "show a run's checkpoint: finished inputs, pending batches"),
 }
 
 USAGE = "usage: plait [--version] [--help] COMMAND [ARGS]"

@@ -52,7 +52,7 @@ from plait.execution.checkpoint import Checkpoint, CheckpointError
 from plait.execution.runtime import Prepared, backend_name
 from plait.execution.settings import resolve_options
 from plait.inputs import FORMATS, InputError, InputSource, Item, count_inputs, open_inputs
-from plait.module import Module
+from plait.module import Module, llm_aliases
 from plait.ray.cluster import ClusterUnreachable, ensure_ray
 from plait.resources.config import ConfigurationError, ResourceConfig
 from plait.resources.manager import ResourceManager
@@ -155,6 +155,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="join this Ray cluster ('auto': the local one) instead of starting Ray",
     )
     parser.add_argument(
+        "--batch-api",
+        action="store_true",
+        help="send every LLM call through its provider's batch API (half the price; each "
+        "stage waits for its batch, minutes to hours); resumable like any run",
+    )
+    parser.add_argument(
         "--seed",
         type=seed_value,
         metavar="N",
@@ -253,7 +259,7 @@ class _Command:
             config = ResourceConfig.load(self.ns.resources)
         manager = ResourceManager.coerce(config)
         note_embedded("run", module, manager, self.ns.resources)
-        aliases = sorted({m.alias for m in module.modules() if m._calls_llm})  # type: ignore[attr-defined]
+        aliases = sorted(llm_aliases(module))
         missing = [alias for alias in aliases if manager.config and alias not in manager.config]
         if missing:
             where = self.ns.resources or "the resources the target is bound to"
@@ -354,7 +360,13 @@ class _Command:
         # run (Ray for --workers or --ray-address, else this process), whatever bind() said.
         opts["checkpoint_dir"] = None
         opts["preserve_order"] = bool(ns.preserve_order)
-        opts.update(workers=ns.workers, ray_address=ns.ray_address, backend=None)
+        if ns.batch_api and (ns.workers or ns.ray_address is not None):
+            raise UsageError(
+                "--batch-api sends the calls to the provider's batch API from this process; "
+                "--workers/--ray-address would spread them over Ray: drop one of them"
+            )
+        named = "batch" if ns.batch_api else None
+        opts.update(workers=ns.workers, ray_address=ns.ray_address, backend=named)
         where = _row_backend(backend_name(opts))
 
         if ns.output != "-" and Path(ns.output).is_dir():

@@ -18,6 +18,7 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
+from plait._digest import hex_digest
 from plait.effects import (
     Handler,
     Message,
@@ -121,6 +122,8 @@ class Engine:
         self.traced = False
         self.code_error: TracingError | None = None
         resources.check_aliases(llm_aliases(root))
+        #: Each call site's prompt-cache key (`LLMRequest.cache_key`), by module path.
+        self.cache_keys: dict[str, str] = {}
 
     def start_draining(self) -> None:
         """The batch has no inputs left to admit: re-rank waiting calls tallest-first."""
@@ -238,12 +241,16 @@ class Engine:
         one sample, the call's own); ``upstream`` gives the ids of the calls it waited
         for, asked only when a handler sees the call."""
         prompt = args[0] if args else kwargs["prompt"]
+        messages = module.messages(prompt)
         request = LLMRequest(
             alias=module.alias,
-            messages=module.messages(prompt),
+            messages=messages,
             temperature=module.temperature,
             max_tokens=module.max_tokens,
             response_format=module.response_format,
+            # All but the input's own message are the site's (system prompt, demos).
+            prefix_messages=len(messages) - 1,
+            cache_key=self.cache_keys.get(node.path) or self._cache_key(node.path),
         )
         # One node: its samples differ by their seeds.
         site = CallSite.of_node(self, node.path, priority.index, prefix + node.key, priority)
@@ -262,6 +269,15 @@ class Engine:
             return _samples_output(outputs, node, ref=ref)
 
         return all_samples()
+
+    def _cache_key(self, path: str) -> str:
+        """The prompt-cache key of the call site at ``path``: the same for every input
+        and every run of this pipeline, so the provider routes its calls to one cache."""
+        root = type(self.root)
+        key = self.cache_keys[path] = "plait-" + hex_digest(
+            f"{root.__module__}.{root.__qualname__}:{path}", size=12
+        )
+        return key
 
     # -- what the run's call sites ask of it (`plait.execution.calls.RunCalls`) ---------
     def counts(self, index: int | None) -> CallCounts:

@@ -130,15 +130,25 @@ class AnthropicProvider:
         self._clients[loop] = (client, closer)
         return client
 
-    def _params(self, request: LLMRequest) -> dict[str, Any]:
+    def _params(self, request: LLMRequest, cache_ttl: str | None = None) -> dict[str, Any]:
+        """The Messages API's parameters for ``request``, with a prompt-cache breakpoint
+        at the end of its fixed prefix when that is long enough to be cached
+        (``cache_ttl`` "1h" for a batch, whose calls may be hours apart)."""
         system: list[str] = []
         turns: list[dict[str, Any]] = []
-        for message in request.messages:
+        mark = self._cache_mark(request, cache_ttl)
+        marked_system = False
+        for position, message in enumerate(request.messages):
             role = message.get("role")
+            last_fixed = mark is not None and position == request.prefix_messages - 1
             if role == "system":
                 system.append(_text(message.get("content")))
+                marked_system = marked_system or last_fixed
             elif role in ("user", "assistant"):
-                turns.append({"role": role, "content": message.get("content", "")})
+                content = message.get("content", "")
+                if last_fixed and mark is not None:
+                    content = _marked(content, mark)
+                turns.append({"role": role, "content": content})
             else:
                 raise ProviderError(
                     f"Anthropic's Messages API has no {role!r} role (only system, user and "
@@ -150,7 +160,12 @@ class AnthropicProvider:
             "max_tokens": DEFAULT_MAX_TOKENS if request.max_tokens is None else request.max_tokens,
         }
         if system:
-            params["system"] = "\n\n".join(system)
+            joined = "\n\n".join(system)
+            params["system"] = (
+                [{"type": "text", "text": joined, "cache_control": mark}]
+                if marked_system and mark is not None
+                else joined
+            )
         if request.response_format is not None:
             name = schema_name(request.response_format)
             params["tools"] = [
@@ -173,6 +188,20 @@ class AnthropicProvider:
             params["extra_body"] = body
         return params
 
+    def _cache_mark(self, request: LLMRequest, ttl: str | None) -> dict[str, Any] | None:
+        """The ``cache_control`` to put at the end of the request's fixed prefix, or None
+        when it has none, caching is off, or it is shorter than the model caches."""
+        fixed = request.messages[: request.prefix_messages]
+        if not fixed or not self.config.prompt_caching:
+            return None
+        chars = sum(len(_text(m.get("content"))) for m in fixed)
+        if chars // 4 < self.config.cache_min_tokens:
+            return None
+        mark: dict[str, Any] = {"type": "ephemeral"}
+        if ttl is not None:
+            mark["ttl"] = ttl
+        return mark
+
     async def send(self, request: LLMRequest) -> LLMResponse:
         import anthropic
 
@@ -180,34 +209,38 @@ class AnthropicProvider:
         client = await self._client()
         try:
             message = await client.messages.create(**params)
-        except anthropic.APIStatusError as exc:
-            raise _http_error(exc) from exc
-        except anthropic.APITimeoutError as exc:
-            raise ProviderError(
-                f"request to {redact_url(str(client.base_url))} timed out after "
-                f"{self.config.timeout} s",
-                retryable=True,
-            ) from exc
-        except anthropic.APIConnectionError as exc:
-            cause = exc.__cause__
-            detail = f"{type(cause).__name__}: {cause}" if cause is not None else exc.message
-            raise ProviderError(
-                f"connection to {redact_url(str(client.base_url))} failed: {scrub(detail)}",
-                retryable=True,
-            ) from exc
-        except anthropic.APIError as exc:
-            where = redact_url(str(client.base_url))
-            raise ProviderError(f"unusable reply from {where}: {scrub(exc.message)}") from exc
+        except anthropic.AnthropicError as exc:
+            raise self.error(exc, client) from exc
         return self._response(message, request)
 
-    def _response(self, message: Message, request: LLMRequest) -> LLMResponse:
+    def error(self, exc: Exception, client: anthropic.AsyncAnthropic) -> ProviderError:
+        """The SDK's exception as plait's `ProviderError` (a status, retryable or not)."""
+        import anthropic
+
+        where = redact_url(str(client.base_url))
+        if isinstance(exc, anthropic.APIStatusError):
+            return _http_error(exc)
+        if isinstance(exc, anthropic.APITimeoutError):
+            return ProviderError(
+                f"request to {where} timed out after {self.config.timeout} s", retryable=True
+            )
+        if isinstance(exc, anthropic.APIConnectionError):
+            cause = exc.__cause__
+            detail = f"{type(cause).__name__}: {cause}" if cause is not None else exc.message
+            return ProviderError(f"connection to {where} failed: {scrub(detail)}", retryable=True)
+        message = exc.message if isinstance(exc, anthropic.APIError) else str(exc)
+        return ProviderError(f"unusable reply from {where}: {scrub(message)}")
+
+    def _response(self, message: Message, request: LLMRequest | None) -> LLMResponse:
         from anthropic.types import TextBlock, ToolUseBlock
 
         text = "".join(block.text for block in message.content if isinstance(block, TextBlock))
-        if request.response_format is not None:
-            name = schema_name(request.response_format)
+        # A batch result comes without its request: the tool it forced is its only one.
+        structured = request is None or request.response_format is not None
+        if structured:
+            name = schema_name(request.response_format) if request is not None else None
             for block in message.content:
-                if isinstance(block, ToolUseBlock) and block.name == name:
+                if isinstance(block, ToolUseBlock) and (name is None or block.name == name):
                     text = json.dumps(block.input)
                     break
             # Without the tool call the text goes back as it is: validating it fails, and
@@ -215,10 +248,36 @@ class AnthropicProvider:
         stop = message.stop_reason
         return LLMResponse(
             text=text,
-            usage=Usage(message.usage.input_tokens, message.usage.output_tokens),
+            usage=usage_of(message.usage),
             model=message.model or self.config.model,
             finish_reason=_FINISH_REASONS.get(stop, stop) if stop is not None else None,
         )
+
+
+def usage_of(used: Any) -> Usage:
+    """Anthropic's usage as plait's: its ``input_tokens`` leave out the prompt tokens read
+    from and written to the cache, which plait counts in ``prompt_tokens`` too."""
+    read = int(getattr(used, "cache_read_input_tokens", None) or 0)
+    written = int(getattr(used, "cache_creation_input_tokens", None) or 0)
+    creation = getattr(used, "cache_creation", None)
+    hour = int(getattr(creation, "ephemeral_1h_input_tokens", None) or 0) if creation else 0
+    return Usage(
+        int(used.input_tokens) + read + written,
+        int(used.output_tokens),
+        cache_read_tokens=read,
+        cache_write_tokens=written,
+        cache_write_1h_tokens=hour,
+    )
+
+
+def _marked(content: Any, mark: dict[str, Any]) -> list[dict[str, Any]]:
+    """A message's content as blocks, the last one carrying the cache breakpoint."""
+    if isinstance(content, list):
+        blocks = [dict(block) if isinstance(block, dict) else block for block in content]
+        if blocks and isinstance(blocks[-1], dict):
+            blocks[-1]["cache_control"] = mark
+        return blocks
+    return [{"type": "text", "text": _text(content), "cache_control": mark}]
 
 
 def _text(content: Any) -> str:

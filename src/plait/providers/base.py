@@ -21,6 +21,7 @@ PROVIDERS: dict[str, str] = {
 #: that sell one.
 BATCH_APIS: dict[str, str] = {
     "openai": "plait.providers.openai_batch:OpenAIBatchAPI",
+    "anthropic": "plait.providers.anthropic_batch:AnthropicBatchAPI",
 }
 
 __all__ = [
@@ -56,6 +57,13 @@ class LLMRequest:
     max_tokens: int | None = None
     response_format: Any = None
     extra: dict[str, Any] = field(default_factory=dict)
+    #: How many leading messages are the same for every call of the call site (its
+    #: system prompt and demonstrations): where a provider may mark a prompt-cache
+    #: breakpoint.  Not part of the fingerprint: it changes the price, not the reply.
+    prefix_messages: int = 0
+    #: The call site's name for prompt-cache routing (OpenAI's ``prompt_cache_key``);
+    #: not part of the fingerprint either.
+    cache_key: str | None = None
 
     @property
     def prompt_text(self) -> str:
@@ -125,11 +133,15 @@ class ProviderError(RuntimeError):
         status: int | None = None,
         retryable: bool = False,
         retry_after: float | None = None,
+        unavailable: bool = False,
     ) -> None:
         super().__init__(scrub(message))
         self.status = status
         self.retryable = retryable
         self.retry_after = retry_after
+        #: A 429 that says the tier asked for (OpenAI's flex) has no capacity now: worth
+        #: another attempt, but not a sign this client sends too fast.
+        self.unavailable = unavailable
 
 
 class ReplyFormatError(ProviderError):
@@ -137,8 +149,11 @@ class ReplyFormatError(ProviderError):
     re-ask): the model's failure, not the transport's, so it is never retried."""
 
 
-def status_error(status: int, message: str, retry_after: str | float | None) -> ProviderError:
-    """The error for an HTTP failure, quoting the server's own message."""
+def status_error(
+    status: int, message: str, retry_after: str | float | None, code: str | None = None
+) -> ProviderError:
+    """The error for an HTTP failure, quoting the server's own message (and reading its
+    error ``code``: a 429 ``resource_unavailable`` is a tier out of capacity)."""
     delay: float | None = None
     if retry_after is not None:
         try:
@@ -150,6 +165,8 @@ def status_error(status: int, message: str, retry_after: str | float | None) -> 
         status=status,
         retryable=status in RETRYABLE_STATUS,
         retry_after=delay,
+        unavailable=status == 429
+        and (code == "resource_unavailable" or "resource unavailable" in message.lower()),
     )
 
 
@@ -200,9 +217,10 @@ class BatchAPI(Protocol):
         provider can keep it; its id."""
         ...
 
-    async def find(self, token: str, since: float) -> str | None:
-        """The id of a batch submitted with ``token`` (at or after ``since``, epoch
-        seconds), or None: a run killed while submitting learns whether it was."""
+    async def find(self, token: str, since: float, size: int) -> str | None:
+        """The id of a batch of ``size`` requests submitted with ``token`` (at or after
+        ``since``, epoch seconds), or None: a run killed while submitting learns
+        whether it was."""
         ...
 
     async def status(self, batch_id: str) -> BatchStatus: ...

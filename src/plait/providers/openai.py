@@ -56,6 +56,10 @@ class OpenAIProvider:
             body["temperature"] = request.temperature
         if request.max_tokens is not None:
             body["max_tokens"] = request.max_tokens
+        if self.config.service_tier is not None:
+            body["service_tier"] = self.config.service_tier
+        if request.cache_key is not None and self.config.prompt_caching:
+            body["prompt_cache_key"] = request.cache_key
         if request.response_format is not None:
             body["response_format"] = {
                 "type": "json_schema",
@@ -114,11 +118,13 @@ class OpenAIProvider:
             )
         except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
             raise ProviderError(f"malformed reply from {self.shown_url}: {raw[:200]!r}") from exc
+        served = body.get("service_tier") or self.config.service_tier
         return LLMResponse(
             text=text,
             usage=used,
             model=str(body.get("model") or self.config.model),
             finish_reason=choice.get("finish_reason"),
+            tier="flex" if served == "flex" else "standard",
         )
 
 
@@ -176,10 +182,12 @@ def _endpoint_url(base_url: str, route: str) -> tuple[str, str | None]:
 
 def _http_error(status: int, raw: bytes, retry_after: str | None) -> ProviderError:
     message = raw[:500].decode(errors="replace")
+    code = None
     try:
         parsed = json.loads(raw)
         if isinstance(parsed, dict) and isinstance(parsed.get("error"), dict):
             message = str(parsed["error"].get("message") or message)
+            code = str(parsed["error"].get("code") or "") or None
     except ValueError:
         pass
-    return status_error(status, message, retry_after)
+    return status_error(status, message, retry_after, code)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
@@ -44,6 +44,17 @@ class EndpointConfig(BaseModel):
     #: Prices in dollars per million tokens, for the usage report's cost estimate.
     input_price_per_mtok: float | None = Field(default=None, ge=0)
     output_price_per_mtok: float | None = Field(default=None, ge=0)
+    #: OpenAI's service tier, sent with every request: "flex" serves it at the batch
+    #: price when there is capacity (a 429 "resource unavailable" otherwise, retried with
+    #: backoff and not taken as a sign of sending too fast); "auto", "default",
+    #: "priority" as OpenAI defines them.
+    service_tier: Literal["auto", "default", "flex", "priority"] | None = None
+    #: Prompt caching placed by plait: a call site's fixed prefix (system prompt,
+    #: demonstrations) is marked for Anthropic's cache when it holds at least
+    #: ``cache_min_tokens`` (estimated; shorter prefixes are not cached by the provider),
+    #: and OpenAI requests carry the site's ``prompt_cache_key``.
+    prompt_caching: bool = True
+    cache_min_tokens: int = Field(default=1024, ge=1)
     #: What the batch API and the flex tier charge, as a factor of those prices, and
     #: what prompt-cache reads and writes (5-minute and 1-hour) cost as a factor of
     #: the input price (`plait.resources.pricing`).

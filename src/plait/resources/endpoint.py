@@ -270,7 +270,9 @@ class Endpoint:
                         gate.withdraw()
                 limiter.release()
             cap = self.config.max_retry_after_s
-            if failure.status == 429:
+            if failure.unavailable:
+                usage.unavailable += 1  # the tier's capacity, not this client's pace
+            elif failure.status == 429:
                 usage.rate_limited += 1
                 wanted = failure.retry_after
                 governor.rate_limited(None if wanted is None else min(wanted, cap))

@@ -41,6 +41,8 @@ class AliasUsage:
     failed: int = 0
     retries: int = 0
     rate_limited: int = 0
+    #: 429s that said the tier (flex) had no capacity, retried like any other.
+    unavailable: int = 0
     reasks: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -106,6 +108,7 @@ class AliasUsage:
             "failed": self.failed,
             "retries": self.retries,
             "rate_limited": self.rate_limited,
+            "unavailable": self.unavailable,
             "reasks": self.reasks,
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
@@ -134,6 +137,7 @@ _COUNTERS = (
     "failed",
     "retries",
     "rate_limited",
+    "unavailable",
     "reasks",
     "prompt_tokens",
     "completion_tokens",

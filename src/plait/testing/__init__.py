@@ -64,6 +64,8 @@ BATCH_CONFIG_DEFAULTS: Final[Mapping[str, Any]] = MappingProxyType(
         "batch_expire_fraction": 0.5,
         "batch_fail_validation": False,
         "batch_gate": None,
+        "batch_create_gate": None,
+        "batch_content_gate": None,
         "batch_validate_on_upload": True,
     }
 )
@@ -547,6 +549,8 @@ class FakeAnthropicServer(_FakeServerProcess):
         batch_max_requests: int | None = None,
         batch_max_bytes: int | None = None,
         batch_gate_open: bool | None = None,
+        batch_create_gate_open: bool | None = None,
+        batch_results_gate_open: bool | None = None,
         batch_results_order: Literal["submitted", "reversed", "shuffled"] | None = None,
         batch_params_validation: Literal["create", "results"] | None = None,
         seed: int | None = None,
@@ -566,6 +570,9 @@ class FakeAnthropicServer(_FakeServerProcess):
           one batch;
         * ``batch_gate_open`` (True): while False no batch ends, not even a canceled one (see
           :meth:`close_batch_gate`);
+        * ``batch_create_gate_open`` and ``batch_results_gate_open`` (True): while False a
+          batch creation waits after making the batch, before it answers, and a results
+          download waits before it answers (``batches()["held"]`` counts them);
         * ``batch_results_order`` (``"submitted"``): the order of a batch's results file;
         * ``batch_params_validation`` (``"create"``): invalid params refuse the whole batch
           with 400; ``"results"`` accepts it and gives those requests ``errored`` results;
@@ -581,6 +588,8 @@ class FakeAnthropicServer(_FakeServerProcess):
             "batch_max_requests": batch_max_requests,
             "batch_max_bytes": batch_max_bytes,
             "batch_gate_open": batch_gate_open,
+            "batch_create_gate_open": batch_create_gate_open,
+            "batch_results_gate_open": batch_results_gate_open,
             "batch_results_order": batch_results_order,
             "batch_params_validation": batch_params_validation,
             "seed": seed,

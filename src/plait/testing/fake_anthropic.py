@@ -281,6 +281,11 @@ class _Config:
     batch_gate_open: bool = True
     """While false, batches do not end (not even canceled ones): a test holds them in
     processing without depending on time, and opening the gate lets them end."""
+    batch_create_gate_open: bool = True
+    """While false, a batch creation waits after the batch is made, before it answers: a
+    client killed there never learns the batch's id."""
+    batch_results_gate_open: bool = True
+    """While false, a results download waits before it answers."""
     batch_results_order: str = "submitted"
     """Order of the results file: ``submitted``, ``reversed`` or ``shuffled`` (the real API
     promises no order)."""
@@ -295,7 +300,12 @@ class _Config:
 
     _UNIT: ClassVar[tuple[str, ...]] = ("batch_item_fail_rate", "batch_expire_fraction")
     _SECONDS: ClassVar[tuple[str, ...]] = ("batch_turnaround_s", "cache_clock_offset_s")
-    _FLAGS: ClassVar[tuple[str, ...]] = ("batch_expire", "batch_gate_open")
+    _FLAGS: ClassVar[tuple[str, ...]] = (
+        "batch_expire",
+        "batch_gate_open",
+        "batch_create_gate_open",
+        "batch_results_gate_open",
+    )
     _CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
         "batch_results_order": _RESULT_ORDERS,
         "batch_params_validation": _VALIDATION_MODES,
@@ -471,6 +481,9 @@ class FakeAnthropicApp:
         self._batch_calls: Counter[str] = Counter()
         self._batches_rejected = 0
         self._gate: asyncio.Event | None = None
+        #: The gates of the ``create`` and ``results`` routes, and the requests held there.
+        self._holds: dict[str, asyncio.Event] = {}
+        self._held: dict[str, int] = {}
         # Requests that carried a tracing placeholder: never cleared, not even by /_reset.
         self.placeholders_seen = PlaceholderLog("fake Anthropic server")
 
@@ -669,7 +682,27 @@ class FakeAnthropicApp:
         task = asyncio.create_task(self._process(batch, self.config.batch_turnaround_s))
         self._batch_tasks.add(task)
         task.add_done_callback(self._batch_tasks.discard)
+        await self._hold("create")
         return web.json_response(batch.as_json(self._origin(request)))
+
+    def _hold_gate(self, route: str) -> asyncio.Event:
+        """The gate a ``create`` or ``results`` request waits at (set: open)."""
+        gate = self._holds.get(route)
+        if gate is None:
+            gate = self._holds[route] = asyncio.Event()
+            if getattr(self.config, f"batch_{route}_gate_open"):
+                gate.set()
+        return gate
+
+    async def _hold(self, route: str) -> None:
+        gate = self._hold_gate(route)
+        if gate.is_set():
+            return
+        self._held[route] = self._held.get(route, 0) + 1
+        try:
+            await gate.wait()
+        finally:
+            self._held[route] -= 1
 
     async def _process(self, batch: _Batch, turnaround_s: float) -> None:
         with contextlib.suppress(TimeoutError):
@@ -815,6 +848,7 @@ class FakeAnthropicApp:
                 f"(processing_status: {batch.processing_status}); its results are available "
                 "once it has ended",
             )
+        await self._hold("results")
         text = "".join(json.dumps(line) + "\n" for line in batch.results)
         return web.Response(
             body=text.encode(),
@@ -843,6 +877,7 @@ class FakeAnthropicApp:
             "calls": dict(self._batch_calls),
             "order": [batch.id for batch in batches],
             "custom_ids": dict(self._custom_ids),
+            "held": {route: n for route, n in self._held.items() if n},
             "cache": {
                 "read_tokens": sum(b["cache"]["read_tokens"] for b in per_batch.values()),
                 "write_tokens": sum(b["cache"]["write_tokens"] for b in per_batch.values()),
@@ -899,6 +934,14 @@ class FakeAnthropicApp:
                 self.gate.set()
             else:
                 self.gate.clear()
+        for route in ("create", "results"):
+            key = f"batch_{route}_gate_open"
+            if key in changes:
+                gate = self._hold_gate(route)
+                if changes[key]:
+                    gate.set()
+                else:
+                    gate.clear()
 
     async def get_config(self, request: web.Request) -> web.Response:
         return web.json_response(self.config.as_dict())

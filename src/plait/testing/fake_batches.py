@@ -51,6 +51,10 @@ Faults and controls, all set through ``POST /_config`` and read when a batch is 
 * ``batch_fail_validation``: the batch ends ``failed`` after validating, with
   ``errors.data`` holding one ``token_limit_exceeded`` error (OpenAI's usual reason to
   refuse a well-formed batch);
+* ``batch_create_gate``, ``batch_content_gate``: gate names; a ``POST /v1/batches`` parks at
+  the first after the batch is created, before it answers (a client killed there never
+  learns the batch's id), and a ``GET /v1/files/{id}/content`` at the second before it
+  answers (a client killed while downloading results).
 * ``batch_gate``: a gate name; each batch parks at that gate as it enters ``in_progress`` until
   ``POST /_gate {"open": NAME}``. A line whose last user message carries ``[[gate:NAME]]`` (or
   matches ``gate_texts``) parks its batch at that line in the same way, the lines before it
@@ -179,6 +183,8 @@ class BatchSettings:
         self.batch_fail_validation = bool(defaults["batch_fail_validation"])
         gate = defaults["batch_gate"]
         self.batch_gate: str | None = None if gate is None else str(gate)
+        self.batch_create_gate: str | None = defaults["batch_create_gate"]
+        self.batch_content_gate: str | None = defaults["batch_content_gate"]
         self.batch_validate_on_upload = bool(defaults["batch_validate_on_upload"])
 
     @staticmethod
@@ -207,11 +213,11 @@ class BatchSettings:
             if not isinstance(value, bool):
                 raise ValueError(f"{key} must be true or false")
             return value
-        if key == "batch_gate":
+        if key in ("batch_gate", "batch_create_gate", "batch_content_gate"):
             if value is None:
                 return None
             if not isinstance(value, str) or not value.strip():
-                raise ValueError("batch_gate is a gate's name or null")
+                raise ValueError(f"{key} is a gate's name or null")
             return value.strip()
         raise ValueError(f"unknown config key {key!r}")
 
@@ -627,6 +633,8 @@ class BatchStore:
         file = self._file(request)
         if isinstance(file, web.Response):
             return file
+        if self.settings.batch_content_gate is not None:
+            await self._host.park(self.settings.batch_content_gate)
         return web.Response(body=file.data, content_type="application/octet-stream")
 
     async def delete_file(self, request: web.Request) -> web.StreamResponse:
@@ -681,6 +689,8 @@ class BatchStore:
         for line in batch.lines:
             self.custom_ids[line.custom_id] = self.custom_ids.get(line.custom_id, 0) + 1
         batch.task = asyncio.create_task(self._run(batch))
+        if self.settings.batch_create_gate is not None:
+            await self._host.park(self.settings.batch_create_gate)
         return _json(batch.as_object())
 
     def _batch(self, request: web.Request) -> _Batch | web.Response:

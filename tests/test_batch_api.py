@@ -1,0 +1,434 @@
+"""Whole pipelines through the providers' batch APIs (`backend="batch"`, issue 22).
+
+Against plait's fake servers over real HTTP: the fake OpenAI server's Batch API
+(files and batches) and the fake Anthropic server's Message Batches, each answering
+a batched request with the reply its online route gives the same request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import plait
+from plait.handlers import budget, cache, record, replay
+from plait.resources.config import ConfigurationError
+from plait.testing import FakeAnthropicServer, FakeOpenAIServer
+
+from .pipelines import FanOutFanIn
+
+ANTHROPIC_KEY = "sk-ant-batch-test"
+ROOT = Path(__file__).resolve().parent.parent
+#: Short waits so the fakes' batches, and plait's polls of them, take milliseconds.
+QUICK = {"batch_max_wait_s": 0.05, "batch_poll_s": 0.05, "batch_poll_max_s": 0.2}
+
+
+@pytest.fixture(autouse=True)
+def _isolated_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Keep a developer's own Anthropic settings and proxies out of the SDK's way."""
+    for name in list(os.environ):
+        if name.startswith("ANTHROPIC_") or name.lower().endswith("_proxy"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("HOME", str(tmp_path))
+
+
+@pytest.fixture(scope="module")
+def anthropic_process() -> Iterator[FakeAnthropicServer]:
+    with FakeAnthropicServer(api_key=ANTHROPIC_KEY) as server:
+        yield server
+    assert ANTHROPIC_KEY not in server.stderr_output()
+
+
+class Fake:
+    """One fake server's batch API, seen the same way whichever provider it fakes."""
+
+    def __init__(self, server: FakeOpenAIServer | FakeAnthropicServer) -> None:
+        self.server = server
+        self.openai = isinstance(server, FakeOpenAIServer)
+
+    def reset(self) -> None:
+        self.server.reset()
+        self.server.configure(batch_turnaround_s=0.05)
+
+    def settings(self, **extra: Any) -> dict[str, Any]:
+        if self.openai:
+            wire = {"provider": "openai", "model": "m", "api_key": "sk-test"}
+        else:
+            wire = {"provider": "anthropic", "model": "claude-test", "api_key": ANTHROPIC_KEY}
+        return {**wire, "base_url": self.server.base_url, **QUICK, **extra}
+
+    def resources(self, **extra: Any) -> plait.ResourceConfig:
+        return plait.ResourceConfig({"fast": self.settings(**extra)})
+
+    def stats(self) -> dict[str, Any]:
+        return self.server.batches()
+
+    def batched(self) -> int:
+        """Requests received in batches."""
+        stats = self.stats()
+        return int(stats["batch_requests_total" if self.openai else "requests_total"])
+
+    def batch_count(self) -> int:
+        stats = self.stats()
+        return int(stats["batches_created" if self.openai else "batches_total"])
+
+    def batch_sizes(self) -> list[int]:
+        batches = self.stats()["batches"]
+        found = batches if self.openai else batches.values()
+        return [int(batch["requests"]) for batch in found]
+
+    def online(self) -> int:
+        stats = self.server.stats()
+        return int(stats["requests_total"]) if self.openai else len(stats["requests"])
+
+    def submitted_once(self) -> bool:
+        counts = self.stats()["custom_ids"]
+        return bool(counts) and max(counts.values()) == 1
+
+    def expired(self) -> int:
+        """Requests that came back expired."""
+        stats = self.stats()
+        if self.openai:
+            return sum(int(b["request_counts"]["failed"]) for b in stats["batches"])
+        return int(stats["result_counts"].get("expired", 0))
+
+    def expire(self, unanswered: float) -> None:
+        """Every batch expires with this share of its requests unanswered."""
+        if isinstance(self.server, FakeOpenAIServer):
+            self.server.configure(batch_expire=True, batch_expire_fraction=1 - unanswered)
+        else:
+            self.server.configure(batch_expire=True, batch_expire_fraction=unanswered)
+
+    def hold(self) -> None:
+        """Keep every batch from ending until `release`."""
+        if isinstance(self.server, FakeOpenAIServer):
+            self.server.close_gate("held")
+            self.server.configure(batch_gate="held")
+        else:
+            self.server.close_batch_gate()
+
+    def downloads(self) -> int:
+        """Result downloads (one per batch when all its requests succeeded)."""
+        stats = self.stats()
+        if self.openai:
+            return int(stats["api_calls"].get("GET /v1/files/{file_id}/content", 0))
+        return int(stats["calls"].get("results", 0))
+
+    def hold_route(self, route: str, held: bool = True) -> None:
+        """Hold (or let go) batch creations (``create``) or result downloads
+        (``results``) before they answer."""
+        if isinstance(self.server, FakeOpenAIServer):
+            key = {"create": "batch_create_gate", "results": "batch_content_gate"}[route]
+            if held:
+                self.server.close_gate(f"hold-{route}")
+                self.server.configure(**{key: f"hold-{route}"})
+            else:
+                self.server.configure(**{key: None})
+                self.server.open_gate(f"hold-{route}")
+        else:
+            self.server.configure(**{f"batch_{route}_gate_open": not held})
+
+    def held(self, route: str) -> int:
+        if isinstance(self.server, FakeOpenAIServer):
+            return self.server.parked(f"hold-{route}")
+        return int(self.stats()["held"].get(route, 0))
+
+    def release(self) -> None:
+        if isinstance(self.server, FakeOpenAIServer):
+            self.server.open_gate("held")
+        else:
+            self.server.open_batch_gate()
+
+
+@pytest.fixture(params=["openai", "anthropic"])
+def fake(request: pytest.FixtureRequest) -> Fake:
+    name = "server" if request.param == "openai" else "anthropic_process"
+    found = Fake(request.getfixturevalue(name))
+    found.reset()
+    plait.reset_usage()
+    return found
+
+
+class Wide(plait.Module):
+    """Four parallel calls, then one that combines them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.parts = plait.ModuleList(
+            plait.LLMInference("fast", system_prompt=f"Aspect {i}.") for i in range(4)
+        )
+        self.combine = plait.LLMInference("fast", system_prompt="Combine.")
+
+    def forward(self, doc: str) -> Any:
+        return self.combine(" + ".join(str(part(doc)) for part in self.parts))
+
+
+@pytest.mark.parametrize("pipeline", [FanOutFanIn, Wide])
+def test_a_multi_stage_pipeline_runs_through_batches_with_its_online_outputs(
+    fake: Fake, pipeline: type[plait.Module]
+) -> None:
+    module = pipeline().bind(resources=fake.resources())
+    docs = [f"document {i}" for i in range(8)]
+    online = module.run_sync(docs)
+    calls = fake.online()
+    fake.reset()
+    plait.reset_usage()
+
+    batched = module.run_sync(docs, backend="batch")
+
+    assert batched == online
+    assert fake.batched() == calls and fake.online() == 0  # every call, in batches
+    assert fake.submitted_once()
+    # The first stage's calls go out before the second's exist: at least two batches.
+    assert fake.batch_count() >= 2
+    row = plait.usage()["fast"]
+    assert row["batch_requests"] == calls and row["batches"] == fake.batch_count()
+
+
+def test_batches_stay_within_the_request_limit(fake: Fake) -> None:
+    module = FanOutFanIn().bind(resources=fake.resources(batch_max_requests=5))
+    docs = [f"document {i}" for i in range(7)]
+    expected = FanOutFanIn().bind(resources=fake.resources()).run_sync(docs)
+    fake.reset()
+    assert module.run_sync(docs, backend="batch") == expected
+    assert max(fake.batch_sizes()) <= 5
+    assert fake.batched() == 21 and fake.submitted_once()
+
+
+def test_expired_requests_go_again_alone_and_end_as_errors_past_the_retry_limit(
+    fake: Fake,
+) -> None:
+    module = plait.LLMInference("fast").bind(
+        resources=fake.resources(max_retries=2, batch_max_wait_s=0.3)
+    )
+    module.train()  # rows as Values, errors included
+    docs = [f"question {i}" for i in range(5)]
+    expected = [row.payload for row in module.run_sync(docs)]
+    fake.reset()
+    # Part of every batch expires unanswered: only those requests go again, each in a
+    # later batch under an id of its own.
+    fake.expire(0.4)
+    rows = module.run_sync(docs, backend="batch")
+    failed = sum(row.kind is plait.ValueKind.ERROR for row in rows)
+    # Each expiry is followed by another request, except the last of one that gave up.
+    assert fake.batched() == len(docs) + fake.expired() - failed and fake.expired() >= 2
+    assert fake.submitted_once()
+    for row, want in zip(rows, expected, strict=True):
+        assert row.payload == want or (
+            row.kind is plait.ValueKind.ERROR and "expired" in str(row.payload)
+        )
+
+    # When every batch expires, each request is tried 1 + max_retries times, then is
+    # its input's error.
+    fake.reset()
+    fake.expire(1.0)
+    rows = module.run_sync(docs, backend="batch")
+    assert all(row.kind is plait.ValueKind.ERROR for row in rows)
+    assert all("expired" in str(row.payload) and "gave up" in str(row.payload) for row in rows)
+    assert fake.batched() == 3 * len(docs) and fake.submitted_once()
+
+
+def test_a_cache_hit_never_goes_into_a_batch_and_replay_answers_batch_made_calls(
+    fake: Fake, tmp_path: Path
+) -> None:
+    module = FanOutFanIn().bind(resources=fake.resources())
+    docs = [f"document {i}" for i in range(3)]
+    with cache(tmp_path / "cache"), record(tmp_path / "calls.jsonl"):
+        first = module.run_sync(docs, backend="batch")
+    assert fake.batched() == 9
+    with cache(tmp_path / "cache"):
+        again = module.run_sync(docs, backend="batch")
+    assert again == first and fake.batched() == 9
+    with replay(tmp_path / "calls.jsonl"):
+        assert module.run_sync(docs, backend="batch") == first
+    assert fake.batched() == 9
+
+
+def test_a_budget_counts_batch_calls_at_the_batch_price_and_submits_nothing_past_it(
+    fake: Fake,
+) -> None:
+    prices = {"input_price_per_mtok": 1000.0, "output_price_per_mtok": 1000.0}
+    module = plait.LLMInference("fast").bind(resources=fake.resources(**prices))
+    docs = [f"question {i}" for i in range(3)]
+    with budget(max_cost=100.0) as spent:
+        module.run_sync(docs, backend="batch")
+    row = plait.usage()["fast"]
+    tokens = row["prompt_tokens"] + row["completion_tokens"]
+    assert spent.cost == pytest.approx(tokens * 1000.0 / 1e6 * 0.5)
+    assert row["cost_usd"] == pytest.approx(spent.cost)
+
+    fake.reset()
+    module.train()
+    with budget(max_calls=2):
+        rows = module.run_sync([f"other {i}" for i in range(5)], backend="batch")
+    assert sum(row.kind is plait.ValueKind.ERROR for row in rows) == 3
+    assert fake.batched() == 2
+
+
+def test_a_batch_run_refuses_what_cannot_be_batched_before_any_call(
+    fake: Fake, caplog: pytest.LogCaptureFixture
+) -> None:
+    with pytest.raises(ConfigurationError, match="needs resources"):
+        FanOutFanIn().run_sync(["x"], backend="batch")
+    local = plait.ResourceConfig({"fast": {"provider": "local"}})
+    with pytest.raises(ConfigurationError, match=r"provider 'local'.*no batch API"):
+        FanOutFanIn().bind(resources=local).run_sync(["x"], backend="batch")
+    module = FanOutFanIn().bind(resources=fake.resources())
+    with pytest.raises(ValueError, match="cannot stream"):
+        asyncio.run(anext(aiter(module.stream(["x"], backend="batch"))))
+    with caplog.at_level(logging.WARNING, logger="plait"):
+        module.run_sync(["x"], backend="batch")
+    assert "cannot resume" in caplog.text
+    assert fake.online() == 0
+
+
+def test_a_checkpointed_batch_run_records_its_batches_and_status_shows_them(
+    fake: Fake, tmp_path: Path
+) -> None:
+    module = FanOutFanIn().bind(resources=fake.resources())
+    docs = [f"document {i}" for i in range(4)]
+    first = module.run_sync(docs, backend="batch", checkpoint_dir=tmp_path / "ckpt")
+    status = subprocess.run(
+        [sys.executable, "-m", "plait.cli", "status", str(tmp_path / "ckpt"), "--json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    shown = json.loads(status.stdout)
+    assert shown["finished_inputs"] == 4
+    batches = shown["batch_api"]
+    assert batches["calls"] == {"pending": 0, "succeeded": 12, "failed": 0}
+    assert batches["batches"]["ended"] == fake.batch_count()
+    assert batches["unfinished"] == []
+    # Run again: every output comes from the checkpoint, no batch is made.
+    made = fake.batch_count()
+    again = module.run_sync(docs, backend="batch", checkpoint_dir=tmp_path / "ckpt")
+    assert again == first and fake.batch_count() == made
+
+
+# -- killed and resumed -------------------------------------------------------------------
+def _write_run_files(tmp_path: Path, fake: Fake, count: int) -> list[str]:
+    lines = ["[fast]", *(f"{k} = {json.dumps(v)}" for k, v in fake.settings().items())]
+    (tmp_path / "resources.toml").write_text("\n".join(lines) + "\n")
+    (tmp_path / "in.jsonl").write_text(
+        "".join(json.dumps(f"document {i}") + "\n" for i in range(count))
+    )
+    return [
+        sys.executable, "-m", "plait.cli", "run", "tests/pipelines.py:FanOutFanIn",
+        "-i", str(tmp_path / "in.jsonl"), "-o", str(tmp_path / "out.jsonl"),
+        "--resources", str(tmp_path / "resources.toml"), "--batch-api", "-q",
+    ]  # fmt: skip
+
+
+def _wait_for(condition: Any, what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)  # polling the fake's state, not a synchronisation by time
+
+
+def test_a_run_killed_while_its_batch_is_pending_resumes_without_paying_again(
+    fake: Fake, tmp_path: Path
+) -> None:
+    count = 6
+    expected = (
+        FanOutFanIn()
+        .bind(resources=fake.resources())
+        .run_sync([f"document {i}" for i in range(count)])
+    )
+    fake.reset()
+    command = _write_run_files(tmp_path, fake, count)
+    fake.hold()
+    first = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        _wait_for(lambda: fake.batched() == 2 * count, "the first stage's batch")
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    fake.release()
+
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    rows = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert sorted(row["index"] for row in rows) == list(range(count))
+    assert [row["output"] for row in sorted(rows, key=lambda r: r["index"])] == expected
+    assert fake.batched() == 3 * count and fake.submitted_once()
+
+
+def _resume_and_check(command: list[str], tmp_path: Path, fake: Fake, expected: list[Any]) -> None:
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    rows = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [row["output"] for row in sorted(rows, key=lambda r: r["index"])] == expected
+    assert len(rows) == len(expected)  # each input exactly once
+    assert fake.batched() == 3 * len(expected) and fake.submitted_once()
+
+
+def _killed(command: list[str], until: Any, what: str) -> None:
+    run = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        _wait_for(until, what)
+    finally:
+        run.send_signal(signal.SIGKILL)
+        run.wait()
+
+
+def test_a_run_killed_while_submitting_finds_its_batch_instead_of_submitting_it_again(
+    fake: Fake, tmp_path: Path
+) -> None:
+    count = 5
+    docs = [f"document {i}" for i in range(count)]
+    expected = FanOutFanIn().bind(resources=fake.resources()).run_sync(docs)
+    fake.reset()
+    command = _write_run_files(tmp_path, fake, count)
+    # The first stage's batch is held in processing; once it is in, creations are held
+    # after the batch is made: the second stage's submission reaches the provider, and
+    # the run is killed before it learns the batch's id.
+    fake.hold()
+    run = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        _wait_for(lambda: fake.batched() == 2 * count, "the first stage's batch")
+        fake.hold_route("create")
+        fake.release()
+        _wait_for(lambda: fake.held("create") == 1, "the second stage's submission")
+    finally:
+        run.send_signal(signal.SIGKILL)
+        run.wait()
+    fake.hold_route("create", held=False)
+
+    # No request twice: the resumed run found the batch whose creation it never heard
+    # back from (calls not yet in any batch at the kill go in a new one).  Each batch's
+    # results were downloaded once: the first stage's, downloaded before the kill, came
+    # from the checkpoint.
+    _resume_and_check(command, tmp_path, fake, expected)
+    assert fake.downloads() == fake.batch_count()
+
+
+def test_a_run_killed_while_downloading_results_downloads_them_again_and_pays_nothing(
+    fake: Fake, tmp_path: Path
+) -> None:
+    count = 5
+    docs = [f"document {i}" for i in range(count)]
+    expected = FanOutFanIn().bind(resources=fake.resources()).run_sync(docs)
+    fake.reset()
+    command = _write_run_files(tmp_path, fake, count)
+    fake.hold_route("results")
+    _killed(command, lambda: fake.held("results") == 1, "the first results download")
+    fake.hold_route("results", held=False)
+
+    _resume_and_check(command, tmp_path, fake, expected)
+    assert fake.downloads() == fake.batch_count() + 1  # the interrupted one twice
