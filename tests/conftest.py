@@ -62,6 +62,7 @@ def server(server_process: FakeOpenAIServer) -> FakeOpenAIServer:
         rate_500=0,
         rate_drop=0,
         rate_timeout=0,
+        rate_flex_unavailable=0,
         retry_after_s=1.0,
         timeout_hang_s=30.0,
         seed=0,

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 import plait
-from plait.handlers import budget, cache, record, replay
+from plait.handlers import budget, cache, profile, record, replay
 from plait.resources.config import ConfigurationError
 from plait.testing import FakeAnthropicServer, FakeOpenAIServer
 
@@ -432,3 +432,18 @@ def test_a_run_killed_while_downloading_results_downloads_them_again_and_pays_no
 
     _resume_and_check(command, tmp_path, fake, expected)
     assert fake.downloads() == fake.batch_count() + 1  # the interrupted one twice
+
+
+def test_a_profile_draws_each_batch_with_the_calls_it_answered(fake: Fake) -> None:
+    module = FanOutFanIn().bind(resources=fake.resources())
+    with profile() as prof:
+        module.run_sync([f"document {i}" for i in range(4)], backend="batch")
+    events = prof.trace()["traceEvents"]
+    batches = [e for e in events if e.get("cat") == "batch" and e.get("ph") == "X"]
+    per_batch = [e for e in batches if "calls" in e["args"]]  # the "batches" track
+    assert len(per_batch) == fake.batch_count()
+    assert sum(e["args"]["calls"] for e in per_batch) == 12
+    inside = [e for e in batches if e["name"].startswith("in batch ")]
+    assert len(inside) == 12  # each call shows the batch that answered it
+    ids = {e["args"]["batch_id"] for e in per_batch}
+    assert {e["args"]["batch"] for e in inside} == ids

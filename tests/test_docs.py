@@ -22,6 +22,18 @@ def test_the_readme_fake_server_example_runs() -> None:
     assert result.returncode == 0, result.stderr
 
 
+def test_the_readme_batch_api_example_runs(tmp_path: Path) -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("\n## Cutting cost\n", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```python\n", 1)[1].split("```", 1)[0]
+    assert 'backend="batch"' in block
+    result = subprocess.run(
+        [sys.executable, "-c", block], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "runs" / "batched" / "batches.jsonl").is_file()
+
+
 def test_the_examples_readme_names_every_example_and_data_file() -> None:
     """Was stale: no `train_classifier.py`, "training gets its own example once the
     optimizer lands", and half the data files unexplained."""

@@ -21,6 +21,7 @@ the caller's, so every read and write of the records holds one lock.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import time
@@ -36,6 +37,7 @@ from plait.resources.endpoint import CallTiming, Span
 
 __all__ = [
     "AliasProfile",
+    "CacheAdvice",
     "NodeProfile",
     "PathLink",
     "ProfileSummary",
@@ -55,6 +57,9 @@ _MIN_QUEUE_S = 5e-5
 #: Tolerance when matching an upstream call that must have finished before its dependent.
 _EPSILON_S = 1e-6
 _PHASE_NAMES = {"rate_wait": "rate wait", "backoff": "backoff"}
+#: Prompts kept per call site to find fixed text after varying text (`cache_advice`).
+_PROMPTS_KEPT = 8
+_log = logging.getLogger("plait")
 
 
 def profile(path: str | os.PathLike[str] | None = None) -> Profiler:
@@ -143,6 +148,34 @@ class PathLink:
 
 
 @dataclass(slots=True)
+class CacheAdvice:
+    """A call site whose prompts put text that varies per input before text that does
+    not: the provider caches a prompt's prefix, so that fixed text is paid in full on
+    every call.  Moved before the varying part (into the system prompt, say), it would
+    be read from the cache at a tenth of the price."""
+
+    site: str
+    calls: int
+    #: Estimated tokens of the fixed text that follows the varying part.
+    fixed_tokens: int
+
+    @property
+    def tokens_saved(self) -> int:
+        """Prompt tokens billed as cache reads instead, over the calls seen (all but the
+        first, which writes the cache)."""
+        return self.fixed_tokens * max(0, self.calls - 1)
+
+    def message(self) -> str:
+        return (
+            f"plait: call site {self.site!r}: about {self.fixed_tokens:,} tokens of its prompt "
+            "are the same for every input but come after text that varies, so the provider "
+            "cannot cache them; put the fixed text first (in the system prompt) to have "
+            f"about {self.tokens_saved:,} prompt tokens over these {self.calls} calls read "
+            "from the cache instead"
+        )
+
+
+@dataclass(slots=True)
 class ProfileSummary:
     """What `Profiler.summary` reports; `to_dict` gives it as plain JSON-ready data.
 
@@ -156,6 +189,7 @@ class ProfileSummary:
     aliases: dict[str, AliasProfile]
     slowest: list[NodeProfile]
     critical_path: list[PathLink]
+    cache_advice: list[CacheAdvice] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -177,6 +211,9 @@ class Profiler(Handler):
         self._restored: list[tuple[int | None, float]] = []
         # Keyed by id(msg): the message is alive (in flight) for as long as it is here.
         self._open: dict[int, _Record] = {}
+        # Per call site: its calls, and the prompts of the first few (`cache_advice`).
+        self._prompts: dict[str, tuple[int, list[str]]] = {}
+        self._advised: set[str] = set()
 
     # -- recording -----------------------------------------------------------------------
     def process_module(self, msg: Message) -> None:
@@ -199,11 +236,17 @@ class Profiler(Handler):
             start=time.monotonic(),
             timing=timing if isinstance(timing, CallTiming) else None,
         )
+        prompt = _prompt_of(msg)
         with self._lock:
             if id(msg) in self._open:  # the same profiler entered twice: count the call once
                 return
             self._open[id(msg)] = record
             self._records.append(record)
+            if prompt is not None:
+                calls, kept = self._prompts.get(msg.name, (0, []))
+                if len(kept) < _PROMPTS_KEPT:
+                    kept.append(prompt)
+                self._prompts[msg.name] = (calls + 1, kept)
 
     def postprocess_llm(self, msg: Message) -> None:
         end = time.monotonic()
@@ -229,6 +272,26 @@ class Profiler(Handler):
         # Written even when the block raised: a failed run is the one worth looking at.
         if self.path is not None:
             self.write(self.path)
+        for advice in self.cache_advice():
+            if advice.site not in self._advised:  # once per call site
+                self._advised.add(advice.site)
+                _log.warning("%s", advice.message())
+
+    def cache_advice(self, min_tokens: int = 1024) -> list[CacheAdvice]:
+        """The call sites whose fixed text comes after their varying text (see
+        `CacheAdvice`), where that fixed text is at least ``min_tokens`` (estimated: the
+        providers cache nothing shorter)."""
+        with self._lock:
+            sites = {name: (calls, list(kept)) for name, (calls, kept) in self._prompts.items()}
+        found = []
+        for site, (calls, prompts) in sorted(sites.items()):
+            if len(set(prompts)) < 2:
+                continue
+            head = _shared_start(prompts)
+            fixed_after = _shared_start([p[head:][::-1] for p in prompts]) // 4
+            if fixed_after >= min_tokens:
+                found.append(CacheAdvice(site, calls, fixed_after))
+        return found
 
     def drain_finished(self) -> list[_Record]:
         """Hand over the finished calls recorded so far (a Ray worker sends them to the
@@ -291,8 +354,28 @@ class Profiler(Handler):
             for record in members:
                 tid = lanes[id(record)] + 1
                 events.extend(_call_events(record, pid, tid, origin))
+        pid = len(groups)
+        batches = _batches(records)
+        if batches:
+            pid += 1
+            events.append(_meta("process_name", pid, None, {"name": "batches"}))
+            events.append(_meta("process_sort_index", pid, None, {"sort_index": pid}))
+            for tid, (batch_id, (start, end, calls, alias)) in enumerate(batches.items(), 1):
+                events.append(_meta("thread_name", pid, tid, {"name": f"batch {batch_id}"}))
+                events.append(
+                    {
+                        "name": f"batch {batch_id} ({calls} calls)",
+                        "cat": "batch",
+                        "ph": "X",
+                        "ts": _us(start, origin),
+                        "dur": _us(end, origin) - _us(start, origin),
+                        "pid": pid,
+                        "tid": tid,
+                        "args": {"batch_id": batch_id, "calls": calls, "alias": alias},
+                    }
+                )
         if restored:
-            pid = len(groups) + 1
+            pid += 1
             label = f"checkpoint: {len(restored)} output(s) restored, 0 calls"
             events.append(_meta("process_name", pid, None, {"name": label}))
             events.append(_meta("process_sort_index", pid, None, {"sort_index": pid}))
@@ -348,6 +431,7 @@ class Profiler(Handler):
             aliases=dict(sorted(aliases.items())),
             slowest=[_node(r, origin) for r in nodes[:top]],
             critical_path=_critical_path(records, origin),
+            cache_advice=self.cache_advice(),
         )
 
     def table(self, top: int = 10) -> Table:
@@ -433,6 +517,24 @@ def _outcome(msg: Message, spans: list[Span]) -> str:
     if msg.type == "llm" and not spans:
         return "answered"
     return "ok"
+
+
+def _shared_start(texts: list[str]) -> int:
+    """How many leading characters every one of ``texts`` has in common."""
+    shortest = min(texts, key=len)
+    for position, char in enumerate(shortest):
+        if any(text[position] != char for text in texts):
+            return position
+    return len(shortest)
+
+
+def _prompt_of(msg: Message) -> str | None:
+    """An LLM call's whole prompt as one text, for `Profiler.cache_advice`."""
+    request = msg.kwargs.get("request")
+    messages = getattr(request, "messages", None)
+    if msg.type != "llm" or not isinstance(messages, list):
+        return None
+    return "\n".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
 
 
 def _alias_of(msg: Message) -> str | None:
@@ -568,6 +670,8 @@ def _call_events(record: _Record, pid: int, tid: int, origin: float) -> list[dic
             event["args"]["status"] = "error" if failed else span.info.get("status", "ok")
             if failed:
                 event["cname"] = "bad"
+        elif span.kind == "batch":
+            event["name"] = f"in batch {span.info.get('batch')}"
         elif span.kind == "queue":
             run_limit = span.info.get("limit") == "run"
             event["name"] = "queue (run limit)" if run_limit else "queue (endpoint)"
@@ -575,6 +679,28 @@ def _call_events(record: _Record, pid: int, tid: int, origin: float) -> list[dic
             event["name"] = _PHASE_NAMES.get(span.kind, span.kind)
         events.append(event)
     return events
+
+
+def _batches(records: list[_Record]) -> dict[str, tuple[float, float, int, str | None]]:
+    """Each provider batch that answered a recorded call: its submission, its end, how
+    many of the calls it answered, and their alias."""
+    found: dict[str, tuple[float, float, int, str | None]] = {}
+    for record in records:
+        for span in record.spans:
+            if span.kind != "batch":
+                continue
+            batch_id = str(span.info.get("batch"))
+            seen = found.get(batch_id)
+            if seen is None:
+                found[batch_id] = (span.start, span.end, 1, record.alias)
+            else:
+                found[batch_id] = (
+                    min(seen[0], span.start),
+                    max(seen[1], span.end),
+                    seen[2] + 1,
+                    seen[3],
+                )
+    return found
 
 
 def _jsonable(value: Any) -> Any:

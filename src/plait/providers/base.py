@@ -112,6 +112,9 @@ class LLMResponse:
     #: How the request was served: "standard", "flex" or "batch" (its price,
     #: `plait.resources.pricing`).
     tier: str = "standard"
+    #: For a reply from a batch made in this process: the batch's id and when it was
+    #: submitted and seen ended (`time.monotonic`), which a profile draws.
+    batch: tuple[str, float, float] | None = None
 
     @property
     def payload(self) -> Any:

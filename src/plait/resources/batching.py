@@ -84,6 +84,9 @@ class _Batch:
     batch_id: str | None = None
     ended: bool = False
     abandoned: bool = False
+    #: When this process submitted it and saw it end (`time.monotonic`), for profiles.
+    submitted_at: float | None = None
+    ended_at: float | None = None
 
 
 @dataclass
@@ -358,6 +361,9 @@ class BatchQueue:
         self.ledger.delivered(custom_id)
         if isinstance(outcome, ProviderError):
             raise outcome
+        batch = self.ledger.batches[self.ledger.entries[custom_id].token]
+        if batch.batch_id and batch.submitted_at is not None and batch.ended_at is not None:
+            outcome.batch = (batch.batch_id, batch.submitted_at, batch.ended_at)
         return outcome
 
     async def _ask_submitted(self, batch: _Batch) -> None:
@@ -444,6 +450,7 @@ class BatchQueue:
                 self._hand_over(waiting.custom_id, error)
             return
         self.ledger.submitted(token, batch_id)
+        record.submitted_at = time.monotonic()
         self.usage.batches += 1
         _log.info("plait: %s: submitted batch %s of %d calls", self.alias, batch_id, len(calls))
         self._poll(record)
@@ -466,6 +473,7 @@ class BatchQueue:
         """Poll ``batch`` until it ends, then hand each result to its call."""
         try:
             status = await self._wait_for_end(batch)
+            batch.ended_at = time.monotonic()
             seen: set[str] = set()
             async for custom_id, outcome in self.api.results(status):
                 if custom_id not in self.ledger.entries or custom_id in seen:

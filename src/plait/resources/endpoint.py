@@ -89,7 +89,8 @@ def _asked(failure: ProviderError, cap: float) -> str:
 class Span:
     """One stage of a call: ``queue`` (waiting for a concurrency slot), ``rate_wait``
     (RPM/TPM pacing or a Retry-After pause), ``request`` (one attempt at the
-    provider) or ``backoff`` (sleeping before a retry); times are `time.monotonic`."""
+    provider), ``batch`` (the provider's batch that answered it, from its submission
+    to its end) or ``backoff`` (sleeping before a retry); times are `time.monotonic`."""
 
     kind: str
     start: float
@@ -252,6 +253,9 @@ class Endpoint:
                 else:
                     ended = time.monotonic()
                     timing.add("request", started, ended, attempt=attempt, status="ok")
+                    if response.batch is not None:
+                        batch_id, submitted, finished = response.batch
+                        timing.add("batch", submitted, finished, batch=batch_id)
                     for gate in admitted:
                         gate.settle(response.usage)
                     admitted = []

@@ -312,7 +312,7 @@ def _resolve_ref(root: Any, ref: str) -> Any:
 class _Config:
     """Mutable server behaviour; everything ``POST /_config`` may change."""
 
-    _RATES: Final = ("rate_429", "rate_500", "rate_drop", "rate_timeout")
+    _RATES: Final = ("rate_429", "rate_500", "rate_drop", "rate_timeout", "rate_flex_unavailable")
     _DURATIONS: Final = ("latency_ms", "jitter_ms", "retry_after_s", "timeout_hang_s")
 
     def __init__(self, *, latency_ms: float, seed: int) -> None:
@@ -322,6 +322,9 @@ class _Config:
         self.rate_500 = 0.0
         self.rate_drop = 0.0
         self.rate_timeout = 0.0
+        #: The share of ``service_tier: "flex"`` requests refused with OpenAI's 429
+        #: ``resource_unavailable`` (the flex tier out of capacity).
+        self.rate_flex_unavailable = 0.0
         self.retry_after_s = 1.0
         self.timeout_hang_s = 30.0
         self.seed = seed
@@ -821,10 +824,12 @@ class FakeOpenAIApp:
         hang = rng.random() < config.rate_timeout
         limited = rng.random() < config.rate_429
         failed = rng.random() < config.rate_500
+        # Drawn for flex requests only, so other requests' faults stay where they were.
+        unavailable = plan.service_tier == "flex" and rng.random() < config.rate_flex_unavailable
 
         directives = plan.directives
         if directives.status is not None:
-            drop = hang = limited = failed = False
+            drop = hang = limited = failed = unavailable = False
         if hang:
             delay_s = config.timeout_hang_s
         elif directives.latency_ms is not None:
@@ -842,6 +847,10 @@ class FakeOpenAIApp:
             return None
         if hang:
             return _error_response(504, "The server timed out producing a reply.")
+        if unavailable:  # OpenAI's flex tier out of capacity: a 429 without Retry-After
+            message = "Resource Unavailable: the flex tier has no capacity now; retry later."
+            payload = _error_body(429, message, code="resource_unavailable")
+            return _json_response(payload, 429)
         if limited:
             status, payload = 429, _fault_body(429)
         elif failed:
@@ -885,6 +894,7 @@ class FakeOpenAIApp:
                 "completion_tokens": completion_tokens,
                 "total_tokens": plan.prompt_tokens + completion_tokens,
             },
+            "service_tier": "flex" if plan.service_tier == "flex" else "default",
         }
         return 200, payload
 
@@ -954,6 +964,7 @@ class _Plan:
         "model",
         "prompt_tokens",
         "seed",
+        "service_tier",
         "structured",
         "system",
     )
@@ -980,6 +991,8 @@ class _Plan:
         self.directives = directives
         self.structured = structured
         self.max_tokens = max_tokens
+        #: The ``service_tier`` asked for (None: the default tier).
+        self.service_tier: str | None = None
 
     def reply(self) -> tuple[str, str]:
         if self.directives.reply is not None:
@@ -1056,10 +1069,18 @@ def _plan_body(body: Any) -> _Plan:
     structured = None
     if directives.reply is None:
         structured = _structured_reply(body.get("response_format"))
+    tier = body.get("service_tier")
+    if tier is not None and tier not in _SERVICE_TIERS:
+        raise _BadRequest(f"service_tier must be one of {', '.join(_SERVICE_TIERS)}")
     key = request_key(model, messages)
-    return _Plan(
+    plan = _Plan(
         model, system, directives, structured, max_tokens, seed, estimate_tokens(chars), key
     )
+    plan.service_tier = tier
+    return plan
+
+
+_SERVICE_TIERS: Final = ("auto", "default", "flex", "priority")
 
 
 def _structured_reply(response_format: Any) -> str | None:
