@@ -126,6 +126,16 @@ def ray_cluster() -> Iterator[Any]:
         ray.shutdown()
 
 
+@pytest.fixture()
+def anthropic_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Keep a developer's own Anthropic settings and proxies out of the SDK's way (it
+    reads ANTHROPIC_* variables and credential profiles under HOME)."""
+    for name in list(os.environ):
+        if name.startswith("ANTHROPIC_") or name.lower().endswith("_proxy"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("HOME", str(tmp_path))
+
+
 @pytest.fixture(scope="session")
 def refused_port() -> Iterator[int]:
     """A loopback port that refuses every connection: bound for the whole session and

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -12,7 +11,6 @@ import traceback
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pydantic
@@ -37,13 +35,8 @@ class Answer(pydantic.BaseModel):
     tags: list[str]
 
 
-@pytest.fixture(autouse=True)
-def _isolated_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """Keep a developer's own Anthropic settings and proxies out of the SDK's way."""
-    for name in list(os.environ):
-        if name.startswith("ANTHROPIC_") or name.lower().endswith("_proxy"):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("HOME", str(tmp_path))  # where the SDK looks for credential profiles
+#: A developer's own Anthropic settings and proxies kept out of the SDK's way.
+pytestmark = pytest.mark.usefixtures("anthropic_environment")
 
 
 @pytest.fixture(scope="module")

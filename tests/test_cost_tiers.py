@@ -9,9 +9,7 @@ reads and writes in usage as Anthropic does.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,11 +28,7 @@ LONG_RULES = "Follow the house style guide to the letter. " * 140
 
 
 @pytest.fixture(autouse=True)
-def _fresh_usage(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    for name in list(os.environ):
-        if name.startswith("ANTHROPIC_") or name.lower().endswith("_proxy"):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("HOME", str(tmp_path))
+def _fresh_usage(anthropic_environment: None) -> None:
     plait.reset_usage()
 
 

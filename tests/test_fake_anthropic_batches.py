@@ -7,13 +7,11 @@ parses; a few go raw, to see status codes and bodies the SDK would turn into exc
 from __future__ import annotations
 
 import json
-import os
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -30,13 +28,8 @@ LONG = "The rules of the house, repeated at length. " * 100  # 4,400 characters
 assert estimate_tokens(len(LONG)) >= 1024
 
 
-@pytest.fixture(autouse=True)
-def _isolated_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """Keep a developer's own Anthropic settings and proxies out of the SDK's way."""
-    for name in list(os.environ):
-        if name.startswith("ANTHROPIC_") or name.lower().endswith("_proxy"):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("HOME", str(tmp_path))
+#: A developer's own Anthropic settings and proxies kept out of the SDK's way.
+pytestmark = pytest.mark.usefixtures("anthropic_environment")
 
 
 @pytest.fixture(scope="module")

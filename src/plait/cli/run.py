@@ -292,7 +292,13 @@ class _Command:
         if directory is None:
             return None
         if self.ns.fresh:
-            _remove_checkpoint(directory)  # never one another run is using
+            pending = _remove_checkpoint(directory)  # never one another run is using
+            if pending:
+                self.say(
+                    f"--fresh dropped {len(pending)} batch(es) still pending at the provider, "
+                    "which it will bill and whose results no run will collect; cancel them "
+                    f"there if you do not want them: {', '.join(pending)}"
+                )
         command = {"arguments": sorted(self.ns.assignments)}
         noted = directory / COMMAND_FILE
         if noted.exists():
@@ -602,10 +608,11 @@ def _first(items: Iterator[Item], limit: int) -> Iterator[Item]:
             return
 
 
-def _remove_checkpoint(directory: Path) -> None:
-    """Delete a checkpoint for --fresh, but only one plait wrote (never an arbitrary folder)."""
+def _remove_checkpoint(directory: Path) -> list[str]:
+    """Delete a checkpoint for --fresh, but only one plait wrote (never an arbitrary folder);
+    the ids of the provider batches it recorded as still pending (a --batch-api run's)."""
     if not directory.exists():
-        return
+        return []
     manifest = directory / "manifest.json"
     try:
         ours = json.loads(manifest.read_text())["format"] == CHECKPOINT_FORMAT
@@ -624,7 +631,15 @@ def _remove_checkpoint(directory: Path) -> None:
                 f"--fresh would delete {directory} while {exc.holder} is using it; wait for "
                 "that run to finish"
             ) from None
+    from plait.execution.batch_api import LEDGER_NAME
+    from plait.resources.batching import BatchLedger
+
+    pending: list[str] = []
+    if ours and (directory / LEDGER_NAME).is_file():
+        ledger = BatchLedger(directory / LEDGER_NAME).load()
+        pending = [b.batch_id for b in ledger.unfinished() if b.batch_id is not None]
     shutil.rmtree(directory)
+    return pending
 
 
 def _show(command: dict[str, Any]) -> str:

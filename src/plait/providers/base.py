@@ -195,8 +195,10 @@ class BatchStatus:
     state: str
     done: int = 0
     total: int = 0
-    #: Why the whole batch failed, if it did.
+    #: Why the whole batch failed, if it did, and whether submitting its requests again
+    #: later may succeed (a queue or token limit reached, not a malformed request).
     problem: str | None = None
+    problem_retryable: bool = False
     #: Where its results are (provider-specific: file ids, a URL).
     files: tuple[str, ...] = ()
 

@@ -89,17 +89,19 @@ class OpenAIProvider:
                 raw = await resp.read()
                 if resp.status != 200:
                     raise _http_error(resp.status, raw, resp.headers.get("Retry-After"))
-        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
-            raise ProviderError(
-                f"connection to {self.shown_url} failed: {type(exc).__name__}: {scrub(str(exc))}",
-                retryable=True,
-            ) from exc
-        except TimeoutError as exc:
-            raise ProviderError(
-                f"request to {self.shown_url} timed out after {self.config.timeout} s",
-                retryable=True,
-            ) from exc
+        except _TRANSPORT_ERRORS as exc:
+            raise self.transport_error(exc) from exc
         return self.reply(_loads_or_none(raw), raw)
+
+    def transport_error(self, exc: BaseException) -> ProviderError:
+        """A failure to reach the endpoint (a refused or dropped connection, a timeout),
+        as the retryable `ProviderError` every request to it raises."""
+        if isinstance(exc, TimeoutError):
+            message = f"request to {self.shown_url} timed out after {self.config.timeout} s"
+        else:
+            detail = f"{type(exc).__name__}: {scrub(str(exc))}"
+            message = f"connection to {self.shown_url} failed: {detail}"
+        return ProviderError(message, retryable=True)
 
     def reply(self, body: Any, raw: bytes) -> LLMResponse:
         """A chat completion's JSON ``body`` (None: ``raw`` was not JSON) as an
@@ -126,6 +128,10 @@ class OpenAIProvider:
             finish_reason=choice.get("finish_reason"),
             tier="flex" if served == "flex" else "standard",
         )
+
+
+#: What aiohttp raises when the endpoint cannot be reached or does not answer in time.
+_TRANSPORT_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError)
 
 
 def _loads_or_none(raw: bytes) -> Any:

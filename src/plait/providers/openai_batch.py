@@ -19,10 +19,16 @@ from typing import Any
 
 import aiohttp
 
-from plait._secrets import scrub
 from plait.providers.base import BatchStatus, LLMRequest, LLMResponse, ProviderError
 from plait.providers.http import current_session, get_session
-from plait.providers.openai import OpenAIProvider, _dumps, _endpoint_url, _http_error, _loads
+from plait.providers.openai import (
+    _TRANSPORT_ERRORS,
+    OpenAIProvider,
+    _dumps,
+    _endpoint_url,
+    _http_error,
+    _loads,
+)
 from plait.resources.config import EndpointConfig
 
 __all__ = ["OpenAIBatchAPI"]
@@ -38,6 +44,9 @@ TOKEN_KEY = "plait_batch"
 #: was never run; a server error may pass); any other code is the request's own fault.
 _RETRYABLE_CODES = frozenset({"batch_expired", "server_error", "internal_error", "timeout"})
 _ENDED = frozenset({"completed", "failed", "expired", "cancelled"})
+#: Why a whole batch may fail and succeed when submitted again later: the queue of
+#: batches the organisation may have waiting is full.
+_RETRYABLE_BATCH_CODES = frozenset({"token_limit_exceeded", "request_limit_exceeded"})
 
 
 class OpenAIBatchAPI:
@@ -94,10 +103,12 @@ class OpenAIBatchAPI:
     async def status(self, batch_id: str) -> BatchStatus:
         batch = await self._call("GET", f"{self.batches_url}/{batch_id}")
         state = str(batch.get("status") or "")
-        problem = None
+        problem, retryable = None, False
         if state == "failed":
             errors = (batch.get("errors") or {}).get("data") or []
             problem = "; ".join(str(e.get("message") or e.get("code")) for e in errors) or state
+            codes = {str(e.get("code")) for e in errors}
+            retryable = bool(codes) and codes <= _RETRYABLE_BATCH_CODES
         counts = batch.get("request_counts") or {}
         return BatchStatus(
             ended=state in _ENDED,
@@ -105,6 +116,7 @@ class OpenAIBatchAPI:
             done=int(counts.get("completed") or 0) + int(counts.get("failed") or 0),
             total=int(counts.get("total") or 0),
             problem=problem,
+            problem_retryable=retryable,
             files=tuple(
                 str(batch[name]) for name in ("output_file_id", "error_file_id") if batch.get(name)
             ),
@@ -158,13 +170,8 @@ class OpenAIBatchAPI:
                 content = await resp.read()
                 if resp.status != 200:
                     raise _http_error(resp.status, content, resp.headers.get("Retry-After"))
-        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
-            raise ProviderError(
-                f"connection to {self.shown_url} failed: {type(exc).__name__}: {scrub(str(exc))}",
-                retryable=True,
-            ) from exc
-        except TimeoutError as exc:
-            raise ProviderError(f"request to {self.shown_url} timed out", retryable=True) from exc
+        except _TRANSPORT_ERRORS as exc:
+            raise self.provider.transport_error(exc) from exc
         if raw:
             return content
         try:

@@ -484,11 +484,14 @@ class BatchQueue:
                 self._hand_over(custom_id, outcome)
             missing = [i for i in batch.ids if i not in seen]
             if missing:
-                why = status.problem or f"it ended ({status.state}) without a result for the call"
+                if status.problem is not None:
+                    why = f"the batch {status.state or 'failed'}: {status.problem}"
+                    retry = status.problem_retryable
+                else:
+                    why = f"it ended ({status.state}) without a result for the call"
+                    retry = True
                 for custom_id in missing:
-                    error = ProviderError(
-                        f"batch {batch.batch_id}: {why}", retryable=status.problem is None
-                    )
+                    error = ProviderError(f"batch {batch.batch_id}: {why}", retryable=retry)
                     if self.ledger.entries[custom_id].outcome is None:
                         self.ledger.result(custom_id, error)
                     self._hand_over(custom_id, error)

@@ -648,6 +648,15 @@ class FakeAnthropicApp:
     def _origin(request: web.Request) -> str:
         return str(request.url.origin())
 
+    def _batch_route(self, request: web.Request, route: str) -> _Batch | web.Response:
+        """A call of ``route`` on the batch the URL names, counted: the batch, or the
+        response refusing the call (no key, no such batch)."""
+        self._batch_calls[route] += 1
+        refused = self._refusal(request)
+        if refused is not None:
+            return refused
+        return self._find(request)
+
     async def create_batch(self, request: web.Request) -> web.Response:
         self._batch_calls["create"] += 1
         parsed = await self._json_body(request)
@@ -751,11 +760,7 @@ class FakeAnthropicApp:
         batch.ended_at = datetime.now(UTC)
 
     async def retrieve_batch(self, request: web.Request) -> web.Response:
-        self._batch_calls["retrieve"] += 1
-        refused = self._refusal(request)
-        if refused is not None:
-            return refused
-        batch = self._find(request)
+        batch = self._batch_route(request, "retrieve")
         if isinstance(batch, web.Response):
             return batch
         return web.json_response(batch.as_json(self._origin(request)))
@@ -801,11 +806,7 @@ class FakeAnthropicApp:
         )
 
     async def cancel_batch(self, request: web.Request) -> web.Response:
-        self._batch_calls["cancel"] += 1
-        refused = self._refusal(request)
-        if refused is not None:
-            return refused
-        batch = self._find(request)
+        batch = self._batch_route(request, "cancel")
         if isinstance(batch, web.Response):
             return batch
         if batch.processing_status == "ended":
@@ -817,11 +818,7 @@ class FakeAnthropicApp:
         return web.json_response(batch.as_json(self._origin(request)))
 
     async def delete_batch(self, request: web.Request) -> web.Response:
-        self._batch_calls["delete"] += 1
-        refused = self._refusal(request)
-        if refused is not None:
-            return refused
-        batch = self._find(request)
+        batch = self._batch_route(request, "delete")
         if isinstance(batch, web.Response):
             return batch
         if batch.processing_status != "ended":
@@ -834,11 +831,7 @@ class FakeAnthropicApp:
         return web.json_response({"id": batch.id, "type": "message_batch_deleted"})
 
     async def batch_results(self, request: web.Request) -> web.Response:
-        self._batch_calls["results"] += 1
-        refused = self._refusal(request)
-        if refused is not None:
-            return refused
-        batch = self._find(request)
+        batch = self._batch_route(request, "results")
         if isinstance(batch, web.Response):
             return batch
         if batch.processing_status != "ended":
