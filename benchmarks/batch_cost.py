@@ -100,7 +100,7 @@ def alias(server: FakeAnthropicServer | FakeOpenAIServer, **extra: Any) -> dict[
         "base_url": server.base_url,
         "api_key": KEY,
         "max_concurrent": 64,
-        "batch_max_wait_s": 1.0,
+        "batch_idle_s": 2.0,
         "batch_poll_s": 0.25,
         "batch_poll_max_s": 0.5,
         **PRICES,
@@ -178,7 +178,7 @@ def _rounds(events: list[dict[str, Any]]) -> int:
 def kill_and_resume(server: FakeAnthropicServer, count: int, workdir: Path) -> list[dict[str, Any]]:
     """Three runs of ``plait run --batch-api`` killed at a point each, then resumed."""
     settings = alias(server)
-    settings.update(batch_max_wait_s=0.2, batch_poll_s=0.05, batch_poll_max_s=0.2)
+    settings.update(batch_idle_s=0.2, batch_poll_s=0.05, batch_poll_max_s=0.2)
     lines = ["[llm]", *(f"{k} = {json.dumps(v)}" for k, v in settings.items())]
     (workdir / "resources.toml").write_text("\n".join(lines) + "\n")
     (workdir / "in.jsonl").write_text(

@@ -31,7 +31,7 @@ from .pipelines import FanOutFanIn
 ANTHROPIC_KEY = "sk-ant-batch-test"
 ROOT = Path(__file__).resolve().parent.parent
 #: Short waits so the fakes' batches, and plait's polls of them, take milliseconds.
-QUICK = {"batch_max_wait_s": 0.05, "batch_poll_s": 0.05, "batch_poll_max_s": 0.2}
+QUICK = {"batch_idle_s": 0.05, "batch_poll_s": 0.05, "batch_poll_max_s": 0.2}
 
 
 #: A developer's own Anthropic settings and proxies kept out of the SDK's way.
@@ -196,6 +196,14 @@ def test_a_multi_stage_pipeline_runs_through_batches_with_its_online_outputs(
     assert row["batch_requests"] == calls and row["batches"] == fake.batch_count()
 
 
+@pytest.mark.parametrize("fake", ["openai"], indirect=True)
+def test_a_stage_goes_as_one_batch_once_it_stops_growing(fake: Fake) -> None:
+    # Half a second without a new call ends a stage; tracing six inputs takes far less.
+    module = FanOutFanIn().bind(resources=fake.resources(batch_idle_s=0.5))
+    module.run_sync([f"document {i}" for i in range(6)], backend="batch")
+    assert fake.batch_sizes() == [12, 6]
+
+
 def test_batches_stay_within_the_request_limit(fake: Fake) -> None:
     module = FanOutFanIn().bind(resources=fake.resources(batch_max_requests=5))
     docs = [f"document {i}" for i in range(7)]
@@ -210,7 +218,7 @@ def test_expired_requests_go_again_alone_and_end_as_errors_past_the_retry_limit(
     fake: Fake,
 ) -> None:
     module = plait.LLMInference("fast").bind(
-        resources=fake.resources(max_retries=2, batch_max_wait_s=0.3)
+        resources=fake.resources(max_retries=2, batch_idle_s=0.3)
     )
     module.train()  # rows as Values, errors included
     docs = [f"question {i}" for i in range(5)]

@@ -136,7 +136,7 @@ def test_a_short_prefix_is_not_marked_and_caching_can_be_turned_off(
 def test_batched_calls_mark_their_prefix_for_an_hour(anthropic: FakeAnthropicServer) -> None:
     module = plait.LLMInference("fast", system_prompt=LONG_RULES).bind(
         resources=anthropic_resources(
-            anthropic, batch_max_wait_s=0.05, batch_poll_s=0.05, batch_max_requests=1
+            anthropic, batch_idle_s=0.05, batch_poll_s=0.05, batch_max_requests=1
         )
     )
     module.run_sync([f"question {i}" for i in range(3)], backend="batch")

@@ -5,9 +5,10 @@ run does: the engine starts each call the moment its inputs exist and every hand
 sees it.  Only the default action's last step differs: the endpoint's provider is a
 `BatchProvider`, whose ``send`` puts the request in its endpoint's `BatchQueue`
 and waits for the reply.  The queue gathers the calls that are ready into batches
-within the provider's limits (count and bytes), submitting one when it is full or
-when its oldest call has waited ``batch_max_wait_s``; it polls each batch with
-backoff and hands every result to its call.  The next stage's calls then become
+within the provider's limits (count and bytes), submitting one when it is full, when
+no call has joined it for ``batch_idle_s`` (the stage has stopped growing) or when its
+first call has waited ``batch_max_wait_s``; it polls each batch with backoff and
+hands every result to its call.  The next stage's calls then become
 ready and go in the next batch.  Retries, structured-output re-asks, usage, the
 budget's admission: all of it is the endpoint's, as for a call sent online.
 
@@ -313,6 +314,8 @@ class BatchQueue:
         self._pending: list[_Waiting] = []
         self._pending_bytes = 0
         self._timer: asyncio.TimerHandle | None = None
+        #: When the first and the latest of the waiting calls joined (`time.monotonic`).
+        self._first_added = self._last_added = 0.0
         #: custom id -> the call waiting for it (submitted, or found in the ledger).
         self._awaiting: dict[str, asyncio.Future[LLMResponse | ProviderError]] = {}
         self._claimed: set[str] = set()
@@ -397,11 +400,27 @@ class BatchQueue:
             self._flush()
         self._pending.append(waiting)
         self._pending_bytes += len(waiting.line)
+        now = time.monotonic()
+        self._last_added = now
         if len(self._pending) >= self.api.max_requests:
             self._flush()
         elif self._timer is None:
-            wait = self.config.batch_max_wait_s
-            self._timer = asyncio.get_running_loop().call_later(wait, self._flush)
+            self._first_added = now
+            first = min(self.config.batch_idle_s, self.config.batch_max_wait_s)
+            self._timer = asyncio.get_running_loop().call_later(first, self._when_due)
+
+    def _when_due(self) -> None:
+        """Submit the waiting calls if no call has joined them for ``batch_idle_s``, or
+        the first has waited ``batch_max_wait_s``; else look again when one of those
+        comes (one timer per batch, however many calls join it)."""
+        config, now = self.config, time.monotonic()
+        due = min(
+            self._last_added + config.batch_idle_s, self._first_added + config.batch_max_wait_s
+        )
+        if now >= due:
+            self._flush()
+        else:
+            self._timer = asyncio.get_running_loop().call_later(due - now, self._when_due)
 
     def _flush(self) -> None:
         """Submit what is waiting as one batch (in the background)."""

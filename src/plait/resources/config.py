@@ -64,12 +64,14 @@ class EndpointConfig(BaseModel):
     cache_write_price_factor: float = Field(default=1.25, ge=0)
     cache_write_1h_price_factor: float = Field(default=2.0, ge=0)
     #: Batch API runs (`backend="batch"`): the most requests and bytes per batch
-    #: (None: the provider's own limits), how long a ready call may wait for more to
-    #: join its batch, the first and the longest pause between polls, and the
-    #: completion window asked for.
+    #: (None: the provider's own limits); a batch goes once no call has joined it for
+    #: ``batch_idle_s`` (the stage has stopped growing) or once its first call has
+    #: waited ``batch_max_wait_s`` (a stage that keeps growing); the first and the
+    #: longest pause between polls; and the completion window asked for.
     batch_max_requests: int | None = Field(default=None, ge=1)
     batch_max_bytes: int | None = Field(default=None, ge=1024)
-    batch_max_wait_s: float = Field(default=2.0, ge=0)
+    batch_idle_s: float = Field(default=2.0, ge=0)
+    batch_max_wait_s: float = Field(default=300.0, ge=0)
     batch_poll_s: float = Field(default=5.0, gt=0)
     batch_poll_max_s: float = Field(default=60.0, gt=0)
     batch_completion_window: str = "24h"
