@@ -200,3 +200,42 @@ def test_an_empty_ray_address_is_refused_before_plait_train_writes_anything(
     assert len(lines) == 1 and "Traceback" not in done.stderr
     assert "cannot join the Ray cluster at ''" in lines[0]
     assert not out.exists()
+
+
+def test_specs_made_at_once_from_many_threads_all_send_the_pipeline_by_value() -> None:
+    """Two passes of a training run make their specs from two threads at once. The
+    module sent by value was once taken out of cloudpickle's registry by the first to
+    finish, and the second failed ("not registered for pickle by value") or pickled the
+    pipeline by reference, which a worker cannot import."""
+    from ray import cloudpickle
+
+    from plait.execution.settings import resolve_options
+    from plait.ray.spec import make_spec
+    from plait.resources.manager import ResourceManager
+
+    opts = resolve_options({}, {}, None)
+    errors: list[BaseException] = []
+    start = threading.Barrier(8)
+
+    def make() -> None:
+        start.wait()
+        try:
+            for _ in range(25):
+                spec = make_spec(Echo("x"), ResourceManager.coerce(None), opts)
+                # The class itself, rebuilt on the worker (by reference: just its name).
+                assert b"_make_skeleton_class" in spec.module_bytes
+        except BaseException as exc:  # reported below, with the thread's own traceback
+            errors.append(exc)
+
+    threads = [threading.Thread(target=make) for _ in range(8)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads take turns often, as on a busy machine
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert errors == []
+    assert cloudpickle.list_registry_pickle_by_value() == set()  # all taken out again

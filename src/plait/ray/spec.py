@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+import threading
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from plait.execution.checkpoint import Checkpoint, pipeline_name, producer_identity
@@ -35,6 +38,45 @@ def _user_modules(module: Module) -> list[Any]:
     return list(found.values())
 
 
+#: How many specs being made at this moment send each module by value.  cloudpickle
+#: keeps one process-wide set of such modules: two passes made at once from two threads
+#: (a training run's) would otherwise take the module out of it under each other, and
+#: the second would fail, or pickle the pipeline by reference.
+_by_value_users: dict[str, int] = {}
+_by_value_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _by_value(sources: list[Any]) -> Iterator[None]:
+    """Have cloudpickle send ``sources`` by value inside the block, counted."""
+    from ray import cloudpickle
+
+    names = []
+    with _by_value_lock:
+        theirs = set(cloudpickle.list_registry_pickle_by_value()) - set(_by_value_users)
+        for source in sources:
+            name = source.__name__
+            if name in theirs:  # registered by the user: theirs to keep
+                continue
+            if name not in _by_value_users:
+                try:
+                    cloudpickle.register_pickle_by_value(source)
+                except ValueError:  # not importable by name as it stands: pickled as is
+                    continue
+                _by_value_users[name] = 0
+            _by_value_users[name] += 1
+            names.append((name, source))
+    try:
+        yield
+    finally:
+        with _by_value_lock:
+            for name, source in names:
+                _by_value_users[name] -= 1
+                if not _by_value_users[name]:
+                    del _by_value_users[name]
+                    cloudpickle.unregister_pickle_by_value(source)
+
+
 def make_spec(
     module: Module,
     resources: Any,
@@ -52,17 +94,11 @@ def make_spec(
     manager = ResourceManager.coerce(resources)
     config = manager.config if manager.config else None
     bound = (module._bound_resources, module._bound_config)
-    registered = []
-    for source in _user_modules(module):
-        try:
-            cloudpickle.register_pickle_by_value(source)
-            registered.append(source)
-        except ValueError:
-            pass
     try:
-        object.__setattr__(module, "_bound_resources", config)
-        object.__setattr__(module, "_bound_config", {})
-        data = cloudpickle.dumps(module)
+        with _by_value(_user_modules(module)):
+            object.__setattr__(module, "_bound_resources", config)
+            object.__setattr__(module, "_bound_config", {})
+            data = cloudpickle.dumps(module)
     except Exception as exc:
         raise TypeError(
             f"the pipeline {type(module).__name__} cannot be sent to Ray workers: pickling it "
@@ -72,8 +108,6 @@ def make_spec(
     finally:
         object.__setattr__(module, "_bound_resources", bound[0])
         object.__setattr__(module, "_bound_config", bound[1])
-        for source in registered:
-            cloudpickle.unregister_pickle_by_value(source)
     keep = {
         k: v for k, v in options.items() if k in ("max_concurrent", "max_inputs_in_flight", "seed")
     }
