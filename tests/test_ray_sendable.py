@@ -220,7 +220,7 @@ def test_specs_made_at_once_from_many_threads_all_send_the_pipeline_by_value() -
     def make() -> None:
         start.wait()
         try:
-            for _ in range(25):
+            for _ in range(5):
                 spec = make_spec(Echo("x"), ResourceManager.coerce(None), opts)
                 # The class itself, rebuilt on the worker (by reference: just its name).
                 assert b"_make_skeleton_class" in spec.module_bytes

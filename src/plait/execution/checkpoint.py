@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -230,6 +231,11 @@ def _installed_roots() -> tuple[str, ...]:
     return tuple(os.path.join(os.path.realpath(root), "") for root in roots)
 
 
+#: Held around `ast.parse`: in CPython 3.11 two threads parsing at once can fail with
+#: "AST constructor recursion depth mismatch" (two Ray passes made their specs at once).
+_parse_lock = threading.Lock()
+
+
 def _imports_of(source: str, package: str | None) -> list[str]:
     """The absolute names of the modules a source file imports, anywhere in it.
 
@@ -242,7 +248,8 @@ def _imports_of(source: str, package: str | None) -> list[str]:
     import importlib.util
 
     try:
-        tree = ast.parse(source)
+        with _parse_lock:  # CPython 3.11's parser is not safe from several threads at once
+            tree = ast.parse(source)
     except (SyntaxError, ValueError):
         return []
     names: list[str] = []
