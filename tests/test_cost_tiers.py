@@ -61,9 +61,11 @@ def test_flex_is_sent_priced_at_its_tier_and_out_of_capacity_429s_are_retried_ap
     server: FakeOpenAIServer,
 ) -> None:
     server.configure(rate_flex_unavailable=0.4, seed=7)
+    # A model name of its own: an endpoint's limits are process-wide, and another test's
+    # 429s on the session's server must not decide what this one sees.
     resources = make_resources(
         server, service_tier="flex", max_retries=10, max_retry_after_s=0.05, max_concurrent=4,
-        **PRICES,
+        model="flex-model", **PRICES,
     )  # fmt: skip
     module = plait.LLMInference("fast").bind(resources=resources)
     docs = [f"question {i}" for i in range(12)]
