@@ -539,3 +539,52 @@ def test_anthropic_finds_a_batch_by_its_size_and_time_since_it_keeps_no_metadata
 
     made, found, other_size, too_old = asyncio.run(scenario())
     assert found == made and other_size is None and too_old is None
+
+
+def test_results_the_wire_code_cannot_read_fail_their_calls_instead_of_hanging(
+    tmp_path: Path,
+) -> None:
+    """A provider whose results file holds a line that is not an object: the calls of
+    that batch come back as errors naming it (they once waited forever)."""
+    from aiohttp import web
+
+    async def upload(request: web.Request) -> web.Response:
+        await request.read()
+        return web.json_response({"id": "file-in", "object": "file"})
+
+    async def create(request: web.Request) -> web.Response:
+        return web.json_response({"id": "batch_x", "status": "validating"})
+
+    async def status(request: web.Request) -> web.Response:
+        return web.json_response(
+            {"id": "batch_x", "status": "completed", "output_file_id": "file-out"}
+        )
+
+    async def content(request: web.Request) -> web.Response:
+        return web.Response(body=b"[1, 2]\n")
+
+    async def scenario() -> list[Any]:
+        app = web.Application()
+        app.router.add_post("/v1/files", upload)
+        app.router.add_post("/v1/batches", create)
+        app.router.add_get("/v1/batches/batch_x", status)
+        app.router.add_get("/v1/files/file-out/content", content)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        try:
+            settings = {"provider": "openai", "model": "m", "api_key": "k", **QUICK}
+            settings["base_url"] = f"http://127.0.0.1:{port}/v1"
+            module = plait.LLMInference("fast").bind(
+                resources=plait.ResourceConfig({"fast": settings})
+            )
+            module.train()
+            return list(await module(["one", "two"], backend="batch"))
+        finally:
+            await runner.cleanup()
+
+    rows = asyncio.run(asyncio.wait_for(scenario(), 60))
+    assert all(row.kind is plait.ValueKind.ERROR for row in rows)
+    assert all("results could not be read (AttributeError" in str(row.payload) for row in rows)

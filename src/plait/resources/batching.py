@@ -49,7 +49,7 @@ from plait.providers.base import (
     Usage,
 )
 from plait.resources.config import EndpointConfig
-from plait.resources.endpoint import Endpoint
+from plait.resources.endpoint import Endpoint, backoff_delay
 from plait.resources.limits import PriorityLimiter
 from plait.resources.manager import ResourceManager
 from plait.resources.rate import RateGovernor
@@ -236,11 +236,8 @@ class BatchLedger:
         handed to anyone, then a call still in a batch, then a result that was handed
         over (a run killed after handing it over, before its checkpoint kept it)."""
         ids = [i for i in self.by_fingerprint.get(fingerprint, ()) if i not in claimed]
-        ranked = sorted(ids, key=lambda i: self._rank(self.entries[i]))
-        for custom_id in ranked:
-            if self._rank(self.entries[custom_id]) < 3:
-                return custom_id
-        return None
+        best = min(ids, key=lambda i: self._rank(self.entries[i]), default=None)
+        return best if best is not None and self._rank(self.entries[best]) < 3 else None
 
     def _rank(self, entry: _Entry) -> int:
         batch = self.batches[entry.token]
@@ -452,11 +449,13 @@ class BatchQueue:
                 break
             except ProviderError as exc:
                 failure = exc
+            except Exception as exc:  # the wire code failed: the calls hear why, never hang
+                failure = ProviderError(f"{type(exc).__name__}: {exc}")
             # The request may have reached the provider before the error did.
             batch_id = await self._find(record)
             if batch_id is not None or not failure.retryable or attempt == _SUBMIT_ATTEMPTS:
                 break
-            await asyncio.sleep(_backoff(attempt))
+            await asyncio.sleep(backoff_delay(attempt, None))
         if batch_id is None:
             self.ledger.abandoned(token)
             assert failure is not None
@@ -478,7 +477,7 @@ class BatchQueue:
         """The id of ``batch`` if the provider has it (a minute's slack for clocks)."""
         try:
             return await self.api.find(batch.token, batch.at - 60, len(batch.ids))
-        except ProviderError:
+        except Exception:  # unknown: the caller submits (or gives up) as if it were not
             return None
 
     # -- polling and handing back ---------------------------------------------------------
@@ -517,6 +516,9 @@ class BatchQueue:
             self.ledger.ended(batch.token)
         except ProviderError as exc:
             self._fail(batch, str(exc), retry=False)
+        except Exception as exc:  # a reply the wire code could not read: never a hang
+            self._fail(batch, f"its results could not be read ({type(exc).__name__}: {exc})",
+                       retry=False)  # fmt: skip
         finally:
             self._pollers.pop(batch.token, None)
 
@@ -561,10 +563,6 @@ class BatchQueue:
         for task in [*self._pollers.values(), *self._submissions]:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-
-
-def _backoff(attempt: int) -> float:
-    return float(min(30.0, 0.5 * 2.0 ** (attempt - 1)) * random.uniform(0.5, 1.0))
 
 
 class BatchProvider:
