@@ -635,6 +635,14 @@ def test_check_reports_each_alias(
     assert cli("check", "--resources", config, "--alias", "absent").returncode == 2
 
 
+def test_check_without_resources_loads_and_asks_the_embedded_model() -> None:
+    done = cli("check", env={"COLUMNS": "300"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "local/default" in done.stdout and "runtime xllamacpp 20" in done.stdout
+    assert "answered in" in done.stdout
+    assert "1 of 1 alias(es) ok" in done.stderr
+
+
 def test_top_level_help() -> None:
     done = cli("--help")
     assert done.returncode == 0

@@ -84,3 +84,19 @@ with FakeOpenAIServer() as server:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[('a', 3), ('b', 3)]"
+
+
+def test_the_readme_embedded_model_settings_are_valid_and_run(tmp_path: Path) -> None:
+    import tomllib
+
+    import plait
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("\n### The embedded model\n", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```toml\n", 1)[1].split("```", 1)[0]
+    settings = tomllib.loads(block)["resources"]["fast"]
+    settings.pop("model_path")  # an example path: the packaged model stands in for it
+    resources = plait.ResourceConfig({"fast": settings})
+    assert resources["fast"].provider == "local" and resources["fast"].max_concurrent == 4
+    answer = plait.LLMInference("fast", max_tokens=4).run_sync("Say hi.", resources=resources)
+    assert isinstance(answer, str) and answer.strip()

@@ -187,7 +187,7 @@ def test_the_checker_sees_function_level_and_type_only_imports(tmp_path: Path) -
 
 
 @pytest.mark.parametrize(
-    "heavy", ["ray", "matplotlib", "pandas", "openai", "anthropic", "llama_cpp"]
+    "heavy", ["ray", "matplotlib", "pandas", "openai", "anthropic", "xllamacpp"]
 )
 def test_import_plait_stays_light(heavy: str) -> None:
     code = (

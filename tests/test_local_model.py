@@ -7,6 +7,8 @@ cores), so the file costs a few seconds on top of one ~0.2 s model load.
 from __future__ import annotations
 
 import asyncio
+import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -123,6 +125,30 @@ async def test_a_file_that_is_not_a_model_fails_without_retry(tmp_path: Path) ->
     assert not info.value.retryable
 
 
+async def test_a_model_file_cut_short_is_a_one_line_error_naming_it(tmp_path: Path) -> None:
+    cut = tmp_path / "cut.gguf"
+    with open(find_packaged_model(), "rb") as whole:
+        cut.write_bytes(whole.read(4_000_000))  # a download that stopped early
+    with pytest.raises(ProviderError) as info:
+        await local(model_path=str(cut)).send(ask("Hello?", max_tokens=4))
+    message = str(info.value)
+    assert str(cut) in message and "download it again" in message and "\n" not in message
+    assert not info.value.retryable
+
+
+async def test_openais_json_schema_response_format_is_honoured() -> None:
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 20}},
+        "required": ["city"],
+        "additionalProperties": False,
+    }
+    form = {"type": "json_schema", "json_schema": {"name": "place", "schema": schema}}
+    request = ask("Name the capital of France.", max_tokens=24, temperature=0)
+    reply = await local().send(replace(request, extra={"response_format": form}))
+    assert set(json.loads(reply.text)) == {"city"}
+
+
 async def test_a_prompt_longer_than_the_context_fails_without_retry() -> None:
     provider = local(context_length=256)
     with pytest.raises(ProviderError, match="context_length=256") as info:
@@ -233,3 +259,143 @@ def test_a_seeded_sampled_run_on_the_embedded_model_repeats_and_another_seed_dif
     assert first == again
     assert len(set(first)) == 3  # three samples, three seeds, three answers
     assert other != first
+
+
+# -- the prebuilt runtime (issue 23) -----------------------------------------------------------
+#: A grammar no reply can complete: the generation runs until it is stopped or hits
+#: max_tokens, whatever the model would rather say.
+ENDLESS = 'root ::= "a" root'
+
+
+async def test_requests_share_the_models_parallel_slots_and_all_return() -> None:
+    from plait.providers.local import _models
+
+    # A context length of its own: a model of its own, loaded with exactly two slots.
+    provider = local(max_concurrent=2, context_length=1024)
+    endless = asyncio.ensure_future(
+        provider.send(ask("Go on.", max_tokens=1000, extra={"grammar": ENDLESS}))
+    )
+    try:
+        # With one slot this reply would wait for the 1000-token generation to end.
+        short = await provider.send(ask("Say hi.", max_tokens=4))
+        assert short.text.strip()
+        assert not endless.done()
+        replies = await asyncio.gather(
+            *(provider.send(ask(f"Say a word that starts with {c}.", max_tokens=6)) for c in "ABCD")
+        )
+        assert all(r.usage.completion_tokens > 0 for r in replies)
+        assert not endless.done()
+    finally:
+        endless.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await endless
+    assert _models[(str(provider.model_path), 1024)].slots == 2
+
+
+async def test_a_caller_that_gives_up_stops_its_generation() -> None:
+    # One slot, and a generation that would fill 8192 tokens of context (minutes on a
+    # laptop): the reply after it can only come within its timeout if the abandoned
+    # generation was stopped when its caller gave up.
+    settings: dict[str, Any] = {"max_concurrent": 1, "context_length": 8192}
+    with pytest.raises(ProviderError, match="the generation was stopped"):
+        await local(timeout=0.5, **settings).send(
+            ask("Go on.", max_tokens=8192, extra={"grammar": ENDLESS})
+        )
+    quick = await local(timeout=30, **settings).send(ask("Say hi.", max_tokens=4))
+    assert quick.text.strip()
+
+
+async def test_with_prompt_caching_off_answers_do_not_depend_on_what_ran_before_or_beside() -> None:
+    provider = local(max_concurrent=4, prompt_caching=False)
+    prompts = [f"{q} ({i})" for i, q in enumerate(["Name a fruit.", "Say a colour."] * 3)]
+
+    def reply(text: str) -> LLMRequest:
+        return ask(text, max_tokens=8, temperature=0, extra={"logprobs": True})
+
+    def bits(response: Any) -> tuple[str, list[float]]:
+        return response.text, [t["logprob"] for t in response.logprobs or []]
+
+    one_by_one = [bits(await provider.send(reply(p))) for p in prompts]
+    shuffled = prompts[3:] + prompts[:3]
+    together = await asyncio.gather(*(provider.send(reply(p)) for p in shuffled))
+    assert dict(zip(shuffled, map(bits, together), strict=True)) == dict(
+        zip(prompts, one_by_one, strict=True)
+    )
+
+
+async def test_a_shared_prefix_is_reused_unless_the_alias_turns_prompt_caching_off() -> None:
+    system = {"role": "system", "content": "Answer in one word. " * 20}
+
+    def chat(text: str) -> LLMRequest:
+        return LLMRequest(
+            alias="local",
+            messages=[system, {"role": "user", "content": text}],
+            max_tokens=4,
+            temperature=0,
+        )
+
+    cached = local(max_concurrent=1, context_length=1280)  # the default: reused
+    await cached.send(chat("Name a fruit."))
+    again = await cached.send(chat("Name a colour."))
+    assert again.usage.cache_read_tokens > 100  # the system prompt, not computed again
+    fresh = local(max_concurrent=1, context_length=1280, prompt_caching=False)
+    await fresh.send(chat("Name a fruit."))
+    assert (await fresh.send(chat("Name a colour."))).usage.cache_read_tokens == 0
+
+
+async def test_log_probabilities_come_back_when_asked_for() -> None:
+    request = ask(
+        "Is the sky blue? Answer yes or no.",
+        max_tokens=3,
+        temperature=0,
+        extra={"logprobs": True, "top_logprobs": 3},
+    )
+    response = await local().send(request)
+    # One per generated piece of text (the end-of-turn token has none).
+    assert response.logprobs is not None
+    assert 1 <= len(response.logprobs) <= response.usage.completion_tokens <= 3
+    first = response.logprobs[0]
+    assert isinstance(first["token"], str) and first["logprob"] <= 0
+    assert len(first["top"]) == 3 and first["top"][0]["logprob"] >= first["top"][-1]["logprob"]
+    plain = await local().send(ask("Say hi.", max_tokens=3))
+    assert plain.logprobs is None
+
+
+async def test_a_choice_grammar_makes_the_model_answer_with_one_of_the_choices() -> None:
+    from plait.providers.local import choice_grammar
+
+    labels = ["positive", "negative", "neutral"]
+    for review in ("I loved it, best purchase ever!", "Broken on arrival. Awful."):
+        request = ask(
+            f"Classify the sentiment: {review}",
+            max_tokens=8,
+            temperature=0,
+            extra={"grammar": choice_grammar(labels)},
+        )
+        assert (await local().send(request)).text in labels
+    with pytest.raises(ValueError, match="non-empty list"):
+        choice_grammar([])
+
+
+def test_the_runtime_is_quiet_unless_asked(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    script = (
+        "import plait\nprint('ANSWER', plait.LLMInference('x', max_tokens=4).run_sync('Say hi.'))\n"
+    )
+    quiet = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert quiet.returncode == 0, quiet.stderr
+    lines = [line for line in (quiet.stdout + quiet.stderr).splitlines() if line.strip()]
+    # The answer, and plait's one notice that the embedded model answered: nothing else.
+    assert [line for line in lines if not line.startswith(("ANSWER", "plait:"))] == []
+    loud = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**__import__("os").environ, "PLAIT_LOCAL_LOG": "1"},
+    )
+    assert loud.returncode == 0 and len((loud.stdout + loud.stderr).splitlines()) > 5

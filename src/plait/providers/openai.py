@@ -18,7 +18,14 @@ import orjson
 from multidict import CIMultiDict
 
 from plait._secrets import redact_url, register, scrub
-from plait.providers.base import LLMRequest, LLMResponse, ProviderError, Usage, status_error
+from plait.providers.base import (
+    LLMRequest,
+    LLMResponse,
+    ProviderError,
+    Usage,
+    logprobs_of,
+    status_error,
+)
 from plait.providers.http import current_session, get_session
 from plait.resources.config import EndpointConfig
 from plait.structured import schema_name, wire_schema
@@ -127,6 +134,7 @@ class OpenAIProvider:
             model=str(body.get("model") or self.config.model),
             finish_reason=choice.get("finish_reason"),
             tier="flex" if served == "flex" else "standard",
+            logprobs=logprobs_of(choice) or None if "logprobs" in choice else None,
         )
 
 

@@ -52,7 +52,10 @@ class EndpointConfig(BaseModel):
     #: Prompt caching placed by plait: a call site's fixed prefix (system prompt,
     #: demonstrations) is marked for Anthropic's cache when it holds at least
     #: ``cache_min_tokens`` (estimated; shorter prefixes are not cached by the provider),
-    #: and OpenAI requests carry the site's ``prompt_cache_key``.
+    #: and OpenAI requests carry the site's ``prompt_cache_key``.  The local model
+    #: reuses a slot's cached prompt; false makes its answers reproducible to the bit
+    #: whatever ran before (`plait.providers.local`), at the price of computing every
+    #: prompt whole.
     prompt_caching: bool = True
     cache_min_tokens: int = Field(default=1024, ge=1)
     #: What the batch API and the flex tier charge, as a factor of those prices, and

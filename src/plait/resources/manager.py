@@ -25,7 +25,7 @@ from plait.resources.usage import AliasUsage, record_for
 __all__ = ["LOCAL_DEFAULT", "Endpoint", "ResourceManager"]
 
 #: What every alias means when no resources are configured: the embedded model.
-LOCAL_DEFAULT = EndpointConfig(provider="local", max_concurrent=1)
+LOCAL_DEFAULT = EndpointConfig(provider="local", max_concurrent=4)
 
 _log = logging.getLogger("plait")
 _embedded_said = [False]  # set once, under _registry_lock
