@@ -225,8 +225,8 @@ def _load(path: Path, context_length: int, slots: int) -> _LoadedModel:
         params.cpuparams.n_threads = params.cpuparams_batch.n_threads = _threads()
         params.warmup = False
         # Flash attention off: without it, a prompt computed whole gets the same logits
-        # to the bit whatever runs beside it (24 requests shuffled, 4 at a time: all
-        # log-probabilities identical; with it on, 3 of 24 differed and 1 answer).
+        # to the bit whatever runs beside it (benchmarks/local_reproducible.py: 24
+        # requests shuffled, 4 at a time, all identical; with it on, 2-3 of 24 differed).
         params.flash_attn_type = 0
         params.cache_ram_mib = 0  # no host-memory copies of idle slots' prompts
         if os.environ.get("PLAIT_LOCAL_LOG") != "1":
