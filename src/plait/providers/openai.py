@@ -28,7 +28,7 @@ from plait.providers.base import (
 )
 from plait.providers.http import current_session, get_session
 from plait.resources.config import EndpointConfig
-from plait.structured import schema_name, wire_schema
+from plait.structured import json_schema_format
 
 __all__ = ["OpenAIProvider"]
 
@@ -68,13 +68,7 @@ class OpenAIProvider:
         if request.cache_key is not None and self.config.prompt_caching:
             body["prompt_cache_key"] = request.cache_key
         if request.response_format is not None:
-            body["response_format"] = {
-                "type": "json_schema",
-                "json_schema": {
-                    "name": schema_name(request.response_format),
-                    "schema": wire_schema(request.response_format),
-                },
-            }
+            body["response_format"] = json_schema_format(request.response_format)
         body.update(request.extra)
         if body.get("n", 1) != 1:
             raise ProviderError(
