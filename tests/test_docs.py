@@ -3,6 +3,7 @@ names every example and data file (issue 20, friction)."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -100,3 +101,17 @@ def test_the_readme_embedded_model_settings_are_valid_and_run(tmp_path: Path) ->
     assert resources["fast"].provider == "local" and resources["fast"].max_concurrent == 4
     answer = plait.LLMInference("fast", max_tokens=4).run_sync("Say hi.", resources=resources)
     assert isinstance(answer, str) and answer.strip()
+
+
+def test_the_readme_labels_example_prints_labels(tmp_path: Path) -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("\n### Answers that are labels\n", 1)[1].split("\n### ", 1)[0]
+    block = section.split("```python\n", 1)[1].split("```", 1)[0]
+    assert "knn_demos" in block and "Literal[" in block
+    result = subprocess.run(
+        [sys.executable, "-c", block], capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr
+    printed = ast.literal_eval(result.stdout.strip().splitlines()[-1])  # two labels
+    labels = {"billing", "shipping", "technical", "account"}
+    assert len(printed) == 2 and set(printed) <= labels

@@ -32,6 +32,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("core", ("plait.effects", "plait.options", "plait.values", "plait.parameter", "plait.module")),
     ("modules", ("plait.containers", "plait.not_data")),
     ("tracing", ("plait.tracing",)),
+    ("text", ("plait.labels", "plait.retrieval")),
     ("llm", ("plait.providers", "plait.resources", "plait.structured", "plait.demos")),
     ("nn", ("plait.inference", "plait.sampling", "plait.sequences")),
     ("handlers", ("plait.handlers",)),

@@ -89,6 +89,7 @@ _LAZY = {
     "MapReduce": "plait.sequences",
     "chunk_text": "plait.sequences",
     "Rng": "plait.sampling",
+    "knn_demos": "plait.demos",
 }
 
 
@@ -126,6 +127,7 @@ __all__ = [
     "chunk_text",
     "functional",
     "handlers",
+    "knn_demos",
     "make_from_argv",
     "reset_usage",
     "run",

@@ -11,6 +11,15 @@ carry like any other value.
 On the wire each pair becomes a user turn (the input) and an assistant turn (the
 output), after the system prompt and before the real input, so a cache or a
 checkpoint key (a hash of the messages) changes whenever the demonstrations do.
+
+The value may instead be a *pool* chosen from per input, ``{"pool": [pairs...],
+"k": 4}`` (`knn_demos`): each call is shown the ``k`` pairs of the pool whose
+inputs are most like its own (BM25 word overlap, `plait.retrieval`; no model, no
+endpoint), the most similar last, nearest the input.  For a call that answers
+with labels (`plait.labels`), at least one pair per label is shown when ``k``
+allows, so the model sees every answer it may give.  The pool and ``k`` are the
+parameter's value, so state, checkpoints, ``--parameters`` files and cache keys
+(the chosen pairs are in the messages) all see them.
 """
 
 from __future__ import annotations
@@ -19,7 +28,17 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["DEMOS_DESCRIPTION", "DemoError", "demo_messages", "demo_text", "normalize_demos"]
+__all__ = [
+    "DEMOS_DESCRIPTION",
+    "DemoError",
+    "choose_demos",
+    "demo_messages",
+    "demo_text",
+    "is_pool",
+    "knn_demos",
+    "normalize_demo_value",
+    "normalize_demos",
+]
 
 DEMOS_DESCRIPTION = (
     "Demonstrations: worked input/output pairs shown to the model as earlier "
@@ -77,6 +96,97 @@ def normalize_demos(value: Any, where: str = "demos") -> list[dict[str, Any]]:
                 ) from None
         demos.append({"input": pair[0], "output": pair[1]})
     return demos
+
+
+def knn_demos(k: int = 4, pool: Sequence[Any] = ()) -> dict[str, Any]:
+    """A demonstrations value chosen per input: the ``k`` pairs of ``pool`` most like
+    each call's input (see the module doc).  An empty pool is filled by training
+    (`BootstrapFewShot` and `DemoSearch` put every pair they gather in it)::
+
+        LLMInference("local", "Classify the message.", demos=knn_demos(k=4))
+    """
+    value: dict[str, Any] = normalize_demo_value({"pool": list(pool), "k": k}, "knn_demos(...)")
+    return value
+
+
+def is_pool(value: Any) -> bool:
+    """Whether a demonstrations value is a pool chosen from per input."""
+    return isinstance(value, Mapping) and "pool" in value
+
+
+def normalize_demo_value(value: Any, where: str = "demos") -> Any:
+    """A demonstrations value, checked: a list of pairs (`normalize_demos`) or a pool
+    ``{"pool": [pairs...], "k": k}`` with its pairs normalized."""
+    if not isinstance(value, Mapping):
+        return normalize_demos(value, where)
+    keys = set(value)
+    if keys != {"pool", "k"}:
+        raise DemoError(
+            f"{where} must be a list of input/output pairs or a pool "
+            f'{{"pool": [...], "k": 4}} (knn_demos(k=4)), got the keys {sorted(map(str, keys))}'
+        )
+    k = value["k"]
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise DemoError(
+            f"{where}'s k is how many pairs each call is shown: a positive integer, got {k!r}"
+        )
+    return {"pool": normalize_demos(value["pool"], f"{where}'s pool"), "k": k}
+
+
+def choose_demos(
+    value: Any, prompt: str, labels: Sequence[str] | None = None, where: str = "demos"
+) -> list[dict[str, Any]]:
+    """The pairs a call with input ``prompt`` is shown, checked (`DemoError` naming
+    ``where`` otherwise): a list as it is; for a pool, its ``k`` pairs most like
+    ``prompt`` (covering ``labels`` when ``k`` allows), least similar first."""
+    if not is_pool(value):
+        return normalize_demos(value, where)
+    pool, k, index = _pool_index(value, where)
+    if len(pool) <= k:
+        return pool
+    scores = index.scores(prompt)
+    ranked = sorted(range(len(pool)), key=lambda i: (-scores[i], i))
+    chosen: list[int] = []
+    if labels:
+        by_label = {label.casefold(): label for label in labels}
+        covered: set[str] = set()
+        for i in ranked:  # the most similar pair of each label, most similar first
+            label = by_label.get(demo_text(pool[i]["output"]).strip().casefold())
+            if label is not None and label not in covered and len(chosen) < k:
+                covered.add(label)
+                chosen.append(i)
+    taken = set(chosen)
+    for i in ranked:
+        if len(chosen) >= k:
+            break
+        if i not in taken:
+            chosen.append(i)
+    chosen.sort(key=lambda i: (scores[i], -i))  # the most similar nearest the input
+    return [pool[i] for i in chosen]
+
+
+#: The pools seen lately, checked and indexed, by the identity of the value they came
+#: from (kept in the entry, so an identity is not reused while it lives): a call reads
+#: the same value every time until training replaces it.
+_POOLS: dict[int, tuple[Any, int, list[dict[str, Any]], int, Any]] = {}
+_MAX_POOLS = 64
+
+
+def _pool_index(value: Any, where: str) -> tuple[list[dict[str, Any]], int, Any]:
+    from plait.retrieval import BM25
+
+    found = _POOLS.get(id(value))
+    raw = value["pool"]
+    size = len(raw) if isinstance(raw, Sequence) else -1
+    if found is not None and found[0] is value and found[1] == size and found[3] == value["k"]:
+        return found[2], found[3], found[4]
+    checked = normalize_demo_value(value, where)
+    pool, k = checked["pool"], checked["k"]
+    index = BM25([demo_text(pair["input"]) for pair in pool])
+    if len(_POOLS) >= _MAX_POOLS:
+        _POOLS.pop(next(iter(_POOLS)))
+    _POOLS[id(value)] = (value, size, pool, k, index)
+    return pool, k, index
 
 
 def demo_text(part: Any) -> str:

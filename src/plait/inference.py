@@ -6,7 +6,14 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from plait._text import prompt_text
-from plait.demos import DEMOS_DESCRIPTION, demo_messages, normalize_demos
+from plait.demos import (
+    DEMOS_DESCRIPTION,
+    choose_demos,
+    demo_messages,
+    is_pool,
+    normalize_demo_value,
+)
+from plait.labels import LABEL_METHODS, LabelMethod, label_choices, labels_instruction
 from plait.module import BackwardContext, BackwardResult, Module
 from plait.parameter import Parameter
 from plait.structured import schema_for
@@ -24,10 +31,20 @@ class LLMInference(Module):
 
     ``demos`` gives the call learnable demonstrations (`plait.demos`): a list of
     ``(input, output)`` pairs or ``{"input": ..., "output": ...}`` dicts, possibly
-    empty, becomes a `Parameter` named ``demos`` that `BootstrapFewShot` fills; a
+    empty, or a pool chosen from per input (``knn_demos(k=4)``: each call is shown
+    the ``k`` pairs most like its input), becomes a `Parameter` named ``demos`` that
+    `BootstrapFewShot` fills; a
     `Parameter` holding such a list is used as it is (``requires_grad=False``
     fixes the examples).  They are sent as user/assistant turns after the system
     prompt and before the input.  Without ``demos`` the call has none.
+
+    A ``response_format`` that is a ``Literal`` of texts or a text `Enum` makes the
+    call answer with one of those labels, always (`plait.labels`); ``label_method``
+    says how the label is chosen: ``"grammar"`` (decoding constrained to the labels),
+    ``"logprob"`` (each label scored by its log-probability) or ``"calibrated"``
+    (scored, less the label prior of a content-free input); None is the endpoint's
+    best (`plait.labels.DEFAULT_LOCAL_METHOD` on the embedded model, a schema with an
+    ``enum`` elsewhere).
 
     ``n`` asks for that many samples of the same request: the call returns a list
     of ``n`` outputs, each a request of its own with its own seed (`plait.sampling`),
@@ -42,6 +59,7 @@ class LLMInference(Module):
     temperature: float | None
     max_tokens: int | None
     response_format: Any
+    label_method: str | None
     system_prompt: Parameter | None
     demos: Parameter | None
     n: int
@@ -55,6 +73,7 @@ class LLMInference(Module):
         response_format: type | Any = None,
         demos: Sequence[Any] | Parameter | None = None,
         n: int = 1,
+        label_method: LabelMethod | None = None,
     ) -> None:
         super().__init__()
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
@@ -72,8 +91,22 @@ class LLMInference(Module):
         self.temperature = temperature
         self.max_tokens = max_tokens
         if response_format is not None:
+            labels = label_choices(response_format)  # bad labels: an error now, too
             schema_for(response_format)  # a bad type is an error now, not at the first call
+        if label_method is not None:
+            if label_method not in LABEL_METHODS:
+                raise ValueError(
+                    f"label_method must be one of {', '.join(LABEL_METHODS)} (or None for the "
+                    f"endpoint's best), got {label_method!r}"
+                )
+            if response_format is None or labels is None:
+                raise ValueError(
+                    "label_method is only for a response_format of labels (a Literal of "
+                    'texts or a text Enum, e.g. response_format=Literal["yes", "no"]), got '
+                    f"response_format={response_format!r}"
+                )
         self.response_format = response_format
+        self.label_method = label_method
         if isinstance(system_prompt, Parameter):
             self.system_prompt = system_prompt
         elif isinstance(system_prompt, str):
@@ -85,11 +118,12 @@ class LLMInference(Module):
                 f"system_prompt must be a str or a Parameter, got {type(system_prompt).__name__}"
             )
         if isinstance(demos, Parameter):
-            normalize_demos(demos.value, "LLMInference(demos=Parameter(...)).value")
+            normalize_demo_value(demos.value, "LLMInference(demos=Parameter(...)).value")
             self.demos = demos
         elif demos is not None:
             self.demos = Parameter(
-                normalize_demos(demos, "LLMInference(demos=...)"), description=DEMOS_DESCRIPTION
+                normalize_demo_value(demos, "LLMInference(demos=...)"),
+                description=DEMOS_DESCRIPTION,
             )
         else:
             self.demos = None
@@ -97,6 +131,7 @@ class LLMInference(Module):
     def messages(self, prompt: Any) -> list[dict[str, Any]]:
         """The chat messages this call sends for ``prompt``: the system prompt, the
         demonstrations as user/assistant turns, then ``prompt`` as the last user turn.
+        A call that answers with labels says them at the end of the system prompt.
 
         Parameter values are read as the running input sees them (see
         `Parameter.current`); demonstrations that are not a list of input/output
@@ -105,16 +140,26 @@ class LLMInference(Module):
         """
         messages: list[dict[str, Any]] = []
         system = self.system_prompt
+        labels = label_choices(self.response_format)
         if system is not None:
             content = system.current()
             if not isinstance(content, str):  # text needs no check (nor a label built)
                 content = prompt_text(content, f"{self._label()}'s system prompt")
+            if labels is not None:
+                content = (
+                    f"{content}\n\n{labels_instruction(labels)}"
+                    if content
+                    else (labels_instruction(labels))
+                )
             messages.append({"role": "system", "content": content})
-        if self.demos is not None:
-            where = f"the demonstrations of {self.qualified_path or 'this LLMInference'}"
-            messages.extend(demo_messages(normalize_demos(self.demos.current(), where)))
+        elif labels is not None:
+            messages.append({"role": "system", "content": labels_instruction(labels)})
         if not isinstance(prompt, str):
             prompt = prompt_text(prompt, f"{self._label()}'s prompt")
+        if self.demos is not None:
+            where = f"the demonstrations of {self.qualified_path or 'this LLMInference'}"
+            shown = choose_demos(self.demos.current(), prompt, labels, where)
+            messages.extend(demo_messages(shown))
         messages.append({"role": "user", "content": prompt})
         return messages
 
@@ -145,9 +190,14 @@ class LLMInference(Module):
             parts.append(f"max_tokens={self.max_tokens}")
         if self.response_format is not None:
             parts.append(f"response_format={getattr(self.response_format, '__name__', '?')}")
+        if self.label_method is not None:
+            parts.append(f"label_method={self.label_method!r}")
         if self.n != 1:
             parts.append(f"n={self.n}")
         if self.demos is not None:
             count = self.demos.current()
-            parts.append(f"demos={len(count) if isinstance(count, list) else '?'}")
+            if is_pool(count):
+                parts.append(f"demos=knn(k={count.get('k')}, pool={len(count.get('pool', ()))})")
+            else:
+                parts.append(f"demos={len(count) if isinstance(count, list) else '?'}")
         return ", ".join(parts)

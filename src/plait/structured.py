@@ -22,6 +22,7 @@ __all__ = [
     "is_wrapped",
     "json_schema_format",
     "parse_reply",
+    "reask_instruction",
     "schema_for",
     "schema_name",
     "wire_schema",
@@ -110,8 +111,13 @@ def parse_reply(tp: Any, text: str) -> Any:
     """Validate a reply (JSON text, wrapped as `wire_schema` asked) against ``tp``.
 
     Raises ValueError naming the validation problems, which the endpoint quotes
-    back to the model when it re-asks.
+    back to the model when it re-asks.  A type of labels (a ``Literal`` of texts, a
+    text `Enum`) is read leniently, JSON or not (`plait.labels.match_label`).
     """
+    from plait.labels import label_choices, match_label
+
+    if label_choices(tp) is not None:
+        return match_label(tp, text)
     try:
         if is_wrapped(tp):
             data = json.loads(text)
@@ -121,6 +127,16 @@ def parse_reply(tp: Any, text: str) -> Any:
         return _adapter(tp).validate_json(text)
     except Exception as exc:
         raise ValueError(f"reply does not match response_format {_type_name(tp)}: {exc}") from exc
+
+
+def reask_instruction(tp: Any) -> str:
+    """What the re-ask after an invalid reply tells the model to do."""
+    from plait.labels import label_choices, labels_instruction
+
+    choices = label_choices(tp)
+    if choices is not None:
+        return labels_instruction(choices)
+    return "Answer again with only JSON that matches the schema."
 
 
 def _type_name(tp: Any) -> str:

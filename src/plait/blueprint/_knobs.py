@@ -90,12 +90,13 @@ def _system_prompt(value: Any) -> str:
     return value
 
 
-def _demos(value: Any) -> list[dict[str, Any]]:
-    """Demonstrations from a list, or from JSON text as a command line gives it
-    (``summarize.demos='[{"input": "...", "output": "..."}]'``, ``...demos=[]``)."""
+def _demos(value: Any) -> Any:
+    """Demonstrations from a list or a pool, or from JSON text as a command line gives
+    it (``summarize.demos='[{"input": "...", "output": "..."}]'``, ``...demos=[]``,
+    ``...demos='{"pool": [], "k": 4}'``)."""
     import json
 
-    from plait.demos import DemoError, normalize_demos
+    from plait.demos import DemoError, normalize_demo_value
 
     value = _parameter_value(value)
     if isinstance(value, str):
@@ -106,7 +107,7 @@ def _demos(value: Any) -> list[dict[str, Any]]:
                 f'demos are JSON text, a list of {{"input": ..., "output": ...}}: {exc}'
             ) from None
     try:
-        return normalize_demos(value)
+        return normalize_demo_value(value)
     except DemoError as exc:
         raise CastError(str(exc)) from None
 

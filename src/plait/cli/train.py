@@ -40,7 +40,7 @@ from plait.target import Target, TargetError, code_files
 
 __all__ = ["build_parser", "main"]
 
-OPTIMIZERS = ("sfa", "textgrad", "bootstrap")
+OPTIMIZERS = ("sfa", "textgrad", "bootstrap", "search")
 #: Files the command writes into --out.
 PARAMETERS_FILE = "parameters.json"
 HISTORY_JSON = "history.json"
@@ -75,8 +75,18 @@ their LLM calls use the alias --optimizer-alias), bootstrap (sets the
 demonstrations of every LLMInference built with demos=[] from the runs that
 passed, or from labelled examples while none has; --max-demos per call,
 --candidates sets scored on validation per step, --teacher-alias runs the
-pipeline on another alias to produce them).  `--optimizer bootstrap
---optimizer sfa` learns both in one run.
+pipeline on another alias to produce them), search (as bootstrap gathers pairs,
+then scores --candidates sets per step (default 16) on a few validation examples,
+the better half on twice as many, and so on to all of them; the best is installed
+only if it beats the values in place, example by example, and the history
+records every candidate's scores and the 95% interval of the gain).
+`--optimizer bootstrap --optimizer sfa` learns both in one run.
+
+Demonstrations chosen per input: --demos knn [--k N] turns every LLMInference
+built with demos into a pool (plait.knn_demos) from which each call is shown
+the N pairs most like its input (default 4; every label covered for a call
+that answers with labels); bootstrap and search fill the pool with every pair
+they gather.  --demos list (the default) keeps one fixed list per call.
 
 Outputs in --out DIR: parameters.json (the learned values, for
 module.load_state_dict), history.json (scores per step, kept or rolled back)
@@ -124,9 +134,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--candidates",
         type=positive_int,
-        default=4,
         metavar="N",
-        help="bootstrap: demonstration sets scored on validation per step (4)",
+        help="bootstrap, search: demonstration sets scored on validation per step (4, 16)",
+    )
+    parser.add_argument(
+        "--demos",
+        choices=("list", "knn"),
+        default="list",
+        help="a fixed list of demonstrations per call, or the k most like each input (list)",
+    )
+    parser.add_argument(
+        "--k", type=positive_int, default=4, metavar="N", help="--demos knn: pairs per call (4)"
     )
     parser.add_argument(
         "--teacher-alias",
@@ -251,6 +269,8 @@ def _train(ns: argparse.Namespace, err: IO[str]) -> int:
             "description=...) (for example as an LLMInference system_prompt) to train"
         )
     _check_data(ns, module, err)
+    if ns.demos == "knn":
+        _choose_per_input(ns, module)
     resources: Any = module._bound_resources
     if ns.resources is not None:
         resources = ResourceConfig.load(ns.resources)
@@ -361,25 +381,30 @@ def _make_optimizers(ns: argparse.Namespace, module: Module, resources: Any) -> 
     """The optimizers --optimizer names, in order (sfa when none is named)."""
     from plait.learning import optimizers
     from plait.learning.bootstrap import BootstrapFewShot, demo_parameters
+    from plait.learning.search import DemoSearch
 
     names = ns.optimizer or ["sfa"]
-    if ns.teacher_alias is not None and "bootstrap" not in names:
-        raise UsageError("--teacher-alias goes with --optimizer bootstrap")
+    learns_demos = {"bootstrap", "search"} & set(names)
+    if ns.teacher_alias is not None and not learns_demos:
+        raise UsageError("--teacher-alias goes with --optimizer bootstrap or search")
+    if ns.candidates is not None and not learns_demos:
+        raise UsageError("--candidates goes with --optimizer bootstrap or search")
     if len(set(names)) != len(names):
         raise UsageError(f"--optimizer names one twice ({', '.join(names)}): name each once")
     made: list[Any] = []
     for name in names:
-        if name == "bootstrap":
+        if name in ("bootstrap", "search"):
             if not demo_parameters(module.parameters()):
                 raise UsageError(
-                    f"--optimizer bootstrap: {ns.target} has no demonstrations to learn; build "
+                    f"--optimizer {name}: {ns.target} has no demonstrations to learn; build "
                     "its LLMInference calls with demos=[] (LLMInference(alias, prompt, demos=[]))"
                 )
+            learner = BootstrapFewShot if name == "bootstrap" else DemoSearch
             made.append(
-                BootstrapFewShot(
+                learner(
                     module.parameters(),
                     max_demos=ns.max_demos,
-                    candidates=ns.candidates,
+                    candidates=ns.candidates or (4 if name == "bootstrap" else 16),
                     teacher_alias=ns.teacher_alias,
                     seed=ns.seed,
                 )
@@ -391,6 +416,24 @@ def _make_optimizers(ns: argparse.Namespace, module: Module, resources: Any) -> 
             optimizer.rewriter.max_tokens = ns.optimizer_max_tokens
         made.append(optimizer.bind(resources))
     return made
+
+
+def _choose_per_input(ns: argparse.Namespace, module: Module) -> None:
+    """--demos knn: every call's demonstrations become a pool of the pairs it holds,
+    of which each call is shown the --k most like its input."""
+    from plait.demos import is_pool, knn_demos
+    from plait.learning.bootstrap import demo_parameters
+
+    held = demo_parameters(module.parameters())
+    if not held:
+        raise UsageError(
+            f"--demos knn: {ns.target} has no demonstrations; build its LLMInference calls "
+            "with demos=[] (LLMInference(alias, prompt, demos=[]))"
+        )
+    for param in held:
+        value = param.value
+        pool = value["pool"] if is_pool(value) else value
+        param.value = knn_demos(k=ns.k, pool=pool)
 
 
 def _remove_checkpoint(directory: Path) -> None:

@@ -51,7 +51,8 @@ def request_key(msg: Message, namespace: str = "") -> str:
 
     Provider, base URL and model (not the alias, which is only a local name), the
     messages (system prompt included), temperature, max_tokens, the response
-    schema, and every extra field sent as is (tools, seed, stop, ...).
+    schema, how a label is chosen, and every extra field sent as is (tools, seed,
+    stop, ...).
     """
     request = request_of(msg)
     config = endpoint_config(msg)
@@ -60,18 +61,21 @@ def request_key(msg: Message, namespace: str = "") -> str:
         if request.response_format is not None
         else None
     )
+    fields = {
+        "namespace": namespace,
+        "provider": config.provider,
+        "base_url": config.base_url or "",
+        "model": config.model,
+        "messages": request.messages,
+        "temperature": request.temperature,
+        "max_tokens": request.max_tokens,
+        "schema": schema,
+        "extra": request.extra,
+    }
+    if request.label_method is not None:  # absent, the keys made before it existed hold
+        fields["label_method"] = request.label_method
     return json_digest(
-        {
-            "namespace": namespace,
-            "provider": config.provider,
-            "base_url": config.base_url or "",
-            "model": config.model,
-            "messages": request.messages,
-            "temperature": request.temperature,
-            "max_tokens": request.max_tokens,
-            "schema": schema,
-            "extra": request.extra,
-        },
+        fields,
         default=str,
         compact=True,
         size=32,

@@ -5,7 +5,8 @@
 `Parameter`; an optimizer's ``await step()`` rewrites each parameter from the
 feedback it accumulated; ``snapshot(module)`` freezes every value so a step can
 be kept or rolled back.  `BootstrapFewShot` learns demonstrations
-(``LLMInference(..., demos=[])``) from the runs that passed instead of from feedback.
+(``LLMInference(..., demos=[])``) from the runs that passed instead of from feedback;
+`DemoSearch` searches many demonstration sets by successive halving on validation.
 """
 
 from plait.learning.backward import backward
@@ -28,6 +29,7 @@ from plait.learning.optimizers import (
     SFAOptimizer,
     TextGradOptimizer,
 )
+from plait.learning.search import DemoSearch
 from plait.learning.state import ParameterState, StructureLockedError, lock, merge, snapshot
 from plait.learning.step import TrainingStep
 
@@ -35,6 +37,7 @@ __all__ = [
     "BootstrapFewShot",
     "CompositeLoss",
     "Contains",
+    "DemoSearch",
     "ExactMatch",
     "Feedback",
     "FunctionLoss",

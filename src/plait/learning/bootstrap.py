@@ -31,11 +31,11 @@ from __future__ import annotations
 import asyncio
 import copy
 import random
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from plait.demos import normalize_demos
+from plait.demos import is_pool, normalize_demos
 from plait.effects import Message
 from plait.handlers.calls import CallLog, CallRecord
 from plait.inference import LLMInference
@@ -84,6 +84,12 @@ class TrainingBatch:
     traces: list[Trace] | None
     loss_fn: Module
     evaluate: Callable[[], Awaitable[float]] | None = None
+    #: Each validation example's score, for the examples at the given positions, with
+    #: the values of the moment (None without a validation set): what a search scores
+    #: candidates with, a few examples at a time.
+    score_examples: Callable[[Sequence[int]], Awaitable[list[float]]] | None = None
+    #: How many validation examples there are (0 without a validation set).
+    val_size: int = 0
 
 
 def demo_parameters(params: Iterable[Parameter]) -> list[Parameter]:
@@ -201,6 +207,11 @@ class BootstrapFewShot:
     whose runs supply the traces; ``teacher_alias``: run a copy of the pipeline
     with every call on this alias instead (a stronger model).  Without either,
     the Trainer's own minibatch runs are used.  ``seed`` fixes the sampling.
+    ``stage_targets`` gives inner stages labelled pairs too: a stage's module path
+    (``"extract"``) -> a function of an example's target returning what that stage
+    should answer (``lambda target: target.split()[1]``); each run then pairs the
+    stage's recorded input with it, as the last stage's input is paired with the
+    target itself.
     """
 
     #: The Trainer skips the backward pass when no optimizer of a step needs feedback.
@@ -216,16 +227,17 @@ class BootstrapFewShot:
         teacher: Module | None = None,
         teacher_alias: str | None = None,
         seed: int = 0,
+        stage_targets: Mapping[str, Callable[[Any], Any]] | None = None,
     ) -> None:
         if isinstance(params, Module):
             raise TypeError(
-                "BootstrapFewShot() takes parameters, not a module: module.parameters()"
+                f"{type(self).__name__}() takes parameters, not a module: module.parameters()"
             )
         given = list(params)
         held = demo_parameters(given)
         if not held:
             raise ValueError(
-                "BootstrapFewShot found no demonstrations to learn among "
+                f"{type(self).__name__} found no demonstrations to learn among "
                 f"{len(given)} parameter(s): give the LLMInference calls that should learn "
                 "from examples demos=[] (LLMInference(alias, system_prompt, demos=[]))"
             )
@@ -237,6 +249,17 @@ class BootstrapFewShot:
         if teacher is not None and not isinstance(teacher, Module):
             raise TypeError(f"teacher must be a plait Module, got {type(teacher).__name__}")
         self.params: list[Parameter] = list({id(p): p for p in held}.values())
+        self.stage_targets = dict(stage_targets or {})
+        known = sorted(self._paths().values())
+        unknown = [path for path in self.stage_targets if path not in known]
+        if unknown:
+            raise ValueError(
+                f"stage_targets names {', '.join(map(repr, unknown))}, which is no stage with "
+                f"demonstrations; the stages are {', '.join(map(repr, known))}"
+            )
+        bad = [path for path, fn in self.stage_targets.items() if not callable(fn)]
+        if bad:
+            raise TypeError(f"stage_targets[{bad[0]!r}] must be a function of an example's target")
         self.max_demos = max_demos
         self.threshold = float(threshold)
         self.candidates = candidates
@@ -285,6 +308,11 @@ class BootstrapFewShot:
             final = _final_call(mine, trace.output)
             if final is not None:
                 self.labelled.setdefault(final[0], {})[final[1].input] = target
+            for path, call in mine:
+                if path in self.stage_targets:
+                    self.labelled.setdefault(path, {})[call.input] = self._stage_target(
+                        path, target
+                    )
 
     async def step(self) -> dict[str, Any]:
         """Install the best of ``candidates`` demonstration sets; new values by name."""
@@ -330,7 +358,13 @@ class BootstrapFewShot:
     def _candidate(self, stages: dict[str, Parameter], rng: random.Random) -> dict[str, Any]:
         """One demonstration set per stage: bootstrapped pairs first, labelled ones after."""
         chosen: dict[str, Any] = {}
-        for path in stages:
+        for path, param in stages.items():
+            if is_pool(param.value):  # chosen from per input: every pair is a candidate
+                pairs = self._pairs(path)
+                if pairs:
+                    where = f"the demonstrations for {path}"
+                    chosen[path] = {"pool": normalize_demos(pairs, where), "k": param.value["k"]}
+                continue
             passed = list(self.passed.get(path, {}).items())
             rng.shuffle(passed)
             picked = passed[: self.max_demos]
@@ -342,6 +376,22 @@ class BootstrapFewShot:
             if picked:
                 chosen[path] = normalize_demos(picked, f"the demonstrations for {path}")
         return chosen
+
+    def _stage_target(self, path: str, target: Any) -> Any:
+        try:
+            return self.stage_targets[path](target)
+        except Exception as exc:
+            raise ValueError(
+                f"stage_targets[{path!r}] failed on the target {target!r}: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+
+    def _pairs(self, path: str) -> list[tuple[Any, Any]]:
+        """Every pair gathered for the stage at ``path``: bootstrapped ones first (oldest
+        first), then labelled ones whose input no bootstrapped pair has."""
+        passed = self.passed.get(path, {})
+        labelled = [(i, o) for i, o in self.labelled.get(path, {}).items() if i not in passed]
+        return [*passed.items(), *labelled]
 
     def _teacher(self, batch: TrainingBatch) -> Module:
         """The module whose runs supply traces: the teacher, or the pipeline itself

@@ -68,6 +68,9 @@ class Trial:
     rejected: dict[str, str] = field(default_factory=dict)
     #: Validation scores of the candidates the optimizer chose among (bootstrap).
     candidates: list[float] = field(default_factory=list)
+    #: A searching optimizer's account of its step (`DemoSearch.search_report`): every
+    #: candidate's scores at each rung, the finalists, the paired comparison.
+    search: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -54,7 +54,7 @@ import math
 import os
 import random
 import shutil
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -466,22 +466,34 @@ class Trainer:
         examples = self.val_data if data is None else load_examples(data)
         if not examples:
             raise TrainerError("nothing to evaluate: no validation set was given")
-        if self._manager is not None:
-            return await self._evaluate(examples)
-        from plait.execution.settings import ExecutionSettings
-        from plait.resources.manager import ResourceManager
+        scores = await self._scored(examples)
+        return sum(scores) / len(scores)
 
-        async with ExecutionSettings(resources=ResourceManager.coerce(self.resources)):
-            return await self._evaluate(examples)
+    async def score_examples(self, positions: Sequence[int]) -> list[float]:
+        """The loss score of each validation example at ``positions``, in that order,
+        with the values of the moment (what a search scores candidates with)."""
+        if not self.val_data:
+            raise TrainerError("nothing to score: no validation set was given")
+        return await self._scored([self.val_data[i] for i in positions]) if positions else []
 
-    async def _evaluate(self, examples: list[Example]) -> float:
+    async def _scored(self, examples: list[Example]) -> list[float]:
+        """Each example's loss score, in eval mode, the calls going to the trainer's
+        ``resources`` inside `fit` or outside it."""
+        if self._manager is None:
+            from plait.execution.settings import ExecutionSettings
+            from plait.resources.manager import ResourceManager
+
+            async with ExecutionSettings(resources=ResourceManager.coerce(self.resources)):
+                return await self._scored_here(examples)
+        return await self._scored_here(examples)
+
+    async def _scored_here(self, examples: list[Example]) -> list[float]:
         self.step_module.eval()
         results = await self._pass(examples, train=False)
-        scores = [
+        return [
             _score(result, self.step_module, example)
             for result, example in zip(results, examples, strict=True)
         ]
-        return sum(scores) / len(scores)
 
     def _backend(self) -> TrainingBackend:
         """Where the passes run: this process, or Ray workers with ``workers`` or
@@ -579,6 +591,8 @@ class Trainer:
             traces=traces,
             loss_fn=self.loss_fn,
             evaluate=self.evaluate if self.val_data is not None else None,
+            score_examples=self.score_examples if self.val_data is not None else None,
+            val_size=len(self.val_data or ()),
         )
         trials = [await self._trial(optimizer, view) for optimizer in self.optimizers]
         improved = any(trial.kept and trial.val_score is not None for trial in trials)
@@ -651,6 +665,7 @@ class Trainer:
             kept=True,
             rejected=rejected,
             candidates=list(getattr(optimizer, "candidate_scores", None) or []),
+            search=dict(getattr(optimizer, "search_report", None) or {}),
         )
         if self.val_data is None:
             return trial

@@ -166,6 +166,13 @@ class AnthropicProvider:
                 if marked_system and mark is not None
                 else joined
             )
+        if request.label_method not in (None, "grammar"):
+            raise ProviderError(
+                f"label_method={request.label_method!r} scores labels by their "
+                "log-probabilities, which Anthropic's API does not return: leave label_method "
+                "unset (the labels go as a tool schema with an enum) or use an OpenAI-"
+                "compatible or the embedded model"
+            )
         if request.response_format is not None:
             name = schema_name(request.response_format)
             params["tools"] = [

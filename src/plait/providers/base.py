@@ -65,6 +65,9 @@ class LLMRequest:
     #: The call site's name for prompt-cache routing (OpenAI's ``prompt_cache_key``);
     #: not part of the fingerprint either.
     cache_key: str | None = None
+    #: For a ``response_format`` of labels: how the label is chosen ("grammar",
+    #: "logprob", "calibrated"; None: the provider's default), `plait.labels`.
+    label_method: str | None = None
 
     @property
     def prompt_text(self) -> str:
@@ -80,6 +83,8 @@ class LLMRequest:
             canonical_schema_json(self.response_format) if self.response_format is not None else ""
         )
         parts = [model, self.alias, self.messages, self.temperature, self.max_tokens, schema]
+        if self.label_method is not None:  # absent, the keys made before it existed hold
+            parts.append(self.label_method)
         return digest([*parts, self.extra], fallback=str)
 
 
@@ -120,6 +125,9 @@ class LLMResponse:
     #: (``extra={"logprobs": True, "top_logprobs": k}``): one ``{"token", "logprob",
     #: "top"}`` per token, ``top`` the k likeliest alternatives as ``{"token", "logprob"}``.
     logprobs: list[dict[str, Any]] | None = None
+    #: For a label chosen by its log-probability (`plait.labels`): each label's
+    #: probability, over the labels (calibrated ones when calibrating).
+    label_scores: dict[str, float] | None = None
 
     @property
     def payload(self) -> Any:

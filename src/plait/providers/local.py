@@ -46,12 +46,14 @@ import json
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from plait.labels import DEFAULT_LOCAL_METHOD, label_choices
 from plait.providers.base import LLMRequest, LLMResponse, ProviderError, Usage, logprobs_of
+from plait.providers.scoring import LabelPriors, score_labels
 from plait.resources.config import ConfigurationError, EndpointConfig
 from plait.structured import json_schema_format
 
@@ -67,6 +69,10 @@ __all__ = [
 #: Completion budget when a request sets none: a 135M model left unbounded can ramble
 #: until the context is full, which at ~75 tokens/s is half a minute per call.
 DEFAULT_MAX_TOKENS = 256
+#: Alternatives asked for when labels are scored by log-probability: enough that a
+#: label the model puts far below its favourite sentence openings is still listed
+#: (llama.cpp ranks the whole vocabulary anyway; listing 1000 costs ~1 ms).
+LABEL_TOP_K = 1000
 
 #: The PyPI package whose directory holds the default model (a plugin for the `llm`
 #: tool: it is located on disk and never imported, since importing it needs `llm`).
@@ -288,6 +294,8 @@ class LocalProvider:
         _require_runtime()
         self.model_name = config.model or self.model_path.stem
         self._key = (str(self.model_path), config.context_length)
+        #: Content-free label priors measured for ``"calibrated"`` label calls.
+        self._priors = LabelPriors()
 
     def __repr__(self) -> str:
         return f"LocalProvider(model={self.model_name!r}, path={str(self.model_path)!r})"
@@ -303,7 +311,10 @@ class LocalProvider:
         }
         if request.temperature is not None:
             body["temperature"] = request.temperature
-        if request.response_format is not None:
+        labels = label_choices(request.response_format)
+        if labels is not None:  # the "grammar" method; the scoring ones ask for one token
+            body["grammar"] = choice_grammar(list(labels))
+        elif request.response_format is not None:
             body["response_format"] = json_schema_format(request.response_format)
         # A slot's cached prompt is reused unless the alias wants reproducible answers.
         body["cache_prompt"] = self.config.prompt_caching
@@ -314,6 +325,22 @@ class LocalProvider:
         return body
 
     async def send(self, request: LLMRequest) -> LLMResponse:
+        method = request.label_method or DEFAULT_LOCAL_METHOD
+        if method != "grammar" and request.response_format is not None:
+            labels = label_choices(request.response_format)
+            if labels is not None:
+                return await score_labels(
+                    self._send,
+                    request,
+                    labels,
+                    method,
+                    top_k=LABEL_TOP_K,
+                    priors=self._priors,
+                    fallback=lambda: self._send(replace(request, label_method="grammar")),
+                )
+        return await self._send(request)
+
+    async def _send(self, request: LLMRequest) -> LLMResponse:
         body = self._body(request)
         model = _models.get(self._key)
         if model is None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+from dataclasses import replace
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
@@ -18,6 +19,7 @@ import orjson
 from multidict import CIMultiDict
 
 from plait._secrets import redact_url, register, scrub
+from plait.labels import label_choices
 from plait.providers.base import (
     LLMRequest,
     LLMResponse,
@@ -27,12 +29,15 @@ from plait.providers.base import (
     status_error,
 )
 from plait.providers.http import current_session, get_session
+from plait.providers.scoring import LabelPriors, score_labels
 from plait.resources.config import EndpointConfig
 from plait.structured import json_schema_format
 
 __all__ = ["OpenAIProvider"]
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
+#: The most alternatives per token OpenAI lists (``top_logprobs``).
+OPENAI_TOP_LOGPROBS = 20
 
 
 class OpenAIProvider:
@@ -53,6 +58,8 @@ class OpenAIProvider:
             register(basic)
             self._headers["Authorization"] = f"Basic {basic}"
         self._timeout = aiohttp.ClientTimeout(total=config.timeout)
+        #: Content-free label priors measured for ``"calibrated"`` label calls.
+        self._priors = LabelPriors()
 
     def __repr__(self) -> str:
         return f"OpenAIProvider(model={self.config.model!r}, url={self.shown_url!r})"
@@ -78,6 +85,29 @@ class OpenAIProvider:
         return body
 
     async def send(self, request: LLMRequest) -> LLMResponse:
+        if request.label_method is not None and request.label_method != "grammar":
+            return await self._send_scored(request)
+        return await self._send(request)
+
+    async def _send_scored(self, request: LLMRequest) -> LLMResponse:
+        """A label chosen by log-probability (`plait.labels`); the schema request
+        (an ``enum``) when the endpoint lists no label among its alternatives."""
+        labels = label_choices(request.response_format)
+        if labels is None:
+            raise ProviderError(
+                f"label_method={request.label_method!r} needs a response_format of labels"
+            )
+        return await score_labels(
+            self._send,
+            request,
+            labels,
+            request.label_method or "logprob",
+            top_k=OPENAI_TOP_LOGPROBS,
+            priors=self._priors,
+            fallback=lambda: self._send(replace(request, label_method="grammar")),
+        )
+
+    async def _send(self, request: LLMRequest) -> LLMResponse:
         # One coroutine for the whole attempt (every frame of a call's await chain is
         # stepped again at each of its suspensions), and the session looked up without
         # one when this loop already has it.

@@ -63,6 +63,12 @@ class OpenAIBatchAPI:
         self.shown_url = self.provider.shown_url
 
     def line(self, custom_id: str, request: LLMRequest) -> bytes:
+        if request.label_method not in (None, "grammar"):
+            raise ProviderError(
+                f"label_method={request.label_method!r} scores labels from a reply's "
+                "log-probabilities, one request at a time, which a batch cannot do: run "
+                "without --batch-api, or use label_method='grammar' (an enum schema)"
+            )
         body = self.provider._payload(request)
         body.pop("service_tier", None)  # a batch is its own tier
         return _dumps({"custom_id": custom_id, "method": "POST", "url": _ROUTE, "body": body})

@@ -32,7 +32,7 @@ from plait.resources.config import EndpointConfig
 from plait.resources.limits import Priority, PriorityLimiter
 from plait.resources.rate import RateGovernor
 from plait.resources.usage import AliasUsage
-from plait.structured import parse_reply
+from plait.structured import parse_reply, reask_instruction
 
 __all__ = [
     "AdmissionGate",
@@ -197,8 +197,8 @@ class Endpoint:
                     {
                         "role": "user",
                         "content": (
-                            f"That reply is not valid: {first_error}. Answer again with only "
-                            "JSON that matches the schema."
+                            f"That reply is not valid: {first_error}. "
+                            + reask_instruction(request.response_format)
                         ),
                     },
                 ],

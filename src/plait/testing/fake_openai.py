@@ -17,7 +17,11 @@ Replies are a pure function of the request so that tests can predict them:
 * ``[[sample:N]]`` makes the reply a sample: `` ~draw K`` is appended, K in ``[0, N)``
   drawn from the request's integer ``seed`` (the same seed, the same K) or, without
   one, from the server's own random stream (as a real sampler would);
-* a JSON-schema ``response_format`` yields a minimal instance of the schema.
+* a JSON-schema ``response_format`` yields a minimal instance of the schema;
+* ``"logprobs": true`` adds each reply word's log-probability (-0.1) and, with
+  ``top_logprobs`` (at most 20, as OpenAI allows), that many alternatives; the
+  directive ``[[top:TOKEN LOGPROB|TOKEN LOGPROB|...]]`` sets the first token's
+  alternatives (the likeliest is the reply), for tests of scoring by log-probability.
 
 A wrong API key gets a 401 (``"Incorrect API key provided."``); with ``quote_key_in_401``
 set, the message quotes the key the request sent, as some real providers do, so a test can
@@ -130,7 +134,7 @@ class PlaceholderLog:
         return {"total": self.total, "requests": list(self.records)}
 
 
-_DIRECTIVE = re.compile(r"\[\[(status|latency_ms|reply|gate|sample):(.*?)\]\]", re.DOTALL)
+_DIRECTIVE = re.compile(r"\[\[(status|latency_ms|reply|gate|sample|top):(.*?)\]\]", re.DOTALL)
 _JSON_HEADERS: Final = {"Content-Type": "application/json"}
 _MAX_SCHEMA_DEPTH: Final = 64
 # Values for string formats that pydantic validates, so structured replies parse as models.
@@ -579,7 +583,7 @@ def _content_text(content: Any) -> str:
 
 
 class _Directives:
-    __slots__ = ("gate", "latency_ms", "reply", "sample", "status", "text")
+    __slots__ = ("gate", "latency_ms", "reply", "sample", "status", "text", "top")
 
     def __init__(self, text: str) -> None:
         self.gate: str | None = None
@@ -587,6 +591,7 @@ class _Directives:
         self.status: int | None = None
         self.latency_ms: float | None = None
         self.reply: str | None = None
+        self.top: list[tuple[str, float]] | None = None
         self.text = text
         if "[[" not in text:
             return
@@ -613,6 +618,8 @@ class _Directives:
                 if not value.strip():
                     raise _BadRequest("[[gate:NAME]] needs a name")
                 self.gate = value.strip()
+            elif name == "top":
+                self.top = _top_directive(value)
             elif name == "sample":
                 if not (value.isascii() and value.isdigit() and int(value) >= 1):
                     raise _BadRequest("[[sample:N]] needs a positive integer N")
@@ -622,6 +629,44 @@ class _Directives:
         if found:
             # Directives are usually appended to a prompt with a space; drop that padding too.
             self.text = _DIRECTIVE.sub("", text).strip()
+
+
+def _top_directive(value: str) -> list[tuple[str, float]]:
+    """``[[top:TOKEN LOGPROB|...]]`` as (token, logprob) pairs, likeliest first."""
+    pairs: list[tuple[str, float]] = []
+    for item in value.split("|"):
+        token, _, number = item.strip().rpartition(" ")
+        try:
+            logprob = float(number)
+        except ValueError:
+            raise _BadRequest(f"invalid directive [[top:{value}]]: TOKEN LOGPROB|...") from None
+        if not token or logprob > 0:
+            raise _BadRequest(f"invalid directive [[top:{value}]]: TOKEN LOGPROB|...")
+        pairs.append((token, logprob))
+    return sorted(pairs, key=lambda pair: -pair[1])
+
+
+def _logprobs(plan: _Plan, text: str) -> dict[str, Any]:
+    """The ``logprobs`` of a choice: each word of ``text`` a token, or the first token's
+    alternatives as ``[[top:...]]`` set them."""
+    k = plan.top_logprobs or 0
+    top = plan.directives.top
+    if top is not None:
+        entries = [{"token": t, "logprob": lp, "bytes": None} for t, lp in top[:k]]
+        first = {"token": top[0][0], "logprob": top[0][1], "bytes": None, "top_logprobs": entries}
+        return {"content": [first]}
+    words = re.findall(r"\S+\s*", text)
+    return {
+        "content": [
+            {
+                "token": word,
+                "logprob": -0.1,
+                "bytes": None,
+                "top_logprobs": [{"token": word, "logprob": -0.1, "bytes": None}][:k],
+            }
+            for word in words
+        ]
+    }
 
 
 class FakeOpenAIApp:
@@ -877,18 +922,19 @@ class FakeOpenAIApp:
         text, finish_reason = plan.reply()
         completion_tokens = estimate_tokens(len(text))
         self._completions += 1
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "finish_reason": finish_reason,
+        }
+        if plan.top_logprobs is not None:
+            choice["logprobs"] = _logprobs(plan, text)
         payload = {
             "id": f"chatcmpl-{self._completions}",
             "object": "chat.completion",
             "created": int(time.time()),
             "model": plan.model,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": text},
-                    "finish_reason": finish_reason,
-                }
-            ],
+            "choices": [choice],
             "usage": {
                 "prompt_tokens": plan.prompt_tokens,
                 "completion_tokens": completion_tokens,
@@ -967,6 +1013,7 @@ class _Plan:
         "service_tier",
         "structured",
         "system",
+        "top_logprobs",
     )
 
     def __init__(
@@ -993,12 +1040,16 @@ class _Plan:
         self.max_tokens = max_tokens
         #: The ``service_tier`` asked for (None: the default tier).
         self.service_tier: str | None = None
+        #: With ``logprobs`` asked for: how many alternatives per token (else None).
+        self.top_logprobs: int | None = None
 
     def reply(self) -> tuple[str, str]:
         if self.directives.reply is not None:
             text = self.directives.reply
         elif self.structured is not None:
             text = self.structured
+        elif self.directives.top is not None:
+            text = self.directives.top[0][0]
         elif self.system is not None:
             text = f"[{self.system}] {self.directives.text}"
         else:
@@ -1077,6 +1128,13 @@ def _plan_body(body: Any) -> _Plan:
         model, system, directives, structured, max_tokens, seed, estimate_tokens(chars), key
     )
     plan.service_tier = tier
+    if body.get("logprobs"):
+        k = body.get("top_logprobs", 0)
+        if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= 20:
+            raise _BadRequest("top_logprobs must be an integer between 0 and 20")
+        plan.top_logprobs = k
+    elif body.get("top_logprobs") is not None:
+        raise _BadRequest("logprobs must be true when top_logprobs is set")
     return plan
 
 

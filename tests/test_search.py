@@ -1,0 +1,337 @@
+"""`DemoSearch` (issue 24 point 3): many demonstration sets scored by successive halving
+on validation, the best compared with the incumbent example by example, and the
+Trainer's gate unchanged.
+
+As in ``test_bootstrap.py`` the model's replies are the test's, through plait's `mock`
+handler, as a function of the request (so of the demonstrations it shows): the
+outcome of each candidate is known, and the search must find the good one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import plait
+from plait.handlers import mock
+from plait.learning import DemoSearch
+from plait.learning.bootstrap import BootstrapFewShot
+from plait.learning.losses import ExactMatch
+from plait.learning.search import paired_interval
+from plait.learning.trainer import Trainer
+from plait.providers.base import LLMRequest
+from plait.testing import FakeOpenAIServer
+
+from .conftest import plait_cli
+from .test_bootstrap import write_target
+
+
+def numbers(start: int, count: int) -> list[tuple[str, str]]:
+    return [(f"please ship item {n} today", str(n)) for n in range(start, start + count)]
+
+
+def number_in(text: str) -> str:
+    found = re.findall(r"\d+", text)
+    return found[-1] if found else ""
+
+
+def shown_inputs(request: LLMRequest) -> list[str]:
+    return [m["content"] for m in request.messages[:-1] if m["role"] == "user"]
+
+
+class Extract(plait.Module):
+    def __init__(self, demos: Any = None) -> None:
+        super().__init__()
+        self.llm = plait.LLMInference("fast", "Give the item number.", demos=demos or [])
+
+    def forward(self, text: str) -> Any:
+        return self.llm(text)
+
+
+#: The one training input whose demonstration teaches the (mock) model the task.
+KEY = "please ship item 7 today"
+
+
+def right_only_with_the_key(request: LLMRequest) -> str:
+    number = number_in(request.prompt_text)
+    return number if KEY in shown_inputs(request) else "unsure"
+
+
+def search_run(model: Extract, optimizer: Any, resources: plait.ResourceConfig) -> Any:
+    trainer = Trainer(
+        model,
+        ExactMatch(),
+        optimizer,
+        numbers(1, 16),
+        numbers(100, 12),
+        batch_size=16,
+        max_steps=1,
+        resources=resources,
+    )
+    with mock({"fast": right_only_with_the_key}, strict=True):
+        return trainer.fit_sync()
+
+
+def test_the_search_finds_the_one_good_set_among_many(resources: plait.ResourceConfig) -> None:
+    model = Extract()
+    search = DemoSearch(model.parameters(), candidates=24, max_demos=2, seed=0)
+    history = search_run(model, search, resources)
+    assert history.initial_val_score == 0.0 and history.best_val_score == 1.0
+    assert KEY in [pair["input"] for pair in model.llm.demos.value]
+    (trial,) = history.steps[0].trials
+    report = trial["search"]
+    rungs = report["rungs"]
+    # Successive halving: all candidates on a few examples, fewer on more, all on the end.
+    assert rungs[0]["examples"] == 4 and len(rungs[0]["scores"]) == report["candidates"]
+    assert [r["examples"] for r in rungs] == sorted(r["examples"] for r in rungs)
+    assert rungs[-1]["examples"] == 12
+    assert len(rungs[-1]["scores"]) < len(rungs[0]["scores"])
+    comparison = report["comparison"]
+    assert comparison["accepted"] is True and comparison["mean_difference"] == 1.0
+    assert comparison["interval_95"][0] > 0 and comparison["wins"] == 12
+    # The gate judged it as every update: kept because validation rose.
+    assert trial["kept"] is True and trial["val_score"] == 1.0
+
+
+def test_halving_scores_many_sets_for_a_fraction_of_full_validation(
+    resources: plait.ResourceConfig,
+) -> None:
+    """Halving scores 25 candidates for well under what scoring each on all of
+    validation would cost."""
+    model = Extract()
+    history = search_run(model, DemoSearch(model.parameters(), candidates=24), resources)
+    report = history.steps[0].trials[0]["search"]
+    scored = sum(len(rung["scores"]) for rung in report["rungs"])
+    assert report["candidates"] == 25  # the incumbent and 24 proposals
+    example_runs = sum(
+        (rung["examples"] - previous) * len(rung["scores"])
+        for rung, previous in zip(
+            report["rungs"], [0] + [r["examples"] for r in report["rungs"]], strict=False
+        )
+    )
+    assert example_runs <= 0.6 * 25 * 12 and scored > 25
+
+
+def test_nothing_is_installed_when_no_candidate_beats_the_incumbent(
+    resources: plait.ResourceConfig,
+) -> None:
+    def worse_when_shown(request: LLMRequest) -> str:
+        return "no idea" if shown_inputs(request) else number_in(request.prompt_text)
+
+    model = Extract()
+    search = DemoSearch(model.parameters(), candidates=8)
+    trainer = Trainer(
+        model,
+        ExactMatch(),
+        search,
+        numbers(1, 8),
+        numbers(50, 8),
+        batch_size=8,
+        resources=resources,
+    )
+    with mock({"fast": worse_when_shown}, strict=True):
+        history = trainer.fit_sync()
+    (record,) = history.steps
+    assert record.trials[0]["search"]["comparison"]["accepted"] is False
+    assert record.kept is False and model.llm.demos.value == []
+    assert history.best_val_score == 1.0
+
+
+def test_require_confidence_refuses_a_gain_the_interval_does_not_support(
+    resources: plait.ResourceConfig,
+) -> None:
+    def one_better(request: LLMRequest) -> str:
+        # Shown anything, the model gets item 100 right too, and nothing else changes.
+        number = number_in(request.prompt_text)
+        right = int(number) % 2 == 0 or (number == "101" and shown_inputs(request))
+        return number if right else "unsure"
+
+    model = Extract()
+    search = DemoSearch(model.parameters(), candidates=4, require_confidence=True)
+    trainer = Trainer(
+        model,
+        ExactMatch(),
+        search,
+        numbers(1, 8),
+        numbers(100, 12),
+        batch_size=8,
+        resources=resources,
+    )
+    with mock({"fast": one_better}, strict=True):
+        history = trainer.fit_sync()
+    comparison = history.steps[0].trials[0]["search"]["comparison"]
+    assert comparison["mean_difference"] > 0 and comparison["interval_95"][0] == 0.0
+    assert comparison["accepted"] is False and model.llm.demos.value == []
+
+
+def test_a_pool_chosen_per_input_is_searched_over_k(resources: plait.ResourceConfig) -> None:
+    model = Extract(plait.knn_demos(k=8))
+    history = search_run(model, DemoSearch(model.parameters(), k_choices=(1, 2, 4)), resources)
+    value = model.llm.demos.value
+    assert value["k"] in (1, 2, 4) and len(value["pool"]) == 16
+    assert history.best_val_score is not None and history.best_val_score > 0
+
+
+def test_two_searches_at_once_find_what_each_finds_alone(resources: plait.ResourceConfig) -> None:
+    def trainer_for(model: Extract, seed: int) -> Trainer:
+        return Trainer(
+            model,
+            ExactMatch(),
+            DemoSearch(model.parameters(), candidates=12, max_demos=2, seed=seed),
+            numbers(1, 16),
+            numbers(100, 12),
+            batch_size=16,
+            max_steps=1,
+            resources=resources,
+        )
+
+    alone = [Extract(), Extract()]
+    with mock({"fast": right_only_with_the_key}, strict=True):
+        for seed, model in enumerate(alone):
+            trainer_for(model, seed).fit_sync()
+
+    together = [Extract(), Extract()]
+
+    async def both() -> None:
+        await asyncio.gather(
+            *(trainer_for(model, seed).fit() for seed, model in enumerate(together))
+        )
+
+    with mock({"fast": right_only_with_the_key}, strict=True):
+        asyncio.run(both())
+    assert [m.llm.demos.value for m in together] == [m.llm.demos.value for m in alone]
+
+
+def test_without_validation_it_behaves_as_bootstrap(resources: plait.ResourceConfig) -> None:
+    picked = []
+    for optimizer in (DemoSearch, BootstrapFewShot):
+        model = Extract()
+        trainer = Trainer(
+            model,
+            ExactMatch(),
+            optimizer(model.parameters(), candidates=1, max_demos=2),
+            numbers(1, 8),
+            batch_size=8,
+            resources=resources,
+        )
+        with mock({"fast": right_only_with_the_key}, strict=True):
+            trainer.fit_sync()
+        picked.append(model.llm.demos.value)
+    assert picked[0] and picked[0] == picked[1]
+
+
+def test_the_paired_interval_brackets_the_mean_difference() -> None:
+    low, high = paired_interval([1.0] * 5 + [0.0] * 15, random.Random(0))
+    assert 0.0 <= low < 0.25 < high <= 0.5
+    assert paired_interval([0.0] * 10, random.Random(0)) == (0.0, 0.0)
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"eta": 1}, "eta must be at least 2"),
+        ({"min_examples": 0}, "min_examples must be a positive integer"),
+        ({"k_choices": (0,)}, "k_choices must be positive integers"),
+    ],
+)
+def test_bad_settings_are_refused_naming_them(settings: dict[str, Any], message: str) -> None:
+    model = Extract()
+    with pytest.raises(ValueError, match=message):
+        DemoSearch(model.parameters(), **settings)
+
+
+class Triage(plait.Module):
+    """Find the item number (stage ``find``), then say it back (stage ``say``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.find = plait.LLMInference("fast", "Find the item number.", demos=[])
+        self.say = plait.LLMInference("fast", "Say it back.", demos=[])
+
+    def forward(self, text: str) -> Any:
+        return self.say(f"Item: {self.find(text)}")
+
+
+def each_stage_needs_its_own_demos(request: LLMRequest) -> str:
+    """`find` is right only when shown a pair that answers a number; `say` only when
+    shown a pair whose answer is the number it was given."""
+    number = number_in(request.prompt_text)
+    system = request.messages[0]["content"]
+    shown = [m["content"] for m in request.messages if m["role"] == "assistant"]
+    if system.startswith("Find"):
+        return number if any(s.isdigit() for s in shown) else "I think it is " + number
+    return number if shown and all(s.isdigit() for s in shown) else "item " + number
+
+
+def test_stage_targets_give_an_inner_stage_labelled_pairs(
+    resources: plait.ResourceConfig,
+) -> None:
+    model = Triage()
+    search = DemoSearch(
+        model.parameters(), candidates=8, max_demos=2, stage_targets={"find": lambda t: t}
+    )
+    trainer = Trainer(
+        model,
+        ExactMatch(),
+        search,
+        numbers(1, 8),
+        numbers(100, 8),
+        batch_size=8,
+        resources=resources,
+    )
+    with mock({"fast": each_stage_needs_its_own_demos}, strict=True):
+        history = trainer.fit_sync()
+    assert history.initial_val_score == 0.0 and history.best_val_score == 1.0
+    assert all(pair["output"].isdigit() for pair in model.find.demos.value)
+    assert all(pair["output"].isdigit() for pair in model.say.demos.value)
+
+
+def test_stage_targets_naming_no_stage_is_refused_naming_the_stages() -> None:
+    model = Triage()
+    with pytest.raises(ValueError, match=r"'found'.*the stages are 'find', 'say'"):
+        DemoSearch(model.parameters(), stage_targets={"found": lambda t: t})
+
+
+def test_plait_train_searches_per_input_demonstrations_from_the_shell(
+    server: FakeOpenAIServer, tmp_path: Path
+) -> None:
+    target, resources = write_target(tmp_path, server)
+    data = tmp_path / "data.jsonl"
+    data.write_text(
+        "".join(json.dumps({"input": f"w{n}", "target": f"w{n}"}) + "\n" for n in range(6))
+    )
+    out = tmp_path / "out"
+    result = plait_cli(
+        "train", target, "--data", data, "--val", data, "--resources", resources,
+        "--optimizer", "search", "--demos", "knn", "--k", "2", "--candidates", "6",
+        "--out", out, "--batch-size", "6", "-q",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    (step,) = json.loads((out / "history.json").read_text())["steps"]
+    (trial,) = step["trials"]
+    assert trial["optimizer"] == "DemoSearch"
+    report = trial["search"]
+    assert report["candidates"] >= 2 and report["rungs"][-1]["examples"] == 6
+    # Every run already passes (the fake echoes): nothing beats the incumbent.
+    assert report["comparison"]["accepted"] is False
+    assert json.loads((out / "parameters.json").read_text())["llm.demos"]["k"] == 2
+
+
+def test_plait_train_demos_knn_without_demonstrations_is_a_usage_error(
+    server: FakeOpenAIServer, tmp_path: Path
+) -> None:
+    target, resources = write_target(tmp_path, server, demos=False)
+    data = tmp_path / "data.jsonl"
+    data.write_text(json.dumps({"input": "a", "target": "a"}) + "\n")
+    result = plait_cli(
+        "train", target, "--data", data, "--resources", resources, "--demos", "knn",
+        "--out", tmp_path / "out",
+    )  # fmt: skip
+    assert result.returncode == 2 and "--demos knn" in result.stderr
+    assert "demos=[]" in result.stderr
