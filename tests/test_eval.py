@@ -258,3 +258,109 @@ def test_eval_seed_gives_every_example_its_own_seeds(project: Path, server: Any)
     assert len(set(outputs)) == 3, outputs
     sent = [record["body"].get("seed") for record in server.stats(bodies=True)["requests"]]
     assert len(sent) == 3 and len(set(sent)) == 3 and None not in sent
+
+
+# -- the confusion table of a classification -------------------------------------------
+LABELLED = [
+    {"input": "a [[reply:Spam]]", "target": "spam"},
+    {"input": "b [[reply:spam]]", "target": "spam"},
+    {"input": "c [[reply:ham]]", "target": "spam"},
+    {"input": "d [[reply:ham]]", "target": "Ham"},
+    {"input": "e [[reply: HAM ]]", "target": "ham"},
+    {"input": "f [[reply:maybe]]", "target": "ham"},  # none of the labels
+    {"input": "g [[status:400]]", "target": "ham"},  # the pipeline fails
+    {"input": "h [[reply:eggs]]", "target": "eggs"},
+]
+HEADER = ["eggs", "ham", "spam", "(other)", "(error)", "support", "precision", "recall", "F1"]
+
+
+def confusion_rows(stdout: str) -> dict[str, list[str]]:
+    """The printed table's cells, by true label; checks its header on the way."""
+    headers = [line for line in stdout.splitlines() if line.startswith("┃")]
+    assert len(headers) == 1, stdout
+    assert [cell.strip() for cell in headers[0].strip("┃").split("┃")] == ["true label", *HEADER]
+    rows = {}
+    for line in stdout.splitlines():
+        if line.startswith("│"):
+            label, *cells = (cell.strip() for cell in line.strip("│").split("│"))
+            rows[label] = cells
+    return rows
+
+
+def test_a_classification_gets_a_confusion_table_and_its_json(server: Any, project: Path) -> None:
+    data = write_jsonl(project / "data.jsonl", LABELLED)
+    report = project / "report.json"
+    run = evaluate(project, "--data", data, "-q", "--report", report)
+    assert run.returncode == 1, run.stderr  # one example failed
+    assert "mean 0.6250 over 8 example(s)" in run.stdout
+    # counts, support, then precision, recall, F1
+    assert confusion_rows(run.stdout) == {
+        "eggs": ["1", "0", "0", "0", "0", "1", "1.0000", "1.0000", "1.0000"],
+        "ham": ["0", "2", "0", "1", "1", "4", "0.6667", "0.5000", "0.5714"],
+        "spam": ["0", "1", "2", "0", "0", "3", "1.0000", "0.6667", "0.8000"],
+    }
+    assert "accuracy 0.6250 (5 of 8 example(s))" in run.stdout
+    assert "macro-F1 0.7905 over 3 label(s)" in run.stdout
+    assert f"wrote the result to {report}" in run.stderr
+    result = json.loads(report.read_text(encoding="utf-8"))
+    assert (result["examples"], result["mean"], result["failed"]) == (8, 0.625, 1)
+    assert result["interval"]["method"] == "Wilson"
+    table = result["confusion"]
+    assert table["labels"] == ["eggs", "ham", "spam"]
+    assert (table["correct"], table["accuracy"]) == (5, 0.625)
+    assert table["macro_f1"] == pytest.approx((1 + 4 / 7 + 0.8) / 3)
+    ham = table["rows"][1]
+    assert ham["label"] == "ham" and ham["predicted"] == {"eggs": 0, "ham": 2, "spam": 0}
+    assert (ham["other"], ham["errors"], ham["support"]) == (1, 1, 4)
+
+
+def test_free_text_targets_get_no_table_unless_forced(server: Any, project: Path) -> None:
+    data = write_jsonl(
+        project / "data.jsonl",
+        [{"input": f"question {i}", "target": f"[S] question {i}"} for i in range(3)],
+    )
+    report = project / "report.json"
+    run = evaluate(project, "--data", data, "-q", "--report", report)
+    assert run.returncode == 0, run.stderr
+    assert "mean 1.0000 over 3 example(s)" in run.stdout
+    assert "confusion" not in run.stdout and "macro-F1" not in run.stdout
+    assert json.loads(report.read_text(encoding="utf-8"))["confusion"] is None
+    # Long answers, even repeated: no table either (over the label length).
+    answers = ["a sentence of some length, " * 2 + end for end in ("yes", "yes", "no")]
+    long = write_jsonl(project / "long.jsonl", [{"input": a, "target": a} for a in answers])
+    assert "macro-F1" not in evaluate(project, "--data", long, "-q").stdout
+    assert "macro-F1" in evaluate(project, "--data", long, "-q", "--labels").stdout
+    forced = evaluate(project, "--data", data, "-q", "--labels")
+    assert forced.returncode == 0, forced.stderr
+    assert "accuracy 1.0000 (3 of 3 example(s))" in forced.stdout
+    assert "macro-F1 1.0000 over 3 label(s)" in forced.stdout
+
+
+def test_no_labels_turns_the_table_off(server: Any, project: Path) -> None:
+    data = write_jsonl(project / "data.jsonl", LABELLED)
+    run = evaluate(project, "--data", data, "-q", "--no-labels")
+    assert "mean 0.6250 over 8 example(s)" in run.stdout
+    assert "macro-F1" not in run.stdout and "┃" not in run.stdout
+
+
+def test_forced_labels_need_a_target_on_every_example_before_anything_runs(
+    server: Any, project: Path
+) -> None:
+    data = write_jsonl(project / "data.jsonl", [{"input": "a", "label": "x"}, {"input": "b"}])
+    run = evaluate(
+        project, "--data", data, "--loss", "judge", "--criteria", "polite", "--labels", "-q"
+    )
+    assert run.returncode == 2
+    assert "--labels: example 0's target None is missing" in run.stderr
+    assert server.stats()["requests"] == []
+
+
+def test_report_must_not_be_the_output_or_the_data(server: Any, project: Path) -> None:
+    data = write_jsonl(project / "data.jsonl", LABELLED)
+    rows = project / "rows.jsonl"
+    run = evaluate(project, "--data", data, "--output", rows, "--report", rows)
+    assert run.returncode == 2 and "--report" in run.stderr and "another path" in run.stderr
+    run = evaluate(project, "--data", data, "--report", data)
+    assert run.returncode == 2 and "another path" in run.stderr
+    assert json.loads(data.read_text(encoding="utf-8").splitlines()[0]) == LABELLED[0]
+    assert server.stats()["requests"] == []

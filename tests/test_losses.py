@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from enum import Enum, StrEnum
 from typing import Any
 
 import pytest
@@ -20,6 +21,7 @@ from plait.learning.losses import (
     VerifierLoss,
     aggregate,
     as_feedback,
+    exact_text,
 )
 from plait.module import BackwardContext
 from plait.providers.base import LLMRequest
@@ -78,6 +80,35 @@ def test_exact_match_needs_a_target(resources: plait.ResourceConfig) -> None:
         ExactMatch()("Paris")
     with pytest.raises(ExecutionError, match="target is None"):
         run(ExactMatch(), resources, "Paris")
+
+
+class Tone(Enum):
+    """A plain Enum: its JSON text is quoted, its value is the label."""
+
+    WARM = "Warm"
+    COUNT = 3
+
+
+class Mood(StrEnum):
+    GLAD = "Glad"
+
+
+def test_exact_match_reads_an_enum_as_its_value() -> None:
+    """Was: a plain Enum compared as its JSON text, '"Warm"' with the quotes, so the
+    right label scored 0; a str Enum compared as its value."""
+    assert ExactMatch()(Tone.WARM, "warm").score == 1.0
+    assert ExactMatch()(Mood.GLAD, " glad ").score == 1.0
+    assert ExactMatch()(Tone.COUNT, 3).score == 1.0
+    fb = ExactMatch()(Tone.WARM, "cold")
+    assert fb.score == 0.0 and fb.details == {"expected": "cold", "actual": "Warm"}
+    assert ExactMatch(normalize=False)(Tone.WARM, "warm").score == 0.0
+    assert [exact_text(x) for x in (Tone.WARM, Mood.GLAD, "  A \n b ", 3)] == [
+        "warm",
+        "glad",
+        "a b",
+        "3",
+    ]
+    assert exact_text("  A  b ", normalize=False) == "  A  b "
 
 
 def test_contains_single_and_several(resources: plait.ResourceConfig) -> None:

@@ -1,4 +1,5 @@
-"""``plait eval``: score a pipeline on a dataset: the mean, a 95% interval, the failures.
+"""``plait eval``: score a pipeline on a dataset: the mean, a 95% interval, the failures,
+and for a classification a confusion table (`plait.learning.confusion`).
 
 TARGET is built as ``plait run`` builds it, optionally with the values ``plait
 train`` learned (``--parameters``); each example runs through the pipeline and
@@ -29,6 +30,15 @@ from plait.cli.options import (
 )
 from plait.cli.parameters import ParametersError, load_parameters
 from plait.cli.progress import Display, Tally, make_display
+from plait.learning.confusion import (
+    FAILED,
+    MAX_LABEL_CHARS,
+    MAX_LABELS,
+    Confusion,
+    NotLabels,
+    confusion,
+    find_labels,
+)
 from plait.learning.step import Inputs, TrainingStep, model_call
 from plait.module import Module
 from plait.resources.config import ConfigurationError, ResourceConfig
@@ -41,7 +51,7 @@ ERRORS_SHOWN = 3
 #: The two-sided 95% normal quantile.
 Z95 = 1.959963984540054
 
-DESCRIPTION = """\
+DESCRIPTION = f"""\
 Score TARGET on a dataset: run every example through the pipeline and the loss
 (in eval mode), then print the mean score, the number of examples and a 95%
 confidence interval of the mean.
@@ -69,8 +79,26 @@ sqrt(n)), clipped to [0, 1].
 
 A pipeline error scores 0: it is counted in the mean and reported (how many,
 and the first few), never dropped.  --output FILE writes one JSON line per
-example, {"index", "input", "target", "output", "score"} (and "error" for a
+example, {{"index", "input", "target", "output", "score"}} (and "error" for a
 failed one), so the misses can be read.
+
+Labels: when the task is a classification (every target a text or an integer
+on one line, of at most {MAX_LABEL_CHARS} characters; 2 to {MAX_LABELS} distinct targets,
+some of them on two examples or more), a confusion table follows the mean: a
+row per true label, a column per predicted label, (other) for answers that are
+none of the labels, (error) for failed examples, and each label's support,
+precision, recall and F1; then the accuracy and the macro-F1 (the mean of the
+labels' F1).  Whatever --loss is, an answer is compared with the labels as
+--loss exact compares it (an Enum as its value; case, surrounding and repeated
+whitespace ignored), and labels are shown so, sorted.  A label never answered
+has precision 0.  --labels shows the table for any targets (every example must
+have one); --no-labels never shows it.
+
+--report FILE writes the result as one JSON object: {{"examples", "mean",
+"interval": {{"low", "high", "method"}}, "failed", "confusion"}}; "confusion" is
+null without a table, else {{"labels", "rows": [{{"label", "predicted": {{LABEL:
+count}}, "other", "errors", "support", "precision", "recall", "f1"}}],
+"examples", "correct", "accuracy", "macro_f1"}}.
 
 A pipeline whose first example cannot be traced is refused before any example
 is run (exit 2), as plait run does.
@@ -98,6 +126,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="run seed for sampled calls: the same seed scores the same samples",
     )
     parser.add_argument("-o", "--output", metavar="FILE", help="one JSON line per example")
+    parser.add_argument(
+        "--report", metavar="FILE", help="the result as JSON (mean, interval, confusion)"
+    )
+    parser.add_argument(
+        "--labels",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="the confusion table: always, or never (default: for a classification)",
+    )
     parser.add_argument(
         "-q", "--quiet", action="store_true", help="no progress display: errors and the result"
     )
@@ -156,10 +193,11 @@ def _eval(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
             "--parameters": ns.parameters,
             "--resources": ns.resources,
         },
-        {"--output": ns.output},
+        {"--output": ns.output, "--report": ns.report},
     )
     for path in code_files(ns.target):
-        refuse_to_clobber({"TARGET": path}, {"--output": ns.output})
+        refuse_to_clobber({"TARGET": path}, {"--output": ns.output, "--report": ns.report})
+    refuse_to_clobber({"--output": ns.output}, {"--report": ns.report})
     module = Target(ns.target, ns.assignments).make()
     if ns.parameters is not None:
         load_parameters(module, ns.parameters, "eval", err)
@@ -180,12 +218,10 @@ def _eval(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     if ns.resources is not None:
         resources = ResourceConfig.load(ns.resources)
     note_embedded("eval", module, resources, ns.resources)
-    if ns.output is not None:
-        target = Path(ns.output)
-        if target.is_dir() or not target.parent.is_dir():
-            raise UsageError(
-                f"cannot write --output {ns.output}: give a file in an existing folder"
-            )
+    labels = _labels(ns.labels, [target for _, target in examples])
+    for flag, path in (("--output", ns.output), ("--report", ns.report)):
+        if path is not None and (Path(path).is_dir() or not Path(path).parent.is_dir()):
+            raise UsageError(f"cannot write {flag} {path}: give a file in an existing folder")
     step = _ScoredStep(module, _make_loss(ns))
     _trace_first(ns.target, module, examples)
     tally = Tally(len(examples))
@@ -210,6 +246,20 @@ def _eval(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         f"mean {mean:.4f} over {len(rows)} example(s); 95% CI [{low:.4f}, {high:.4f}] ({method})",
         file=out,
     )
+    table = None
+    if labels is not None:
+        pairs = ((row["target"], FAILED if "error" in row else row["output"]) for row in rows)
+        table = confusion(pairs, labels)
+        _print_confusion(table, out)
+    if ns.report is not None:
+        summary = {
+            "examples": len(rows),
+            "mean": mean,
+            "interval": {"low": low, "high": high, "method": method},
+            "failed": len(failed),
+            "confusion": None if table is None else table.as_json(),
+        }
+        _write_report(ns.report, summary)
     if failed:
         print(
             f"plait eval: {len(failed)} of {len(rows)} example(s) failed and scored 0:",
@@ -221,9 +271,64 @@ def _eval(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
             print(f"  ... and {len(failed) - ERRORS_SHOWN} more", file=err)
     if ns.output is not None:
         print(f"plait eval: wrote one line per example to {ns.output}", file=err)
+    if ns.report is not None:
+        print(f"plait eval: wrote the result to {ns.report}", file=err)
     # As `plait run`: a mean over examples that failed (an endpoint refusing every
     # request) is not a score of the pipeline, so a script must be able to tell.
     return 1 if failed else 0
+
+
+def _labels(choice: bool | None, targets: list[Any]) -> list[str] | None:
+    """The labels the confusion table has, or None for no table: ``choice`` is
+    --labels (True), --no-labels (False) or neither (None: the data decides).  Decided
+    before any example runs, so a forced table the targets cannot make costs nothing."""
+    if choice is False:
+        return None
+    try:
+        return find_labels(targets, force=bool(choice))
+    except NotLabels as exc:
+        if choice:
+            raise UsageError(f"--labels: {exc}") from None
+        return None
+
+
+def _print_confusion(table: Confusion, out: IO[str]) -> None:
+    """The confusion table, then the accuracy and macro-F1 lines, on ``out``."""
+    from rich.table import Table
+    from rich.text import Text
+
+    from plait.cli.progress import console
+
+    grid = Table(
+        title="confusion: true label (rows) by answer (columns)",
+        caption="(other): none of the labels; (error): the example failed",
+    )
+    # Text, not markup: a label such as "[x]" is shown as written.
+    grid.add_column(Text("true label"), overflow="fold")
+    for header in [*table.labels, "(other)", "(error)", "support"]:
+        grid.add_column(Text(header), justify="right", overflow="fold")
+    for header in ("precision", "recall", "F1"):
+        grid.add_column(header, justify="right")
+    for row in table.rows:
+        cells = [row.predicted[label] for label in table.labels]
+        cells += [row.other, row.errors, row.support]
+        scores = (row.precision, row.recall, row.f1)
+        grid.add_row(Text(row.label), *(str(n) for n in cells), *(f"{x:.4f}" for x in scores))
+    console(out).print(grid)
+    print(
+        f"accuracy {table.accuracy:.4f} ({table.correct} of {table.examples} example(s))",
+        file=out,
+    )
+    print(f"macro-F1 {table.macro_f1:.4f} over {len(table.rows)} label(s)", file=out)
+
+
+def _write_report(path: str, summary: dict[str, Any]) -> None:
+    from plait._files import write_atomic
+
+    try:
+        write_atomic(path, json.dumps(summary, ensure_ascii=False, indent=2) + "\n")
+    except OSError as exc:
+        raise UsageError(f"cannot write --report {path} ({exc.strerror or exc})") from None
 
 
 def _trace_first(spec: str, module: Module, examples: list[Any]) -> None:

@@ -16,6 +16,7 @@ apply to a judge exactly as to the pipeline it grades.
 from __future__ import annotations
 
 import asyncio
+import enum
 import inspect
 import math
 import re
@@ -44,6 +45,7 @@ __all__ = [
     "VerifierLoss",
     "aggregate",
     "as_feedback",
+    "exact_text",
 ]
 
 #: How much of an output or target a feedback text quotes: enough to recognise it,
@@ -277,12 +279,34 @@ def _need_target(loss: Loss, target: Any) -> str:
 _SPACE = re.compile(r"\s+")
 
 
+def _match_text(obj: Any) -> str:
+    """An output or target as `ExactMatch` reads it: an Enum as its value (a label a
+    pipeline returns as ``Label.SPAM`` is the label "spam", not the JSON text
+    ``"spam"`` with its quotes), anything else as `_render` makes it."""
+    obj = _payload(obj)
+    return _render(obj.value if isinstance(obj, enum.Enum) else obj)
+
+
+def _fold(text: str, normalize: bool) -> str:
+    return _SPACE.sub(" ", text).strip().casefold() if normalize else text
+
+
+def exact_text(obj: Any, normalize: bool = True) -> str:
+    """The text `ExactMatch` compares for ``obj`` (an output or a target).
+
+    Kept here, next to the loss, so that anything counting matches (the confusion
+    table of ``plait eval``) counts exactly what the loss scores.
+    """
+    return _fold(_match_text(obj), normalize)
+
+
 class ExactMatch(Loss):
     """Score 1.0 when the output equals the target, else 0.0.
 
     Use it for short answers with one right form (a label, a number, a name).
     With ``normalize`` (the default) both sides are trimmed, lower-cased and have
-    runs of whitespace collapsed first, so formatting noise is not punished.
+    runs of whitespace collapsed first, so formatting noise is not punished.  An
+    Enum counts as its value (`exact_text` is the text compared).
     The failure text quotes both, so an optimizer sees the gap.
     """
 
@@ -290,13 +314,11 @@ class ExactMatch(Loss):
         super().__init__()
         self.normalize = normalize
 
-    def _norm(self, text: str) -> str:
-        return _SPACE.sub(" ", text).strip().casefold() if self.normalize else text
-
     def forward(self, output: Any, target: Any = None) -> Feedback:
-        expected = _need_target(self, target)
-        actual = _render(output)
-        if self._norm(actual) == self._norm(expected):
+        _need_target(self, target)
+        expected = _match_text(target)
+        actual = _match_text(output)
+        if _fold(actual, self.normalize) == _fold(expected, self.normalize):
             return Feedback(1.0, "the output matches the expected answer")
         how = " (compared ignoring case and surrounding whitespace)" if self.normalize else ""
         return Feedback(
