@@ -12,11 +12,12 @@ classify``: support messages, four labels) on SmolLM2-135M-Instruct at temperatu
 
 each with no demonstrations, with four (one per label, the first of each in the
 training split) and with four chosen per input from the whole training split
-(``knn_demos(k=4)``: the most similar, every label covered), on the validation and
-test splits together (80 messages).
+(``knn_demos(k=4)``: the most similar, every label covered; ``knn-nocover``: the
+four most similar whatever their labels), on the validation and test splits
+together (80 messages).
 Reported: accuracy, the share of replies that are a label, requests and wall time.
 
-    .venv/bin/python benchmarks/labels.py [--demos 0,4,knn]
+    .venv/bin/python benchmarks/labels.py [--demos 0,4,knn,knn-nocover] [--methods ...]
 """
 
 from __future__ import annotations
@@ -81,7 +82,11 @@ def measure(method: str, demos: Any, rows: list[dict[str, str]]) -> dict[str, An
     labels = sum(isinstance(o, str) and o in LABELS for o in outputs)
     return {
         "method": method,
-        "demos": "knn 4" if isinstance(demos, dict) else len(demos),
+        "demos": (
+            ("knn 4" if demos["cover_labels"] else "knn 4, no cover")
+            if isinstance(demos, dict)
+            else len(demos)
+        ),
         "accuracy": right / len(rows),
         "labels": labels / len(rows),
         "requests": requests_so_far() - sent,
@@ -91,7 +96,7 @@ def measure(method: str, demos: Any, rows: list[dict[str, str]]) -> dict[str, An
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--demos", default="0,4,knn")
+    parser.add_argument("--demos", default="0,4,knn,knn-nocover")
     parser.add_argument("--methods", default=",".join(METHODS))
     args = parser.parse_args()
     rows = load("val") + load("test")
@@ -99,7 +104,10 @@ def main() -> int:
     results = []
     pool = [(row["input"], row["target"]) for row in load("train")]
     for count in args.demos.split(","):
-        demos: Any = plait.knn_demos(k=4, pool=pool) if count == "knn" else fixed[: int(count)]
+        if count.startswith("knn"):  # "knn": every label shown; "knn-nocover": the 4 nearest
+            demos: Any = plait.knn_demos(k=4, pool=pool, cover_labels=count == "knn")
+        else:
+            demos = fixed[: int(count)]
         for method in args.methods.split(","):
             result = measure(method, demos, rows)
             results.append(result)

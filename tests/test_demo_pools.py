@@ -76,6 +76,20 @@ def test_every_label_is_covered_when_k_allows() -> None:
     ) == 2
 
 
+def test_label_coverage_can_be_turned_off() -> None:
+    value = knn_demos(k=4, pool=POOL, cover_labels=False)
+    labels = ("billing", "shipping", "technical", "account")
+    chosen = choose_demos(value, "double charge on my card", labels)
+    assert chosen[-1]["input"] == POOL[1][0]
+    # The four nearest: no room made for the labels they do not show.
+    assert {pair["output"] for pair in chosen} != set(labels)
+    assert [p["input"] for p in chosen] == [
+        p["input"] for p in choose_demos(value, "double charge on my card")
+    ]
+    with pytest.raises(DemoError, match="cover_labels must be true or false"):
+        plait.LLMInference("fast", demos={"pool": [], "k": 2, "cover_labels": "yes"})
+
+
 def test_a_pool_no_bigger_than_k_is_shown_whole() -> None:
     value = knn_demos(k=8, pool=POOL[:3])
     assert [p["input"] for p in choose_demos(value, "anything")] == [p[0] for p in POOL[:3]]

@@ -98,14 +98,17 @@ def normalize_demos(value: Any, where: str = "demos") -> list[dict[str, Any]]:
     return demos
 
 
-def knn_demos(k: int = 4, pool: Sequence[Any] = ()) -> dict[str, Any]:
+def knn_demos(k: int = 4, pool: Sequence[Any] = (), cover_labels: bool = True) -> dict[str, Any]:
     """A demonstrations value chosen per input: the ``k`` pairs of ``pool`` most like
     each call's input (see the module doc).  An empty pool is filled by training
-    (`BootstrapFewShot` and `DemoSearch` put every pair they gather in it)::
+    (`BootstrapFewShot` and `DemoSearch` put every pair they gather in it).
+    ``cover_labels``: a call that answers with labels is shown each label at least
+    once when ``k`` allows (False: the ``k`` most similar, whatever their labels)::
 
         LLMInference("local", "Classify the message.", demos=knn_demos(k=4))
     """
-    value: dict[str, Any] = normalize_demo_value({"pool": list(pool), "k": k}, "knn_demos(...)")
+    spec = {"pool": list(pool), "k": k, "cover_labels": cover_labels}
+    value: dict[str, Any] = normalize_demo_value(spec, "knn_demos(...)")
     return value
 
 
@@ -116,11 +119,12 @@ def is_pool(value: Any) -> bool:
 
 def normalize_demo_value(value: Any, where: str = "demos") -> Any:
     """A demonstrations value, checked: a list of pairs (`normalize_demos`) or a pool
-    ``{"pool": [pairs...], "k": k}`` with its pairs normalized."""
+    ``{"pool": [pairs...], "k": k, "cover_labels": true}`` (the last key optional,
+    true when absent) with its pairs normalized."""
     if not isinstance(value, Mapping):
         return normalize_demos(value, where)
     keys = set(value)
-    if keys != {"pool", "k"}:
+    if not {"pool", "k"} <= keys <= {"pool", "k", "cover_labels"}:
         raise DemoError(
             f"{where} must be a list of input/output pairs or a pool "
             f'{{"pool": [...], "k": 4}} (knn_demos(k=4)), got the keys {sorted(map(str, keys))}'
@@ -130,7 +134,14 @@ def normalize_demo_value(value: Any, where: str = "demos") -> Any:
         raise DemoError(
             f"{where}'s k is how many pairs each call is shown: a positive integer, got {k!r}"
         )
-    return {"pool": normalize_demos(value["pool"], f"{where}'s pool"), "k": k}
+    cover = value.get("cover_labels", True)
+    if not isinstance(cover, bool):
+        raise DemoError(f"{where}'s cover_labels must be true or false, got {cover!r}")
+    return {
+        "pool": normalize_demos(value["pool"], f"{where}'s pool"),
+        "k": k,
+        "cover_labels": cover,
+    }
 
 
 def choose_demos(
@@ -138,16 +149,19 @@ def choose_demos(
 ) -> list[dict[str, Any]]:
     """The pairs a call with input ``prompt`` is shown, checked (`DemoError` naming
     ``where`` otherwise): a list as it is; for a pool, its ``k`` pairs most like
-    ``prompt`` (covering ``labels`` when ``k`` allows), least similar first."""
+    ``prompt`` (covering ``labels`` when ``k`` allows and the pool says so), least
+    similar first."""
     if not is_pool(value):
         return normalize_demos(value, where)
-    pool, k, index = _pool_index(value, where)
+    checked, index = _pool_index(value, where)
+    pool: list[dict[str, Any]] = checked["pool"]
+    k: int = checked["k"]
     if len(pool) <= k:
         return pool
     scores = index.scores(prompt)
     ranked = sorted(range(len(pool)), key=lambda i: (-scores[i], i))
     chosen: list[int] = []
-    if labels:
+    if labels and checked["cover_labels"]:
         by_label = {label.casefold(): label for label in labels}
         covered: set[str] = set()
         for i in ranked:  # the most similar pair of each label, most similar first
@@ -168,25 +182,25 @@ def choose_demos(
 #: The pools seen lately, checked and indexed, by the identity of the value they came
 #: from (kept in the entry, so an identity is not reused while it lives): a call reads
 #: the same value every time until training replaces it.
-_POOLS: dict[int, tuple[Any, int, list[dict[str, Any]], int, Any]] = {}
+_POOLS: dict[int, tuple[Any, tuple[Any, ...], dict[str, Any], Any]] = {}
 _MAX_POOLS = 64
 
 
-def _pool_index(value: Any, where: str) -> tuple[list[dict[str, Any]], int, Any]:
+def _pool_index(value: Any, where: str) -> tuple[dict[str, Any], Any]:
+    """The checked pool ``value`` and a BM25 index of its pairs' inputs."""
     from plait.retrieval import BM25
 
-    found = _POOLS.get(id(value))
     raw = value["pool"]
-    size = len(raw) if isinstance(raw, Sequence) else -1
-    if found is not None and found[0] is value and found[1] == size and found[3] == value["k"]:
-        return found[2], found[3], found[4]
+    shape = (len(raw) if isinstance(raw, Sequence) else -1, value["k"], value.get("cover_labels"))
+    found = _POOLS.get(id(value))
+    if found is not None and found[0] is value and found[1] == shape:
+        return found[2], found[3]
     checked = normalize_demo_value(value, where)
-    pool, k = checked["pool"], checked["k"]
-    index = BM25([demo_text(pair["input"]) for pair in pool])
+    index = BM25([demo_text(pair["input"]) for pair in checked["pool"]])
     if len(_POOLS) >= _MAX_POOLS:
         _POOLS.pop(next(iter(_POOLS)))
-    _POOLS[id(value)] = (value, size, pool, k, index)
-    return pool, k, index
+    _POOLS[id(value)] = (value, shape, checked, index)
+    return checked, index
 
 
 def demo_text(part: Any) -> str:

@@ -363,7 +363,7 @@ class BootstrapFewShot:
                 pairs = self._pairs(path)
                 if pairs:
                     where = f"the demonstrations for {path}"
-                    chosen[path] = {"pool": normalize_demos(pairs, where), "k": param.value["k"]}
+                    chosen[path] = {**param.value, "pool": normalize_demos(pairs, where)}
                 continue
             passed = list(self.passed.get(path, {}).items())
             rng.shuffle(passed)

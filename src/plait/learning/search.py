@@ -235,7 +235,7 @@ class DemoSearch(BootstrapFewShot):
         where = f"the demonstrations for {path}"
         if is_pool(param.value):
             pool = normalize_demos(pairs, where)
-            return [{"pool": pool, "k": k} for k in self.k_choices]
+            return [{**param.value, "pool": pool, "k": k} for k in self.k_choices]
         owner = param.owner
         labels = (
             label_choices(owner.response_format)
