@@ -1,7 +1,8 @@
 """Demonstrations chosen per input (issue 24 point 2): a pool from which each call is
-shown the ``k`` pairs most like its input, with every label covered for a call that
-answers with labels; still a `Parameter`, so state, checkpoints, parameter files and
-cache keys see the pool.  The wire tests read what the loopback fake server received."""
+shown the ``k`` pairs most like its input (every label covered, when asked, for a
+call that answers with labels); still a `Parameter`, so state, checkpoints,
+parameter files and cache keys see the pool.  The wire tests read what the loopback
+fake server received."""
 
 from __future__ import annotations
 
@@ -64,20 +65,22 @@ def test_the_k_most_similar_pairs_are_chosen_the_most_similar_last() -> None:
     assert chosen[-1]["input"] == POOL[3][0]  # shares "tracking" and "parcel"
 
 
-def test_every_label_is_covered_when_k_allows() -> None:
-    value = knn_demos(k=4, pool=POOL)
+def test_every_label_is_covered_when_asked_and_k_allows() -> None:
+    value = knn_demos(k=4, pool=POOL, cover_labels=True)
     labels = ("billing", "shipping", "technical", "account")
     chosen = choose_demos(value, "double charge on my card", labels)
     assert sorted(pair["output"] for pair in chosen) == sorted(labels)
     # With fewer places than labels, the most similar labels get them.
-    chosen = choose_demos(knn_demos(k=2, pool=POOL), "double charge on my card", labels)
+    chosen = choose_demos(
+        knn_demos(k=2, pool=POOL, cover_labels=True), "double charge on my card", labels
+    )
     assert [pair["output"] for pair in chosen] == ["billing", "billing"] or len(
         {pair["output"] for pair in chosen}
     ) == 2
 
 
-def test_label_coverage_can_be_turned_off() -> None:
-    value = knn_demos(k=4, pool=POOL, cover_labels=False)
+def test_without_label_coverage_the_nearest_are_shown() -> None:
+    value = knn_demos(k=4, pool=POOL)
     labels = ("billing", "shipping", "technical", "account")
     chosen = choose_demos(value, "double charge on my card", labels)
     assert chosen[-1]["input"] == POOL[1][0]
@@ -124,7 +127,7 @@ def test_each_input_is_shown_its_own_neighbours(
 def test_a_label_call_sees_every_label(
     server: FakeOpenAIServer, resources: plait.ResourceConfig
 ) -> None:
-    module = Classify(knn_demos(k=4, pool=POOL), Topic).bind(resources=resources)
+    module = Classify(knn_demos(k=4, pool=POOL, cover_labels=True), Topic).bind(resources=resources)
     module.run_sync("refund my double charge")
     (record,) = server.stats(bodies=True)["requests"]
     outputs = [m["content"] for m in record["body"]["messages"][1:-1] if m["role"] == "assistant"]

@@ -15,9 +15,10 @@ checkpoint key (a hash of the messages) changes whenever the demonstrations do.
 The value may instead be a *pool* chosen from per input, ``{"pool": [pairs...],
 "k": 4}`` (`knn_demos`): each call is shown the ``k`` pairs of the pool whose
 inputs are most like its own (BM25 word overlap, `plait.retrieval`; no model, no
-endpoint), the most similar last, nearest the input.  For a call that answers
-with labels (`plait.labels`), at least one pair per label is shown when ``k``
-allows, so the model sees every answer it may give.  The pool and ``k`` are the
+endpoint), the most similar last, nearest the input.  With ``cover_labels``, a
+call that answers with labels (`plait.labels`) is shown at least one pair per
+label when ``k`` allows (measured to cost accuracy on a small model, so off by
+default: `knn_demos`).  The pool and ``k`` are the
 parameter's value, so state, checkpoints, ``--parameters`` files and cache keys
 (the chosen pairs are in the messages) all see them.
 """
@@ -98,12 +99,14 @@ def normalize_demos(value: Any, where: str = "demos") -> list[dict[str, Any]]:
     return demos
 
 
-def knn_demos(k: int = 4, pool: Sequence[Any] = (), cover_labels: bool = True) -> dict[str, Any]:
+def knn_demos(k: int = 4, pool: Sequence[Any] = (), cover_labels: bool = False) -> dict[str, Any]:
     """A demonstrations value chosen per input: the ``k`` pairs of ``pool`` most like
     each call's input (see the module doc).  An empty pool is filled by training
     (`BootstrapFewShot` and `DemoSearch` put every pair they gather in it).
     ``cover_labels``: a call that answers with labels is shown each label at least
-    once when ``k`` allows (False: the ``k`` most similar, whatever their labels)::
+    once when ``k`` allows; off by default, because on the 4-way benchmark it cost
+    13 points (the ``k`` most similar, whatever their labels: 72% with scoring by
+    log-probability; every label covered: 59%; ``benchmarks/labels.py``)::
 
         LLMInference("local", "Classify the message.", demos=knn_demos(k=4))
     """
@@ -119,8 +122,8 @@ def is_pool(value: Any) -> bool:
 
 def normalize_demo_value(value: Any, where: str = "demos") -> Any:
     """A demonstrations value, checked: a list of pairs (`normalize_demos`) or a pool
-    ``{"pool": [pairs...], "k": k, "cover_labels": true}`` (the last key optional,
-    true when absent) with its pairs normalized."""
+    ``{"pool": [pairs...], "k": k, "cover_labels": false}`` (the last key optional,
+    false when absent) with its pairs normalized."""
     if not isinstance(value, Mapping):
         return normalize_demos(value, where)
     keys = set(value)
@@ -134,7 +137,7 @@ def normalize_demo_value(value: Any, where: str = "demos") -> Any:
         raise DemoError(
             f"{where}'s k is how many pairs each call is shown: a positive integer, got {k!r}"
         )
-    cover = value.get("cover_labels", True)
+    cover = value.get("cover_labels", False)
     if not isinstance(cover, bool):
         raise DemoError(f"{where}'s cover_labels must be true or false, got {cover!r}")
     return {
