@@ -337,13 +337,7 @@ class BootstrapFewShot:
                     best, best_score = candidate, score
             for path, value in before.items():
                 stages[path].value = value
-        applied: dict[str, Any] = {}
-        for path, demos in best.items():
-            param = stages[path]
-            if param.value != demos:
-                param.apply_update(demos)
-                applied[param.qualified_name] = demos
-        return applied
+        return install(stages, best)
 
     # -- helpers -------------------------------------------------------------------------
     def _paths(self) -> dict[Parameter, str]:
@@ -438,6 +432,18 @@ class BootstrapFewShot:
             f"BootstrapFewShot({len(self.params)} demonstration parameter(s), "
             f"max_demos={self.max_demos}, steps={self.steps})"
         )
+
+
+def install(stages: Mapping[str, Parameter], value: Mapping[str, Any]) -> dict[str, Any]:
+    """Apply ``value`` (stage path -> demonstrations) to the stages' parameters; the
+    new values by parameter name, the unchanged ones left out."""
+    applied: dict[str, Any] = {}
+    for path, demos in value.items():
+        param = stages[path]
+        if param.value != demos:
+            param.apply_update(demos)
+            applied[param.qualified_name] = demos
+    return applied
 
 
 def _path(call: CallRecord) -> str:

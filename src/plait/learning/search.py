@@ -38,7 +38,7 @@ from typing import Any
 from plait.demos import is_pool, normalize_demos
 from plait.inference import LLMInference
 from plait.labels import label_choices
-from plait.learning.bootstrap import BootstrapFewShot, TrainingBatch
+from plait.learning.bootstrap import BootstrapFewShot, TrainingBatch, install
 from plait.module import Module
 from plait.parameter import Parameter
 
@@ -146,13 +146,7 @@ class DemoSearch(BootstrapFewShot):
         }
         if not accepted:
             return {}
-        applied: dict[str, Any] = {}
-        for path, value in values[winner].items():
-            param = stages[path]
-            if param.value != value:
-                param.apply_update(value)
-                applied[param.qualified_name] = value
-        return applied
+        return install(stages, values[winner])
 
     # -- successive halving ----------------------------------------------------------
     async def _halve(

@@ -86,9 +86,9 @@ async def score_labels(
     asked = _scoring_request(request, top_k)
     response = await send(asked)
     top = _first_token_alternatives(response)
-    if not _begins_a_label(top, choices):
-        return await fallback()
     scores = label_scores(top, choices)
+    if not _begins_a_label(top, scores):
+        return await fallback()
     prior: Mapping[str, float] | None = None
     if method == "calibrated":
         extra: list[LLMResponse] = []
@@ -121,8 +121,8 @@ def _first_token_alternatives(response: LLMResponse) -> list[dict[str, Any]]:
     return list(tokens[0].get("top") or []) if tokens else []
 
 
-def _begins_a_label(top: Sequence[Mapping[str, Any]], choices: Sequence[str]) -> bool:
-    """Whether some listed alternative begins a label (so scoring has evidence)."""
-    scores = label_scores(top, choices)
+def _begins_a_label(top: Sequence[Mapping[str, Any]], scores: Mapping[str, float]) -> bool:
+    """Whether some listed alternative begins a label (so ``scores`` rest on evidence,
+    not on the floor `label_scores` gives a label no alternative begins)."""
     floor = min((float(a["logprob"]) for a in top if "logprob" in a), default=UNSEEN)
     return any(score >= floor for score in scores.values())
