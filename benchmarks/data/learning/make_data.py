@@ -1,10 +1,16 @@
-"""Makes the learning benchmark's data: two small tasks with exact answers.
+"""Makes the learning benchmark's data: three small tasks with exact answers.
 
 * ``extract``: a short customer message mentions one order; the answer is the order's
   id exactly as written (``ORD-4821``, ``B-7702`` or ``40291``; a leading ``#`` is
   not part of it).
 * ``classify``: a short support message; the answer is one lowercase label:
   ``billing``, ``shipping``, ``technical`` or ``account``.
+* ``triage``: a short support message that mentions one order (written as the
+  ``extract`` task writes them) and is about one of the four ``classify`` topics; the
+  answer is ``"<label> <order id>"``, e.g. ``"shipping ORD-4821"``.  It is meant for a
+  two-stage pipeline, each stage with its own demonstrations: stage 1 extracts the
+  order id from the message, stage 2 classifies the message (given the message and
+  the extracted id), and the pipeline answers ``f"{label} {order}"``.
 
 Each task has ``train`` (40), ``val`` (20) and ``test`` (60) splits of
 ``{"input": ..., "target": ...}`` lines.  The splits draw ids and fillers from the
@@ -109,6 +115,49 @@ def classify_example(rng: random.Random) -> tuple[str, str]:
     return text, label
 
 
+TRIAGE_TEMPLATES = {
+    "billing": [
+        "Order {ref} was charged twice on my card.",
+        "Why was I billed an extra fee for order {ref}?",
+        "Please refund the payment you took for order {ref}.",
+        "My payment for {ref} failed but the money left my account.",
+        "Can I get a receipt for order {ref}? I paid on {day}.",
+    ],
+    "shipping": [
+        "My parcel for order {ref} has been stuck in transit since {day}.",
+        "The courier left order {ref} at the wrong address.",
+        "When will order {ref} be delivered?",
+        "The tracking number for {ref} does not work.",
+        "Order {ref} was due {day} and nothing came.",
+    ],
+    "technical": [
+        "The app crashes every time I open order {ref}.",
+        "I get an error page when I open the details of order {ref}.",
+        "The website will not load the page for order {ref} since {day}.",
+        "The reorder button does nothing on order {ref}.",
+        "Your site shows a blank screen when I view {ref}.",
+    ],
+    "account": [
+        "I placed order {ref} but forgot my password and the reset email never comes.",
+        "Please move order {ref} to the new email address on my profile.",
+        "Someone else logged into my account on {day} and placed order {ref}.",
+        "I can't sign in to my account to see order {ref}.",
+        "My profile still shows my old name on order {ref}, please change it to {name}.",
+    ],
+}
+
+
+def triage_example(rng: random.Random) -> tuple[str, str]:
+    label = rng.choice(sorted(TRIAGE_TEMPLATES))
+    written, answer = order_ref(rng)
+    text = rng.choice(TRIAGE_TEMPLATES[label]).format(
+        ref=written, day=rng.choice(DAYS), name=rng.choice(NAMES)
+    )
+    if rng.random() < 0.5:
+        text = f"{rng.choice(['Hello.', 'Hi there,', 'Good morning.', 'Help!'])} {text}"
+    return text, f"{label} {answer}"
+
+
 def write(task: str, make: Callable[[random.Random], tuple[str, str]], seed: int) -> None:
     rng = random.Random(seed)
     seen: set[str] = set()
@@ -128,3 +177,4 @@ def write(task: str, make: Callable[[random.Random], tuple[str, str]], seed: int
 if __name__ == "__main__":
     write("extract", extract_example, 13)
     write("classify", classify_example, 14)
+    write("triage", triage_example, 15)
