@@ -220,9 +220,10 @@ class Server:
             [str(ROOT / "src")] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
         )
         command = [str(python), str(SERVER), "--port", "0", "--ready-file", str(self.ready)]
-        command += ["--slots", str(slots)]
+        command += ["--slots", str(slots), "--exit-on-stdin-eof"]
         self.process = subprocess.Popen(
             command,
+            stdin=subprocess.PIPE,  # closed when this process ends: the server stops
             stdout=subprocess.PIPE,
             stderr=open(self.log, "wb"),  # noqa: SIM115 (kept open for the server's life)
             text=True,
@@ -357,6 +358,17 @@ def start_scores(server: Server, task: str, args: argparse.Namespace) -> dict[st
     }
 
 
+def reused_start(path: Path | None, task: str) -> dict[str, Any] | None:
+    """The untrained program's score on ``task`` as a results file already holds it."""
+    if path is None or not path.exists():
+        return None
+    for row in json.loads(path.read_text())["runs"]:
+        if row["task"] == task:
+            names = ("test_start", "start_requests", "start_wall_s")
+            return {name: row[name] for name in names} | {"reused_from": str(path)}
+    return None
+
+
 def run_one(
     server: Server,
     task: str,
@@ -436,12 +448,14 @@ def key(row: dict[str, Any]) -> tuple[str, str, int]:
     return (row["task"], row["optimizer"], int(row["seed"]))
 
 
-def store(path: Path, row: dict[str, Any]) -> list[dict[str, Any]]:
-    """``row`` merged into the results file (replacing the same task/optimizer/seed)."""
+def store(path: Path, *new: dict[str, Any]) -> list[dict[str, Any]]:
+    """``new`` rows merged into the results file (replacing the same task, optimizer
+    and seed)."""
     rows: list[dict[str, Any]] = []
     if path.exists():
         rows = json.loads(path.read_text())["runs"]
-    rows = [r for r in rows if key(r) != key(row)] + [row]
+    replaced = {key(row) for row in new}
+    rows = [r for r in rows if key(r) not in replaced] + list(new)
     rows.sort(key=lambda r: (TASKS.index(r["task"]), OPTIMIZERS.index(r["optimizer"]), r["seed"]))
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = {"benchmark": "benchmarks/dspy_learning.py", "runs": rows}
@@ -522,7 +536,28 @@ def main() -> int:
     parser.add_argument("--mipro-candidates", type=int, default=3, help="with --mipro-auto none")
     parser.add_argument("--mipro-trials", type=int, default=5, help="with --mipro-auto none")
     parser.add_argument("--limit", type=int, default=0, help="smoke test: first N of each split")
+    parser.add_argument(
+        "--reuse-start",
+        type=Path,
+        metavar="JSON",
+        help="take the untrained program's test score from this results file when it "
+        "holds a run of the task (it is the same program at temperature 0)",
+    )
+    parser.add_argument(
+        "--report",
+        type=Path,
+        nargs="*",
+        metavar="JSON",
+        help="run nothing: merge these results files (made with --output) into --output, "
+        "then print the table of every run it holds",
+    )
     args = parser.parse_args()
+    if args.report is not None:
+        rows = store(args.output)
+        for extra in args.report:
+            rows = store(args.output, *json.loads(extra.read_text())["runs"])
+        print(table(rows))
+        return 0
     tasks = args.tasks.split(",")
     optimizers = args.optimizers.split(",")
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -552,7 +587,7 @@ def main() -> int:
         dspy.configure(lm=task_lm, adapter=adapter, max_errors=10**9)
         rows: list[dict[str, Any]] = []
         for task in tasks:
-            start = start_scores(server, task, args)
+            start = reused_start(args.reuse_start, task) or start_scores(server, task, args)
             print(
                 f"{task}: untrained test {start['test_start']:.0%} "
                 f"({start['start_requests']} requests, {start['start_wall_s']:.0f} s)",

@@ -23,11 +23,13 @@ Endpoints:
 
 Started by hand or as a benchmark's subprocess::
 
-    .venv/bin/python benchmarks/serve_local.py [--port 0] [--ready-file F]
+    .venv/bin/python benchmarks/serve_local.py [--port 0] [--ready-file F] [--exit-on-stdin-eof]
 
 The model is loaded before the server listens; then the chosen port is written to
 ``--ready-file`` (atomically: the file appears whole) and the line
 ``serving http://127.0.0.1:PORT/v1`` is printed, so a parent can wait on either.
+With ``--exit-on-stdin-eof`` the server stops when its standard input closes, so a
+parent that gives it a pipe never leaves it running, however the parent ends.
 """
 
 from __future__ import annotations
@@ -259,7 +261,24 @@ def make_app(config: EndpointConfig) -> web.Application:
     return app
 
 
-async def serve(app: web.Application, port: int, ready_file: Path | None) -> None:
+def _stop_at_stdin_eof(stop: asyncio.Event) -> None:
+    """Sets ``stop`` when standard input closes: a parent that holds the other end of
+    the pipe ends the server by exiting, however it exits."""
+    loop = asyncio.get_running_loop()
+
+    def wait() -> None:
+        sys.stdin.buffer.read()
+        loop.call_soon_threadsafe(stop.set)
+
+    threading.Thread(target=wait, name="stdin-eof", daemon=True).start()
+
+
+async def serve(
+    app: web.Application, port: int, ready_file: Path | None, stdin_eof: bool = False
+) -> None:
+    stop = asyncio.Event()
+    if stdin_eof:
+        _stop_at_stdin_eof(stop)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", port)
@@ -271,7 +290,7 @@ async def serve(app: web.Application, port: int, ready_file: Path | None) -> Non
         os.replace(partial, ready_file)
     print(f"serving http://127.0.0.1:{chosen}/v1", flush=True)
     try:
-        await asyncio.Event().wait()  # until the process is stopped
+        await stop.wait()  # until the process is stopped, or stdin closes
     finally:
         await runner.cleanup()
 
@@ -287,6 +306,11 @@ def main() -> int:
         action="store_true",
         help="compute every prompt whole (the alias setting prompt_caching = false)",
     )
+    parser.add_argument(
+        "--exit-on-stdin-eof",
+        action="store_true",
+        help="stop when standard input closes (a parent's pipe: the server dies with it)",
+    )
     args = parser.parse_args()
     config = LOCAL_DEFAULT.model_copy(
         update={
@@ -301,7 +325,7 @@ def main() -> int:
         print(f"serve_local: {exc}", file=sys.stderr)
         return 2
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(app, args.port, args.ready_file))
+        asyncio.run(serve(app, args.port, args.ready_file, args.exit_on_stdin_eof))
     return 0
 
 

@@ -42,6 +42,19 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
         process.wait(timeout=30)
 
 
+def test_the_server_stops_when_its_stdin_closes(tmp_path: Path) -> None:
+    process = subprocess.Popen(
+        [sys.executable, str(SERVER), "--port", "0", "--exit-on-stdin-eof"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdin is not None and process.stdout is not None
+    assert process.stdout.readline().startswith("serving ")
+    process.stdin.close()
+    assert process.wait(timeout=30) == 0
+
+
 def post(root: str, body: dict[str, Any]) -> tuple[int, bytes]:
     request = urllib.request.Request(
         root + "/v1/chat/completions",
