@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 RUNTIME := $(VENV)/.runtime
 STAMP   := $(VENV)/.installed
 
-.PHONY: setup demo test lint typecheck bench clean
+.PHONY: setup demo test lint typecheck bench dspy-venv clean
 
 # The embedded local model (plait.providers.local) runs on xllamacpp, llama.cpp's server
 # as a prebuilt wheel (no compiler, no CMake).  The default local model
@@ -58,6 +58,19 @@ typecheck: $(STAMP)
 ## bench: run the benchmarks against the loopback fake server.
 bench: $(STAMP)
 	$(PY) benchmarks/run.py
+
+## dspy-venv: DSPy's own venv for benchmarks/dspy_learning.py (the baseline for the
+## learning benchmark), apart from plait's: any Python 3.11+ (PYTHON), no plait in it.
+## Not needed by `make test`.
+DSPY_VENV := benchmarks/.dspy-venv
+$(DSPY_VENV)/.installed: benchmarks/dspy/requirements.txt
+	$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "make dspy-venv needs Python 3.11+ (set PYTHON=...)")'
+	$(PYTHON) -m venv $(DSPY_VENV)
+	$(DSPY_VENV)/bin/python -m pip install -q --upgrade pip
+	$(DSPY_VENV)/bin/python -m pip install -q -r benchmarks/dspy/requirements.txt
+	touch $@
+
+dspy-venv: $(DSPY_VENV)/.installed
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache runs

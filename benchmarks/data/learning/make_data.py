@@ -158,10 +158,12 @@ def triage_example(rng: random.Random) -> tuple[str, str]:
     return text, f"{label} {answer}"
 
 
-def write(task: str, make: Callable[[random.Random], tuple[str, str]], seed: int) -> None:
+def write(
+    task: str, make: Callable[[random.Random], tuple[str, str]], seed: int, root: Path = HERE
+) -> None:
     rng = random.Random(seed)
     seen: set[str] = set()
-    folder = HERE / task
+    folder = root / task
     folder.mkdir(exist_ok=True)
     for split, size in SIZES.items():
         rows: list[str] = []
@@ -174,7 +176,12 @@ def write(task: str, make: Callable[[random.Random], tuple[str, str]], seed: int
         (folder / f"{split}.jsonl").write_text("".join(rows), encoding="utf-8")
 
 
+def make_all(root: Path = HERE) -> None:
+    """Every task's splits, in ``root/<task>/``."""
+    write("extract", extract_example, 13, root)
+    write("classify", classify_example, 14, root)
+    write("triage", triage_example, 15, root)
+
+
 if __name__ == "__main__":
-    write("extract", extract_example, 13)
-    write("classify", classify_example, 14)
-    write("triage", triage_example, 15)
+    make_all()
