@@ -335,3 +335,142 @@ def test_plait_train_demos_knn_without_demonstrations_is_a_usage_error(
     )  # fmt: skip
     assert result.returncode == 2 and "--demos knn" in result.stderr
     assert "demos=[]" in result.stderr
+
+
+# -- refit: the validation examples join the pools once training ends -----------------------
+def refit_trainer(model: Extract, resources: plait.ResourceConfig, **options: Any) -> Trainer:
+    return Trainer(
+        model,
+        ExactMatch(),
+        BootstrapFewShot(model.parameters()),
+        numbers(1, 16),
+        numbers(100, 12),
+        batch_size=16,
+        max_steps=1,
+        resources=resources,
+        refit=True,
+        **options,
+    )
+
+
+def answer_if_shown_any(request: LLMRequest) -> str:
+    return number_in(request.prompt_text) if shown_inputs(request) else "unsure"
+
+
+def test_refit_adds_the_validation_pairs_to_the_pool_once_the_gate_has_judged(
+    resources: plait.ResourceConfig,
+) -> None:
+    model = Extract(plait.knn_demos(k=1))
+    with mock({"fast": answer_if_shown_any}, strict=True):
+        history = refit_trainer(model, resources, test_data=numbers(200, 4)).fit_sync()
+    # The gate judged the training pool (empty: 0; the 16 training pairs: 1.0)...
+    assert history.initial_val_score == 0.0 and history.best_val_score == 1.0
+    # ...then the 12 validation pairs joined it, after the training ones, once.
+    assert history.refit == {"examples": 12, "pools": {"llm.demos": [16, 28]}}
+    pool = model.llm.demos.value["pool"]
+    pairs = [(p["input"], p["output"]) for p in pool]
+    assert sorted(pairs[:16]) == sorted(numbers(1, 16)) and pairs[16:] == numbers(100, 12)
+    assert model.llm.demos.value["k"] == 1 and history.final_test_score == 1.0
+    seen: list[list[str]] = []
+
+    def record(request: LLMRequest) -> str:
+        seen.append(shown_inputs(request))
+        return answer_if_shown_any(request)
+
+    with mock({"fast": record}, strict=True):
+        model.bind(resources=resources).run_sync("please ship item 105 today, thanks")
+    assert seen == [["please ship item 105 today"]]  # a validation pair, the nearest
+
+
+def test_refit_is_done_once_a_resumed_run_keeps_it(
+    resources: plait.ResourceConfig, tmp_path: Path
+) -> None:
+    model = Extract(plait.knn_demos(k=1))
+    with mock({"fast": answer_if_shown_any}, strict=True):
+        first = refit_trainer(model, resources, checkpoint_dir=tmp_path).fit_sync()
+    again = Extract(plait.knn_demos(k=1))
+    calls: list[LLMRequest] = []
+
+    def counted(request: LLMRequest) -> str:
+        calls.append(request)
+        return answer_if_shown_any(request)
+
+    with mock({"fast": counted}, strict=True):
+        trainer = refit_trainer(again, resources, checkpoint_dir=tmp_path)
+        assert trainer.resumed
+        history = trainer.fit_sync()
+    assert history.refit == first.refit and calls == []  # nothing run or grown again
+    assert again.llm.demos.value == model.llm.demos.value
+
+
+def test_two_refitting_runs_at_once_end_as_each_does_alone(
+    resources: plait.ResourceConfig,
+) -> None:
+    alone = Extract(plait.knn_demos(k=1))
+    with mock({"fast": answer_if_shown_any}, strict=True):
+        refit_trainer(alone, resources).fit_sync()
+    together = [Extract(plait.knn_demos(k=1)), Extract(plait.knn_demos(k=2))]
+
+    async def both() -> list[Any]:
+        with mock({"fast": answer_if_shown_any}, strict=True):
+            return list(
+                await asyncio.gather(*(refit_trainer(m, resources).fit() for m in together))
+            )
+
+    histories = asyncio.run(both())
+    assert [h.refit for h in histories] == [{"examples": 12, "pools": {"llm.demos": [16, 28]}}] * 2
+    assert together[0].llm.demos.value == alone.llm.demos.value
+    assert together[1].llm.demos.value["pool"] == alone.llm.demos.value["pool"]
+
+
+@pytest.mark.parametrize(
+    ("model", "optimizer", "val", "message"),
+    [
+        (Extract(plait.knn_demos(k=1)), BootstrapFewShot, None, "give val_data"),
+        (Extract([]), BootstrapFewShot, numbers(100, 2), r"demos=plait.knn_demos\(k=4\)"),
+        (Extract(plait.knn_demos(k=1)), None, numbers(100, 2), "BootstrapFewShot or DemoSearch"),
+    ],
+)
+def test_refit_without_what_it_needs_is_refused_naming_it(
+    model: Extract, optimizer: Any, val: Any, message: str
+) -> None:
+    from plait.learning import SFAOptimizer
+    from plait.learning.failures import TrainerError
+
+    made = (
+        optimizer(model.parameters())
+        if optimizer is not None
+        else SFAOptimizer(model.parameters(), alias="fast")
+    )
+    with pytest.raises(TrainerError, match=message):
+        Trainer(model, ExactMatch(), made, numbers(1, 4), val, refit=True)
+
+
+def test_plait_train_refit_from_the_shell(server: FakeOpenAIServer, tmp_path: Path) -> None:
+    target, resources = write_target(tmp_path, server)
+    data, val = tmp_path / "data.jsonl", tmp_path / "val.jsonl"
+    for path, prefix in ((data, "w"), (val, "v")):
+        path.write_text(
+            "".join(json.dumps({"input": f"{prefix}{n}", "target": f"{prefix}{n}"}) + "\n"
+                    for n in range(4))
+        )  # fmt: skip
+    out = tmp_path / "out"
+    base = ("train", target, "--data", data, "--resources", resources, "--out", out, "-q")
+    refused = plait_cli(*base, "--refit", "--demos", "knn")
+    assert refused.returncode == 2 and "give --val" in refused.stderr
+    refused = plait_cli(*base, "--refit", "--val", val)
+    assert refused.returncode == 2 and "--demos knn" in refused.stderr
+    done = plait_cli(
+        *base, "--val", val, "--demos", "knn", "--refit", "--optimizer", "search",
+        "--batch-size", "4",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    # The fake echoes, so every run passes from the start and the gate keeps the empty
+    # pool; the refit then fills it with the validation pairs.
+    assert json.loads((out / "history.json").read_text())["refit"] == {
+        "examples": 4,
+        "pools": {"llm.demos": [0, 4]},
+    }
+    pool = json.loads((out / "parameters.json").read_text())["llm.demos"]["pool"]
+    assert [p["input"] for p in pool] == [f"v{n}" for n in range(4)]
+    assert "refit on 4 validation example(s): pools llm.demos 0 -> 4" in done.stderr

@@ -84,9 +84,12 @@ records every candidate's scores and the 95% interval of the gain).
 
 Demonstrations chosen per input: --demos knn [--k N] turns every LLMInference
 built with demos into a pool (plait.knn_demos) from which each call is shown
-the N pairs most like its input (default 4; every label covered for a call
-that answers with labels); bootstrap and search fill the pool with every pair
-they gather.  --demos list (the default) keeps one fixed list per call.
+the N pairs most like its input (default 4); bootstrap and search fill the
+pool with every pair they gather.  --refit: once training ends, the --val
+examples join the pools too (validation chose how demonstrations are picked;
+the final pipeline picks among every labelled example; nothing can score that
+step on --val, so give --test to measure it).  --demos list (the default) keeps
+one fixed list per call.
 
 Outputs in --out DIR: parameters.json (the learned values, for
 module.load_state_dict), history.json (scores per step, kept or rolled back)
@@ -191,6 +194,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="held-out examples (JSONL), scored before and after training",
     )
+    parser.add_argument(
+        "--refit",
+        action="store_true",
+        help="--demos knn: add the --val examples to the pools once training ends",
+    )
     parser.add_argument("--fresh", action="store_true", help="delete the checkpoint; start over")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress display")
     parser.add_argument("-h", "--help", action="store_true", help="show this help and exit")
@@ -268,6 +276,10 @@ def _train(ns: argparse.Namespace, err: IO[str]) -> int:
             f"{ns.target} has no learnable Parameter: give it a plait.Parameter(..., "
             "description=...) (for example as an LLMInference system_prompt) to train"
         )
+    if ns.refit and ns.val is None:
+        raise UsageError("--refit adds the --val examples to the demonstration pools: give --val")
+    if ns.refit and ns.demos != "knn":
+        raise UsageError("--refit grows pools chosen per input: give --demos knn with it")
     _check_data(ns, module, err)
     if ns.demos == "knn":
         _choose_per_input(ns, module)
@@ -302,6 +314,7 @@ def _train(ns: argparse.Namespace, err: IO[str]) -> int:
         ray_address=ns.ray_address,
         min_delta=ns.min_delta,
         test_data=ns.test,
+        refit=ns.refit,
     )
     if trainer.resumed:
         print(
@@ -332,6 +345,13 @@ def _train(ns: argparse.Namespace, err: IO[str]) -> int:
         f"{_fmt(history.final_val_score)}; wrote {', '.join(written)} to {out}",
         file=err,
     )
+    if history.refit:
+        grown = ", ".join(f"{name} {a} -> {b}" for name, (a, b) in history.refit["pools"].items())
+        print(
+            f"plait train: refit on {history.refit['examples']} validation example(s): "
+            f"pools {grown or 'unchanged'}",
+            file=err,
+        )
     if ns.test is not None:
         print(
             f"plait train: held-out test ({ns.test}): {_fmt(history.initial_test_score)} "

@@ -283,6 +283,45 @@ class BootstrapFewShot:
     async def observe(self, batch: TrainingBatch) -> None:
         """File the stages' pairs of the batch's runs that passed (see the module doc)."""
         self._evaluate = batch.evaluate
+        passed, labelled = await self._gather(batch)
+        for mine, gathered in ((self.passed, passed), (self.labelled, labelled)):
+            for path, pairs in gathered.items():
+                mine.setdefault(path, {}).update(pairs)
+
+    async def refit(self, batch: TrainingBatch) -> dict[str, Any]:
+        """Grow every pool chosen from per input (`knn_demos`) by the pairs of
+        ``batch``'s runs, gathered as training gathers them; fixed lists stay as
+        validation chose them.  New values by name.
+
+        The `Trainer` calls this once training has ended, with the validation
+        examples (``Trainer(refit=True)``), so the final pipeline draws on every
+        labelled example it was given.  The pairs are not filed with the ones
+        training gathered: a run continued afterwards must never propose candidates
+        built from the examples that judge them.
+        """
+        passed, labelled = await self._gather(batch)
+        stages = {path: param for param, path in self._paths().items()}
+        grown: dict[str, Any] = {}
+        for path, param in stages.items():
+            if not is_pool(param.value):
+                continue
+            pool = list(param.value["pool"])
+            known = [pair["input"] for pair in pool]
+            extra = [
+                pair
+                for pair in _ordered_pairs(passed.get(path, {}), labelled.get(path, {}))
+                if pair[0] not in known
+            ]
+            if extra:
+                where = f"the demonstrations for {path}"
+                grown[path] = {**param.value, "pool": [*pool, *normalize_demos(extra, where)]}
+        return install(stages, grown)
+
+    async def _gather(
+        self, batch: TrainingBatch
+    ) -> tuple[dict[str, dict[Any, Any]], dict[str, dict[Any, Any]]]:
+        """Per stage, the batch's bootstrapped pairs (runs that passed) and labelled
+        pairs (the stage's input and the example's target), input -> output."""
         traces = batch.traces
         if traces is None or self.teacher is not None or self.teacher_alias is not None:
             teacher = self._teacher(batch)
@@ -295,24 +334,25 @@ class BootstrapFewShot:
                     raise run
             traces = [run for run in runs if not isinstance(run, BaseException)]
         stages = set(self._paths().values())
+        passed: dict[str, dict[Any, Any]] = {}
+        labelled: dict[str, dict[Any, Any]] = {}
         for trace in traces:
             if trace.failed:
                 continue
             mine = [(_path(call), call) for call in trace.calls if _path(call) in stages]
             if trace.score >= self.threshold:
                 for path, call in mine:
-                    self.passed.setdefault(path, {})[call.input] = _output_of(call)
+                    passed.setdefault(path, {})[call.input] = _output_of(call)
             target = trace.example[1]
             if target is None:
                 continue
             final = _final_call(mine, trace.output)
             if final is not None:
-                self.labelled.setdefault(final[0], {})[final[1].input] = target
+                labelled.setdefault(final[0], {})[final[1].input] = target
             for path, call in mine:
                 if path in self.stage_targets:
-                    self.labelled.setdefault(path, {})[call.input] = self._stage_target(
-                        path, target
-                    )
+                    labelled.setdefault(path, {})[call.input] = self._stage_target(path, target)
+        return passed, labelled
 
     async def step(self) -> dict[str, Any]:
         """Install the best of ``candidates`` demonstration sets; new values by name."""
@@ -383,9 +423,7 @@ class BootstrapFewShot:
     def _pairs(self, path: str) -> list[tuple[Any, Any]]:
         """Every pair gathered for the stage at ``path``: bootstrapped ones first (oldest
         first), then labelled ones whose input no bootstrapped pair has."""
-        passed = self.passed.get(path, {})
-        labelled = [(i, o) for i, o in self.labelled.get(path, {}).items() if i not in passed]
-        return [*passed.items(), *labelled]
+        return _ordered_pairs(self.passed.get(path, {}), self.labelled.get(path, {}))
 
     def _teacher(self, batch: TrainingBatch) -> Module:
         """The module whose runs supply traces: the teacher, or the pipeline itself
@@ -444,6 +482,11 @@ def install(stages: Mapping[str, Parameter], value: Mapping[str, Any]) -> dict[s
             param.apply_update(demos)
             applied[param.qualified_name] = demos
     return applied
+
+
+def _ordered_pairs(passed: Mapping[Any, Any], labelled: Mapping[Any, Any]) -> list[Example]:
+    """Bootstrapped pairs first, then labelled ones whose input no bootstrapped pair has."""
+    return [*passed.items(), *((i, o) for i, o in labelled.items() if i not in passed)]
 
 
 def _path(call: CallRecord) -> str:

@@ -89,6 +89,9 @@ class TrainingHistory:
     final_test_score: float | None = None
     #: "" while running; then "completed", "early_stopping" or "max_steps".
     stopped: str = ""
+    #: What ``Trainer(refit=True)`` did once training had ended (empty otherwise):
+    #: the validation examples it ran and, per pool it grew, its size before and after.
+    refit: dict[str, Any] = field(default_factory=dict)
 
     @property
     def final_val_score(self) -> float | None:
@@ -102,6 +105,7 @@ class TrainingHistory:
             "initial_test_score": self.initial_test_score,
             "final_test_score": self.final_test_score,
             "stopped": self.stopped,
+            "refit": self.refit,
             "steps": [asdict(record) for record in self.steps],
         }
 
@@ -114,6 +118,7 @@ class TrainingHistory:
             stopped=data.get("stopped", ""),
             initial_test_score=data.get("initial_test_score"),
             final_test_score=data.get("final_test_score"),
+            refit=dict(data.get("refit") or {}),
         )
 
     def save(self, path: str | os.PathLike[str]) -> Path:

@@ -61,6 +61,7 @@ from typing import Any
 
 from plait._digest import digest
 from plait._files import write_atomic
+from plait.demos import is_pool
 from plait.effects import Message
 from plait.execution.backends import TrainingBackend, backend
 from plait.execution.checkpoint import CheckpointHandler
@@ -142,6 +143,11 @@ class Trainer:
     its last finished step.
     ``max_steps`` caps the total number of optimizer steps (across resumes).
     ``on_event`` receives a `TrainingEvent` at each milestone, for progress bars.
+    ``refit=True``: once training has ended, the validation examples' pairs join the
+    demonstration pools chosen per input (``demos=knn_demos(...)``), so the final
+    pipeline picks among every labelled example (`BootstrapFewShot.refit`); no
+    validation score can judge that step, so ``history.refit`` records it and
+    ``test_data`` measures it.
 
     ``workers=N`` runs the minibatches and the validation passes on N Ray worker
     processes (``ray_address`` joins a running cluster, ``"auto"`` for the local
@@ -204,6 +210,7 @@ class Trainer:
         ray_address: str | None = None,
         min_delta: float = 0.0,
         test_data: str | os.PathLike[str] | Iterable[Any] | None = None,
+        refit: bool = False,
     ) -> None:
         if (
             isinstance(min_delta, bool)
@@ -246,6 +253,12 @@ class Trainer:
         )
         if self.test_data is not None and not self.test_data:
             raise TrainerError("the test set is empty: give examples, or test_data=None")
+        if not isinstance(refit, bool):
+            raise TypeError(f"refit must be True or False, got {refit!r}")
+        if refit:
+            _check_refit(model, self.optimizers, self.val_data)
+        #: Grow the demonstration pools by the validation examples once training ends.
+        self.refit = refit
         #: How much validation must improve for an update to be kept (0: strictly better).
         self.min_delta = float(min_delta)
         self.batch_size = batch_size
@@ -549,9 +562,25 @@ class Trainer:
         (`plait.learning.passes`).
         """
         needs_feedback = any(getattr(o, "needs_feedback", True) for o in self.optimizers)
+        rows, scores, traces = await self._traced(batch, feedback=needs_feedback)
+        train_score = sum(scores) / len(scores)
+        if needs_feedback:
+            params = dict(self.step_module.named_parameters())
+            for row in rows:
+                receive(
+                    Received(params[name], text, rank)
+                    for name, text, rank in row.payload["feedback"]
+                )
+        return train_score, traces
+
+    async def _traced(
+        self, batch: list[Example], feedback: bool
+    ) -> tuple[list[Value], list[float], list[Trace] | None]:
+        """``batch`` run in ``train()`` mode: each example's row, its score, and the
+        runs as the backend logged them (None unless every example's came back)."""
         self.step_module.train()
         try:
-            rows = await self._pass(batch, train=True, feedback=needs_feedback)
+            rows = await self._pass(batch, train=True, feedback=feedback)
         finally:
             self.step_module.eval()
         outputs = [
@@ -562,7 +591,6 @@ class Trainer:
             _score(output, self.step_module, example)
             for output, example in zip(outputs, batch, strict=True)
         ]
-        train_score = sum(scores) / len(scores)
         # The runs as the backend logged them: an optimizer learning from runs
         # (`BootstrapFewShot`) is shown these instead of running the examples again.
         traces: list[Trace] | None = [
@@ -572,14 +600,7 @@ class Trainer:
         ]
         if traces is not None and len(traces) != len(batch):
             traces = None
-        if needs_feedback:
-            params = dict(self.step_module.named_parameters())
-            for row in rows:
-                receive(
-                    Received(params[name], text, rank)
-                    for name, text, rank in row.payload["feedback"]
-                )
-        return train_score, traces
+        return rows, scores, traces
 
     async def _train_step(self, batch: list[Example]) -> StepRecord:
         spent = _spend()
@@ -686,9 +707,41 @@ class Trainer:
         return trial
 
     async def _finish(self, reason: str) -> TrainingHistory:
+        if self.refit and not self.history.refit:
+            await self._refit()
+            self._save_checkpoint()
         if self.test_data is not None:
             self.history.final_test_score = await self.evaluate(self.test_data)
         return self._stop(reason)
+
+    async def _refit(self) -> None:
+        """Run the validation examples as a minibatch and let each optimizer that can
+        grow its pools by their pairs (`BootstrapFewShot.refit`): validation has chosen
+        how demonstrations are picked; the final pipeline then picks them among every
+        labelled example.  No score judges this (each validation input would find
+        itself in the pool), so it is opt-in, recorded in ``history.refit``, and the
+        held-out test split is what measures it."""
+        assert self.val_data is not None  # checked when refit=True was given
+        before = self.model.state_dict()
+        _, _, traces = await self._traced(self.val_data, feedback=False)
+        view = TrainingBatch(
+            examples=list(self.val_data),
+            traces=traces,
+            loss_fn=self.loss_fn,
+            val_size=len(self.val_data),
+        )
+        grown: dict[str, Any] = {}
+        for optimizer in self.optimizers:
+            refit = getattr(optimizer, "refit", None)
+            if refit is not None:
+                grown.update(await refit(view))
+        self.history.refit = {
+            "examples": len(self.val_data),
+            "pools": {
+                name: [len(before[name]["pool"]), len(value["pool"])]
+                for name, value in grown.items()
+            },
+        }
 
     def _better(self, score: float, best: float) -> bool:
         if self.min_delta > 0:
@@ -861,6 +914,27 @@ class _PositionLog(CheckpointHandler):
         repeat = self.passes.get(what, 0)
         self.passes[what] = repeat + 1
         return (1 + int(digest([what, repeat], size=4), 16)) * _PASS_STRIDE
+
+
+def _check_refit(model: Module, optimizers: list[Any], val: list[Example] | None) -> None:
+    """``refit=True`` needs validation examples, a pool to grow and an optimizer that
+    grows it; say which is missing and how to get it."""
+    if val is None:
+        raise TrainerError(
+            "refit=True adds the validation examples to the demonstration pools once "
+            "training ends: give val_data"
+        )
+    if not any(is_pool(p.value) for p in model.parameters()):
+        raise TrainerError(
+            "refit=True grows demonstration pools chosen per input, and this pipeline has "
+            "none: give its LLMInference calls demos=plait.knn_demos(k=4)"
+        )
+    if not any(hasattr(o, "refit") for o in optimizers):
+        names = ", ".join(type(o).__name__ for o in optimizers)
+        raise TrainerError(
+            f"refit=True needs an optimizer that gathers demonstrations (BootstrapFewShot "
+            f"or DemoSearch); this run has {names}"
+        )
 
 
 def _optimizer_list(optimizer: Any) -> list[Any]:
