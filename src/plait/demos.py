@@ -165,10 +165,9 @@ def choose_demos(
     ranked = sorted(range(len(pool)), key=lambda i: (-scores[i], i))
     chosen: list[int] = []
     if labels and checked["cover_labels"]:
-        by_label = {label.casefold(): label for label in labels}
         covered: set[str] = set()
         for i in ranked:  # the most similar pair of each label, most similar first
-            label = by_label.get(demo_text(pool[i]["output"]).strip().casefold())
+            label = label_of(pool[i]["output"], labels)
             if label is not None and label not in covered and len(chosen) < k:
                 covered.add(label)
                 chosen.append(i)
@@ -204,6 +203,13 @@ def _pool_index(value: Any, where: str) -> tuple[dict[str, Any], Any]:
         _POOLS.pop(next(iter(_POOLS)))
     _POOLS[id(value)] = (value, shape, checked, index)
     return checked, index
+
+
+def label_of(output: Any, labels: Sequence[str]) -> str | None:
+    """The label of ``labels`` a demonstration's ``output`` is (case and surrounding
+    space aside), or None: how pools and searches tell which label a pair shows."""
+    text = demo_text(output).strip().casefold()
+    return next((label for label in labels if label.casefold() == text), None)
 
 
 def demo_text(part: Any) -> str:

@@ -241,9 +241,7 @@ class BootstrapFewShot:
                 f"{len(given)} parameter(s): give the LLMInference calls that should learn "
                 "from examples demos=[] (LLMInference(alias, system_prompt, demos=[]))"
             )
-        for name, value in (("max_demos", max_demos), ("candidates", candidates)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        check_positive(max_demos=max_demos, candidates=candidates)
         if teacher is not None and teacher_alias is not None:
             raise ValueError("give a teacher module or a teacher_alias, not both")
         if teacher is not None and not isinstance(teacher, Module):
@@ -470,6 +468,13 @@ class BootstrapFewShot:
             f"BootstrapFewShot({len(self.params)} demonstration parameter(s), "
             f"max_demos={self.max_demos}, steps={self.steps})"
         )
+
+
+def check_positive(**values: Any) -> None:
+    """Each of ``values`` a positive integer, or a `ValueError` naming the first that is not."""
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
 def install(stages: Mapping[str, Parameter], value: Mapping[str, Any]) -> dict[str, Any]:

@@ -35,10 +35,10 @@ import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from plait.demos import is_pool, normalize_demos
+from plait.demos import is_pool, label_of, normalize_demos
 from plait.inference import LLMInference
 from plait.labels import label_choices
-from plait.learning.bootstrap import BootstrapFewShot, TrainingBatch, install
+from plait.learning.bootstrap import BootstrapFewShot, TrainingBatch, check_positive, install
 from plait.module import Module
 from plait.parameter import Parameter
 
@@ -86,9 +86,7 @@ class DemoSearch(BootstrapFewShot):
             seed=seed,
             stage_targets=stage_targets,
         )
-        for name, value in (("eta", eta), ("min_examples", min_examples)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        check_positive(eta=eta, min_examples=min_examples)
         if eta < 2:
             raise ValueError(
                 f"eta must be at least 2 (the share kept per rung is 1/eta), got {eta}"
@@ -267,10 +265,8 @@ def paired_interval(diffs: Sequence[float], rng: random.Random) -> tuple[float, 
 def _one_per_label(pairs: list[tuple[Any, Any]], labels: Sequence[str]) -> list[tuple[Any, Any]]:
     """The first pair of each label among ``pairs``, in the labels' order."""
     by_label: dict[str, tuple[Any, Any]] = {}
-    folded = {label.casefold(): label for label in labels}
     for pair in pairs:
-        output = pair[1] if isinstance(pair[1], str) else json.dumps(pair[1])
-        label = folded.get(output.strip().casefold())
+        label = label_of(pair[1], labels)
         if label is not None:
             by_label.setdefault(label, pair)
     return [by_label[label] for label in labels if label in by_label]
