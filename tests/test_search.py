@@ -474,3 +474,136 @@ def test_plait_train_refit_from_the_shell(server: FakeOpenAIServer, tmp_path: Pa
     pool = json.loads((out / "parameters.json").read_text())["llm.demos"]["pool"]
     assert [p["input"] for p in pool] == [f"v{n}" for n in range(4)]
     assert "refit on 4 validation example(s): pools llm.demos 0 -> 4" in done.stderr
+
+
+# -- instructions searched with a rewriter --------------------------------------------------
+GOOD = "Answer with the item number only."
+
+
+class Instructed(plait.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.llm = plait.LLMInference(
+            "fast",
+            system_prompt=plait.Parameter("Do the task.", description="what the step does"),
+            demos=[],
+        )
+
+    def forward(self, text: str) -> Any:
+        return self.llm(text)
+
+
+def right_only_with_the_good_instruction(request: LLMRequest) -> str:
+    system = request.messages[0]["content"]
+    return number_in(request.prompt_text) if system == GOOD else "unsure"
+
+
+class Proposals:
+    """The rewriter: the second proposal of each step is the good instruction, one is an
+    echo of the request's headings (refused), the others are plausible but useless."""
+
+    def __init__(self) -> None:
+        self.prompts: list[str] = []
+
+    def __call__(self, request: LLMRequest) -> str:
+        self.prompts.append(request.prompt_text)
+        variant = int(re.findall(r"\(proposal (\d+)\)", request.prompt_text)[0])
+        if variant == 2:
+            return GOOD
+        if variant == 3:
+            return "## The instruction in place\nDo the task."
+        return f"Do the task well, attempt {variant}."
+
+
+def instruction_search(model: Instructed, resources: plait.ResourceConfig, seed: int) -> Trainer:
+    return Trainer(
+        model,
+        ExactMatch(),
+        DemoSearch(model.parameters(), rewriter="smart", instructions=4, seed=seed),
+        numbers(1, 8),
+        numbers(100, 8),
+        batch_size=8,
+        max_steps=1,
+        resources=resources,
+    )
+
+
+def test_a_rewriter_adds_instructions_to_the_search_and_the_best_is_installed(
+    resources: plait.ResourceConfig,
+) -> None:
+    model = Instructed()
+    proposals = Proposals()
+    with mock(
+        {"fast": right_only_with_the_good_instruction, "instructions": proposals}, strict=True
+    ):
+        history = instruction_search(model, resources, seed=0).fit_sync()
+    assert model.llm.system_prompt.value == GOOD
+    assert history.initial_val_score == 0.0 and history.best_val_score == 1.0
+    (trial,) = history.steps[0].trials
+    report = trial["search"]
+    assert report["instructions"] == {
+        "llm#instruction": ["Do the task well, attempt 1.", GOOD, "Do the task well, attempt 4."]
+    }
+    assert any(v.get("llm#instruction") == GOOD for v in report["values"])
+    assert "llm.system_prompt" in trial["rejected"]  # the echo, refused
+    # Each proposal saw the purpose, the instruction in place and labelled pairs.
+    assert len(proposals.prompts) == 4
+    for prompt in proposals.prompts:
+        assert "what the step does" in prompt and "Do the task." in prompt
+        assert re.search(r"Input:\nplease ship item \d+ today\nAnswer:\n\d+", prompt)
+
+
+def test_two_instruction_searches_at_once_find_what_each_finds_alone(
+    resources: plait.ResourceConfig,
+) -> None:
+    models = [Instructed(), Instructed()]
+
+    async def both() -> list[Any]:
+        replies = {"fast": right_only_with_the_good_instruction, "instructions": Proposals()}
+        with mock(replies, strict=True):
+            return list(
+                await asyncio.gather(
+                    *(instruction_search(m, resources, seed).fit() for seed, m in enumerate(models))
+                )
+            )
+
+    histories = asyncio.run(both())
+    assert [m.llm.system_prompt.value for m in models] == [GOOD, GOOD]
+    assert [h.best_val_score for h in histories] == [1.0, 1.0]
+
+
+def test_a_rewriter_with_no_learnable_instruction_is_refused_naming_the_fix() -> None:
+    model = Extract()  # its instruction is plain text, not a Parameter
+    with pytest.raises(ValueError, match=r"system_prompt=plait.Parameter"):
+        DemoSearch(model.parameters(), rewriter="smart")
+
+
+def test_plait_train_searches_instructions_from_the_shell(
+    server: FakeOpenAIServer, tmp_path: Path
+) -> None:
+    target, resources = write_target(tmp_path, server)
+    data = tmp_path / "data.jsonl"
+    data.write_text(
+        "".join(json.dumps({"input": f"w{n}", "target": f"w{n}"}) + "\n" for n in range(4))
+    )
+    out = tmp_path / "out"
+    base = ("train", target, "--data", data, "--val", data, "--resources", resources)
+    refused = plait_cli(*base, "--instructions", "2", "--out", out)
+    assert (
+        refused.returncode == 2 and "--instructions goes with --optimizer search" in refused.stderr
+    )
+    done = plait_cli(
+        *base, "--optimizer", "search", "--instructions", "2", "--out", out, "--batch-size", "4",
+        "-q",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    asked = [
+        r for r in server.stats(bodies=True)["requests"]
+        if "Write a new instruction" in r["body"]["messages"][-1]["content"]
+    ]  # fmt: skip
+    assert len(asked) == 2  # on the optimizer alias, one request per proposal
+    (step,) = json.loads((out / "history.json").read_text())["steps"]
+    report = step["trials"][0]["search"]
+    # The fake server fills a structured reply with "x": both proposals are that one.
+    assert report["instructions"] == {"llm#instruction": ["x"]}
+    assert any(value["llm#instruction"] == "x" for value in report["values"])

@@ -79,7 +79,9 @@ pipeline on another alias to produce them), search (as bootstrap gathers pairs,
 then scores --candidates sets per step (default 16) on a few validation examples,
 the better half on twice as many, and so on to all of them; the best is installed
 only if it beats the values in place, example by example, and the history
-records every candidate's scores and the 95% interval of the gain).
+records every candidate's scores and the 95% interval of the gain; with
+--instructions N the --optimizer-alias model also writes N new instructions per
+learnable system prompt each step, searched together with the demonstrations).
 `--optimizer bootstrap --optimizer sfa` learns both in one run.
 
 Demonstrations chosen per input: --demos knn [--k N] turns every LLMInference
@@ -139,6 +141,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=positive_int,
         metavar="N",
         help="bootstrap, search: demonstration sets scored on validation per step (4, 16)",
+    )
+    parser.add_argument(
+        "--instructions",
+        type=positive_int,
+        metavar="N",
+        help="search: N instructions per system prompt per step, by --optimizer-alias",
     )
     parser.add_argument(
         "--demos",
@@ -409,6 +417,8 @@ def _make_optimizers(ns: argparse.Namespace, module: Module, resources: Any) -> 
         raise UsageError("--teacher-alias goes with --optimizer bootstrap or search")
     if ns.candidates is not None and not learns_demos:
         raise UsageError("--candidates goes with --optimizer bootstrap or search")
+    if ns.instructions is not None and "search" not in names:
+        raise UsageError("--instructions goes with --optimizer search")
     if len(set(names)) != len(names):
         raise UsageError(f"--optimizer names one twice ({', '.join(names)}): name each once")
     made: list[Any] = []
@@ -419,16 +429,21 @@ def _make_optimizers(ns: argparse.Namespace, module: Module, resources: Any) -> 
                     f"--optimizer {name}: {ns.target} has no demonstrations to learn; build "
                     "its LLMInference calls with demos=[] (LLMInference(alias, prompt, demos=[]))"
                 )
-            learner = BootstrapFewShot if name == "bootstrap" else DemoSearch
-            made.append(
-                learner(
-                    module.parameters(),
-                    max_demos=ns.max_demos,
-                    candidates=ns.candidates or (4 if name == "bootstrap" else 16),
-                    teacher_alias=ns.teacher_alias,
-                    seed=ns.seed,
-                )
-            )
+            options: dict[str, Any] = {
+                "max_demos": ns.max_demos,
+                "candidates": ns.candidates or (4 if name == "bootstrap" else 16),
+                "teacher_alias": ns.teacher_alias,
+                "seed": ns.seed,
+            }
+            if name == "bootstrap":
+                made.append(BootstrapFewShot(module.parameters(), **options))
+                continue
+            if ns.instructions is not None:
+                options.update(rewriter=ns.optimizer_alias, instructions=ns.instructions)
+            try:
+                made.append(DemoSearch(module.parameters(), **options).bind(resources))
+            except ValueError as exc:
+                raise UsageError(f"--optimizer search: {exc}") from None
             continue
         cls = optimizers.SFAOptimizer if name == "sfa" else optimizers.TextGradOptimizer
         optimizer = cls(module.parameters(), alias=ns.optimizer_alias)

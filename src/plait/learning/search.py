@@ -21,6 +21,13 @@ forward is to try many more sets without paying a full validation pass for each:
    when the interval's lower end is above 0).  The `Trainer`'s gate then judges it
    as it judges every update: never a worse pipeline.
 
+With a ``rewriter`` (an alias), instructions are searched too: at each step the
+rewriter proposes ``instructions`` new system prompts per learnable instruction
+(each shown the parameter's description, the current instruction and a different
+sample of the stage's labelled pairs), each checked as every rewrite is
+(`check_rewrite`), and the candidates combine them with the demonstration sets:
+a candidate may change either, or both, and is judged the same way.
+
 `search_report` (saved in the history, ``trials[].search``) holds every
 candidate's score at every rung, the finalists and the comparison.  Without a
 validation set there is nothing to search with, and it behaves as
@@ -29,18 +36,36 @@ validation set there is nothing to search with, and it behaves as
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Self
 
 from plait.demos import is_pool, label_of, normalize_demos
+from plait.handlers.overriding import override
 from plait.inference import LLMInference
 from plait.labels import label_choices
 from plait.learning.bootstrap import BootstrapFewShot, TrainingBatch, check_positive, install
+from plait.learning.optimizers import (
+    Rejection,
+    Rewrite,
+    _Call,
+    _parse_reply,
+    _show,
+    check_rewrite,
+    meta_markers,
+    rewrite_max_tokens,
+)
 from plait.module import Module
 from plait.parameter import Parameter
+from plait.providers.base import ReplyFormatError
+from plait.values import ExecutionError
+
+if TYPE_CHECKING:
+    from plait.resources.config import ResourceConfig
+    from plait.resources.manager import ResourceManager
 
 __all__ = ["DemoSearch", "paired_interval"]
 
@@ -56,8 +81,12 @@ class DemoSearch(BootstrapFewShot):
     candidates that go on at each rung is ``1/eta``.  ``min_examples``: the fewest
     validation examples a rung scores.  ``k_choices``: the ``k`` tried for a pool
     chosen from per input.  ``require_confidence``: install only a winner whose
-    95% interval of improvement is above 0.  ``threshold``, ``teacher``,
-    ``teacher_alias``, ``seed`` and ``stage_targets`` are `BootstrapFewShot`'s.
+    95% interval of improvement is above 0.  ``rewriter``: an alias whose model
+    proposes ``instructions`` new instructions per learnable system prompt at each
+    step (none without it); its calls run as the root module ``"instructions"``, so
+    ``mock({"instructions": ...})`` answers them in tests, at ``rewriter_temperature``.
+    ``threshold``, ``teacher``, ``teacher_alias``, ``seed`` and ``stage_targets`` are
+    `BootstrapFewShot`'s.
     """
 
     def __init__(
@@ -75,7 +104,11 @@ class DemoSearch(BootstrapFewShot):
         teacher_alias: str | None = None,
         seed: int = 0,
         stage_targets: Mapping[str, Callable[[Any], Any]] | None = None,
+        rewriter: str | None = None,
+        instructions: int = 4,
+        rewriter_temperature: float | None = 0.9,
     ) -> None:
+        params = list(params) if not isinstance(params, Module | Parameter) else params
         super().__init__(
             params,
             max_demos=max_demos,
@@ -98,9 +131,39 @@ class DemoSearch(BootstrapFewShot):
         self.min_examples = min_examples
         self.k_choices = tuple(ks)
         self.require_confidence = require_confidence
+        check_positive(instructions=instructions)
+        if rewriter is not None and not isinstance(rewriter, str):
+            raise TypeError(f"rewriter must be an alias (a string), got {type(rewriter).__name__}")
+        self.rewriter = rewriter
+        self.instructions = instructions
+        #: The learnable instructions searched with a rewriter, by stage path.
+        self.instruction_params: dict[str, Parameter] = {}
+        self._instruction_call: _Call | None = None
+        if rewriter is not None:
+            assert not isinstance(params, Module | Parameter)
+            self.instruction_params = _instructions_of(params)
+            if not self.instruction_params:
+                raise ValueError(
+                    "rewriter= searches instructions, and none of the parameters is a learnable "
+                    "instruction: give the LLMInference calls system_prompt=plait.Parameter("
+                    "'...', description='...') and pass model.parameters()"
+                )
+            self._instruction_call = _Call(
+                "instructions",
+                rewriter,
+                _PROPOSE_SYSTEM,
+                rewriter_temperature,
+                Rewrite,
+            )
         #: The last step's account: rungs, every candidate's scores, the comparison.
         self.search_report: dict[str, Any] = {}
         self._batch: TrainingBatch | None = None
+
+    def bind(self, resources: ResourceConfig | ResourceManager | Any) -> Self:
+        """Resources for the rewriter's calls (without them, the `Trainer`'s serve them)."""
+        if self._instruction_call is not None:
+            self._instruction_call.bind(resources=resources)
+        return self
 
     async def observe(self, batch: TrainingBatch) -> None:
         await super().observe(batch)
@@ -113,16 +176,23 @@ class DemoSearch(BootstrapFewShot):
             self.search_report = {}
             return await super().step()
         rng = random.Random(f"search:{self.seed}:{self.steps}")
+        written = await self._propose_instructions(
+            random.Random(f"instructions:{self.seed}:{self.steps}")
+        )
         self.steps += 1
         stages = {path: param for param, path in self._paths().items()}
+        for path, param in self.instruction_params.items():
+            stages[_instruction_slot(path)] = param
         incumbent = {path: param.value for path, param in stages.items()}
-        values = [incumbent, *self._proposals(stages, incumbent, rng)]
+        values = [incumbent, *self._proposals(stages, incumbent, rng, written)]
         self.candidate_scores = []
         if len(values) == 1:
             self.search_report = {"candidates": 1, "note": "no pairs to propose yet"}
             return {}
         order = rng.sample(range(batch.val_size), batch.val_size)
         scores = await self._halve(values, stages, order, batch)
+        if written:
+            self.search_report["instructions"] = written
         finalists = [c for c in range(len(values)) if len(scores[c]) == len(order)]
         means = {c: _mean([scores[c][i] for i in order]) for c in finalists}
         winner = min(finalists, key=lambda c: (-means[c], c))  # ties: the incumbent (0)
@@ -188,6 +258,58 @@ class DemoSearch(BootstrapFewShot):
         }
         return scores
 
+    # -- instructions ----------------------------------------------------------------
+    async def _propose_instructions(self, rng: random.Random) -> dict[str, list[str]]:
+        """Per instruction slot, the rewriter's proposals this step that passed
+        `check_rewrite` (refused ones go to ``rejected``); empty without a rewriter."""
+        if self._instruction_call is None:
+            return {}
+        jobs: list[tuple[str, Parameter, str]] = []
+        for path, param in self.instruction_params.items():
+            pairs = self._pairs(path)
+            for variant in range(self.instructions):
+                sample = rng.sample(pairs, min(4, len(pairs))) if pairs else []
+                prompt = instruction_prompt(param, path, sample, variant)
+                jobs.append((_instruction_slot(path), param, prompt))
+        replies = await asyncio.gather(*(self._ask(param, prompt) for _, param, prompt in jobs))
+        written: dict[str, list[str]] = {}
+        for (slot, param, prompt), (value, refused) in zip(jobs, replies, strict=True):
+            name = param.qualified_name
+            reason = refused or check_rewrite(param.value, value, meta_markers(prompt))
+            if reason is None and value == param.value:
+                reason = "the same as the current instruction"
+            if reason is not None:
+                self.rejected.append(Rejection(self.steps, name, value, reason))
+                continue
+            if value not in written.setdefault(slot, []):
+                written[slot].append(value)
+        return written
+
+    async def _ask(self, param: Parameter, prompt: str) -> tuple[Any, str | None]:
+        """One proposal: the new value, or why there is none (a reply that is no value)."""
+        call = self._instruction_call
+        assert call is not None
+        llm = call.llm
+        if llm.max_tokens is None:
+            with override("instructions", max_tokens=rewrite_max_tokens(param.value)):
+                reply = await self._reply(call, prompt)
+        else:
+            reply = await self._reply(call, prompt)
+        if isinstance(reply, BaseException):
+            return None, f"the rewriter's reply was not a value ({reply})"
+        if isinstance(reply, dict):
+            reply = reply.get("new_value", "")
+        return _parse_reply(reply, param, param.qualified_name), None
+
+    @staticmethod
+    async def _reply(call: _Call, prompt: str) -> Any:
+        try:
+            return await call(prompt)
+        except ExecutionError as exc:
+            if isinstance(exc.__cause__, ReplyFormatError):
+                return exc.__cause__  # answered, but with no value: a refused proposal
+            raise  # the endpoint failed: the step fails, as a rewriter's would
+
     def _rung_sizes(self, candidates: int, examples: int) -> list[int]:
         """Examples scored at each rung: ``eta`` times more each time, all at the end."""
         rungs = max(1, math.ceil(math.log(candidates, self.eta)))
@@ -199,11 +321,22 @@ class DemoSearch(BootstrapFewShot):
 
     # -- proposals -------------------------------------------------------------------
     def _proposals(
-        self, stages: dict[str, Parameter], incumbent: dict[str, Any], rng: random.Random
+        self,
+        stages: dict[str, Parameter],
+        incumbent: dict[str, Any],
+        rng: random.Random,
+        written: Mapping[str, list[str]] | None = None,
     ) -> list[dict[str, Any]]:
         """Up to ``candidates`` distinct values, none the incumbent: per stage, a pool's
-        ``k`` choices or a random or label-balanced set, combined across stages."""
-        options = {path: self._stage_options(path, param, rng) for path, param in stages.items()}
+        ``k`` choices or a random or label-balanced set, and per instruction the one in
+        place or one ``written`` this step, combined across stages."""
+        options: dict[str, list[Any]] = {}
+        for path, param in stages.items():
+            if path in (written or {}) or _is_instruction_slot(path):
+                new = (written or {}).get(path, [])
+                options[path] = [param.value, *new] if new else []
+            else:
+                options[path] = self._stage_options(path, param, rng)
         seen = {_key(incumbent)}
         found: list[dict[str, Any]] = []
         for _ in range(self.candidates * 8):
@@ -272,6 +405,69 @@ def _one_per_label(pairs: list[tuple[Any, Any]], labels: Sequence[str]) -> list[
     return [by_label[label] for label in labels if label in by_label]
 
 
+_PROPOSE_SYSTEM = (
+    "You write instructions (system prompts) for one step of an LLM pipeline, from what "
+    "the step is for and examples of what it is given and should answer. Reply with a JSON "
+    "object whose only field, new_value, holds ONLY the instruction: no preamble, no "
+    "explanation, no headings or delimiters of the request."
+)
+
+#: How an instruction's place in a candidate is named: its stage's path, then this.
+INSTRUCTION_SLOT = "#instruction"
+
+
+def _instruction_slot(path: str) -> str:
+    return f"{path}{INSTRUCTION_SLOT}"
+
+
+def _is_instruction_slot(key: str) -> bool:
+    return key.endswith(INSTRUCTION_SLOT)
+
+
+def _instructions_of(params: Iterable[Parameter]) -> dict[str, Parameter]:
+    """The learnable text instructions among ``params``: LLMInference system prompts,
+    by their stage's path."""
+    found: dict[str, Parameter] = {}
+    for param in params:
+        owner = param.owner
+        if (
+            isinstance(owner, LLMInference)
+            and owner.system_prompt is param
+            and param.requires_grad
+            and isinstance(param.value, str)
+        ):
+            found.setdefault(owner.qualified_path, param)
+    return found
+
+
+def instruction_prompt(
+    param: Parameter, path: str, pairs: Sequence[tuple[Any, Any]], variant: int
+) -> str:
+    """What the rewriter is asked for one proposal: the instruction's purpose, the one
+    in place, and some inputs with the answers the stage should give."""
+    shown = (
+        "\n\n".join(f"Input:\n{_text(inp)}\nAnswer:\n{_text(out)}" for inp, out in pairs)
+        or "(no examples gathered yet)"
+    )
+    purpose = param.description or "the step's task"
+    return "\n\n".join(
+        [
+            f"Write a new instruction (system prompt) for the step `{path}` of an LLM "
+            f"pipeline (proposal {variant + 1}).",
+            f"## What the instruction is for\n{purpose}",
+            f"## The instruction in place\n{_show(param.value, param.qualified_name)}",
+            f"## Inputs the step is given and the answers it should give\n{shown}",
+            "Write one clear, short instruction, different from the one in place, that "
+            "would lead a model to give such answers to such inputs. Reply with ONLY the "
+            "new instruction (as text), in the field new_value.",
+        ]
+    )
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
 def _key(value: dict[str, Any]) -> str:
     return json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
 
@@ -282,6 +478,8 @@ def _describe(value: dict[str, Any]) -> dict[str, Any]:
     for path, demos in value.items():
         if is_pool(demos):
             shown[path] = {"pool": len(demos["pool"]), "k": demos["k"]}
+        elif isinstance(demos, str):  # an instruction, whole: the history shows what won
+            shown[path] = demos
         else:
             shown[path] = [str(pair["input"])[:60] for pair in demos]
     return shown
