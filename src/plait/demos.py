@@ -15,7 +15,10 @@ checkpoint key (a hash of the messages) changes whenever the demonstrations do.
 The value may instead be a *pool* chosen from per input, ``{"pool": [pairs...],
 "k": 4}`` (`knn_demos`): each call is shown the ``k`` pairs of the pool whose
 inputs are most like its own (BM25 word overlap, `plait.retrieval`; no model, no
-endpoint), the most similar last, nearest the input.  With ``cover_labels``, a
+endpoint), the most similar last, nearest the input; with ``embed="alias"``, by the
+cosine similarity of embeddings that alias's endpoint gives (`plait.execution.
+embeddings`: the pool's inputs embedded once per run, each input once per call).
+With ``cover_labels``, a
 call that answers with labels (`plait.labels`) is shown at least one pair per
 label when ``k`` allows (measured to cost accuracy on a small model, so off by
 default: `knn_demos`).  The pool and ``k`` are the
@@ -35,8 +38,10 @@ __all__ = [
     "choose_demos",
     "demo_messages",
     "demo_text",
+    "embedding_alias",
     "is_pool",
     "knn_demos",
+    "needs_ranking",
     "normalize_demo_value",
     "normalize_demos",
 ]
@@ -99,18 +104,26 @@ def normalize_demos(value: Any, where: str = "demos") -> list[dict[str, Any]]:
     return demos
 
 
-def knn_demos(k: int = 4, pool: Sequence[Any] = (), cover_labels: bool = False) -> dict[str, Any]:
+def knn_demos(
+    k: int = 4, pool: Sequence[Any] = (), cover_labels: bool = False, embed: str | None = None
+) -> dict[str, Any]:
     """A demonstrations value chosen per input: the ``k`` pairs of ``pool`` most like
     each call's input (see the module doc).  An empty pool is filled by training
     (`BootstrapFewShot` and `DemoSearch` put every pair they gather in it).
     ``cover_labels``: a call that answers with labels is shown each label at least
     once when ``k`` allows; off by default, because on the 4-way benchmark it cost
     13 points (the ``k`` most similar, whatever their labels: 72% with scoring by
-    log-probability; every label covered: 59%; ``benchmarks/labels.py``)::
+    log-probability; every label covered: 59%; ``benchmarks/labels.py``).
+    ``embed``: an alias whose endpoint gives embeddings (OpenAI-compatible, e.g.
+    ``text-embedding-3-small``); the pairs most like an input are then those whose
+    inputs' embeddings are nearest its own, instead of BM25's word overlap::
 
         LLMInference("local", "Classify the message.", demos=knn_demos(k=4))
+        LLMInference("fast", "Classify the message.", demos=knn_demos(k=4, embed="embedder"))
     """
-    spec = {"pool": list(pool), "k": k, "cover_labels": cover_labels}
+    spec: dict[str, Any] = {"pool": list(pool), "k": k, "cover_labels": cover_labels}
+    if embed is not None:
+        spec["embed"] = embed
     value: dict[str, Any] = normalize_demo_value(spec, "knn_demos(...)")
     return value
 
@@ -122,12 +135,12 @@ def is_pool(value: Any) -> bool:
 
 def normalize_demo_value(value: Any, where: str = "demos") -> Any:
     """A demonstrations value, checked: a list of pairs (`normalize_demos`) or a pool
-    ``{"pool": [pairs...], "k": k, "cover_labels": false}`` (the last key optional,
-    false when absent) with its pairs normalized."""
+    ``{"pool": [pairs...], "k": k, "cover_labels": false, "embed": "alias"}`` (the
+    last two optional: false and absent, BM25) with its pairs normalized."""
     if not isinstance(value, Mapping):
         return normalize_demos(value, where)
     keys = set(value)
-    if not {"pool", "k"} <= keys <= {"pool", "k", "cover_labels"}:
+    if not {"pool", "k"} <= keys <= {"pool", "k", "cover_labels", "embed"}:
         raise DemoError(
             f"{where} must be a list of input/output pairs or a pool "
             f'{{"pool": [...], "k": 4}} (knn_demos(k=4)), got the keys {sorted(map(str, keys))}'
@@ -140,20 +153,48 @@ def normalize_demo_value(value: Any, where: str = "demos") -> Any:
     cover = value.get("cover_labels", False)
     if not isinstance(cover, bool):
         raise DemoError(f"{where}'s cover_labels must be true or false, got {cover!r}")
-    return {
+    checked = {
         "pool": normalize_demos(value["pool"], f"{where}'s pool"),
         "k": k,
         "cover_labels": cover,
     }
+    if "embed" in value:
+        embed = value["embed"]
+        if not isinstance(embed, str) or not embed.strip():
+            raise DemoError(
+                f"{where}'s embed is the alias whose embeddings rank the pool: a non-empty "
+                f"string, got {embed!r} (leave it out to rank by BM25)"
+            )
+        checked["embed"] = embed
+    return checked
+
+
+def embedding_alias(value: Any) -> str | None:
+    """The alias whose embeddings rank a pool, or None (a list, or a pool ranked by BM25)."""
+    if not is_pool(value):
+        return None
+    embed = value.get("embed")
+    return embed if isinstance(embed, str) else None
+
+
+def needs_ranking(value: Any) -> bool:
+    """Whether a call must rank ``value``'s pool to choose from it (more pairs than k)."""
+    return is_pool(value) and len(value["pool"]) > value["k"]
 
 
 def choose_demos(
-    value: Any, prompt: str, labels: Sequence[str] | None = None, where: str = "demos"
+    value: Any,
+    prompt: str,
+    labels: Sequence[str] | None = None,
+    where: str = "demos",
+    similarity: Sequence[float] | None = None,
 ) -> list[dict[str, Any]]:
     """The pairs a call with input ``prompt`` is shown, checked (`DemoError` naming
     ``where`` otherwise): a list as it is; for a pool, its ``k`` pairs most like
     ``prompt`` (covering ``labels`` when ``k`` allows and the pool says so), least
-    similar first."""
+    similar first.  ``similarity``: each pair's similarity to ``prompt`` as the pool's
+    ``embed`` alias measured it (a pool ranked by embeddings needs it; BM25 is used
+    without)."""
     if not is_pool(value):
         return normalize_demos(value, where)
     checked, index = _pool_index(value, where)
@@ -161,7 +202,19 @@ def choose_demos(
     k: int = checked["k"]
     if len(pool) <= k:
         return pool
-    scores = index.scores(prompt)
+    if similarity is not None:
+        if len(similarity) != len(pool):
+            raise DemoError(
+                f"{where}: {len(similarity)} similarities for a pool of {len(pool)} pairs"
+            )
+        scores = list(similarity)
+    elif "embed" in checked:
+        raise DemoError(
+            f"{where} are ranked by the embeddings of alias {checked['embed']!r}, which "
+            "only a call run by plait's runtime fetches (module(...), run_sync, plait run)"
+        )
+    else:
+        scores = index.scores(prompt)
     ranked = sorted(range(len(pool)), key=lambda i: (-scores[i], i))
     chosen: list[int] = []
     if labels and checked["cover_labels"]:

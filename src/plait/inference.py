@@ -128,10 +128,21 @@ class LLMInference(Module):
         else:
             self.demos = None
 
-    def messages(self, prompt: Any) -> list[dict[str, Any]]:
+    def input_text(self, prompt: Any) -> str:
+        """The text of ``prompt`` as the last user turn carries it (a TypeError naming
+        its type for a prompt with no text of its own: None, bytes, a function)."""
+        return (
+            prompt if isinstance(prompt, str) else prompt_text(prompt, f"{self._label()}'s prompt")
+        )
+
+    def messages(
+        self, prompt: Any, similarity: Sequence[float] | None = None
+    ) -> list[dict[str, Any]]:
         """The chat messages this call sends for ``prompt``: the system prompt, the
         demonstrations as user/assistant turns, then ``prompt`` as the last user turn.
         A call that answers with labels says them at the end of the system prompt.
+        ``similarity``: for demonstrations ranked by an embedding alias, each pool
+        pair's similarity to ``prompt`` (`plait.execution.embeddings`).
 
         Parameter values are read as the running input sees them (see
         `Parameter.current`); demonstrations that are not a list of input/output
@@ -154,11 +165,10 @@ class LLMInference(Module):
             messages.append({"role": "system", "content": content})
         elif labels is not None:
             messages.append({"role": "system", "content": labels_instruction(labels)})
-        if not isinstance(prompt, str):
-            prompt = prompt_text(prompt, f"{self._label()}'s prompt")
+        prompt = self.input_text(prompt)
         if self.demos is not None:
             where = f"the demonstrations of {self.qualified_path or 'this LLMInference'}"
-            shown = choose_demos(self.demos.current(), prompt, labels, where)
+            shown = choose_demos(self.demos.current(), prompt, labels, where, similarity)
             messages.extend(demo_messages(shown))
         messages.append({"role": "user", "content": prompt})
         return messages

@@ -86,7 +86,9 @@ learnable system prompt each step, searched together with the demonstrations).
 
 Demonstrations chosen per input: --demos knn [--k N] turns every LLMInference
 built with demos into a pool (plait.knn_demos) from which each call is shown
-the N pairs most like its input (default 4); bootstrap and search fill the
+the N pairs most like its input (default 4; by BM25 word overlap, or by the
+embeddings of --embed ALIAS, an OpenAI-compatible embedding endpoint); bootstrap
+and search fill the
 pool with every pair they gather.  --refit: once training ends, the --val
 examples join the pools too (validation chose how demonstrations are picked;
 the final pipeline picks among every labelled example; nothing can score that
@@ -156,6 +158,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--k", type=positive_int, default=4, metavar="N", help="--demos knn: pairs per call (4)"
+    )
+    parser.add_argument(
+        "--embed",
+        metavar="ALIAS",
+        help="--demos knn: rank the pool by this alias's embeddings instead of BM25",
     )
     parser.add_argument(
         "--teacher-alias",
@@ -286,6 +293,8 @@ def _train(ns: argparse.Namespace, err: IO[str]) -> int:
         )
     if ns.refit and ns.val is None:
         raise UsageError("--refit adds the --val examples to the demonstration pools: give --val")
+    if ns.embed is not None and ns.demos != "knn":
+        raise UsageError("--embed ranks a pool chosen per input: give --demos knn with it")
     if ns.refit and ns.demos != "knn":
         raise UsageError("--refit grows pools chosen per input: give --demos knn with it")
     _check_data(ns, module, err)
@@ -468,7 +477,7 @@ def _choose_per_input(ns: argparse.Namespace, module: Module) -> None:
     for param in held:
         value = param.value
         pool = value["pool"] if is_pool(value) else value
-        param.value = knn_demos(k=ns.k, pool=pool)
+        param.value = knn_demos(k=ns.k, pool=pool, embed=ns.embed)
 
 
 def _remove_checkpoint(directory: Path) -> None:

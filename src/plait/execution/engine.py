@@ -19,6 +19,7 @@ from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from plait._digest import hex_digest
+from plait.demos import embedding_alias, needs_ranking
 from plait.effects import (
     Handler,
     Message,
@@ -29,6 +30,7 @@ from plait.effects import (
     process_stack,
 )
 from plait.execution.calls import CallSite, NodeScope
+from plait.execution.embeddings import PoolEmbeddings
 from plait.module import llm_aliases
 from plait.parameter import release_snapshot, snapshot_values, use_snapshot
 from plait.providers.base import LLMRequest
@@ -124,6 +126,8 @@ class Engine:
         resources.check_aliases(llm_aliases(root))
         #: Each call site's prompt-cache key (`LLMRequest.cache_key`), by module path.
         self.cache_keys: dict[str, str] = {}
+        #: Pool inputs embedded for demonstrations an embedding alias ranks.
+        self.embeddings = PoolEmbeddings()
 
     def start_draining(self) -> None:
         """The batch has no inputs left to admit: re-rank waiting calls tallest-first."""
@@ -241,7 +245,40 @@ class Engine:
         one sample, the call's own); ``upstream`` gives the ids of the calls it waited
         for, asked only when a handler sees the call."""
         prompt = args[0] if args else kwargs["prompt"]
-        messages = module.messages(prompt)
+        site = CallSite.of_node(self, node.path, priority.index, prefix + node.key, priority)
+        demos = module.demos.current() if module.demos is not None else None
+        alias = embedding_alias(demos)
+        if alias is not None and needs_ranking(demos):
+            return self._call_llm_ranked(node, module, prompt, demos, alias, site, upstream)
+        return self._llm_requests(node, module, module.messages(prompt), site, upstream)
+
+    async def _call_llm_ranked(
+        self,
+        node: Node,
+        module: Any,
+        prompt: Any,
+        demos: Any,
+        alias: str,
+        site: CallSite,
+        upstream: Callable[[], list[str]],
+    ) -> Value:
+        """`_call_llm` for a call whose demonstrations an embedding alias ranks: the
+        pool's similarities to the input first (`plait.execution.embeddings`)."""
+        text = module.input_text(prompt)
+        similarity = await self.embeddings.similarities(site, alias, demos["pool"], text)
+        return await self._llm_requests(
+            node, module, module.messages(prompt, similarity), site, upstream
+        )
+
+    def _llm_requests(
+        self,
+        node: Node,
+        module: Any,
+        messages: list[dict[str, Any]],
+        site: CallSite,
+        upstream: Callable[[], list[str]],
+    ) -> Coroutine[Any, Any, Value]:
+        """The call's request(s) for ``messages``, once per sample, invoked at ``site``."""
         request = LLMRequest(
             alias=module.alias,
             messages=messages,
@@ -254,7 +291,6 @@ class Engine:
             cache_key=self.cache_keys.get(node.path) or self._cache_key(node.path),
         )
         # One node: its samples differ by their seeds.
-        site = CallSite.of_node(self, node.path, priority.index, prefix + node.key, priority)
         seeds = site.seeds(request, module.n)
         calls = [request] * module.n if seeds is None else [with_seed(request, s) for s in seeds]
         ref = f"node:{node.id}"

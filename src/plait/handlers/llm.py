@@ -16,6 +16,7 @@ same in the others.
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
 from plait._digest import json_digest
@@ -95,7 +96,10 @@ def response_to_json(response: LLMResponse) -> dict[str, Any]:
 def response_from_json(data: dict[str, Any], request: LLMRequest) -> LLMResponse:
     """The reply stored by `response_to_json`, validated again against the request's type."""
     text = str(data["text"])
-    parsed = parse_reply(request.response_format, text) if request.response_format else None
+    if request.embed:  # the vectors, as the reply's text holds them
+        parsed: Any = json.loads(text)
+    else:
+        parsed = parse_reply(request.response_format, text) if request.response_format else None
     prompt, completion = data.get("usage") or (0, 0)
     return LLMResponse(
         text,

@@ -115,6 +115,8 @@ class Mock(Handler):
 
 
 def _response(msg: Message, request: LLMRequest, reply: Any) -> LLMResponse:
+    if request.embed:  # the vectors; their shape is checked where they are used
+        return LLMResponse(json.dumps(reply), reply, Usage(), MOCK_MODEL, "stop")
     tp = request.response_format
     if tp is None:
         if not isinstance(reply, str):

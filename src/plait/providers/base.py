@@ -68,6 +68,10 @@ class LLMRequest:
     #: For a ``response_format`` of labels: how the label is chosen ("grammar",
     #: "logprob", "calibrated"; None: the provider's default), `plait.labels`.
     label_method: str | None = None
+    #: An embedding request: each message's text is embedded, and the reply's
+    #: ``parsed`` is their vectors, in order (`plait.embeddings`).  Only endpoints whose
+    #: provider ``embeds`` take it.
+    embed: bool = False
 
     @property
     def prompt_text(self) -> str:
@@ -85,6 +89,8 @@ class LLMRequest:
         parts = [model, self.alias, self.messages, self.temperature, self.max_tokens, schema]
         if self.label_method is not None:  # absent, the keys made before it existed hold
             parts.append(self.label_method)
+        if self.embed:  # likewise
+            parts.append("embed")
         return digest([*parts, self.extra], fallback=str)
 
 

@@ -46,6 +46,7 @@ class OpenAIProvider:
     def __init__(self, config: EndpointConfig) -> None:
         self.config = config
         self.url, basic = _endpoint_url(config.base_url or DEFAULT_BASE_URL, "chat/completions")
+        self.embeddings_url, _ = _endpoint_url(config.base_url or DEFAULT_BASE_URL, "embeddings")
         #: What messages show: credentials in the URL are hidden.
         self.shown_url = redact_url(self.url)
         # Built once as aiohttp's own header type, which it copies from without the
@@ -84,7 +85,12 @@ class OpenAIProvider:
             )
         return body
 
+    #: Takes embedding requests (``LLMRequest.embed``), on the endpoint's ``/embeddings``.
+    embeds = True
+
     async def send(self, request: LLMRequest) -> LLMResponse:
+        if request.embed:
+            return await self._send_embedding(request)
         if request.label_method is not None and request.label_method != "grammar":
             return await self._send_scored(request)
         return await self._send(request)
@@ -123,6 +129,50 @@ class OpenAIProvider:
         except _TRANSPORT_ERRORS as exc:
             raise self.transport_error(exc) from exc
         return self.reply(_loads_or_none(raw), raw)
+
+    async def _post(self, url: str, data: bytes) -> bytes:
+        """One POST of ``data``: the body of a 200 reply, else the `ProviderError` its
+        status or the transport's failure makes.  (`_send` does the same exchange
+        inline: a chat call's await chain is stepped again at every suspension, and it
+        is the path every call takes.)"""
+        session = current_session() or await get_session()
+        try:
+            async with session.post(
+                url, data=data, headers=self._headers, timeout=self._timeout
+            ) as resp:
+                raw = await resp.read()
+                if resp.status != 200:
+                    raise _http_error(resp.status, raw, resp.headers.get("Retry-After"))
+        except _TRANSPORT_ERRORS as exc:
+            raise self.transport_error(exc) from exc
+        return raw
+
+    async def _send_embedding(self, request: LLMRequest) -> LLMResponse:
+        """Every message's text embedded in one request; ``parsed`` is their vectors."""
+        texts = [str(message.get("content", "")) for message in request.messages]
+        data = _dumps({"model": self.config.model, "input": texts, **request.extra})
+        body = _loads_or_none(await self._post(self.embeddings_url, data))
+        try:
+            rows = sorted(body["data"], key=lambda row: row["index"])
+            vectors = [[float(x) for x in row["embedding"]] for row in rows]
+        except (TypeError, KeyError, ValueError) as exc:
+            raise ProviderError(
+                f"{redact_url(self.embeddings_url)} answered without embeddings "
+                f"({type(exc).__name__}: {exc}): is {self.config.model!r} an embedding model?"
+            ) from None
+        if len(vectors) != len(texts):
+            raise ProviderError(
+                f"{redact_url(self.embeddings_url)} answered {len(vectors)} embedding(s) for "
+                f"{len(texts)} text(s)"
+            )
+        tokens = body.get("usage", {}).get("prompt_tokens", 0) if isinstance(body, dict) else 0
+        return LLMResponse(
+            # The vectors as JSON: what a cache or checkpoint keeps of a reply is its text.
+            text=json.dumps(vectors, separators=(",", ":")),
+            parsed=vectors,
+            usage=Usage(prompt_tokens=int(tokens or 0)),
+            model=str(body.get("model", self.config.model)),
+        )
 
     def transport_error(self, exc: BaseException) -> ProviderError:
         """A failure to reach the endpoint (a refused or dropped connection, a timeout),

@@ -28,7 +28,7 @@ from plait.providers.base import (
     ReplyFormatError,
     Usage,
 )
-from plait.resources.config import EndpointConfig
+from plait.resources.config import ConfigurationError, EndpointConfig
 from plait.resources.limits import Priority, PriorityLimiter
 from plait.resources.rate import RateGovernor
 from plait.resources.usage import AliasUsage
@@ -175,9 +175,20 @@ class Endpoint:
         stepped again at every suspension of the call).
         """
         timing = timing if timing is not None else CallTiming()
+        if request.embed and not getattr(self.provider, "embeds", False):
+            return _refused(self._no_embeddings())
         if request.response_format is None:
             return self._send_with_retries(request, priority, timing)
         return self._complete_structured(request, priority, timing)
+
+    def _no_embeddings(self) -> ConfigurationError:
+        how = "through its batch API" if self.tier == "batch" else f"on {self.config.provider!r}"
+        return ConfigurationError(
+            f"alias {self.alias!r} gives no embeddings (it runs {how}): point the embedding "
+            "alias at an OpenAI-compatible endpoint with an embedding model (provider = "
+            '"openai", model = "text-embedding-3-small", or a local server\'s), or leave '
+            "embed= out to rank demonstrations by BM25, which needs no model"
+        )
 
     async def _complete_structured(
         self, request: LLMRequest, priority: float | Priority, timing: CallTiming
@@ -318,3 +329,7 @@ class Endpoint:
             for gate in admitted:
                 gate.withdraw()
             await wait
+
+
+async def _refused(error: Exception) -> LLMResponse:
+    raise error

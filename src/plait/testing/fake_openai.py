@@ -23,6 +23,13 @@ Replies are a pure function of the request so that tests can predict them:
   directive ``[[top:TOKEN LOGPROB|TOKEN LOGPROB|...]]`` sets the first token's
   alternatives (the likeliest is the reply), for tests of scoring by log-probability.
 
+``POST /v1/embeddings`` answers every text of ``input`` with a 64-number vector made
+from its words (`fake_embedding`): each word adds one to the axis its hash picks, except
+that the words of a small topic table (``TOPIC_WORDS``: "parcel", "package",
+"delivery"...) all add to their topic's axis, so texts that share no word can still be
+near (what BM25 cannot see, and a test of ranking by embeddings needs).  These requests
+count in ``/_stats`` like chat ones (with ``"model"`` and the body).
+
 A wrong API key gets a 401 (``"Incorrect API key provided."``); with ``quote_key_in_401``
 set, the message quotes the key the request sent, as some real providers do, so a test can
 check that a key echoed back by an endpoint is never written anywhere by the client.
@@ -56,6 +63,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import hmac
 import importlib
 import ipaddress
@@ -509,6 +517,56 @@ class _Stats:
         }
 
 
+#: Words the fake's embeddings put on one axis per topic (the topic's name).
+TOPIC_WORDS = {
+    "parcel": ("parcel", "package", "delivery", "courier", "shipment", "shipping"),
+    "money": ("charge", "charged", "refund", "invoice", "payment", "billing", "card"),
+    "crash": ("crash", "crashes", "error", "bug", "broken", "freezes"),
+}
+_TOPIC_OF = {word: topic for topic, words in TOPIC_WORDS.items() for word in words}
+EMBEDDING_SIZE = 64
+
+
+def fake_embedding(text: str) -> list[float]:
+    """A unit vector for ``text``: one per word on the axis its hash (or its topic) picks."""
+    vector = [0.0] * EMBEDDING_SIZE
+    for word in re.findall(r"[a-z0-9]+", text.lower()):
+        token = _TOPIC_OF.get(word, word)
+        axis = (
+            int.from_bytes(hashlib.blake2b(token.encode(), digest_size=4).digest()) % EMBEDDING_SIZE
+        )
+        vector[axis] += 1.0
+    norm = math.sqrt(sum(x * x for x in vector)) or 1.0
+    return [x / norm for x in vector]
+
+
+def _embeddings_reply(raw: bytes, outcome: _Outcome) -> web.Response:
+    try:
+        body = json.loads(raw)
+        texts = body["input"]
+        texts = [texts] if isinstance(texts, str) else texts
+        if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+            raise TypeError("input must be a string or a list of strings")
+    except (ValueError, KeyError, TypeError) as exc:
+        return _error_response(400, f"bad embeddings request: {exc}")
+    outcome.model = str(body.get("model", ""))
+    outcome.prompt_tokens = sum(len(t.split()) for t in texts)
+    return web.json_response(
+        {
+            "object": "list",
+            "data": [
+                {"object": "embedding", "index": i, "embedding": fake_embedding(t)}
+                for i, t in enumerate(texts)
+            ],
+            "model": outcome.model,
+            "usage": {
+                "prompt_tokens": outcome.prompt_tokens,
+                "total_tokens": outcome.prompt_tokens,
+            },
+        }
+    )
+
+
 def _fault_body(status: int) -> dict[str, Any]:
     """The error body of an injected failure with HTTP ``status``."""
     if status == 429:
@@ -688,6 +746,7 @@ class FakeOpenAIApp:
     def make_app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
+        app.router.add_post("/v1/embeddings", self.embeddings)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/_stats", self.stats)
         app.router.add_post("/_reset", self.reset)
@@ -809,6 +868,26 @@ class FakeOpenAIApp:
         if refused is not None:
             return refused
         return _json_response({"object": "list", "data": [{"id": MODEL_ID, "object": "model"}]})
+
+    async def embeddings(self, request: web.Request) -> web.Response:
+        """``POST /v1/embeddings``: a `fake_embedding` per text of ``input``."""
+        stats = self._stats
+        t_start = time.monotonic()
+        generation = stats.enter(t_start)
+        outcome = _Outcome()
+        try:
+            raw = await request.read()
+            outcome.body = raw
+            outcome.authorization = request.headers.get("Authorization", "")
+            outcome.query = request.query_string
+            if not self._authorized(request):
+                response = _error_response(401, self._refusal(request))
+            else:
+                response = _embeddings_reply(raw, outcome)
+            outcome.status = response.status
+            return response
+        finally:
+            stats.leave(time.monotonic(), generation, t_start, outcome)
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         # aiohttp calls the handler once the headers are parsed, which is where in-flight
