@@ -289,31 +289,25 @@ def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def dspy_summary(path: Path | None) -> list[dict[str, Any]]:
     """DSPy's runs in ``path`` (``dspy_learning.py``'s results), per task and optimizer:
-    the mean and range over seeds, as `summary` gives plait's."""
+    the mean and range over seeds, as `summary` gives plait's (DSPy has no cache here,
+    so its calls are the requests it sent)."""
     if path is None or not path.exists():
         return []
     runs = json.loads(path.read_text())["runs"]
-    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for run in runs:
-        groups.setdefault((run["task"], run["optimizer"]), []).append(run)
-    out = []
-    for (task, optimizer), group in sorted(groups.items()):
-        ends = [r["test_end"] for r in group]
-        out.append(
-            {
-                "task": task,
-                "config": DSPY_NAMES.get(optimizer, optimizer),
-                "seeds": len(group),
-                "seed_list": sorted(r["seed"] for r in group),
-                "test_start": statistics.mean(r["test_start"] for r in group),
-                "test_end": statistics.mean(ends),
-                "test_end_min": min(ends),
-                "test_end_max": max(ends),
-                "sent": statistics.mean(r["requests"] for r in group),
-                "wall": statistics.mean(r["wall_s"] for r in group),
-            }
-        )
-    return out
+    rows = [
+        {
+            "task": run["task"],
+            "config": DSPY_NAMES.get(run["optimizer"], run["optimizer"]),
+            "seed": run["seed"],
+            "test_start": run["test_start"],
+            "test_end": run["test_end"],
+            "calls": run["requests"],
+            "sent": run["requests"],
+            "wall": run["wall_s"],
+        }
+        for run in sorted(runs, key=lambda r: (r["task"], r["optimizer"], r["seed"]))
+    ]
+    return summary(rows)
 
 
 def missed(rows: list[dict[str, Any]], dspy: Sequence[dict[str, Any]] = ()) -> list[str]:
@@ -390,19 +384,12 @@ def section(
         theirs.setdefault(group["task"], []).append(group)
     groups = summary(rows)
     for task in dict.fromkeys(group["task"] for group in groups):
-        for group in [g for g in groups if g["task"] == task]:
+        for group in [g for g in groups if g["task"] == task] + theirs.get(task, []):
             lines.append(
                 f"| {task} ({sizes[task]}) | {group['config']} | "
                 f"{group['seeds']} | {group['test_start']:.0%} | {group['test_end']:.0%} "
                 f"({group['test_end_min']:.0%}–{group['test_end_max']:.0%}) | "
                 f"{group['calls']:.0f} | {group['sent']:.0f} | {group['wall']:.0f} |"
-            )
-        for group in theirs.get(task, []):
-            lines.append(
-                f"| {task} ({sizes[task]}) | {group['config']} | {group['seeds']} | "
-                f"{group['test_start']:.0%} | {group['test_end']:.0%} "
-                f"({group['test_end_min']:.0%}–{group['test_end_max']:.0%}) | – | "
-                f"{group['sent']:.0f} | {group['wall']:.0f} |"
             )
     lines += [
         "",
