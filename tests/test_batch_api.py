@@ -588,3 +588,24 @@ def test_results_the_wire_code_cannot_read_fail_their_calls_instead_of_hanging(
     rows = asyncio.run(asyncio.wait_for(scenario(), 60))
     assert all(row.kind is plait.ValueKind.ERROR for row in rows)
     assert all("results could not be read (AttributeError" in str(row.payload) for row in rows)
+
+
+@pytest.mark.parametrize("fake", ["openai"], indirect=True)
+def test_embeddings_for_ranked_demonstrations_go_online_while_the_calls_are_batched(
+    fake: Fake,
+) -> None:
+    pool = [("the parcel did not come", "shipping"), ("my card was charged", "billing")]
+    config = plait.ResourceConfig({"fast": fake.settings(), "embedder": fake.settings()})
+    module = plait.LLMInference(
+        "fast", "Classify.", demos=plait.knn_demos(k=1, pool=pool, embed="embedder")
+    ).bind(resources=config)
+    docs = ["package late", "refund my card", "delivery missing"]
+    online = module.run_sync(docs)
+    fake.reset()
+    batched = module.run_sync(docs, backend="batch")
+    assert batched == online
+    assert fake.batched() == 3  # the three chat calls, in batches
+    embedded = [r["body"]["input"] for r in fake.server.stats(bodies=True)["requests"]]
+    assert sorted(map(tuple, embedded)) == sorted(
+        [tuple(t for t, _ in pool), *((d,) for d in docs)]
+    )

@@ -213,13 +213,13 @@ class CallSite:
         run that handlers answer entirely never needs an endpoint, nor the local model)."""
         run, priority = self.run, self.priority
         if run is None or priority is None:
-            return await self.resources.endpoint(request.alias).complete(request, 0.0, timing)
+            return await self.resources.endpoint_for(request).complete(request, 0.0, timing)
         queued = time.monotonic()
         if not run.limiter.try_acquire():  # a free slot is taken without a coroutine
             await run.limiter.acquire(priority)
         try:
             timing.add("queue", queued, time.monotonic(), limit="run")
-            endpoint = self.resources.endpoint(request.alias)
+            endpoint = self.resources.endpoint_for(request)
             run.aliases.add(request.alias)
             return await endpoint.complete(request, priority, timing)
         finally:

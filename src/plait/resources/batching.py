@@ -595,6 +595,21 @@ class BatchResources(ResourceManager):
         super().__init__(resources.config)
         self.ledger = ledger
         self.queues: list[BatchQueue] = []
+        #: The live endpoints that embedding requests go to, by alias.
+        self._online: dict[str, Endpoint] = {}
+
+    def endpoint_for(self, request: LLMRequest) -> Endpoint:
+        """A chat call's place in its alias's next batch; an embedding request (a pool's
+        demonstrations ranked by an embedding alias) goes to the alias's live endpoint,
+        as a batch API takes chat completions only here."""
+        if not request.embed:
+            return self.endpoint(request.alias)
+        found = self._online.get(request.alias)
+        if found is None:
+            found = self._online[request.alias] = ResourceManager._make_endpoint(
+                self, request.alias, *self._settings(request.alias)
+            )
+        return found
 
     def _make_endpoint(self, alias: str, config: EndpointConfig, usage: AliasUsage) -> Endpoint:
         from plait.providers import make_batch_api

@@ -182,9 +182,9 @@ class Endpoint:
         return self._complete_structured(request, priority, timing)
 
     def _no_embeddings(self) -> ConfigurationError:
-        how = "through its batch API" if self.tier == "batch" else f"on {self.config.provider!r}"
         return ConfigurationError(
-            f"alias {self.alias!r} gives no embeddings (it runs {how}): point the embedding "
+            f"alias {self.alias!r} gives no embeddings (provider {self.config.provider!r}): "
+            "point the embedding "
             "alias at an OpenAI-compatible endpoint with an embedding model (provider = "
             '"openai", model = "text-embedding-3-small", or a local server\'s), or leave '
             "embed= out to rank demonstrations by BM25, which needs no model"

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from plait.providers import make_provider
+from plait.providers.base import LLMRequest
 from plait.resources.config import ConfigurationError, EndpointConfig, ResourceConfig
 from plait.resources.endpoint import Endpoint
 from plait.resources.limits import PriorityLimiter
@@ -166,12 +167,20 @@ class ResourceManager:
         found = self._endpoints.get(alias)
         if found is not None:
             return found
+        endpoint = self._endpoints[alias] = self._make_endpoint(alias, *self._settings(alias))
+        return endpoint
+
+    def _settings(self, alias: str) -> tuple[EndpointConfig, AliasUsage]:
+        """The configuration of ``alias`` and the usage record its endpoints count in."""
         config = self.config_for(alias)
         usage = record_for(alias)
         usage.provider, usage.model = config.provider, config.model or "default"
         usage.prices = Prices.of(config)
-        endpoint = self._endpoints[alias] = self._make_endpoint(alias, config, usage)
-        return endpoint
+        return config, usage
+
+    def endpoint_for(self, request: LLMRequest) -> Endpoint:
+        """The endpoint that serves ``request``: its alias's."""
+        return self.endpoint(request.alias)
 
     def _make_endpoint(self, alias: str, config: EndpointConfig, usage: AliasUsage) -> Endpoint:
         """The live endpoint of ``alias``: its provider under the process-wide limits of
