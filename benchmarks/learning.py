@@ -493,6 +493,9 @@ def run_all(args: argparse.Namespace) -> list[dict[str, Any]]:
                 for seed in (int(s) for s in args.seeds.split(",")):
                     row = train_one(task, config, seed, args.steps, args.batch_size, calls)
                     rows.append(row)
+                    if not args.no_write:  # each run kept as it ends: a long run may be cut
+                        args.json.parent.mkdir(parents=True, exist_ok=True)
+                        args.json.write_text(json.dumps(rows, indent=1) + "\n")
                     print(
                         f"{task}/{config}/seed {seed}: test {row['test_start']:.0%} -> "
                         f"{row['test_end']:.0%}, val {row['val_start']:.0%} -> "

@@ -338,14 +338,16 @@ def test_plait_train_demos_knn_without_demonstrations_is_a_usage_error(
 
 
 # -- refit: the validation examples join the pools once training ends -----------------------
-def refit_trainer(model: Extract, resources: plait.ResourceConfig, **options: Any) -> Trainer:
+def refit_trainer(
+    model: Extract, resources: plait.ResourceConfig, batch_size: int = 16, **options: Any
+) -> Trainer:
     return Trainer(
         model,
         ExactMatch(),
         BootstrapFewShot(model.parameters()),
         numbers(1, 16),
         numbers(100, 12),
-        batch_size=16,
+        batch_size=batch_size,
         max_steps=1,
         resources=resources,
         refit=True,
@@ -366,7 +368,7 @@ def test_refit_adds_the_validation_pairs_to_the_pool_once_the_gate_has_judged(
     # The gate judged the training pool (empty: 0; the 16 training pairs: 1.0)...
     assert history.initial_val_score == 0.0 and history.best_val_score == 1.0
     # ...then the 12 validation pairs joined it, after the training ones, once.
-    assert history.refit == {"examples": 12, "pools": {"llm.demos": [16, 28]}}
+    assert history.refit == {"examples": 28, "pools": {"llm.demos": [16, 28]}}
     pool = model.llm.demos.value["pool"]
     pairs = [(p["input"], p["output"]) for p in pool]
     assert sorted(pairs[:16]) == sorted(numbers(1, 16)) and pairs[16:] == numbers(100, 12)
@@ -380,6 +382,20 @@ def test_refit_adds_the_validation_pairs_to_the_pool_once_the_gate_has_judged(
     with mock({"fast": record}, strict=True):
         model.bind(resources=resources).run_sync("please ship item 105 today, thanks")
     assert seen == [["please ship item 105 today"]]  # a validation pair, the nearest
+
+
+def test_refit_brings_in_the_training_examples_no_kept_step_had_gathered(
+    resources: plait.ResourceConfig,
+) -> None:
+    model = Extract(plait.knn_demos(k=1))
+    with mock({"fast": answer_if_shown_any}, strict=True):
+        history = refit_trainer(model, resources, batch_size=4).fit_sync()
+    # One step of four examples: the gate kept a pool of those four...
+    assert history.best_val_score == 1.0 and len(history.steps) == 1
+    # ...and the refit added the twelve training examples no step showed, and validation's.
+    assert history.refit == {"examples": 28, "pools": {"llm.demos": [4, 28]}}
+    inputs = sorted(p["input"] for p in model.llm.demos.value["pool"])
+    assert inputs == sorted(i for i, _ in numbers(1, 16) + numbers(100, 12))
 
 
 def test_refit_is_done_once_a_resumed_run_keeps_it(
@@ -418,7 +434,7 @@ def test_two_refitting_runs_at_once_end_as_each_does_alone(
             )
 
     histories = asyncio.run(both())
-    assert [h.refit for h in histories] == [{"examples": 12, "pools": {"llm.demos": [16, 28]}}] * 2
+    assert [h.refit for h in histories] == [{"examples": 28, "pools": {"llm.demos": [16, 28]}}] * 2
     assert together[0].llm.demos.value == alone.llm.demos.value
     assert together[1].llm.demos.value["pool"] == alone.llm.demos.value["pool"]
 
@@ -466,14 +482,14 @@ def test_plait_train_refit_from_the_shell(server: FakeOpenAIServer, tmp_path: Pa
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     # The fake echoes, so every run passes from the start and the gate keeps the empty
-    # pool; the refit then fills it with the validation pairs.
+    # pool; the refit then fills it with the training and validation pairs.
     assert json.loads((out / "history.json").read_text())["refit"] == {
-        "examples": 4,
-        "pools": {"llm.demos": [0, 4]},
+        "examples": 8,
+        "pools": {"llm.demos": [0, 8]},
     }
     pool = json.loads((out / "parameters.json").read_text())["llm.demos"]["pool"]
-    assert [p["input"] for p in pool] == [f"v{n}" for n in range(4)]
-    assert "refit on 4 validation example(s): pools llm.demos 0 -> 4" in done.stderr
+    assert [p["input"] for p in pool] == [f"w{n}" for n in range(4)] + [f"v{n}" for n in range(4)]
+    assert "refit on 8 labelled example(s): pools llm.demos 0 -> 8" in done.stderr
 
 
 # -- instructions searched with a rewriter --------------------------------------------------

@@ -89,8 +89,8 @@ built with demos into a pool (plait.knn_demos) from which each call is shown
 the N pairs most like its input (default 4; by BM25 word overlap, or by the
 embeddings of --embed ALIAS, an OpenAI-compatible embedding endpoint); bootstrap
 and search fill the
-pool with every pair they gather.  --refit: once training ends, the --val
-examples join the pools too (validation chose how demonstrations are picked;
+pool with every pair they gather.  --refit: once training ends, every --data and
+--val example joins the pools (validation chose how demonstrations are picked;
 the final pipeline picks among every labelled example; nothing can score that
 step on --val, so give --test to measure it).  --demos list (the default) keeps
 one fixed list per call.
@@ -212,7 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--refit",
         action="store_true",
-        help="--demos knn: add the --val examples to the pools once training ends",
+        help="--demos knn: add every --data and --val example to the pools once training ends",
     )
     parser.add_argument("--fresh", action="store_true", help="delete the checkpoint; start over")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress display")
@@ -292,7 +292,10 @@ def _train(ns: argparse.Namespace, err: IO[str]) -> int:
             "description=...) (for example as an LLMInference system_prompt) to train"
         )
     if ns.refit and ns.val is None:
-        raise UsageError("--refit adds the --val examples to the demonstration pools: give --val")
+        raise UsageError(
+            "--refit adds every labelled example to the demonstration pools once --val has "
+            "chosen how they are picked: give --val"
+        )
     if ns.embed is not None and ns.demos != "knn":
         raise UsageError("--embed ranks a pool chosen per input: give --demos knn with it")
     if ns.refit and ns.demos != "knn":
@@ -365,7 +368,7 @@ def _train(ns: argparse.Namespace, err: IO[str]) -> int:
     if history.refit:
         grown = ", ".join(f"{name} {a} -> {b}" for name, (a, b) in history.refit["pools"].items())
         print(
-            f"plait train: refit on {history.refit['examples']} validation example(s): "
+            f"plait train: refit on {history.refit['examples']} labelled example(s): "
             f"pools {grown or 'unchanged'}",
             file=err,
         )

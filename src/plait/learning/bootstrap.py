@@ -291,9 +291,9 @@ class BootstrapFewShot:
         ``batch``'s runs, gathered as training gathers them; fixed lists stay as
         validation chose them.  New values by name.
 
-        The `Trainer` calls this once training has ended, with the validation
-        examples (``Trainer(refit=True)``), so the final pipeline draws on every
-        labelled example it was given.  The pairs are not filed with the ones
+        The `Trainer` calls this once training has ended, with every training and
+        validation example (``Trainer(refit=True)``), so the final pipeline draws on
+        every labelled example it was given.  The pairs are not filed with the ones
         training gathered: a run continued afterwards must never propose candidates
         built from the examples that judge them.
         """

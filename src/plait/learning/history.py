@@ -90,7 +90,8 @@ class TrainingHistory:
     #: "" while running; then "completed", "early_stopping" or "max_steps".
     stopped: str = ""
     #: What ``Trainer(refit=True)`` did once training had ended (empty otherwise):
-    #: the validation examples it ran and, per pool it grew, its size before and after.
+    #: the labelled examples it ran (training and validation) and, per pool it grew,
+    #: its size before and after.
     refit: dict[str, Any] = field(default_factory=dict)
 
     @property

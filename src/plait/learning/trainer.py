@@ -143,11 +143,11 @@ class Trainer:
     its last finished step.
     ``max_steps`` caps the total number of optimizer steps (across resumes).
     ``on_event`` receives a `TrainingEvent` at each milestone, for progress bars.
-    ``refit=True``: once training has ended, the validation examples' pairs join the
-    demonstration pools chosen per input (``demos=knn_demos(...)``), so the final
-    pipeline picks among every labelled example (`BootstrapFewShot.refit`); no
-    validation score can judge that step, so ``history.refit`` records it and
-    ``test_data`` measures it.
+    ``refit=True``: once training has ended, the pairs of every labelled example
+    (training and validation) join the demonstration pools chosen per input
+    (``demos=knn_demos(...)``), so the final pipeline picks among all of them
+    (`BootstrapFewShot.refit`); no validation score can judge that step, so
+    ``history.refit`` records it and ``test_data`` measures it.
 
     ``workers=N`` runs the minibatches and the validation passes on N Ray worker
     processes (``ray_address`` joins a running cluster, ``"auto"`` for the local
@@ -257,7 +257,7 @@ class Trainer:
             raise TypeError(f"refit must be True or False, got {refit!r}")
         if refit:
             _check_refit(model, self.optimizers, self.val_data)
-        #: Grow the demonstration pools by the validation examples once training ends.
+        #: Grow the demonstration pools by every labelled example once training ends.
         self.refit = refit
         #: How much validation must improve for an update to be kept (0: strictly better).
         self.min_delta = float(min_delta)
@@ -715,17 +715,20 @@ class Trainer:
         return self._stop(reason)
 
     async def _refit(self) -> None:
-        """Run the validation examples as a minibatch and let each optimizer that can
-        grow its pools by their pairs (`BootstrapFewShot.refit`): validation has chosen
-        how demonstrations are picked; the final pipeline then picks them among every
-        labelled example.  No score judges this (each validation input would find
-        itself in the pool), so it is opt-in, recorded in ``history.refit``, and the
-        held-out test split is what measures it."""
+        """Run every labelled example (training and validation) as one batch and let
+        each optimizer that can grow its pools by their pairs (`BootstrapFewShot.refit`):
+        validation has chosen how demonstrations are picked (the method, ``k``); the
+        final pipeline then picks them among every labelled example, not only those of
+        the steps the gate kept (a later step's bigger pool that only tied was rolled
+        back).  No score judges this (each validation input would find itself in the
+        pool), so it is opt-in, recorded in ``history.refit``, and the held-out test
+        split is what measures it."""
         assert self.val_data is not None  # checked when refit=True was given
         before = self.model.state_dict()
-        _, _, traces = await self._traced(self.val_data, feedback=False)
+        examples = [*self.train_data, *self.val_data]
+        _, _, traces = await self._traced(examples, feedback=False)
         view = TrainingBatch(
-            examples=list(self.val_data),
+            examples=examples,
             traces=traces,
             loss_fn=self.loss_fn,
             val_size=len(self.val_data),
@@ -736,7 +739,7 @@ class Trainer:
             if refit is not None:
                 grown.update(await refit(view))
         self.history.refit = {
-            "examples": len(self.val_data),
+            "examples": len(examples),
             "pools": {
                 name: [len(before[name]["pool"]), len(value["pool"])]
                 for name, value in grown.items()
@@ -921,8 +924,8 @@ def _check_refit(model: Module, optimizers: list[Any], val: list[Example] | None
     grows it; say which is missing and how to get it."""
     if val is None:
         raise TrainerError(
-            "refit=True adds the validation examples to the demonstration pools once "
-            "training ends: give val_data"
+            "refit=True adds every labelled example to the demonstration pools once "
+            "validation has chosen how they are picked: give val_data"
         )
     if not any(is_pool(p.value) for p in model.parameters()):
         raise TrainerError(
