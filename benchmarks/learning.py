@@ -109,6 +109,8 @@ CONFIGS: dict[str, tuple[str, ...]] = {
 FEATURES = ("labels", "knn", "bootstrap", "search", "sfa", "textgrad", "refit")
 DSPY_RESULTS = HERE / "results" / "dspy_learning.json"
 DSPY_NAMES = {"bfsrs": "DSPy BootstrapFewShotWithRandomSearch", "mipro": "DSPy MIPROv2"}
+#: How a run's adapter is named in the table (ChatAdapter alone is the benchmark's own).
+ADAPTERS = {"chat": "", "chat+json": " (DSPy's default adapter)", "json": " (JSONAdapter)"}
 
 
 def demos_for(knn: bool) -> Any:
@@ -287,17 +289,16 @@ def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def dspy_summary(path: Path | None) -> list[dict[str, Any]]:
-    """DSPy's runs in ``path`` (``dspy_learning.py``'s results), per task and optimizer:
-    the mean and range over seeds, as `summary` gives plait's (DSPy has no cache here,
-    so its calls are the requests it sent)."""
-    if path is None or not path.exists():
-        return []
-    runs = json.loads(path.read_text())["runs"]
+def dspy_summary(paths: Sequence[Path]) -> list[dict[str, Any]]:
+    """DSPy's runs in ``paths`` (``dspy_learning.py``'s results files), per task,
+    optimizer and adapter: the mean and range over seeds, as `summary` gives plait's
+    (DSPy has no cache here, so its calls are the requests it sent)."""
+    runs = [run for path in paths if path.exists() for run in json.loads(path.read_text())["runs"]]
     rows = [
         {
             "task": run["task"],
-            "config": DSPY_NAMES.get(run["optimizer"], run["optimizer"]),
+            "config": DSPY_NAMES.get(run["optimizer"], run["optimizer"])
+            + ADAPTERS.get(run.get("settings", {}).get("adapter", "chat"), ""),
             "seed": run["seed"],
             "test_start": run["test_start"],
             "test_end": run["test_end"],
@@ -461,9 +462,10 @@ def main() -> int:
     parser.add_argument(
         "--dspy",
         type=Path,
-        default=DSPY_RESULTS,
+        nargs="*",
+        default=[DSPY_RESULTS],
         metavar="JSON",
-        help="DSPy's results to compare with (benchmarks/dspy_learning.py's)",
+        help="DSPy's results to compare with (benchmarks/dspy_learning.py's files)",
     )
     args = parser.parse_args()
     started = time.perf_counter()
