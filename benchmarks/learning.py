@@ -20,8 +20,8 @@ it uses, joined by ``+``:
 * ``bootstrap``: `BootstrapFewShot(max_demos=4, candidates=3)`, the optimizer
   before issue 24; ``search``: `DemoSearch(candidates=16, max_demos=4)`;
   ``sfa``, ``textgrad``: the instruction rewriters, on the same model;
-* ``refit``: ``Trainer(refit=True)``: once training has ended, the validation
-  examples' pairs join the pools (with ``knn``).
+* ``refit``: ``Trainer(refit=True)``: once training has ended, every training and
+  validation example's pairs join the pools (with ``knn``).
 
 For the two-stage task the optimizers get ``stage_targets`` (the id for ``find``,
 the label for ``classify``), so each stage has labelled pairs of its own.
@@ -366,10 +366,10 @@ def section(
         "`response_format=Literal[...]`; `knn` = demonstrations chosen per input "
         "(`knn_demos(k=4)`); `bootstrap` = `BootstrapFewShot(max_demos=4, candidates=3)`; "
         "`search` = `DemoSearch(candidates=16, max_demos=4)`; `refit` = "
-        "`Trainer(refit=True)` (the validation pairs join the pools once training has "
-        "ended). Calls = what the pipeline and the optimizers asked; sent = what reached "
-        "the model (identical requests are answered once per invocation by plait's "
-        "cache).",
+        "`Trainer(refit=True)` (every training and validation pair joins the pools once "
+        "training has ended). Calls = what the pipeline and the optimizers asked; sent = "
+        "what reached the model (identical requests are answered once per invocation by "
+        "plait's cache).",
         "",
         "Mean over seeds (range of the held-out end score); DSPy's rows are "
         "`benchmarks/dspy_learning.py`'s (same model served over HTTP, same splits; "
