@@ -453,6 +453,29 @@ class _Call(Module):
         return self.llm(prompt)
 
 
+async def ask_rewrite(
+    call: _Call, prompt: str, param: Parameter, name: str
+) -> tuple[Any, str | None]:
+    """One new value for ``param`` asked of the rewriter ``call``: the value, or None and
+    why the reply is none.  Unless the call sets ``max_tokens``, the reply may be at
+    most `rewrite_max_tokens` of the current value.  An endpoint that fails raises (the
+    step fails); a reply that is no value (a small model running past ``max_tokens``
+    mid-JSON) is a refused rewrite, like an echo, not a broken run."""
+    try:
+        if call.llm.max_tokens is None:
+            with override(call._call_name, max_tokens=rewrite_max_tokens(param.value)):
+                reply = await call(prompt)
+        else:
+            reply = await call(prompt)
+    except ExecutionError as exc:
+        if not isinstance(exc.__cause__, ReplyFormatError):
+            raise
+        return None, f"the rewriter's reply was not a value ({exc.__cause__})"
+    if isinstance(reply, dict):  # the structured reply (a plain-text handler gives str)
+        reply = reply.get("new_value", "")
+    return _parse_reply(reply, param, name), None
+
+
 class SFAOptimizer(Optimizer):
     """Rewrites each parameter from its aggregated feedback with one LLM call (seed 000).
 
@@ -521,23 +544,10 @@ class SFAOptimizer(Optimizer):
     async def _propose(self, param: Parameter, name: str, earlier: tuple[Update, ...]) -> Proposal:
         feedback = await self._feedback_text(param, name)
         prompt = self.rewrite_prompt(param, name, feedback, earlier)
-        try:
-            if self.rewriter.max_tokens is None:
-                with override("rewriter", max_tokens=rewrite_max_tokens(param.value)):
-                    reply = await self._rewriter(prompt)
-            else:
-                reply = await self._rewriter(prompt)
-        except ExecutionError as exc:
-            if not isinstance(exc.__cause__, ReplyFormatError):
-                raise  # the endpoint failed: the step fails (OptimizerStepError)
-            # The rewriter answered, but not with a value (a small model running past
-            # max_tokens mid-JSON): a refused rewrite, like an echo, not a broken run.
-            return Proposal(
-                None, feedback, refused=f"the rewriter's reply was not a value ({exc.__cause__})"
-            )
-        if isinstance(reply, dict):  # the structured reply (a plain-text handler gives str)
-            reply = reply.get("new_value", "")
-        return Proposal(_parse_reply(reply, param, name), feedback, meta_markers(prompt))
+        value, refused = await ask_rewrite(self._rewriter, prompt, param, name)
+        if refused is not None:
+            return Proposal(None, feedback, refused=refused)
+        return Proposal(value, feedback, meta_markers(prompt))
 
     async def _feedback_text(self, param: Parameter, name: str) -> str:
         """The parameter's feedback as one block: de-duplicated, condensed if too long."""

@@ -44,7 +44,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Self
 
 from plait.demos import is_pool, label_of, normalize_demos
-from plait.handlers.overriding import override
 from plait.inference import LLMInference
 from plait.labels import label_choices
 from plait.learning.bootstrap import BootstrapFewShot, TrainingBatch, check_positive, install
@@ -52,16 +51,13 @@ from plait.learning.optimizers import (
     Rejection,
     Rewrite,
     _Call,
-    _parse_reply,
     _show,
+    ask_rewrite,
     check_rewrite,
     meta_markers,
-    rewrite_max_tokens,
 )
 from plait.module import Module
 from plait.parameter import Parameter
-from plait.providers.base import ReplyFormatError
-from plait.values import ExecutionError
 
 if TYPE_CHECKING:
     from plait.resources.config import ResourceConfig
@@ -271,7 +267,11 @@ class DemoSearch(BootstrapFewShot):
                 sample = rng.sample(pairs, min(4, len(pairs))) if pairs else []
                 prompt = instruction_prompt(param, path, sample, variant)
                 jobs.append((_instruction_slot(path), param, prompt))
-        replies = await asyncio.gather(*(self._ask(param, prompt) for _, param, prompt in jobs))
+        call = self._instruction_call
+        assert call is not None
+        replies = await asyncio.gather(
+            *(ask_rewrite(call, prompt, param, param.qualified_name) for _, param, prompt in jobs)
+        )
         written: dict[str, list[str]] = {}
         for (slot, param, prompt), (value, refused) in zip(jobs, replies, strict=True):
             name = param.qualified_name
@@ -284,31 +284,6 @@ class DemoSearch(BootstrapFewShot):
             if value not in written.setdefault(slot, []):
                 written[slot].append(value)
         return written
-
-    async def _ask(self, param: Parameter, prompt: str) -> tuple[Any, str | None]:
-        """One proposal: the new value, or why there is none (a reply that is no value)."""
-        call = self._instruction_call
-        assert call is not None
-        llm = call.llm
-        if llm.max_tokens is None:
-            with override("instructions", max_tokens=rewrite_max_tokens(param.value)):
-                reply = await self._reply(call, prompt)
-        else:
-            reply = await self._reply(call, prompt)
-        if isinstance(reply, BaseException):
-            return None, f"the rewriter's reply was not a value ({reply})"
-        if isinstance(reply, dict):
-            reply = reply.get("new_value", "")
-        return _parse_reply(reply, param, param.qualified_name), None
-
-    @staticmethod
-    async def _reply(call: _Call, prompt: str) -> Any:
-        try:
-            return await call(prompt)
-        except ExecutionError as exc:
-            if isinstance(exc.__cause__, ReplyFormatError):
-                return exc.__cause__  # answered, but with no value: a refused proposal
-            raise  # the endpoint failed: the step fails, as a rewriter's would
 
     def _rung_sizes(self, candidates: int, examples: int) -> list[int]:
         """Examples scored at each rung: ``eta`` times more each time, all at the end."""
@@ -332,7 +307,7 @@ class DemoSearch(BootstrapFewShot):
         place or one ``written`` this step, combined across stages."""
         options: dict[str, list[Any]] = {}
         for path, param in stages.items():
-            if path in (written or {}) or _is_instruction_slot(path):
+            if _is_instruction_slot(path):
                 new = (written or {}).get(path, [])
                 options[path] = [param.value, *new] if new else []
             else:
