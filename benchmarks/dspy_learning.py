@@ -68,7 +68,7 @@ DATA = HERE / "data" / "learning"
 RESULTS = HERE / "results" / "dspy_learning.json"
 DSPY_VENV = HERE / ".dspy-venv"
 SERVER = HERE / "serve_local.py"
-PLAIT_PYTHON = Path("/work/main/.venv/bin/python")
+PLAIT_PYTHON = ROOT / ".venv" / "bin" / "python"
 
 try:
     import dspy
