@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
+import textwrap
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
@@ -386,6 +390,43 @@ def test_run_sync_on_the_runtime_loop_is_a_clear_error(resources: plait.Resource
         _SyncInsideAsync().bind(resources=resources).run_sync("x")
     message = info.value.value.meta["message"]
     assert "await module(...)" in message
+
+
+def test_background_tasks_left_on_the_runtime_loop_are_cancelled_at_exit(
+    tmp_path: Path,
+) -> None:
+    """A task that outlives its run (a Ray lease task does) is cancelled and unwinds
+    when the process exits, instead of being destroyed pending with a warning."""
+    marker = tmp_path / "unwound"
+    script = tmp_path / "leave_a_task.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import asyncio, contextvars
+            from pathlib import Path
+            from plait.execution.loop import runtime_loop
+
+            async def forever():
+                try:
+                    await asyncio.Event().wait()
+                finally:
+                    Path({str(marker)!r}).write_text("yes")
+
+            kept = []  # held, as a lease task is by its governor
+
+            async def start():
+                kept.append(asyncio.get_running_loop().create_task(forever()))
+
+            runtime_loop().submit(start(), contextvars.Context()).future.result()
+            """
+        )
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Task was destroyed" not in done.stderr
+    assert marker.read_text() == "yes"
 
 
 def test_consecutive_run_sync_calls_reuse_the_runtime(resources: plait.ResourceConfig) -> None:

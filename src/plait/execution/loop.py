@@ -46,8 +46,25 @@ class RuntimeLoop:
         try:
             self.loop.run_forever()
         finally:
-            self.loop.run_until_complete(self.loop.shutdown_asyncgens())
-            self.loop.close()
+            try:
+                self._cancel_pending()
+                self.loop.run_until_complete(self.loop.shutdown_asyncgens())
+            finally:
+                self.loop.close()
+
+    def _cancel_pending(self) -> None:
+        """Cancel the tasks still on the loop and let them unwind, as `asyncio.run` does.
+
+        Background tasks outlive the runs that started them (a Ray lease task reports
+        to its broker for as long as the process leases); closed under them, the loop
+        would leave each to be garbage-collected with a "Task was destroyed but it is
+        pending" warning at exit, and their ``finally`` blocks would never run.
+        """
+        pending = [task for task in asyncio.all_tasks(self.loop) if not task.done()]
+        for task in pending:
+            task.cancel()
+        if pending:
+            self.loop.run_until_complete(asyncio.wait(pending, timeout=_SHUTDOWN_TIMEOUT_S))
 
     def submit(self, coro: Coroutine[Any, Any, T], context: contextvars.Context) -> Submission[T]:
         """Start ``coro`` as a task on the loop, inside ``context``."""
