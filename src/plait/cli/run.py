@@ -36,11 +36,11 @@ from plait.cli.options import (
     UsageError,
     add_parameters_argument,
     add_resources_argument,
-    note_embedded,
+    add_run_settings_arguments,
     parse_target_args,
     positive_int,
     report_error,
-    seed_value,
+    resolve_resources,
     target_parser,
 )
 from plait.cli.outputs import OutputWriter, error_record, silence_stdout
@@ -52,9 +52,9 @@ from plait.execution.checkpoint import Checkpoint, CheckpointError
 from plait.execution.runtime import Prepared, backend_name
 from plait.execution.settings import resolve_options
 from plait.inputs import FORMATS, InputError, InputSource, Item, count_inputs, open_inputs
-from plait.module import Module, llm_aliases
+from plait.module import Module
 from plait.ray.cluster import ClusterUnreachable, ensure_ray
-from plait.resources.config import ConfigurationError, ResourceConfig
+from plait.resources.config import ConfigurationError
 from plait.resources.manager import ResourceManager
 from plait.resources.usage import reset_usage, usage
 from plait.sampling import SeedError, run_seed
@@ -130,9 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--field", metavar="NAME", help="pass this field of each input object")
     add_resources_argument(parser)
     add_parameters_argument(parser)
-    parser.add_argument(
-        "--max-concurrent", type=positive_int, metavar="N", help="LLM calls in flight (100)"
-    )
+    add_run_settings_arguments(parser)
     parser.add_argument(
         "--checkpoint", metavar="DIR", help="checkpoint directory (default: OUTPUT.checkpoint)"
     )
@@ -159,12 +157,6 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="send every LLM call through its provider's batch API (half the price; each "
         "stage waits for its batch, minutes to hours); resumable like any run",
-    )
-    parser.add_argument(
-        "--seed",
-        type=seed_value,
-        metavar="N",
-        help="run seed: every LLM call sends a seed derived from it, so a sampled run repeats",
     )
     parser.add_argument(
         "--show", action="store_true", help="print a table of the results when done"
@@ -254,22 +246,9 @@ class _Command:
     def _resources(self, module: Module) -> ResourceManager:
         """Resolve every alias before the first input, so a missing one is a usage error."""
         reset_usage()  # the usage table reports this run alone
-        config: Any = module._bound_resources
-        if self.ns.resources is not None:
-            config = ResourceConfig.load(self.ns.resources)
-        manager = ResourceManager.coerce(config)
-        note_embedded("run", module, manager, self.ns.resources)
-        aliases = sorted(llm_aliases(module))
-        missing = [alias for alias in aliases if manager.config and alias not in manager.config]
-        if missing:
-            where = self.ns.resources or "the resources the target is bound to"
-            raise UsageError(
-                f"{self.ns.target} uses the alias(es) {', '.join(map(repr, missing))}, which "
-                f"{where} does not define (it defines: {', '.join(manager.config)}); add them "
-                "there, or change the module's alias"
-            )
-        for alias in aliases:
-            manager.endpoint(alias)
+        manager: ResourceManager = resolve_resources(
+            "run", self.ns.target, module, self.ns.resources
+        )
         return manager
 
     def _checkpoint_dir(self) -> Path | None:
