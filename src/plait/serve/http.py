@@ -10,7 +10,9 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import Body, FastAPI
+from fastapi import Body, FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from plait.effects import Handler
@@ -73,6 +75,20 @@ def app(
     api.state.jobs = jobs
     schemas = service.schemas
     Input, Output, Batch, Rows = schemas.input, schemas.output, schemas.batch, schemas.rows
+
+    @api.exception_handler(RequestValidationError)
+    async def bad_body(_: Request, exc: RequestValidationError) -> JSONResponse:
+        """422 with FastAPI's list of problems plus one line that names each field and
+        what it expected, and what an input is."""
+        problems = []
+        for error in exc.errors():
+            where = ".".join(str(part) for part in error.get("loc", ())[1:]) or "the body"
+            problems.append(f"{where}: {error.get('msg')}")
+        message = (
+            f"the request does not fit {name}: {'; '.join(problems)} (an input is an object "
+            f"with {_fields(Input)})"
+        )
+        return JSONResponse({"detail": jsonable_encoder(exc.errors()), "message": message}, 422)
 
     def refused() -> JSONResponse | None:
         if service.ready:
@@ -237,6 +253,17 @@ def _job_routes(api: FastAPI, jobs: JobStore, Batch: Any, Rows: Any, refused: An
 
 def _arguments(service: Service, body: Any) -> list[Arguments]:
     return [service.arguments(item) for item in body.inputs]
+
+
+def _fields(model: Any) -> str:
+    """``question (string, required), style (string)``: an input's fields, for messages."""
+    schema = model.model_json_schema()
+    required = set(schema.get("required", ()))
+    shown = []
+    for field, spec in schema.get("properties", {}).items():
+        kind = spec.get("type") or "any"
+        shown.append(f"{field} ({kind}{', required' if field in required else ''})")
+    return ", ".join(shown)
 
 
 def _event(kind: str, data: Any) -> str:
