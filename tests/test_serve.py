@@ -443,3 +443,61 @@ def test_a_target_that_cannot_load_is_the_usual_clear_error(tmp_path: Path) -> N
     assert done.returncode == 2
     assert done.stderr.startswith("plait serve: error:")
     assert "Nope" in done.stderr and "on http://" not in done.stderr
+
+
+# -- the Python entry ---------------------------------------------------------------------------
+async def test_the_asgi_app_runs_every_request_through_its_handlers(
+    server: FakeOpenAIServer,
+) -> None:
+    """`plait.serve.app` mounted in an ASGI server of the caller's own (uvicorn here, in
+    this process): its handlers (a mock of the LLM call) answer every request, several at
+    once, and without ``jobs_dir`` the job routes say how to get them."""
+    import socket
+
+    import uvicorn
+
+    import plait
+    import plait.serve
+    from tests.serve_targets import Answer
+
+    resources = plait.ResourceConfig(
+        {
+            "fast": {
+                "provider": "openai",
+                "model": "m",
+                "base_url": server.base_url,
+                "api_key": "sk-test",
+            }
+        }
+    )
+    mocked = plait.handlers.mock(
+        {"reply": lambda request: "mocked " + request.messages[-1]["content"]}
+    )
+    api = plait.serve.app(Answer(), resources, handlers=[mocked])
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    uv = uvicorn.Server(uvicorn.Config(api, log_level="warning", lifespan="on"))
+    serving = asyncio.ensure_future(uv.serve(sockets=[sock]))
+    try:
+        async with aiohttp.ClientSession() as session:
+
+            async def healthy() -> bool:
+                try:
+                    async with session.get(f"{url}/health") as response:
+                        return response.status == 200
+                except aiohttp.ClientConnectionError:
+                    return False
+
+            await until(healthy, "the in-process server is ready")
+            answers = await asyncio.gather(
+                *(post(session, f"{url}/invoke", {"question": f"q{i}"}) for i in range(8))
+            )
+            assert answers == [(200, {"output": f"mocked plain: q{i}"}) for i in range(8)]
+            status, body = await post(session, f"{url}/jobs", {"inputs": []})
+            assert status == 404 and "--jobs-dir" in body["detail"]
+    finally:
+        uv.should_exit = True
+        await serving
+        sock.close()
+    assert server.stats()["requests_total"] == 0  # every call answered by the handler

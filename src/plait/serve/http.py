@@ -51,8 +51,7 @@ def app(
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         service.start()
         if jobs is not None:
-            with service.scope():
-                jobs.start()
+            jobs.start()  # each job enters the handlers itself
         try:
             yield
         finally:
@@ -181,6 +180,20 @@ def app(
 
     if jobs is not None:
         _job_routes(api, jobs, Batch, Rows, refused)
+    else:
+
+        @api.api_route(
+            "/jobs{rest:path}", methods=["GET", "POST", "DELETE"], include_in_schema=False
+        )
+        async def no_jobs(rest: str) -> JSONResponse:
+            return JSONResponse(
+                {
+                    "detail": "this server keeps no jobs: start it with --jobs-dir DIR (plait "
+                    "serve), or pass jobs_dir= to plait.serve.app"
+                },
+                404,
+            )
+
     return api
 
 
