@@ -400,7 +400,11 @@ async def test_sigterm_finishes_requests_in_flight_and_a_restart_resumes_the_job
         assert first.stop() == 0, first.output()
     finally:
         first.stop()
-    assert server.parked("held") == 0  # the job's calls in flight were stopped, not left
+
+    async def stopped() -> bool:  # the job's calls in flight were stopped, not left
+        return server.parked("held") == 0
+
+    await until(stopped, "the stopped server's job calls were cancelled")
     paid = server.stats()["completed_by_key"]
     assert len(paid) == len(early) + 1
 
@@ -409,9 +413,14 @@ async def test_sigterm_finishes_requests_in_flight_and_a_restart_resumes_the_job
         async with aiohttp.ClientSession() as session:
             url = await second.ready(session)
             await asyncio.to_thread(server.wait_parked, "held", len(late))
-            status_now = await job_status(session, url, job)
-            assert status_now["state"] == "running"
-            assert status_now["counts"]["done"] == len(early)  # from the checkpoint
+
+            async def resumed() -> bool:  # the early inputs answered from the checkpoint
+                status_now = await job_status(session, url, job)
+                assert status_now["state"] == "running"
+                return bool(status_now["counts"]["done"] == len(early))
+
+            await until(resumed, "the resumed job's finished inputs came from its checkpoint")
+            assert server.stats()["completed_by_key"] == paid  # and none was sent again
             server.open_gate("held")
 
             async def finished() -> bool:
