@@ -361,6 +361,51 @@ async def test_a_job_runs_in_the_background_and_can_be_cancelled(
         assert response.status == 404
 
 
+async def test_a_request_goes_before_a_jobs_waiting_calls(
+    client: Any, server: FakeOpenAIServer
+) -> None:
+    """The endpoints' slots are shared, but a background job's calls queue behind the
+    interactive requests': a client on /invoke is not starved by a big job."""
+    session, url = client
+    held = [{"question": f"a{i} [[gate:bg]]"} for i in range(LIMIT)]
+    waiting = [{"question": f"b{i} [[gate:bg2]]"} for i in range(LIMIT)]
+    status, body = await post(session, f"{url}/jobs", {"inputs": held + waiting})
+    assert status == 202
+    job = body["id"]
+    await asyncio.to_thread(server.wait_parked, "bg", LIMIT)  # every slot taken by the job
+
+    async def health() -> dict[str, Any]:
+        async with session.get(f"{url}/health") as response:
+            result: dict[str, Any] = (await response.json())["endpoints"]["fast"]
+            return result
+
+    urgent = asyncio.ensure_future(
+        post(session, f"{url}/invoke", {"question": "urgent [[gate:u]]"})
+    )
+
+    async def queued() -> bool:
+        return (await health())["waiting"] == LIMIT + 1
+
+    await until(queued, "the invoke and the job's other calls wait for a slot")
+    server.open_gate("bg")  # LIMIT slots free at once: the invoke takes the first
+    await asyncio.to_thread(server.wait_parked, "u", 1)
+    await asyncio.to_thread(server.wait_parked, "bg2", LIMIT - 1)
+    assert await health() == {"limit": LIMIT, "in_flight": LIMIT, "waiting": 1}
+    server.open_gate("u")
+    assert await urgent == (200, {"output": reply("urgent")})
+    server.open_gate("bg2")
+
+    async def finished() -> bool:
+        return (await job_status(session, url, job))["state"] == "done"
+
+    await until(finished, "the job finished")
+    async with session.get(f"{url}/jobs/{job}/result") as response:
+        rows = (await response.json())["rows"]
+    assert [row["output"] for row in rows] == [
+        reply(item["question"].split(" [[", 1)[0]) for item in held + waiting
+    ]
+
+
 async def test_sigterm_finishes_requests_in_flight_and_a_restart_resumes_the_job(
     server: FakeOpenAIServer, tmp_path: Path
 ) -> None:

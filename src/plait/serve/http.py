@@ -104,6 +104,7 @@ def app(
             "pipeline": name,
             "in_flight": service.in_flight,
             "jobs_running": 0 if jobs is None else sum(1 for j in jobs.jobs.values() if j.task),
+            "endpoints": service.endpoints(),
         }
         return JSONResponse(body, 200 if service.ready else 503)
 

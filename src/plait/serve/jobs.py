@@ -9,9 +9,10 @@ Each job is a directory under the jobs directory::
 
 A job runs as ``plait run`` runs a file: its inputs numbered from 0 on a run of its own
 with its checkpoint, so every LLM call and every finished output is logged as it
-happens.  A server stopped mid-job (SIGTERM, a crash) leaves the job ``running`` on
-disk; the next server on the same jobs directory resumes it, answering finished inputs
-and calls from the checkpoint, so nothing finished is paid for again.
+happens; its calls queue behind the interactive requests' for the endpoints' slots.
+A server stopped mid-job (SIGTERM, a crash) leaves the job ``running`` on disk; the
+next server on the same jobs directory resumes it, answering finished inputs and
+calls from the checkpoint, so nothing finished is paid for again.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import Any
 
 from plait._files import write_atomic
 from plait.execution.checkpoint import Checkpoint, CheckpointBusy, CheckpointError
-from plait.execution.runtime import LocalBackend, Prepared
+from plait.execution.runtime import Prepared, Run
 from plait.sampling import run_seed
 from plait.serve.service import Service
 from plait.tracing.tracer import TracingError
@@ -41,6 +42,8 @@ log = logging.getLogger("plait.serve")
 
 #: A job's states: ``running`` (or waiting to be resumed), then one of the others.
 RUNNING, DONE, CANCELLED, FAILED = "running", "done", "cancelled", "failed"
+#: A job's run's `Engine.rank`: its calls wait behind the interactive requests' (rank 0).
+BACKGROUND = 1
 
 
 class UnknownJob(LookupError):
@@ -224,18 +227,20 @@ class JobStore:
             else:
                 job.done += 1
 
-        opts = {**service.opts, "seed": job.seed, "preserve_order": False}
+        opts = {**service.opts, "seed": job.seed}
+        finished = False
         try:
-            with service.scope():
-                await LocalBackend().rows(
-                    service.module,
-                    service.resources,
-                    range(job.total),
-                    prepare,
-                    deliver,
-                    opts,
-                    checkpoint,
-                )
+            # A batch run on the job's checkpoint, as `plait run` drives one (through the
+            # local backend), except that its calls queue behind the requests' for the
+            # endpoints' slots: a client waiting on /invoke is not starved by a big job.
+            run = Run(service.module, opts, batch=True, checkpoint=checkpoint)
+            run.engine.rank = BACKGROUND
+            try:
+                with service.scope():
+                    await run.drive(range(job.total), prepare, deliver)
+                finished = True
+            finally:
+                run.close(finished)
         except (CheckpointError, TracingError) as exc:
             self._end(job, FAILED, f"{type(exc).__name__}: {exc}")
             return

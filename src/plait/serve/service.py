@@ -95,6 +95,19 @@ class Service:
     def ready(self) -> bool:
         return self._run is not None and not self.draining
 
+    def endpoints(self) -> dict[str, dict[str, int]]:
+        """Each alias's concurrency now: its limit, the calls holding a slot (this whole
+        process's, jobs included) and those waiting for one."""
+        shown = {}
+        for alias in sorted(llm_aliases(self.module)):
+            limiter = self.resources.endpoint(alias).limiter
+            shown[alias] = {
+                "limit": limiter.limit,
+                "in_flight": limiter.held,
+                "waiting": limiter.waiting,
+            }
+        return shown
+
     @contextlib.contextmanager
     def scope(self) -> Iterator[None]:
         """The handler stack every request and job runs in (entered per task: a
