@@ -486,7 +486,7 @@ async def test_sigterm_finishes_requests_in_flight_and_a_restart_resumes_the_job
     assert stats["status_counts"] == {"200": len(questions) + 1, "499": len(late)}
 
 
-def test_a_target_that_cannot_load_is_the_usual_clear_error(tmp_path: Path) -> None:
+def test_a_target_or_jobs_dir_that_cannot_be_used_is_the_usual_clear_error(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "plait.cli", "serve", "tests/serve_targets.py:Nope", "--port", "0"],
         cwd=ROOT,
@@ -497,6 +497,19 @@ def test_a_target_that_cannot_load_is_the_usual_clear_error(tmp_path: Path) -> N
     assert done.returncode == 2
     assert done.stderr.startswith("plait serve: error:")
     assert "Nope" in done.stderr and "on http://" not in done.stderr
+
+    taken = tmp_path / "a-file"
+    taken.write_text("", encoding="utf-8")
+    done = subprocess.run(
+        [sys.executable, "-m", "plait.cli", "serve", TARGET, "--jobs-dir", taken / "jobs"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert f"plait serve: error: cannot create --jobs-dir {taken / 'jobs'}" in done.stderr
+    assert "on http://" not in done.stderr
 
 
 # -- the Python entry ---------------------------------------------------------------------------

@@ -13,8 +13,10 @@ on the same ``--jobs-dir``, the server resumes those jobs.
 from __future__ import annotations
 
 import argparse
+import os
 import socket
 import sys
+from pathlib import Path
 
 from plait.cli.options import (
     UsageError,
@@ -110,6 +112,8 @@ def main(argv: list[str]) -> int:
         )
     except (UsageError, TargetError, ConfigurationError, ParametersError, TypeError) as exc:
         return report_error("serve", str(exc))
+    if ns.jobs_dir is not None and (problem := _unwritable(Path(ns.jobs_dir))) is not None:
+        return report_error("serve", problem)
     try:
         sock = _listen(ns.host, ns.port)
     except OSError as exc:
@@ -126,6 +130,17 @@ def main(argv: list[str]) -> int:
         return report_error("serve", "the server did not start (see the lines above)", 1)
     print("plait serve: stopped", file=sys.stderr, flush=True)
     return 0
+
+
+def _unwritable(directory: Path) -> str | None:
+    """Why jobs cannot be kept in ``directory``, found before the port is bound."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return f"cannot create --jobs-dir {directory} ({exc.strerror or exc}); choose another"
+    if not os.access(directory, os.W_OK | os.X_OK):
+        return f"--jobs-dir {directory} is not writable; choose a directory you can write to"
+    return None
 
 
 def _port(text: str) -> int:

@@ -275,7 +275,7 @@ def _fields(model: Any) -> str:
     required = set(schema.get("required", ()))
     shown = []
     for field, spec in schema.get("properties", {}).items():
-        kind = spec.get("type") or "any"
+        kind = spec.get("type") or spec.get("$ref", "").rpartition("/")[2] or "any"
         shown.append(f"{field} ({kind}{', required' if field in required else ''})")
     return ", ".join(shown)
 
