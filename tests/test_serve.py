@@ -410,7 +410,9 @@ async def test_sigterm_finishes_requests_in_flight_and_a_restart_resumes_the_job
     server: FakeOpenAIServer, tmp_path: Path
 ) -> None:
     resources = write_resources(tmp_path / "resources.toml", server, 8)
+    trace = tmp_path / "trace.json"
     args = (TARGET, "--resources", resources, "--jobs-dir", tmp_path / "jobs", "--grace", "60")
+    args += ("--profile", trace)  # the profile handler, over every request and job
     early = [f"early {i}" for i in range(3)]
     late = [f"late {i} [[gate:held]]" for i in range(2)]
     questions = early + late
@@ -480,6 +482,8 @@ async def test_sigterm_finishes_requests_in_flight_and_a_restart_resumes_the_job
     assert [row["output"] for row in rows] == [
         reply(q.replace(" [[gate:held]]", "")) for q in questions
     ]
+    assert f"plait serve: trace: {trace}" in second.output()
+    assert any(event.get("ph") == "X" for event in json.loads(trace.read_text())["traceEvents"])
     stats = server.stats()
     # Every call was paid for once: the early ones before SIGTERM only, the late ones after.
     assert sorted(stats["completed_by_key"].values()) == [1] * (len(questions) + 1)

@@ -9,6 +9,7 @@ from typing import Any
 
 __all__ = [
     "UsageError",
+    "add_profile_argument",
     "add_run_settings_arguments",
     "non_negative_float",
     "note_embedded",
@@ -158,6 +159,12 @@ def resolve_resources(command: str, target: str, module: Any, path: str | None) 
     for alias in aliases:
         manager.endpoint(alias)
     return manager
+
+
+def add_profile_argument(parser: argparse.ArgumentParser) -> None:
+    """``--profile``: the `profile` handler over everything the command runs, its
+    Perfetto trace written when the command ends (``plait run``, ``plait serve``)."""
+    parser.add_argument("--profile", metavar="TRACE", help="write a Perfetto trace (JSON) here")
 
 
 def add_parameters_argument(parser: argparse.ArgumentParser) -> None:

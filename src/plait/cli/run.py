@@ -35,6 +35,7 @@ from plait._locks import Busy, hold
 from plait.cli.options import (
     UsageError,
     add_parameters_argument,
+    add_profile_argument,
     add_resources_argument,
     add_run_settings_arguments,
     parse_target_args,
@@ -62,7 +63,7 @@ from plait.target import Target, TargetError, code_files
 from plait.tracing.tracer import TracingError
 from plait.values import Value, error_value
 
-__all__ = ["build_parser", "main", "refuse_to_clobber"]
+__all__ = ["build_parser", "check_writable", "main", "refuse_to_clobber"]
 
 #: Where the CLI notes the command that wrote a checkpoint, beside the runtime's files.
 COMMAND_FILE = "cli.json"
@@ -136,7 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--no-checkpoint", action="store_true", help="do not checkpoint")
     parser.add_argument("--fresh", action="store_true", help="delete the checkpoint; start over")
-    parser.add_argument("--profile", metavar="TRACE", help="write a Perfetto trace (JSON) here")
+    add_profile_argument(parser)
     parser.add_argument(
         "--preserve-order", action="store_true", help="write outputs in input order"
     )
@@ -651,7 +652,7 @@ def _refuse_to_clobber(ns: argparse.Namespace) -> None:
     for path in code_files(ns.target):
         refuse_to_clobber({"TARGET": path}, {"--output": ns.output, "--profile": ns.profile})
     if ns.profile not in (None, "-"):
-        _check_writable("--profile", Path(ns.profile))
+        check_writable("--profile", Path(ns.profile))
 
 
 def refuse_to_clobber(reads: dict[str, str | None], writes: dict[str, str | None]) -> None:
@@ -698,7 +699,7 @@ def _is_stdin(path: Path) -> bool:
     return (stdin.st_dev, stdin.st_ino) == (target.st_dev, target.st_ino)
 
 
-def _check_writable(flag: str, path: Path) -> None:
+def check_writable(flag: str, path: Path) -> None:
     """A file the run writes only at its end must be writable before the run pays for
     anything: a directory, or a place that refuses files, is a usage error now."""
     if path.is_dir():

@@ -21,6 +21,7 @@ from pathlib import Path
 from plait.cli.options import (
     UsageError,
     add_parameters_argument,
+    add_profile_argument,
     add_resources_argument,
     add_run_settings_arguments,
     non_negative_float,
@@ -30,6 +31,8 @@ from plait.cli.options import (
     target_parser,
 )
 from plait.cli.parameters import ParametersError, load_parameters
+from plait.effects import Handler
+from plait.handlers.profiling import Profiler, profile
 from plait.resources.config import ConfigurationError
 from plait.target import Target, TargetError
 
@@ -61,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_resources_argument(parser)
     add_parameters_argument(parser)
     add_run_settings_arguments(parser)
+    add_profile_argument(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
     parser.add_argument(
         "--port", type=_port, default=8000, help="port to listen on (8000; 0: any free one)"
@@ -98,7 +102,13 @@ def main(argv: list[str]) -> int:
         return report_error(
             "serve", f"plait serve needs FastAPI and uvicorn ({exc}): pip install 'plait[serve]'"
         )
+    handlers: list[Handler] = []
+    profiler: Profiler | None = None
     try:
+        if ns.profile is not None:
+            _refuse_to_clobber(ns)
+            profiler = profile()
+            handlers.append(profiler)
         module = Target(ns.target, ns.assignments).make()
         if ns.parameters is not None:
             load_parameters(module, ns.parameters, "serve", sys.stderr)
@@ -107,6 +117,7 @@ def main(argv: list[str]) -> int:
             module,
             resources,
             jobs_dir=ns.jobs_dir,
+            handlers=handlers,
             max_concurrent=ns.max_concurrent,
             seed=ns.seed,
         )
@@ -126,10 +137,26 @@ def main(argv: list[str]) -> int:
         started = serve(api, sock, ns.grace, ns.log_level)
     finally:
         sock.close()
+        if profiler is not None:  # every request's and job's calls, since the start
+            profiler.write(ns.profile)
+            print(f"plait serve: trace: {ns.profile} (open it in ui.perfetto.dev)", file=sys.stderr)
     if not started:
         return report_error("serve", "the server did not start (see the lines above)", 1)
     print("plait serve: stopped", file=sys.stderr, flush=True)
     return 0
+
+
+def _refuse_to_clobber(ns: argparse.Namespace) -> None:
+    """The trace is written at shutdown: never over a file the server reads, and only
+    where it can be written, both checked before the port is bound."""
+    from plait.cli.run import check_writable, refuse_to_clobber
+    from plait.target import code_files
+
+    reads = {"--resources": ns.resources, "--parameters": ns.parameters}
+    refuse_to_clobber(reads, {"--profile": ns.profile})
+    for path in code_files(ns.target):
+        refuse_to_clobber({"TARGET": path}, {"--profile": ns.profile})
+    check_writable("--profile", Path(ns.profile))
 
 
 def _unwritable(directory: Path) -> str | None:
