@@ -520,12 +520,14 @@ def test_a_target_or_jobs_dir_that_cannot_be_used_is_the_usual_clear_error(tmp_p
 async def test_the_asgi_app_runs_every_request_through_its_handlers(
     server: FakeOpenAIServer,
 ) -> None:
-    """`plait.serve.app` mounted in an ASGI server of the caller's own (uvicorn here, in
-    this process): its handlers (a mock of the LLM call) answer every request, several at
-    once, and without ``jobs_dir`` the job routes say how to get them."""
+    """`plait.serve.app` mounted in an app of the caller's own, served by uvicorn in this
+    process (the mounted app's lifespan is not run: it starts on its first request): its
+    handlers (a mock of the LLM call) answer every request, several at once, and without
+    ``jobs_dir`` the job routes say how to get them."""
     import socket
 
     import uvicorn
+    from fastapi import FastAPI
 
     import plait
     import plait.serve
@@ -545,10 +547,12 @@ async def test_the_asgi_app_runs_every_request_through_its_handlers(
         {"reply": lambda request: "mocked " + request.messages[-1]["content"]}
     )
     api = plait.serve.app(Answer(), resources, handlers=[mocked])
+    site = FastAPI()  # the caller's own app, the pipeline mounted in it
+    site.mount("/answer", api)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    uv = uvicorn.Server(uvicorn.Config(api, log_level="warning", lifespan="on"))
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}/answer"
+    uv = uvicorn.Server(uvicorn.Config(site, log_level="warning", lifespan="on"))
     serving = asyncio.ensure_future(uv.serve(sockets=[sock]))
     try:
         async with aiohttp.ClientSession() as session:

@@ -6,6 +6,7 @@ Starlette's `StreamingResponse` carries the server-sent events of ``/stream``.
 """
 
 import json
+import os
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -28,7 +29,7 @@ def app(
     pipeline: Module,
     resources: Any = None,
     *,
-    jobs_dir: str | None = None,
+    jobs_dir: str | os.PathLike[str] | None = None,
     handlers: Sequence[Handler] = (),
     max_concurrent: int | None = None,
     seed: int | None = None,
@@ -218,6 +219,7 @@ def _job_routes(api: FastAPI, jobs: JobStore, Batch: Any, Rows: Any, refused: An
 
     @api.get("/jobs", response_model=list[JobStatus])
     async def listing() -> Any:
+        jobs.start()
         return JSONResponse([job.status() for job in jobs.jobs.values()])
 
     @api.get("/jobs/{job_id}", response_model=JobStatus, responses=missing)

@@ -110,10 +110,16 @@ class JobStore:
         self.directory = Path(directory)
         self.service = service
         self.jobs: dict[str, Job] = {}
+        self.started = False
 
     # -- life ------------------------------------------------------------------------
     def start(self) -> None:
-        """Load every job on disk; resume those a stopped server left running."""
+        """Load every job on disk; resume those a stopped server left running (once: at
+        the app's startup, or at the first jobs request of an app mounted in another
+        whose lifespan does not reach it)."""
+        if self.started:
+            return
+        self.started = True
         self.directory.mkdir(parents=True, exist_ok=True)
         for path in sorted(self.directory.iterdir()):
             meta = path / "job.json"
@@ -153,6 +159,7 @@ class JobStore:
     # -- requests --------------------------------------------------------------------
     def submit(self, inputs: list[Any]) -> Job:
         """Write a new job's inputs to disk, then start it."""
+        self.start()
         job_id = os.urandom(8).hex()
         directory = self.directory / job_id
         directory.mkdir(parents=True)
@@ -167,6 +174,7 @@ class JobStore:
         return job
 
     def get(self, job_id: str) -> Job:
+        self.start()
         job = self.jobs.get(job_id)
         if job is None:
             raise UnknownJob(

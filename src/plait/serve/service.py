@@ -80,10 +80,15 @@ class Service:
         self.in_flight = 0
 
     # -- life ------------------------------------------------------------------------
-    def start(self) -> None:
-        """Make the shared run (its seed drawn once, from the pipeline's `Rng` if any)."""
+    def start(self) -> Run:
+        """Make the shared run (its seed drawn once, from the pipeline's `Rng` if any):
+        at the app's startup, or at its first request when the app is mounted in
+        another whose lifespan does not reach it."""
         if self._run is None:
+            if self.draining:
+                raise RuntimeError("the service has stopped")
             self._run = Run(self.module, self.opts, batch=True)
+        return self._run
 
     def stop(self) -> None:
         self.draining = True
@@ -93,7 +98,7 @@ class Service:
 
     @property
     def ready(self) -> bool:
-        return self._run is not None and not self.draining
+        return not self.draining
 
     def endpoints(self) -> dict[str, dict[str, int]]:
         """Each alias's concurrency now: its limit, the calls holding a slot (this whole
@@ -133,9 +138,7 @@ class Service:
     async def one(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
         """Run one input on the shared run; a failure inside the pipeline is its ERROR
         `Value`, never an exception (a cancellation of the request propagates)."""
-        run = self._run
-        if run is None:
-            raise RuntimeError("the service has not started (or has stopped)")
+        run = self.start()
         index = next(self._indexes)
         self.in_flight += 1
         try:
