@@ -79,7 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=non_negative_float,
         default=30.0,
         metavar="SECONDS",
-        help="on shutdown, how long requests in flight may take to finish (30)",
+        help="on shutdown, how long requests in flight may take to finish before they are "
+        "cancelled (30; 0: at once)",
     )
     parser.add_argument(
         "--log-level",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import signal
 import socket
 from typing import Any
@@ -35,7 +36,7 @@ def serve(api: FastAPI, sock: socket.socket, grace: float, log_level: str) -> bo
     config = uvicorn.Config(
         api,
         log_level=log_level,
-        timeout_graceful_shutdown=max(1, round(grace)) if grace else None,
+        timeout_graceful_shutdown=math.ceil(grace),  # 0: cancel them at once
         lifespan="on",
     )
     server = Server(config, api.state.service)
