@@ -10,9 +10,11 @@ a process's exit.  One server serves most tests; the shutdown test starts two mo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -517,47 +519,37 @@ def test_a_target_or_jobs_dir_that_cannot_be_used_is_the_usual_clear_error(tmp_p
 
 
 # -- the Python entry ---------------------------------------------------------------------------
-async def test_the_asgi_app_runs_every_request_through_its_handlers(
-    server: FakeOpenAIServer,
-) -> None:
-    """`plait.serve.app` mounted in an app of the caller's own, served by uvicorn in this
-    process (the mounted app's lifespan is not run: it starts on its first request): its
-    handlers (a mock of the LLM call) answer every request, several at once, and without
-    ``jobs_dir`` the job routes say how to get them."""
-    import socket
-
-    import uvicorn
-    from fastapi import FastAPI
-
+def fake_resources(server: FakeOpenAIServer, model: str = "m") -> Any:
     import plait
-    import plait.serve
-    from tests.serve_targets import Answer
 
-    resources = plait.ResourceConfig(
+    return plait.ResourceConfig(
         {
             "fast": {
                 "provider": "openai",
-                "model": "m",
+                "model": model,
                 "base_url": server.base_url,
                 "api_key": "sk-test",
             }
         }
     )
-    mocked = plait.handlers.mock(
-        {"reply": lambda request: "mocked " + request.messages[-1]["content"]}
-    )
-    api = plait.serve.app(Answer(), resources, handlers=[mocked])
-    site = FastAPI()  # the caller's own app, the pipeline mounted in it
-    site.mount("/answer", api)
+
+
+@contextlib.asynccontextmanager
+async def in_process(app: Any, mount: str = "") -> AsyncIterator[tuple[aiohttp.ClientSession, str]]:
+    """``app`` served by uvicorn on this test's loop, on a free port: a session and the
+    URL, once ``/health`` answers 200; the server shut down (lifespan and all) after."""
+    import uvicorn
+
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}/answer"
-    uv = uvicorn.Server(uvicorn.Config(site, log_level="warning", lifespan="on"))
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}{mount}"
+    uv = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
     serving = asyncio.ensure_future(uv.serve(sockets=[sock]))
     try:
         async with aiohttp.ClientSession() as session:
 
             async def healthy() -> bool:
+                assert not serving.done(), "the in-process server stopped"
                 try:
                     async with session.get(f"{url}/health") as response:
                         return response.status == 200
@@ -565,14 +557,75 @@ async def test_the_asgi_app_runs_every_request_through_its_handlers(
                     return False
 
             await until(healthy, "the in-process server is ready")
-            answers = await asyncio.gather(
-                *(post(session, f"{url}/invoke", {"question": f"q{i}"}) for i in range(8))
-            )
-            assert answers == [(200, {"output": f"mocked plain: q{i}"}) for i in range(8)]
-            status, body = await post(session, f"{url}/jobs", {"inputs": []})
-            assert status == 404 and "--jobs-dir" in body["detail"]
+            yield session, url
     finally:
         uv.should_exit = True
         await serving
         sock.close()
+
+
+async def test_the_asgi_app_runs_every_request_through_its_handlers(
+    server: FakeOpenAIServer,
+) -> None:
+    """`plait.serve.app` mounted in an app of the caller's own, served by uvicorn in this
+    process (the mounted app's lifespan is not run: it starts on its first request): its
+    handlers (a mock of the LLM call) answer every request, several at once, and without
+    ``jobs_dir`` the job routes say how to get them."""
+    from fastapi import FastAPI
+
+    import plait
+    import plait.serve
+    from tests.serve_targets import Answer
+
+    mocked = plait.handlers.mock(
+        {"reply": lambda request: "mocked " + request.messages[-1]["content"]}
+    )
+    site = FastAPI()  # the caller's own app, the pipeline mounted in it
+    site.mount("/answer", plait.serve.app(Answer(), fake_resources(server), handlers=[mocked]))
+    async with in_process(site, "/answer") as (session, url):
+        answers = await asyncio.gather(
+            *(post(session, f"{url}/invoke", {"question": f"q{i}"}) for i in range(8))
+        )
+        assert answers == [(200, {"output": f"mocked plain: q{i}"}) for i in range(8)]
+        status, body = await post(session, f"{url}/jobs", {"inputs": []})
+        assert status == 404 and "--jobs-dir" in body["detail"]
     assert server.stats()["requests_total"] == 0  # every call answered by the handler
+
+
+async def test_a_job_that_cannot_resume_under_other_settings_fails_saying_why(
+    server: FakeOpenAIServer, tmp_path: Path
+) -> None:
+    """A job stopped mid-way, then a server on the same jobs directory with the alias on
+    another model: resuming would mix two models' outputs, so the job fails, and its
+    status says why (the checkpoint's own refusal) instead of running again."""
+    import plait.serve
+    from tests.serve_targets import Answer
+
+    jobs = tmp_path / "jobs"
+    before = plait.serve.app(Answer(), fake_resources(server), jobs_dir=jobs)
+    async with in_process(before) as (session, url):
+        inputs = [{"question": "done"}, {"question": "held [[gate:moved]]"}]
+        status, body = await post(session, f"{url}/jobs", {"inputs": inputs})
+        assert status == 202
+        job = body["id"]
+        await asyncio.to_thread(server.wait_parked, "moved", 1)
+
+        async def one_done() -> bool:
+            return (await job_status(session, url, job))["counts"]["done"] == 1
+
+        await until(one_done, "the job's first input finished")
+    # The server has stopped: the job is left running on disk, for the next one.
+    assert json.loads((jobs / job / "job.json").read_text())["state"] == "running"
+
+    after = plait.serve.app(Answer(), fake_resources(server, model="m2"), jobs_dir=jobs)
+    async with in_process(after) as (session, url):
+
+        async def failed() -> bool:
+            return (await job_status(session, url, job))["state"] == "failed"
+
+        await until(failed, "the job that cannot resume failed")
+        error = (await job_status(session, url, job))["error"]
+        assert "CheckpointError" in error and "'m' -> 'm2'" in error, error
+        async with session.get(f"{url}/jobs/{job}/result") as response:
+            assert response.status == 409
+    assert server.stats()["requests_total"] == 2  # nothing sent on the other model
