@@ -4,9 +4,20 @@ names every example and data file (issue 20, friction)."""
 from __future__ import annotations
 
 import ast
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -115,3 +126,94 @@ def test_the_readme_labels_example_prints_labels(tmp_path: Path) -> None:
     printed = ast.literal_eval(result.stdout.strip().splitlines()[-1])  # two labels
     labels = {"billing", "shipping", "technical", "account"}
     assert len(printed) == 2 and set(printed) <= labels
+
+
+def test_the_readme_serve_commands_show_what_they_say(server: Any, tmp_path: Path) -> None:
+    """The "Serving a pipeline" section, run as written: its pipeline file and resources,
+    its `plait serve` command (on a free port), and each curl command, whose reply must be
+    the one shown (a job's id and the fields shown as ``...`` aside)."""
+    pytest.importorskip("fastapi")
+    if shutil.which("curl") is None:
+        pytest.skip("no curl here")
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("\n## Serving a pipeline\n", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"^```(\w*)\n(.*?)^```$", section, re.MULTILINE | re.DOTALL)
+    python_block, toml_block, start, session = (body for _, body in blocks)
+    assert [kind for kind, _ in blocks] == ["python", "toml", "", ""]
+    (tmp_path / "review.py").write_text(python_block, encoding="utf-8")
+    (tmp_path / "resources.toml").write_text(
+        toml_block.replace("http://127.0.0.1:8000/v1", server.base_url), encoding="utf-8"
+    )
+    assert "python -m plait.testing.fake_openai --port 8000" in start  # the fixture's stand-in
+    command = next(line for line in start.splitlines() if line.startswith("plait serve"))
+    args = shlex.split(command.split("#", 1)[0])[2:]
+    args[args.index("--port") + 1] = "0"
+    log = tmp_path / "serve.log"
+    path = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    with open(log, "w", encoding="utf-8") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "plait.cli", "serve", *args],
+            cwd=tmp_path,  # where review.py is, as for the user
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), *path])},
+        )
+    try:
+        port = _served_port(proc, log)
+        ran = 0
+        job = ""
+        for step in session.split("$ ")[1:]:
+            shown_command, _, shown = step.partition("\n")
+            shell = shown_command.replace("localhost:8080", f"localhost:{port}")
+            if "/jobs/JOB" in shell:
+                _wait_for_job(port, job)
+                shell = shell.replace("JOB", job)
+            out = subprocess.run(
+                shell, shell=True, capture_output=True, text=True, timeout=60, check=True
+            ).stdout
+            if "/stream" in shell:  # rows come as they finish: any order, the summary last
+                got, want = out.strip().split("\n\n"), shown.strip().split("\n\n")
+                assert sorted(got[:-1]) == sorted(want[:-1]) and got[-1] == want[-1], out
+            elif "..." in shown:
+                reply = json.loads(out)
+                job = job or reply["id"]
+                expected = shown.strip().replace("JOB", job).replace(",...}", "}")
+                assert {k: reply[k] for k in json.loads(expected)} == json.loads(expected)
+            else:
+                assert out == shown.strip(), out
+            ran += 1
+        assert ran == 6
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0, log.read_text(encoding="utf-8")
+
+
+def _served_port(proc: subprocess.Popen[bytes], log: Path) -> int:
+    """The port ``plait serve`` bound, once its /health answers 200 (polled, never slept)."""
+    deadline = time.monotonic() + 60
+    port = 0
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, log.read_text(encoding="utf-8")
+        text = log.read_text(encoding="utf-8")
+        if not port and " on http://" in text:
+            port = int(text.split(" on http://", 1)[1].split()[0].rsplit(":", 1)[1])
+        if port:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health") as response:
+                    if response.status == 200:
+                        return port
+            except OSError:
+                pass
+        time.sleep(0.02)
+    raise AssertionError(f"plait serve never became ready:\n{log.read_text(encoding='utf-8')}")
+
+
+def _wait_for_job(port: int, job: str) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/jobs/{job}") as response:
+            if json.loads(response.read())["state"] == "done":
+                return
+        time.sleep(0.02)
+    raise AssertionError(f"job {job} never finished")

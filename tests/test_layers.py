@@ -40,7 +40,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("learning", ("plait.learning",)),
     ("configuration", ("plait.blueprint", "plait.target")),
     ("backends", ("plait.ray",)),
-    ("interfaces", ("plait.cli", "plait.testing")),
+    ("interfaces", ("plait.cli", "plait.testing", "plait.serve")),
     ("composition root", ("plait",)),
 ]
 
@@ -188,7 +188,8 @@ def test_the_checker_sees_function_level_and_type_only_imports(tmp_path: Path) -
 
 
 @pytest.mark.parametrize(
-    "heavy", ["ray", "matplotlib", "pandas", "openai", "anthropic", "xllamacpp"]
+    "heavy",
+    ["ray", "matplotlib", "pandas", "openai", "anthropic", "xllamacpp", "fastapi", "uvicorn"],
 )
 def test_import_plait_stays_light(heavy: str) -> None:
     code = (

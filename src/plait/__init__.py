@@ -90,6 +90,7 @@ _LAZY = {
     "chunk_text": "plait.sequences",
     "Rng": "plait.sampling",
     "knn_demos": "plait.demos",
+    "serve": "plait.serve",
 }
 
 
@@ -131,6 +132,7 @@ __all__ = [
     "make_from_argv",
     "reset_usage",
     "run",
+    "serve",
     "unwrap",
     "usage",
     "valueify",

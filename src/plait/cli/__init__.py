@@ -1,4 +1,5 @@
-"""The ``plait`` command: ``plait run``, ``graph``, ``check``, ``train``, ``eval``, ``status``.
+"""The ``plait`` command: ``plait run``, ``graph``, ``check``, ``train``, ``eval``, ``status``,
+``serve``.
 
 Each command lives in a module of its own and is imported only when used, so
 ``plait check`` does not pay for the tracer and ``plait --help`` pays for nothing.
@@ -23,6 +24,7 @@ COMMANDS = {
     "train": ("plait.cli.train", "train a pipeline's prompts on a dataset (resumable, plotted)"),
     "eval": ("plait.cli.eval", "score a pipeline on a dataset: mean, 95% interval, failures"),
     "status": ("plait.cli.status", "show a run's checkpoint: finished inputs, pending batches"),
+    "serve": ("plait.cli.serve", "serve a pipeline over HTTP: invoke, batch, stream, jobs"),
 }
 
 USAGE = "usage: plait [--version] [--help] COMMAND [ARGS]"

@@ -9,11 +9,14 @@ from typing import Any
 
 __all__ = [
     "UsageError",
+    "add_profile_argument",
+    "add_run_settings_arguments",
     "non_negative_float",
     "note_embedded",
     "parse_target_args",
     "positive_int",
     "report_error",
+    "resolve_resources",
     "target_parser",
 ]
 
@@ -114,6 +117,54 @@ def add_resources_argument(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="aliases -> endpoints (TOML or YAML); default: the embedded local model",
     )
+
+
+def add_run_settings_arguments(parser: argparse.ArgumentParser) -> None:
+    """The settings of a pipeline's runs that every command running one shares
+    (``plait run``, ``plait serve``): the run-wide cap on LLM calls and the run seed."""
+    parser.add_argument(
+        "--max-concurrent", type=positive_int, metavar="N", help="LLM calls in flight (100)"
+    )
+    parser.add_argument(
+        "--seed",
+        type=seed_value,
+        metavar="N",
+        help="run seed: every LLM call sends a seed derived from it, so a sampled run repeats",
+    )
+
+
+def resolve_resources(command: str, target: str, module: Any, path: str | None) -> Any:
+    """The `ResourceManager` a command runs ``module`` on: ``--resources`` (``path``) if
+    given, else what the target is bound to, else the embedded model (said once on
+    stderr).  Every alias is resolved now, so a missing one is a usage error before
+    anything runs."""
+    from plait.module import llm_aliases
+    from plait.resources.config import ResourceConfig
+    from plait.resources.manager import ResourceManager
+
+    config: Any = module._bound_resources
+    if path is not None:
+        config = ResourceConfig.load(path)
+    manager = ResourceManager.coerce(config)
+    note_embedded(command, module, manager, path)
+    aliases = sorted(llm_aliases(module))
+    missing = [alias for alias in aliases if manager.config and alias not in manager.config]
+    if missing:
+        where = path or "the resources the target is bound to"
+        raise UsageError(
+            f"{target} uses the alias(es) {', '.join(map(repr, missing))}, which "
+            f"{where} does not define (it defines: {', '.join(manager.config)}); add them "
+            "there, or change the module's alias"
+        )
+    for alias in aliases:
+        manager.endpoint(alias)
+    return manager
+
+
+def add_profile_argument(parser: argparse.ArgumentParser) -> None:
+    """``--profile``: the `profile` handler over everything the command runs, its
+    Perfetto trace written when the command ends (``plait run``, ``plait serve``)."""
+    parser.add_argument("--profile", metavar="TRACE", help="write a Perfetto trace (JSON) here")
 
 
 def add_parameters_argument(parser: argparse.ArgumentParser) -> None:

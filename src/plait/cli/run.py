@@ -35,12 +35,13 @@ from plait._locks import Busy, hold
 from plait.cli.options import (
     UsageError,
     add_parameters_argument,
+    add_profile_argument,
     add_resources_argument,
-    note_embedded,
+    add_run_settings_arguments,
     parse_target_args,
     positive_int,
     report_error,
-    seed_value,
+    resolve_resources,
     target_parser,
 )
 from plait.cli.outputs import OutputWriter, error_record, silence_stdout
@@ -52,9 +53,9 @@ from plait.execution.checkpoint import Checkpoint, CheckpointError
 from plait.execution.runtime import Prepared, backend_name
 from plait.execution.settings import resolve_options
 from plait.inputs import FORMATS, InputError, InputSource, Item, count_inputs, open_inputs
-from plait.module import Module, llm_aliases
+from plait.module import Module
 from plait.ray.cluster import ClusterUnreachable, ensure_ray
-from plait.resources.config import ConfigurationError, ResourceConfig
+from plait.resources.config import ConfigurationError
 from plait.resources.manager import ResourceManager
 from plait.resources.usage import reset_usage, usage
 from plait.sampling import SeedError, run_seed
@@ -62,7 +63,7 @@ from plait.target import Target, TargetError, code_files
 from plait.tracing.tracer import TracingError
 from plait.values import Value, error_value
 
-__all__ = ["build_parser", "main", "refuse_to_clobber"]
+__all__ = ["build_parser", "check_writable", "main", "refuse_to_clobber"]
 
 #: Where the CLI notes the command that wrote a checkpoint, beside the runtime's files.
 COMMAND_FILE = "cli.json"
@@ -130,15 +131,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--field", metavar="NAME", help="pass this field of each input object")
     add_resources_argument(parser)
     add_parameters_argument(parser)
-    parser.add_argument(
-        "--max-concurrent", type=positive_int, metavar="N", help="LLM calls in flight (100)"
-    )
+    add_run_settings_arguments(parser)
     parser.add_argument(
         "--checkpoint", metavar="DIR", help="checkpoint directory (default: OUTPUT.checkpoint)"
     )
     parser.add_argument("--no-checkpoint", action="store_true", help="do not checkpoint")
     parser.add_argument("--fresh", action="store_true", help="delete the checkpoint; start over")
-    parser.add_argument("--profile", metavar="TRACE", help="write a Perfetto trace (JSON) here")
+    add_profile_argument(parser)
     parser.add_argument(
         "--preserve-order", action="store_true", help="write outputs in input order"
     )
@@ -159,12 +158,6 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="send every LLM call through its provider's batch API (half the price; each "
         "stage waits for its batch, minutes to hours); resumable like any run",
-    )
-    parser.add_argument(
-        "--seed",
-        type=seed_value,
-        metavar="N",
-        help="run seed: every LLM call sends a seed derived from it, so a sampled run repeats",
     )
     parser.add_argument(
         "--show", action="store_true", help="print a table of the results when done"
@@ -254,22 +247,9 @@ class _Command:
     def _resources(self, module: Module) -> ResourceManager:
         """Resolve every alias before the first input, so a missing one is a usage error."""
         reset_usage()  # the usage table reports this run alone
-        config: Any = module._bound_resources
-        if self.ns.resources is not None:
-            config = ResourceConfig.load(self.ns.resources)
-        manager = ResourceManager.coerce(config)
-        note_embedded("run", module, manager, self.ns.resources)
-        aliases = sorted(llm_aliases(module))
-        missing = [alias for alias in aliases if manager.config and alias not in manager.config]
-        if missing:
-            where = self.ns.resources or "the resources the target is bound to"
-            raise UsageError(
-                f"{self.ns.target} uses the alias(es) {', '.join(map(repr, missing))}, which "
-                f"{where} does not define (it defines: {', '.join(manager.config)}); add them "
-                "there, or change the module's alias"
-            )
-        for alias in aliases:
-            manager.endpoint(alias)
+        manager: ResourceManager = resolve_resources(
+            "run", self.ns.target, module, self.ns.resources
+        )
         return manager
 
     def _checkpoint_dir(self) -> Path | None:
@@ -672,7 +652,7 @@ def _refuse_to_clobber(ns: argparse.Namespace) -> None:
     for path in code_files(ns.target):
         refuse_to_clobber({"TARGET": path}, {"--output": ns.output, "--profile": ns.profile})
     if ns.profile not in (None, "-"):
-        _check_writable("--profile", Path(ns.profile))
+        check_writable("--profile", Path(ns.profile))
 
 
 def refuse_to_clobber(reads: dict[str, str | None], writes: dict[str, str | None]) -> None:
@@ -719,7 +699,7 @@ def _is_stdin(path: Path) -> bool:
     return (stdin.st_dev, stdin.st_ino) == (target.st_dev, target.st_ino)
 
 
-def _check_writable(flag: str, path: Path) -> None:
+def check_writable(flag: str, path: Path) -> None:
     """A file the run writes only at its end must be writable before the run pays for
     anything: a directory, or a place that refuses files, is a usage error now."""
     if path.is_dir():

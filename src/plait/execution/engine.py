@@ -83,7 +83,8 @@ def as_input_failure(exc: BaseException) -> Exception | None:
 
 
 class _CallPriority(Priority):
-    """Input order while a batch is being admitted; critical path first once it drains."""
+    """The run's rank first (`Engine.rank`); then input order while a batch is being
+    admitted, critical path first once it drains."""
 
     __slots__ = ("engine", "height", "index")
 
@@ -93,7 +94,8 @@ class _CallPriority(Priority):
         self.height = height
 
     def key(self) -> tuple[float, ...]:
-        return (-self.height if self.engine.draining else 0, self.index)
+        engine = self.engine
+        return (engine.rank, -self.height if engine.draining else 0, self.index)
 
 
 class Engine:
@@ -116,6 +118,10 @@ class Engine:
         self.limiter = PriorityLimiter(max_concurrent)
         #: False while a batch still has inputs to admit (see `_CallPriority`).
         self.draining = draining
+        #: Where this run's calls queue for an endpoint's slots among other runs' in the
+        #: process: a run of a higher rank waits behind every lower one (a served
+        #: pipeline's background jobs behind its interactive requests, `plait.serve`).
+        self.rank = 0
         #: Aliases this run has sent requests to; endpoints are built at the first send.
         self.aliases: set[str] = set()
         #: Whether an input of this run has been traced, and the `TracingError` of the
