@@ -9,7 +9,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterat
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from plait._signature import forward_shape
-from plait.effects import Message, Runtime, call_eagerly, current_stack, observes_every_call
+from plait.effects import (
+    Message,
+    Runtime,
+    call_eagerly,
+    current_stack,
+    observes_every_call,
+    run_scope,
+)
 from plait.execution.backends import backend
 from plait.execution.batch import BatchResult
 from plait.execution.checkpoint import (
@@ -42,6 +49,7 @@ __all__ = [
     "needs_runtime",
     "run",
     "run_blocking",
+    "run_message",
     "shaped",
     "start_run",
     "stream_bound",
@@ -285,6 +293,11 @@ class Run:
         """What this run's caller gets for ``value`` (`shaped`)."""
         return shaped(value, self.training)
 
+    def message(self, **meta: Any) -> Message:
+        """This run's ``"run"`` message (`plait.effects.run_scope`), which the handlers
+        that hook runs see as it starts and ends."""
+        return run_message(self.module, seed=self.engine.seed, **meta)
+
     async def drive(
         self,
         items: Iterable[Any],
@@ -292,6 +305,18 @@ class Run:
         deliver: Deliver,
         slots: asyncio.Semaphore | None = None,
         in_order: bool = False,
+    ) -> None:
+        """`_drive`, as one run (`plait.effects.run_scope`) for the handlers."""
+        with run_scope(self.message(backend="local")):
+            await self._drive(items, prepare, deliver, slots, in_order)
+
+    async def _drive(
+        self,
+        items: Iterable[Any],
+        prepare: Callable[[Any], Prepared],
+        deliver: Deliver,
+        slots: asyncio.Semaphore | None,
+        in_order: bool,
     ) -> None:
         """Run every item, calling ``deliver(index, item, value)`` with its row.
 
@@ -402,11 +427,12 @@ async def _run_single(
 ) -> Any:
     state = Run(module, opts)
     try:
-        if state.checkpoint is not None:
-            with CheckpointHandler(state.checkpoint).outermost():
+        with run_scope(state.message(backend="local", inputs=1)):
+            if state.checkpoint is not None:
+                with CheckpointHandler(state.checkpoint).outermost():
+                    value = await state.one(0, args, kwargs)
+            else:
                 value = await state.one(0, args, kwargs)
-        else:
-            value = await state.one(0, args, kwargs)
     except BaseException:
         state.close(finished=False)
         raise
@@ -414,6 +440,12 @@ async def _run_single(
     if value.kind is ValueKind.ERROR:
         raise ExecutionError(value)
     return state.shape(value)
+
+
+def run_message(module: Module, **meta: Any) -> Message:
+    """The ``"run"`` message of a run of ``module`` (`plait.effects.run_scope`);
+    ``meta`` says how it runs (``backend``, ``seed``, ``workers``, ...)."""
+    return Message(type="run", name=type(module).__name__, module=module, meta=meta)
 
 
 class LocalBackend:
