@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -115,3 +117,21 @@ def test_the_readme_labels_example_prints_labels(tmp_path: Path) -> None:
     printed = ast.literal_eval(result.stdout.strip().splitlines()[-1])  # two labels
     labels = {"billing", "shipping", "technical", "account"}
     assert len(printed) == 2 and set(printed) <= labels
+
+
+def test_the_readme_opentelemetry_example_prints_one_trace_per_run(tmp_path: Path) -> None:
+    pytest.importorskip("opentelemetry.sdk")
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("\n## OpenTelemetry\n", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```python\n", 1)[1].split("```", 1)[0]
+    assert "otel(" in block
+    result = subprocess.run(
+        [sys.executable, "-c", block], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines.count("chat gpt-4o-mini summarize 0") == 1
+    assert lines.count("chat gpt-4o-mini grade 1") == 1
+    assert lines.count("Review Review 0") == 1
+    assert lines[-2] == "run Review None None"
+    assert lines[-1].endswith(" tokens") and float(lines[-1].split()[0]) > 0
