@@ -395,6 +395,23 @@ def test_concurrent_runs_under_one_handler_each_get_their_own_trace(
     assert sorted(r["attributes"]["plait.run.inputs"] for r in runs) == [1, 2]
 
 
+def test_a_rerun_answered_by_its_checkpoint_says_so_and_makes_no_call_spans(
+    server: FakeOpenAIServer, receiver: Receiver, tmp_path: Path
+) -> None:
+    pipeline = SummarizeAndAnalyze().bind(resources=make_resources(server, ("fast", "smart")))
+    with otel():
+        first = pipeline.run_sync(["a", "b"], checkpoint_dir=tmp_path / "ck")
+    assert len(_llm_spans(receiver.spans)) == 4
+    receiver.reset()
+    with otel():
+        assert pipeline.run_sync(["a", "b"], checkpoint_dir=tmp_path / "ck") == first
+    spans = receiver.spans
+    assert _llm_spans(spans) == []
+    (run,) = spans
+    assert run["attributes"]["plait.run.inputs"] == 2
+    assert run["attributes"]["plait.run.failed_inputs"] == 0
+
+
 def test_a_run_is_a_message_only_hooks_named_for_it_see() -> None:
     seen: list[str] = []
 
@@ -478,6 +495,29 @@ def test_plait_run_otel_exports_where_the_environment_says(
     assert not any(b"sk-test" in body for body in receiver.bodies)
 
 
+def test_plait_eval_otel_exports_each_scored_example(
+    server: FakeOpenAIServer, receiver: Receiver, tmp_path: Path
+) -> None:
+    data = tmp_path / "data.jsonl"
+    data.write_text('{"input": "a", "target": "[T] a"}\n{"input": "b", "target": "no"}\n')
+    done = _cli(
+        "eval",
+        "tests.cli_targets:Tagged",
+        "--data",
+        data,
+        "--resources",
+        _write_resources(tmp_path / "resources.toml", server.base_url),
+        "--otel",
+        env={"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint},
+    )
+    assert done.returncode == 0, done.stderr
+    llm = _llm_spans(receiver.spans)
+    assert len(llm) == 2
+    assert {s["attributes"]["plait.module.path"] for s in llm} == {"model.llm"}
+    assert all(s["parent"] is not None for s in llm)  # inside their runs' spans
+    assert any(m["name"] == "gen_ai.client.operation.duration" for m in receiver.metrics)
+
+
 def test_plait_run_otel_without_the_extra_says_how_to_install_it(
     server: FakeOpenAIServer, tmp_path: Path
 ) -> None:
@@ -526,6 +566,7 @@ def test_spans_made_on_ray_workers_join_the_drivers_trace(
     (run,) = [s for s in spans if s["parent"] is None]
     assert run["attributes"]["plait.run.backend"] == "ray"
     assert {s["trace_id"] for s in spans} == {run["trace_id"]}
+    assert run["attributes"]["plait.run.inputs"] == 4
     shares = [s for s in spans if s["parent"] == run["span_id"]]
     assert shares and all(s["name"].startswith("run SummarizeAndAnalyze on ") for s in shares)
     llm = _llm_spans(spans)

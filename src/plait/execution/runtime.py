@@ -45,6 +45,8 @@ __all__ = [
     "Prepared",
     "Run",
     "backend_name",
+    "count_row",
+    "counting_rows",
     "is_batch",
     "needs_runtime",
     "run",
@@ -307,8 +309,9 @@ class Run:
         in_order: bool = False,
     ) -> None:
         """`_drive`, as one run (`plait.effects.run_scope`) for the handlers."""
-        with run_scope(self.message(backend="local")):
-            await self._drive(items, prepare, deliver, slots, in_order)
+        msg = self.message(backend="local")
+        with run_scope(msg):
+            await self._drive(items, prepare, counting_rows(deliver, msg), slots, in_order)
 
     async def _drive(
         self,
@@ -427,12 +430,13 @@ async def _run_single(
 ) -> Any:
     state = Run(module, opts)
     try:
-        with run_scope(state.message(backend="local", inputs=1)):
+        with run_scope(state.message(backend="local")) as msg:
             if state.checkpoint is not None:
                 with CheckpointHandler(state.checkpoint).outermost():
                     value = await state.one(0, args, kwargs)
             else:
                 value = await state.one(0, args, kwargs)
+            count_row(msg, value.kind is ValueKind.ERROR)
     except BaseException:
         state.close(finished=False)
         raise
@@ -446,6 +450,24 @@ def run_message(module: Module, **meta: Any) -> Message:
     """The ``"run"`` message of a run of ``module`` (`plait.effects.run_scope`);
     ``meta`` says how it runs (``backend``, ``seed``, ``workers``, ...)."""
     return Message(type="run", name=type(module).__name__, module=module, meta=meta)
+
+
+def count_row(msg: Message, failed: bool) -> None:
+    """Count one row delivered by the run ``msg`` (its ``meta["inputs"]``, and
+    ``meta["failed"]`` for an ERROR row), which the handlers see as it ends."""
+    msg.meta["inputs"] = msg.meta.get("inputs", 0) + 1
+    if failed:
+        msg.meta["failed"] = msg.meta.get("failed", 0) + 1
+
+
+def counting_rows(deliver: Deliver, msg: Message) -> Deliver:
+    """``deliver``, counting each row on the run ``msg`` (`count_row`) first."""
+
+    def counted(index: int, item: Any, value: Value) -> None:
+        count_row(msg, value.kind is ValueKind.ERROR)
+        deliver(index, item, value)
+
+    return counted
 
 
 class LocalBackend:

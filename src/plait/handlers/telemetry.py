@@ -159,6 +159,7 @@ class Telemetry(Handler):
         self._given = (tracer_provider, meter_provider)
         #: The ``OTEL_*`` settings where the handler was made: a worker exports with them.
         self._settings = {k: v for k, v in os.environ.items() if k.startswith(_SETTINGS_PREFIX)}
+        _register_headers(self._settings)
         #: On a Ray worker: the driver's run span, as W3C trace-context headers.
         self._remote_parent: dict[str, str] = {}
         self._setup()
@@ -281,9 +282,7 @@ class Telemetry(Handler):
         self._setup()
         for name, value in self._settings.items():
             os.environ[name] = value
-            if "HEADERS" in name:  # an exporter's API key: never written anywhere
-                for pair in value.split(","):
-                    register(pair.partition("=")[2].strip() or None)
+        _register_headers(self._settings)
 
     # -- runs ------------------------------------------------------------------------------
     def process_run(self, msg: Message) -> None:
@@ -310,8 +309,11 @@ class Telemetry(Handler):
         if not isinstance(state, _RunState):
             return
         span = state.span
-        span.set_attribute("plait.run.inputs", state.inputs)
-        span.set_attribute("plait.run.failed_inputs", state.failed)
+        # The rows the run delivered, as the runtime counted them (inputs answered from
+        # a checkpoint included), else the inputs whose calls passed through here.
+        span.set_attribute("plait.run.inputs", int(msg.meta.get("inputs", state.inputs)))
+        failed = msg.meta.get("failed", state.failed if "inputs" not in msg.meta else 0)
+        span.set_attribute("plait.run.failed_inputs", int(failed))
         if msg.error is not None:
             _record_failure(span, msg.error)
         elif msg.meta.get("stopped"):
@@ -490,6 +492,15 @@ def _meter_provider(resource: Any) -> Any:
     """`_tracer_provider`'s counterpart for the metrics."""
     reader = PeriodicExportingMetricReader(OTLPMetricExporter())
     return MeterProvider(resource=resource, metric_readers=[reader], shutdown_on_exit=False)
+
+
+def _register_headers(settings: dict[str, str]) -> None:
+    """The exporters' header values (``OTEL_EXPORTER_OTLP_HEADERS``: a backend's API
+    key) are secrets: scrubbed from anything plait writes."""
+    for name, value in settings.items():
+        if "HEADERS" in name:
+            for pair in value.split(","):
+                register(pair.partition("=")[2].strip() or None)
 
 
 def _operation(request: Any) -> str:

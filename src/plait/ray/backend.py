@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from plait.effects import run_scope
 from plait.execution.backends import PassLog
 from plait.execution.checkpoint import Checkpoint
-from plait.execution.runtime import Deliver, run_message, traced_first
+from plait.execution.runtime import Deliver, counting_rows, run_message, traced_first
 from plait.module import llm_aliases
 from plait.ray.cluster import import_ray, shutdown_if_started
 from plait.ray.runner import WorkerPool, run_distributed
@@ -117,12 +117,13 @@ class RayBackend:
         workers = opts["workers"] or 1
         # One run for the handlers that hook runs; the workers' shares of it nest inside
         # (a handler's copy sent to them is made within it, `distribute`).
-        with run_scope(run_message(module, backend="ray", workers=workers, seed=opts.get("seed"))):
+        msg = run_message(module, backend="ray", workers=workers, seed=opts.get("seed"))
+        with run_scope(msg):
             run_distributed(
                 make_spec(module, resources, opts, checkpoint),
                 traced_first(module, items, prepare_to_trace),
                 prepare_once,
-                deliver,
+                counting_rows(deliver, msg),
                 workers=workers,
                 address=opts["ray_address"],
                 checkpoint=checkpoint,

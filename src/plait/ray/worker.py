@@ -313,6 +313,8 @@ class PipelineWorker:
             share = run_message(self.module, backend="ray worker", worker=self.name)
             with run_scope(share):
                 rows = await asyncio.gather(*(one(i, a, k) for i, a, k in items))
+                share.meta["inputs"] = len(rows)
+                share.meta["failed"] = sum(1 for row in rows if not row[1])
         rows = sendable_rows(rows, type(self.module).__name__)
         for part in self.handlers:
             back = getattr(part.handler, "give_back", None)
