@@ -260,6 +260,34 @@ def test_seed_temperature_and_cost_are_on_the_call(
     assert attributes["plait.cost_usd"] == pytest.approx(attributes["gen_ai.usage.input_tokens"])
 
 
+def test_a_span_says_the_call_as_sent_after_an_override_and_goes_to_a_provider_of_yours(
+    server: FakeOpenAIServer,
+) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from plait.handlers import override
+
+    endpoint = {"provider": "openai", "base_url": server.base_url, "api_key": "sk-test"}
+    resources = plait.ResourceConfig(
+        {"fast": {**endpoint, "model": "small"}, "smart": {**endpoint, "model": "large"}}
+    )
+    spans = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    # The override is outside: this handler processes the call before it is rewritten,
+    # and its span still says what was sent.
+    with override(alias="smart", max_tokens=9), otel(provider):
+        Echo("t").bind(resources=resources).run_sync(["a"])
+    (call,) = [s for s in spans.get_finished_spans() if s.name.startswith("chat")]
+    assert call.name == "chat large"
+    assert call.attributes is not None
+    assert call.attributes["gen_ai.request.model"] == "large"
+    assert call.attributes["plait.alias"] == "smart"
+    assert call.attributes["gen_ai.request.max_tokens"] == 9
+
+
 # -- failures -------------------------------------------------------------------------------
 def test_a_failed_call_is_an_error_span_with_its_type_and_its_exception(
     server: FakeOpenAIServer, receiver: Receiver

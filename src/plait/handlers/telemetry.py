@@ -60,7 +60,7 @@ from plait.resources.endpoint import CallTiming, Span
 from plait.resources.pricing import Prices
 
 try:
-    from opentelemetry import trace
+    from opentelemetry import metrics, trace
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.metrics import MeterProvider
@@ -101,9 +101,10 @@ def otel(
 ) -> Telemetry:
     """A handler that exports each run as OpenTelemetry spans and GenAI metrics.
 
-    ``tracer_provider``/``meter_provider``: where to send them (an SDK provider of
-    yours); without them, OTLP/HTTP exporters configured by the ``OTEL_*`` environment
-    variables.  ``capture_content``: record prompts and replies (scrubbed of secrets).
+    ``tracer_provider``/``meter_provider``: where to send them (SDK providers of
+    yours; given one, the other is the application's global one); with neither,
+    OTLP/HTTP exporters configured by the ``OTEL_*`` environment variables.
+    ``capture_content``: record prompts and replies (scrubbed of secrets).
     ``service_name``: the resource's ``service.name`` when ``OTEL_SERVICE_NAME`` does not
     set one (default ``plait``).
     """
@@ -181,12 +182,17 @@ class Telemetry(Handler):
             return parts
         with self._lock:
             if self._parts is None:
+                if self._tracer_provider is None and self._meter_provider is None:
+                    resource = self._resource()
+                    self._tracer_provider = _tracer_provider(resource)
+                    self._meter_provider = _meter_provider(resource)
+                    self._owned = [self._tracer_provider, self._meter_provider]
+                # Given one, the other is the application's own (a no-op unless it set
+                # one up): spans to your provider never send metrics somewhere else.
                 if self._tracer_provider is None:
-                    self._tracer_provider = _tracer_provider(self._resource())
-                    self._owned.append(self._tracer_provider)
+                    self._tracer_provider = trace.get_tracer_provider()
                 if self._meter_provider is None:
-                    self._meter_provider = _meter_provider(self._resource())
-                    self._owned.append(self._meter_provider)
+                    self._meter_provider = metrics.get_meter_provider()
                 tracer = self._tracer_provider.get_tracer(
                     "plait", __version__, schema_url=SCHEMA_URL
                 )
@@ -369,6 +375,9 @@ class Telemetry(Handler):
         span.set_attribute("plait.outcome", outcome)
         for phase in spans:
             _add_phase(span, phase, call.offset_ns)
+        model = base.get("gen_ai.request.model")
+        if model:  # a handler inside this one may have sent the call to another alias
+            span.update_name(f"{operation} {model}")
         response = msg.value if isinstance(msg.value, LLMResponse) else None
         if response is not None:
             span.set_attributes(_response_attributes(response))
