@@ -234,9 +234,10 @@ def test_a_run_is_one_trace_of_run_module_and_llm_spans_named_after_the_conventi
     assert attributes["plait.alias"] == "smart"
     assert attributes["plait.input_index"] == 0
     assert attributes["plait.node_id"].endswith(":synthesizer")
-    assert attributes["plait.attempts"] == 1 and attributes["plait.retries"] == 0
+    assert attributes["plait.attempts"] == 1
+    assert "plait.retries" not in attributes  # none: left out, not said as zero
     assert attributes["plait.outcome"] == "ok"
-    assert "plait.queue_wait_s" in attributes and "plait.rate_limit_wait_s" in attributes
+    assert attributes["plait.queue_wait_s"] >= 0
     assert [name for name, _ in call["events"]].count("plait.request") == 1
     # Content is opt-in: none by default.
     assert not any("gen_ai.input.messages" in s["attributes"] for s in llm)

@@ -41,6 +41,7 @@ whose trace is the driver's (see `Telemetry.__getstate__`).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import socket
@@ -87,6 +88,8 @@ _TOKEN_BUCKETS = [4.0**k for k in range(14)]
 _DURATION_BUCKETS = [0.01 * 2.0**k for k in range(14)]
 #: Where each provider is when its alias names no base URL.
 _DEFAULT_HOSTS = {"openai": "api.openai.com", "anthropic": "api.anthropic.com"}
+#: Queue waits shorter than this took a free slot: no event of their own.
+_MIN_QUEUE_S = 5e-5
 #: Environment variables a Ray worker takes from the driver to export the same way.
 _SETTINGS_PREFIX = "OTEL_"
 _propagator = TraceContextTextMapPropagator()
@@ -369,10 +372,9 @@ class Telemetry(Handler):
         spans = list(timing.spans) if isinstance(timing, CallTiming) else []
         outcome = call_outcome(msg, spans)
         operation = _operation(request)
-        base = self._request_attributes(msg, request, operation)
-        span.set_attributes(base)
-        span.set_attributes(_phase_attributes(spans))
-        span.set_attribute("plait.outcome", outcome)
+        config = _config_of(msg)
+        base = self._request_attributes(config, request, operation)
+        attributes = {**base, **_phase_attributes(spans), "plait.outcome": outcome}
         for phase in spans:
             _add_phase(span, phase, call.offset_ns)
         model = base.get("gen_ai.request.model")
@@ -380,12 +382,13 @@ class Telemetry(Handler):
             span.update_name(f"{operation} {model}")
         response = msg.value if isinstance(msg.value, LLMResponse) else None
         if response is not None:
-            span.set_attributes(_response_attributes(response))
-            cost = _cost(msg, response)
+            attributes.update(_response_attributes(response))
+            cost = _cost(config, response)
             if cost is not None:
-                span.set_attribute("plait.cost_usd", cost)
+                attributes["plait.cost_usd"] = cost
         if self.capture_content and isinstance(request, LLMRequest):
-            span.set_attributes(_content(request, response if msg.error is None else None))
+            attributes.update(_content(request, response if msg.error is None else None))
+        span.set_attributes(attributes)
         sent = any(phase.kind == "request" for phase in spans)
         if msg.error is not None:
             _record_failure(span, msg.error)
@@ -393,11 +396,10 @@ class Telemetry(Handler):
             self._measure(msg, base, response, time.monotonic() - call.started)
         self._close(msg, call)
 
-    def _request_attributes(self, msg: Message, request: Any, operation: str) -> dict[str, Any]:
+    def _request_attributes(self, config: Any, request: Any, operation: str) -> dict[str, Any]:
         """The conventions' request attributes of the call as finally sent (a handler
         inside this one may have rewritten it), and plait's alias."""
         attributes: dict[str, Any] = {"gen_ai.operation.name": operation}
-        config = _config_of(msg)
         if config is not None:
             attributes["gen_ai.provider.name"] = config.provider
             if config.model:
@@ -532,6 +534,7 @@ def _model_of(msg: Message) -> str:
     return str(config.model) if config is not None and config.model else ""
 
 
+@functools.lru_cache(maxsize=256)
 def _server_of(provider: str, base_url: str | None) -> tuple[str | None, int | None]:
     if not base_url:
         host = _DEFAULT_HOSTS.get(provider)
@@ -565,18 +568,25 @@ def _phase_attributes(spans: list[Span]) -> dict[str, Any]:
                 retries += 1
             if str(phase.info.get("error", "")).startswith("HTTP 429"):
                 rate_limited += 1
-    return {
-        "plait.attempts": attempts,
-        "plait.retries": retries,
-        "plait.rate_limited": rate_limited,
-        "plait.queue_wait_s": queue,
-        "plait.rate_limit_wait_s": rate_wait,
-        "plait.backoff_s": backoff,
-    }
+    found: dict[str, Any] = {"plait.attempts": attempts, "plait.queue_wait_s": queue}
+    # What most calls never meet is left out rather than said as zero: each attribute
+    # costs the span's export.
+    for name, value in (
+        ("plait.retries", retries),
+        ("plait.rate_limited", rate_limited),
+        ("plait.rate_limit_wait_s", rate_wait),
+        ("plait.backoff_s", backoff),
+    ):
+        if value:
+            found[name] = value
+    return found
 
 
 def _add_phase(span: Any, phase: Span, offset_ns: int) -> None:
-    """One phase of the call as an event at its start (its length an attribute)."""
+    """One phase of the call as an event at its start (its length an attribute); a
+    queue wait that only took a free slot is left out (its time is in the totals)."""
+    if phase.kind == "queue" and phase.end - phase.start < _MIN_QUEUE_S:
+        return
     attributes: dict[str, Any] = {"plait.duration_s": max(phase.end - phase.start, 0.0)}
     for name, value in phase.info.items():
         if isinstance(value, str | int | float | bool):
@@ -606,8 +616,7 @@ def _response_attributes(response: LLMResponse) -> dict[str, Any]:
     return attributes
 
 
-def _cost(msg: Message, response: LLMResponse) -> float | None:
-    config = _config_of(msg)
+def _cost(config: Any, response: LLMResponse) -> float | None:
     if config is None:
         return None
     prices = Prices.of(config)
