@@ -188,7 +188,7 @@ def test_the_checker_sees_function_level_and_type_only_imports(tmp_path: Path) -
 
 
 @pytest.mark.parametrize(
-    "heavy", ["ray", "matplotlib", "pandas", "openai", "anthropic", "xllamacpp"]
+    "heavy", ["ray", "matplotlib", "pandas", "openai", "anthropic", "xllamacpp", "opentelemetry"]
 )
 def test_import_plait_stays_light(heavy: str) -> None:
     code = (
