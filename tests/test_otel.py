@@ -441,6 +441,27 @@ def test_a_rerun_answered_by_its_checkpoint_says_so_and_makes_no_call_spans(
     assert run["attributes"]["plait.run.failed_inputs"] == 0
 
 
+def test_a_run_started_inside_a_run_is_part_of_its_trace(
+    server: FakeOpenAIServer, receiver: Receiver
+) -> None:
+    resources = make_resources(server, ("fast",))
+    inner = Echo("in").bind(resources=resources)
+
+    class Outer(plait.Module):
+        async def forward(self, text: str) -> Any:
+            return await plait.run(inner, [text, text + "!"])
+
+    with otel():
+        assert Outer().bind(resources=resources).run_sync(["x"]) == [["[in] x", "[in] x!"]]
+    spans = receiver.spans
+    assert len({s["trace_id"] for s in spans}) == 1
+    (outer,) = [s for s in spans if s["name"] == "run Outer"]
+    (nested,) = [s for s in spans if s["name"] == "run Echo"]
+    assert outer["parent"] is None and nested["parent"] == outer["span_id"]
+    assert nested["attributes"]["plait.run.inputs"] == 2
+    assert [_parent(s, spans) for s in _llm_spans(spans)] == [nested, nested]
+
+
 def test_a_run_is_a_message_only_hooks_named_for_it_see() -> None:
     seen: list[str] = []
 

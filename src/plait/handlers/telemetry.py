@@ -298,7 +298,16 @@ class Telemetry(Handler):
         if self._key in msg.meta:
             return
         tracer = self._instruments()[0]
-        parent = _propagator.extract(self._remote_parent) if self._remote_parent else None
+        # Inside another run (one started by a module's code): under that run's span;
+        # on a Ray worker: under the driver's run; else under the span current here.
+        outer = current_run()  # this run is not current yet while it is processed
+        found = outer.meta.get(self._key) if outer is not None else None
+        if isinstance(found, _RunState):
+            parent = found.context
+        elif self._remote_parent:
+            parent = _propagator.extract(self._remote_parent)
+        else:
+            parent = None
         worker = msg.meta.get("worker")
         attributes: dict[str, Any] = {"plait.pipeline": msg.name}
         for name in ("backend", "seed", "workers", "worker"):
