@@ -368,6 +368,20 @@ def test_a_key_an_endpoint_quotes_back_never_reaches_the_collector(
     assert not any(SECRET.encode() in body for body in receiver.bodies)
 
 
+def test_the_exporters_header_values_are_secrets(
+    server: FakeOpenAIServer, receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from plait._secrets import scrub
+
+    key = "hdr-otel-key-9c1e77d0"
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", f"x-team={key}")
+    with otel():
+        out = Echo("t").bind(resources=make_resources(server)).run_sync([f"say {key}"])
+    assert key in out[0]  # the reply holds it; what plait writes does not
+    assert key not in scrub(f"an error quoting {key}")
+    assert not any(key.encode() in body for body in receiver.bodies)
+
+
 # -- metrics --------------------------------------------------------------------------------
 def test_token_usage_and_duration_metrics_follow_the_conventions(
     server: FakeOpenAIServer, receiver: Receiver
