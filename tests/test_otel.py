@@ -322,6 +322,10 @@ def test_a_failed_call_is_an_error_span_with_its_type_and_its_exception(
     assert run["status"] != STATUS_ERROR
     # The second input's analyzer never ran (its summarizer failed): no span for it.
     assert len(llm) == 3
+    durations = [m for m in receiver.metrics if m["name"] == "gen_ai.client.operation.duration"]
+    failed_points = [m for m in durations if m["attributes"].get("error.type") == "429"]
+    assert sum(m["count"] for m in failed_points) == 1
+    assert sum(m["count"] for m in durations) == 3
 
 
 # -- content --------------------------------------------------------------------------------
