@@ -217,3 +217,21 @@ def _wait_for_job(port: int, job: str) -> None:
                 return
         time.sleep(0.02)
     raise AssertionError(f"job {job} never finished")
+
+
+def test_the_readme_opentelemetry_example_prints_one_trace_per_run(tmp_path: Path) -> None:
+    pytest.importorskip("opentelemetry.sdk")
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("\n## OpenTelemetry\n", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```python\n", 1)[1].split("```", 1)[0]
+    assert "otel(" in block
+    result = subprocess.run(
+        [sys.executable, "-c", block], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines.count("chat gpt-4o-mini summarize 0") == 1
+    assert lines.count("chat gpt-4o-mini grade 1") == 1
+    assert lines.count("Review Review 0") == 1
+    assert lines[-2] == "run Review None None"
+    assert lines[-1].endswith(" tokens") and float(lines[-1].split()[0]) > 0

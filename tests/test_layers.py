@@ -189,7 +189,17 @@ def test_the_checker_sees_function_level_and_type_only_imports(tmp_path: Path) -
 
 @pytest.mark.parametrize(
     "heavy",
-    ["ray", "matplotlib", "pandas", "openai", "anthropic", "xllamacpp", "fastapi", "uvicorn"],
+    [
+        "ray",
+        "matplotlib",
+        "pandas",
+        "openai",
+        "anthropic",
+        "xllamacpp",
+        "fastapi",
+        "uvicorn",
+        "opentelemetry",
+    ],
 )
 def test_import_plait_stays_light(heavy: str) -> None:
     code = (

@@ -25,6 +25,13 @@ A handler opts into message types by method, as Pyro's ``_pyro_<type>``:
 ``process``/``postprocess`` hooks see every message.  A handler that defines no hook
 for a type is skipped for messages of that type at no cost.
 
+A run (a batch, a stream, one input, a Ray worker's share of a run) is itself a
+``"run"`` message, sent by the runtime through `run_scope` when it starts and again
+when it ends: a handler that exports traces (`plait.handlers.telemetry`) roots each
+run's tree there, and finds the run a call belongs to with `current_run`.  A run is
+not a call, so only the hooks named for it (``process_run``/``postprocess_run``, plain
+methods) see it; the plain ``process``/``postprocess`` hooks never do.
+
 This module imports nothing else from plait but the utility layer: it is the bottom
 of the core, and everything above builds on it.
 """
@@ -51,6 +58,7 @@ __all__ = [
     "apply_stack_sync",
     "call_eagerly",
     "current_interpreter",
+    "current_run",
     "current_stack",
     "find_interpreter",
     "install_runtime",
@@ -58,6 +66,7 @@ __all__ = [
     "observes_every_call",
     "postprocess_stack",
     "process_stack",
+    "run_scope",
     "runtime",
 ]
 
@@ -66,6 +75,10 @@ R = TypeVar("R")
 I = TypeVar("I", bound="Interpreter")  # noqa: E741
 
 _STACK: ContextVar[tuple[Handler, ...]] = ContextVar("plait_handler_stack", default=())
+#: The ``"run"`` message of the run the current code belongs to (`run_scope`).
+_RUN: ContextVar[Message | None] = ContextVar("plait_run", default=None)
+#: Message types that are not calls: only hooks named for them see them.
+_NOT_CALLS = frozenset({"run"})
 #: Guards each handler's count of open blocks (threads may enter one handler at once).
 _entered_lock = threading.Lock()
 
@@ -213,10 +226,11 @@ def _hook(cls: type, stage: str, kind: str) -> Hook | None:
     typed one first within a class), so a subclass overriding either wins over what
     its bases define; `Handler`'s own plain hooks do nothing and count as none."""
     typed = f"{stage}_{kind}"
+    plain = stage if kind not in _NOT_CALLS else typed
     for klass in cls.__mro__:
         if klass is Handler:
             return None
-        found: Hook | None = klass.__dict__.get(typed) or klass.__dict__.get(stage)
+        found: Hook | None = klass.__dict__.get(typed) or klass.__dict__.get(plain)
         if found is not None:
             return found
     return None
@@ -317,6 +331,45 @@ async def postprocess_stack(msg: Message, stack: tuple[Handler, ...], seen: int)
         if out is not None and inspect.isawaitable(out):
             await out
     return _finish(msg)
+
+
+def current_run() -> Message | None:
+    """The ``"run"`` message of the run the calling code belongs to, or None outside
+    any run.  Every task a run starts inherits it, so a handler hook finds the run of
+    the call it is looking at here (and may keep that run's state in its ``meta``)."""
+    return _RUN.get()
+
+
+@contextlib.contextmanager
+def run_scope(msg: Message) -> Iterator[Message]:
+    """Run the block as the run ``msg`` (a ``"run"`` message): the active handlers
+    that hook runs process it now, the block's code sees it as `current_run`, and they
+    postprocess it when the block ends (with ``msg.error`` set if the block raised).
+
+    Usable from sync and async code alike, so its hooks must be plain methods."""
+    stack = tuple([h for h in _STACK.get() if type(h).sees(msg.type)])
+    seen = 0
+    for handler in reversed(stack):
+        seen += 1
+        hook = type(handler).hooks_for(msg.type)[0]
+        if hook is not None:
+            _plain_result(hook(handler, msg), "process", handler)
+    token = _RUN.set(msg)
+    try:
+        yield msg
+    except BaseException as exc:
+        if isinstance(exc, Exception):
+            msg.error = exc
+        else:  # a cancellation or Ctrl-C: the run stopped without a failure of its own
+            msg.meta["stopped"] = type(exc).__name__
+        raise
+    finally:
+        _RUN.reset(token)
+        msg.done = True
+        for handler in stack[len(stack) - seen :]:
+            hook = type(handler).hooks_for(msg.type)[1]
+            if hook is not None:
+                _plain_result(hook(handler, msg), "postprocess", handler)
 
 
 def _finish(msg: Message) -> Any:

@@ -20,9 +20,11 @@ from typing import IO, Any
 from plait.cli.options import (
     UsageError,
     add_example_arguments,
+    add_otel_argument,
     add_parameters_argument,
     add_resources_argument,
     note_embedded,
+    otel_handler,
     parse_target_args,
     report_error,
     seed_value,
@@ -118,6 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--data", metavar="FILE", help="examples to score (JSONL)")
     add_example_arguments(parser)
     add_resources_argument(parser)
+    add_otel_argument(parser)
     add_parameters_argument(parser)
     parser.add_argument(
         "--seed",
@@ -187,6 +190,8 @@ def _eval(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     from plait.cli.train import _make_loss
     from plait.learning.data import load_examples
 
+    telemetry = otel_handler(ns)  # before anything runs: a missing extra is said at once
+
     refuse_to_clobber(
         {
             "--data": ns.data,
@@ -228,7 +233,8 @@ def _eval(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     display = make_display(tally, err, quiet=ns.quiet, command="eval")
     display.start()
     try:
-        rows = asyncio.run(_score_all(step, examples, resources, ns.seed, tally, display))
+        with telemetry:
+            rows = asyncio.run(_score_all(step, examples, resources, ns.seed, tally, display))
     finally:
         display.stop()
     if ns.output is not None:

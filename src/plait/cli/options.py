@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import sys
 from typing import Any
 
 __all__ = [
     "UsageError",
+    "add_otel_argument",
     "add_profile_argument",
     "add_run_settings_arguments",
     "non_negative_float",
     "note_embedded",
+    "otel_handler",
     "parse_target_args",
     "positive_int",
     "report_error",
@@ -240,3 +243,24 @@ def parse_target_args(parser: argparse.ArgumentParser, argv: list[str]) -> argpa
         )
         return 2
     return ns
+
+
+def add_otel_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--otel",
+        action="store_true",
+        help="export OpenTelemetry spans and GenAI metrics over OTLP/HTTP, where the "
+        "OTEL_EXPORTER_OTLP_* variables say (needs plait[otel])",
+    )
+
+
+def otel_handler(ns: argparse.Namespace) -> Any:
+    """The `plait.handlers.otel` handler ``--otel`` asks for (exporting where the
+    standard ``OTEL_*`` variables say), or a block that does nothing without it."""
+    if not getattr(ns, "otel", False):
+        return contextlib.nullcontext()
+    try:
+        from plait.handlers.telemetry import otel
+    except ImportError as exc:
+        raise UsageError(f"--otel: {exc}") from None
+    return otel()

@@ -34,10 +34,12 @@ from plait._files import write_atomic
 from plait._locks import Busy, hold
 from plait.cli.options import (
     UsageError,
+    add_otel_argument,
     add_parameters_argument,
     add_profile_argument,
     add_resources_argument,
     add_run_settings_arguments,
+    otel_handler,
     parse_target_args,
     positive_int,
     report_error,
@@ -138,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-checkpoint", action="store_true", help="do not checkpoint")
     parser.add_argument("--fresh", action="store_true", help="delete the checkpoint; start over")
     add_profile_argument(parser)
+    add_otel_argument(parser)
     parser.add_argument(
         "--preserve-order", action="store_true", help="write outputs in input order"
     )
@@ -200,6 +203,9 @@ class _Command:
         self.err: IO[str] = sys.stderr
         self.seed: int | None = None
         self.items: Iterator[Item] = iter(())
+        #: The OpenTelemetry handler of ``--otel`` (made before anything runs: a missing
+        #: extra is said at once), else a block that does nothing.
+        self.telemetry: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
 
     def say(self, message: str) -> None:
         print(f"plait run: {message}", file=self.err, flush=True)
@@ -211,6 +217,7 @@ class _Command:
         if ns.input == "-" and _interactive(sys.stdin):
             raise UsageError("no inputs: give --input FILE, or pipe them to stdin (--input -)")
         _refuse_to_clobber(ns)
+        self.telemetry = otel_handler(ns)
         if ns.ray_address is not None:
             # Joined now, before any file is opened or input read: a port that answers
             # may still be no Ray head, which only joining tells.
@@ -379,7 +386,7 @@ class _Command:
         started = time.monotonic()
         display.start()
         try:
-            with profiler, where.session():
+            with profiler, self.telemetry, where.session():
                 where.deliver_rows(
                     module,
                     resources,

@@ -13,18 +13,22 @@ on the same ``--jobs-dir``, the server resumes those jobs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import socket
 import sys
 from pathlib import Path
+from typing import Any
 
 from plait.cli.options import (
     UsageError,
+    add_otel_argument,
     add_parameters_argument,
     add_profile_argument,
     add_resources_argument,
     add_run_settings_arguments,
     non_negative_float,
+    otel_handler,
     parse_target_args,
     report_error,
     resolve_resources,
@@ -65,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_parameters_argument(parser)
     add_run_settings_arguments(parser)
     add_profile_argument(parser)
+    add_otel_argument(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
     parser.add_argument(
         "--port", type=_port, default=8000, help="port to listen on (8000; 0: any free one)"
@@ -105,11 +110,15 @@ def main(argv: list[str]) -> int:
         )
     handlers: list[Handler] = []
     profiler: Profiler | None = None
+    telemetry: Any = contextlib.nullcontext()
     try:
         if ns.profile is not None:
             _refuse_to_clobber(ns)
             profiler = profile()
             handlers.append(profiler)
+        telemetry = otel_handler(ns)
+        if isinstance(telemetry, Handler):
+            handlers.append(telemetry)
         module = Target(ns.target, ns.assignments).make()
         if ns.parameters is not None:
             load_parameters(module, ns.parameters, "serve", sys.stderr)
@@ -135,7 +144,10 @@ def main(argv: list[str]) -> int:
     host, port = sock.getsockname()[:2]
     print(f"plait serve: {ns.target} on http://{host}:{port}", file=sys.stderr, flush=True)
     try:
-        started = serve(api, sock, ns.grace, ns.log_level)
+        # Open for the server's life: its exporters live as long as the server, and the
+        # spans every request and job leaves are flushed once, when it stops.
+        with telemetry:
+            started = serve(api, sock, ns.grace, ns.log_level)
     finally:
         sock.close()
         if profiler is not None:  # every request's and job's calls, since the start

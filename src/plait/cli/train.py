@@ -24,9 +24,11 @@ from plait._files import write_atomic
 from plait.cli.options import (
     UsageError,
     add_example_arguments,
+    add_otel_argument,
     add_resources_argument,
     non_negative_float,
     note_embedded,
+    otel_handler,
     parse_target_args,
     positive_int,
     report_error,
@@ -179,6 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="cap the length of a rewritten prompt (default: the endpoint's)",
     )
     add_resources_argument(parser)
+    add_otel_argument(parser)
     parser.add_argument("--batch-size", type=positive_int, default=4, metavar="N", help="(4)")
     parser.add_argument("--epochs", type=positive_int, default=1, metavar="N", help="(1)")
     parser.add_argument("--patience", type=positive_int, metavar="N", help="early stopping")
@@ -281,6 +284,8 @@ def _check_out(ns: argparse.Namespace, out: Path) -> None:
 def _train(ns: argparse.Namespace, err: IO[str]) -> int:
     from plait.learning.trainer import Trainer
 
+    telemetry = otel_handler(ns)  # before anything runs: a missing extra is said at once
+
     if ns.ray_address is not None:
         # Joined now, before anything is built or written: a port that answers may
         # still be no Ray head, which only joining tells.
@@ -344,7 +349,8 @@ def _train(ns: argparse.Namespace, err: IO[str]) -> int:
         )
     display.start(trainer.total_steps, trainer.global_step)
     try:
-        history = trainer.fit_sync()
+        with telemetry:
+            history = trainer.fit_sync()
     finally:
         display.stop()
     out.mkdir(parents=True, exist_ok=True)

@@ -95,7 +95,17 @@ class CallSite:
     from the ``ExecutionSettings(seed=...)`` block it is made in, if any.
     """
 
-    __slots__ = ("counts", "index", "name", "node_id", "priority", "resources", "run", "run_seed")
+    __slots__ = (
+        "counts",
+        "index",
+        "name",
+        "node_id",
+        "priority",
+        "resources",
+        "run",
+        "run_seed",
+        "scope",
+    )
 
     def __init__(
         self,
@@ -108,8 +118,11 @@ class CallSite:
         priority: Priority | None = None,
         run_seed: int | None = None,
         counts: CallCounts | None = None,
+        scope: str | None = None,
     ) -> None:
         self.name = name
+        #: The node id of the call this one is made inside (see `_GraphRun.scope`).
+        self.scope = scope
         self.resources = resources
         self.run = run
         self.index = index
@@ -157,11 +170,18 @@ class CallSite:
             priority=run.priority(index, 1),
             run_seed=run.seed,
             counts=run.counts(index) if run.seed is not None else None,
+            scope=prefix.rstrip("/") or None,
         )
 
     @classmethod
     def of_node(
-        cls, run: RunCalls, name: str, index: int, node_id: str, priority: Priority
+        cls,
+        run: RunCalls,
+        name: str,
+        index: int,
+        node_id: str,
+        priority: Priority,
+        scope: str | None = None,
     ) -> CallSite:
         """The site of a traced `LLMInference` node of input ``index``."""
         return cls(
@@ -173,6 +193,7 @@ class CallSite:
             priority=priority,
             run_seed=run.seed,
             counts=run.counts(index),
+            scope=scope,
         )
 
     def check_alias(self, alias: str) -> None:
@@ -276,6 +297,8 @@ class CallSite:
                     "resources": self.resources,
                     "timing": timing,
                     "upstream": upstream() if upstream is not None else [],
+                    # The node id of the call this one is made inside, if any.
+                    "scope": self.scope,
                 },
             )
             try:

@@ -216,6 +216,7 @@ class Engine:
         index: int,
         prefix: str,
         upstream: list[str],
+        scope: str | None = None,
     ) -> Value:
         """A leaf module that is not an LLM call: its forward on real values, through the
         handlers, with module calls made inside it run on this run (`NodeScope`)."""
@@ -228,7 +229,7 @@ class Engine:
             module=module,
             node_id=prefix + node.key,
             input_index=index,
-            meta={"upstream": upstream},
+            meta={"upstream": upstream, "scope": scope},
         )
         with NodeScope(self, index, prefix + node.key + "/"):
             payload = await apply_stack(msg)
@@ -245,13 +246,16 @@ class Engine:
         priority: _CallPriority,
         prefix: str,
         upstream: Callable[[], list[str]],
+        scope: str | None = None,
     ) -> Coroutine[Any, Any, Value]:
         """An `LLMInference` call: its request, on the one path every LLM call takes
         (`plait.execution.calls`), once per sample.  Returns the coroutine to await (for
         one sample, the call's own); ``upstream`` gives the ids of the calls it waited
         for, asked only when a handler sees the call."""
         prompt = args[0] if args else kwargs["prompt"]
-        site = CallSite.of_node(self, node.path, priority.index, prefix + node.key, priority)
+        site = CallSite.of_node(
+            self, node.path, priority.index, prefix + node.key, priority, scope=scope
+        )
         demos = module.demos.current() if module.demos is not None else None
         alias = embedding_alias(demos)
         if alias is not None and needs_ranking(demos):
@@ -473,6 +477,7 @@ class _GraphRun:
             meta={
                 "composite": True,
                 "upstream": self.upstream(node),
+                "scope": self.scope(node),
             },
         )
         self._spawn(node, self._process(node, msg, stack))
@@ -568,11 +573,25 @@ class _GraphRun:
             kwargs = {k: resolve(v, results) for k, v in node.kwargs.items()} if node.kwargs else {}
             if module._calls_llm:
                 work = engine._call_llm(
-                    node, module, args, kwargs, priority, prefix, lambda: self.upstream(node)
+                    node,
+                    module,
+                    args,
+                    kwargs,
+                    priority,
+                    prefix,
+                    lambda: self.upstream(node),
+                    self.scope(node),
                 )
             else:
                 work = engine._run_module(
-                    node, module, args, kwargs, self.index, prefix, self.upstream(node)
+                    node,
+                    module,
+                    args,
+                    kwargs,
+                    self.index,
+                    prefix,
+                    self.upstream(node),
+                    self.scope(node),
                 )
             value = await work
         except BaseException as exc:
@@ -590,6 +609,14 @@ class _GraphRun:
         critical path); worked out only when a handler is there to see them."""
         nodes, prefix = self.graph.nodes, self.prefix
         return [prefix + nodes[d].key for d in self.graph.call_deps(node.id)]
+
+    def scope(self, node: Node) -> str | None:
+        """The node id of the call ``node``'s call was made inside (for handlers that
+        nest calls, as a trace does): the composite call it was recorded in, else the
+        node whose code made this graph's calls; None for an input's outermost call."""
+        if node.scope is not None:
+            return self.prefix + self.graph.nodes[node.scope].key
+        return self.prefix.rstrip("/") or None
 
     def complete(self, node: Node, value: Value) -> None:
         self.results[node.id] = value

@@ -9,7 +9,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterat
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from plait._signature import forward_shape
-from plait.effects import Message, Runtime, call_eagerly, current_stack, observes_every_call
+from plait.effects import (
+    Message,
+    Runtime,
+    call_eagerly,
+    current_stack,
+    observes_every_call,
+    run_scope,
+)
 from plait.execution.backends import backend
 from plait.execution.batch import BatchResult
 from plait.execution.checkpoint import (
@@ -38,10 +45,13 @@ __all__ = [
     "Prepared",
     "Run",
     "backend_name",
+    "count_row",
+    "counting_rows",
     "is_batch",
     "needs_runtime",
     "run",
     "run_blocking",
+    "run_message",
     "shaped",
     "start_run",
     "stream_bound",
@@ -285,6 +295,11 @@ class Run:
         """What this run's caller gets for ``value`` (`shaped`)."""
         return shaped(value, self.training)
 
+    def message(self, **meta: Any) -> Message:
+        """This run's ``"run"`` message (`plait.effects.run_scope`), which the handlers
+        that hook runs see as it starts and ends."""
+        return run_message(self.module, seed=self.engine.seed, **meta)
+
     async def drive(
         self,
         items: Iterable[Any],
@@ -292,6 +307,19 @@ class Run:
         deliver: Deliver,
         slots: asyncio.Semaphore | None = None,
         in_order: bool = False,
+    ) -> None:
+        """`_drive`, as one run (`plait.effects.run_scope`) for the handlers."""
+        msg = self.message(backend="local")
+        with run_scope(msg):
+            await self._drive(items, prepare, counting_rows(deliver, msg), slots, in_order)
+
+    async def _drive(
+        self,
+        items: Iterable[Any],
+        prepare: Callable[[Any], Prepared],
+        deliver: Deliver,
+        slots: asyncio.Semaphore | None,
+        in_order: bool,
     ) -> None:
         """Run every item, calling ``deliver(index, item, value)`` with its row.
 
@@ -402,11 +430,13 @@ async def _run_single(
 ) -> Any:
     state = Run(module, opts)
     try:
-        if state.checkpoint is not None:
-            with CheckpointHandler(state.checkpoint).outermost():
+        with run_scope(state.message(backend="local")) as msg:
+            if state.checkpoint is not None:
+                with CheckpointHandler(state.checkpoint).outermost():
+                    value = await state.one(0, args, kwargs)
+            else:
                 value = await state.one(0, args, kwargs)
-        else:
-            value = await state.one(0, args, kwargs)
+            count_row(msg, value.kind is ValueKind.ERROR)
     except BaseException:
         state.close(finished=False)
         raise
@@ -414,6 +444,30 @@ async def _run_single(
     if value.kind is ValueKind.ERROR:
         raise ExecutionError(value)
     return state.shape(value)
+
+
+def run_message(module: Module, **meta: Any) -> Message:
+    """The ``"run"`` message of a run of ``module`` (`plait.effects.run_scope`);
+    ``meta`` says how it runs (``backend``, ``seed``, ``workers``, ...)."""
+    return Message(type="run", name=type(module).__name__, module=module, meta=meta)
+
+
+def count_row(msg: Message, failed: bool) -> None:
+    """Count one row delivered by the run ``msg`` (its ``meta["inputs"]``, and
+    ``meta["failed"]`` for an ERROR row), which the handlers see as it ends."""
+    msg.meta["inputs"] = msg.meta.get("inputs", 0) + 1
+    if failed:
+        msg.meta["failed"] = msg.meta.get("failed", 0) + 1
+
+
+def counting_rows(deliver: Deliver, msg: Message) -> Deliver:
+    """``deliver``, counting each row on the run ``msg`` (`count_row`) first."""
+
+    def counted(index: int, item: Any, value: Value) -> None:
+        count_row(msg, value.kind is ValueKind.ERROR)
+        deliver(index, item, value)
+
+    return counted
 
 
 class LocalBackend:

@@ -44,8 +44,9 @@ plain ``process``/``postprocess`` see every message)::
 
 The catalogue: `cache` (persistent, content-addressed), `record`/`replay`
 (offline, deterministic runs), `mock` (substitute replies), `override` (change
-call parameters), `budget` (stop starting calls past a limit) and `profile`
-(a Perfetto trace and a summary).  See `plait.handlers.llm` for what an ``"llm"``
+call parameters), `budget` (stop starting calls past a limit), `profile`
+(a Perfetto trace and a summary) and `otel` (OpenTelemetry spans and GenAI metrics,
+with ``pip install 'plait[otel]'``).  See `plait.handlers.llm` for what an ``"llm"``
 message carries.
 """
 
@@ -86,6 +87,8 @@ _CATALOGUE = {
     "BudgetExceeded": "plait.handlers.budgeting",
     "profile": "plait.handlers.profiling",
     "Profiler": "plait.handlers.profiling",
+    "otel": "plait.handlers.telemetry",
+    "Telemetry": "plait.handlers.telemetry",
 }
 
 
@@ -108,6 +111,7 @@ __all__ = [
     "Recorder",
     "RecordingError",
     "Replayer",
+    "Telemetry",
     "UnmockedCallError",
     "apply_stack",
     "apply_stack_sync",
@@ -116,6 +120,7 @@ __all__ = [
     "current_stack",
     "log_calls",
     "mock",
+    "otel",
     "override",
     "profile",
     "record",

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "answer",
+    "call_outcome",
     "endpoint_config",
     "request_key",
     "request_of",
@@ -108,6 +109,26 @@ def response_from_json(data: dict[str, Any], request: LLMRequest) -> LLMResponse
         str(data.get("model") or ""),
         data.get("finish_reason"),
     )
+
+
+def call_outcome(msg: Message, spans: list[Any]) -> str:
+    """Who answered a finished call, in one word a profile or a trace shows: "error",
+    "cache hit", "mocked", "replayed", "checkpoint", "answered" (another handler), or
+    "ok" (the endpoint).  ``spans`` are its `CallTiming` spans."""
+    if msg.error is not None:
+        return "error"
+    if msg.meta.get("cache") == "hit":
+        return "cache hit"
+    if msg.meta.get("mock"):
+        return "mocked"
+    if msg.meta.get("replay") == "hit":
+        return "replayed"
+    if msg.meta.get("checkpoint") == "hit":
+        return "checkpoint"
+    # Every real send leaves at least a queue span, so none means a handler replied.
+    if msg.type == "llm" and not spans:
+        return "answered"
+    return "ok"
 
 
 def answer(msg: Message, response: LLMResponse) -> None:

@@ -33,6 +33,7 @@ from rich.table import Table
 
 from plait._secrets import scrub
 from plait.effects import Handler, Message
+from plait.handlers.llm import call_outcome
 from plait.resources.endpoint import CallTiming, Span
 
 __all__ = [
@@ -252,7 +253,7 @@ class Profiler(Handler):
         end = time.monotonic()
         timing = msg.meta.get("timing")
         spans = list(timing.spans) if isinstance(timing, CallTiming) else []
-        outcome = _outcome(msg, spans)
+        outcome = call_outcome(msg, spans)
         error = None if msg.error is None else scrub(f"{type(msg.error).__name__}: {msg.error}")
         with self._lock:
             record = self._open.pop(id(msg), None)
@@ -502,23 +503,6 @@ class Profiler(Handler):
 
 
 # -- recording helpers ---------------------------------------------------------------------
-def _outcome(msg: Message, spans: list[Span]) -> str:
-    if msg.error is not None:
-        return "error"
-    if msg.meta.get("cache") == "hit":
-        return "cache hit"
-    if msg.meta.get("mock"):
-        return "mocked"
-    if msg.meta.get("replay") == "hit":
-        return "replayed"
-    if msg.meta.get("checkpoint") == "hit":
-        return "checkpoint"
-    # Every real send leaves at least a queue span, so none means a handler replied.
-    if msg.type == "llm" and not spans:
-        return "answered"
-    return "ok"
-
-
 def _shared_start(texts: list[str]) -> int:
     """How many leading characters every one of ``texts`` has in common."""
     shortest = min(texts, key=len)

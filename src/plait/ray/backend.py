@@ -10,9 +10,10 @@ from collections.abc import Callable, Iterable, Iterator
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
+from plait.effects import run_scope
 from plait.execution.backends import PassLog
 from plait.execution.checkpoint import Checkpoint
-from plait.execution.runtime import Deliver, traced_first
+from plait.execution.runtime import Deliver, counting_rows, run_message, traced_first
 from plait.module import llm_aliases
 from plait.ray.cluster import import_ray, shutdown_if_started
 from plait.ray.runner import WorkerPool, run_distributed
@@ -113,15 +114,20 @@ class RayBackend:
                     return prepared
             return prepare(item)
 
-        run_distributed(
-            make_spec(module, resources, opts, checkpoint),
-            traced_first(module, items, prepare_to_trace),
-            prepare_once,
-            deliver,
-            workers=opts["workers"] or 1,
-            address=opts["ray_address"],
-            checkpoint=checkpoint,
-        )
+        workers = opts["workers"] or 1
+        # One run for the handlers that hook runs; the workers' shares of it nest inside
+        # (a handler's copy sent to them is made within it, `distribute`).
+        msg = run_message(module, backend="ray", workers=workers, seed=opts.get("seed"))
+        with run_scope(msg):
+            run_distributed(
+                make_spec(module, resources, opts, checkpoint),
+                traced_first(module, items, prepare_to_trace),
+                prepare_once,
+                counting_rows(deliver, msg),
+                workers=workers,
+                address=opts["ray_address"],
+                checkpoint=checkpoint,
+            )
         if ordered is not None:
             ordered.finish()
 

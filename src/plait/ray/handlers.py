@@ -20,6 +20,10 @@ handlers as in one process.  Handlers that count or collect are made whole again
   machines: a cache per machine unless the path is on a shared file system, and
   SQLite over network file systems is not safe: give each machine its own).
 
+- `otel`: sent pickled with the W3C ``traceparent`` of the driver's run span and the
+  driver's ``OTEL_*`` settings (`plait.handlers.telemetry.Telemetry.__getstate__`):
+  each worker exports its own spans, in the driver's trace, flushed as each batch ends.
+
 Any other handler (override, mock, replay, a user's own) is sent pickled and runs
 in each worker as it is; whatever state it keeps stays in that worker.  A handler
 that cannot be pickled (one holding a lock or a connection) is refused before the

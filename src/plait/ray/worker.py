@@ -282,7 +282,9 @@ class PipelineWorker:
         """``run`` each item concurrently inside the run's handlers; rows and reports."""
         import contextlib
 
+        from plait.effects import run_scope
         from plait.execution.checkpoint import CheckpointHandler
+        from plait.execution.runtime import run_message
         from plait.values import error_value
 
         state = self._run_state()
@@ -308,7 +310,11 @@ class PipelineWorker:
             if state.checkpoint is not None:
                 handler = CheckpointHandler(state.checkpoint, self.spec.log_index_offset)
                 stack.enter_context(handler.outermost())
-            rows = await asyncio.gather(*(one(i, a, k) for i, a, k in items))
+            share = run_message(self.module, backend="ray worker", worker=self.name)
+            with run_scope(share):
+                rows = await asyncio.gather(*(one(i, a, k) for i, a, k in items))
+                share.meta["inputs"] = len(rows)
+                share.meta["failed"] = sum(1 for row in rows if not row[1])
         rows = sendable_rows(rows, type(self.module).__name__)
         for part in self.handlers:
             back = getattr(part.handler, "give_back", None)

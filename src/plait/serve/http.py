@@ -122,7 +122,7 @@ def app(
         """One input (forward's parameters, by name) -> its output."""
         if (no := refused()) is not None:
             return no
-        with service.scope():
+        with service.scope("/invoke"):
             value = await service.one(*service.arguments(body))
         row = service.row(0, value)
         if "error" in row:
@@ -137,7 +137,7 @@ def app(
             return no
         inputs = _arguments(service, body)
         rows: dict[int, dict[str, Any]] = {}
-        with service.scope():
+        with service.scope("/batch"):
             async for position, value in service.rows(inputs):
                 rows[position] = service.row(position, value)
         return JSONResponse({"rows": [rows[i] for i in range(len(inputs))]})
@@ -162,7 +162,7 @@ def app(
 
         async def events() -> AsyncIterator[str]:
             done = failed = 0
-            with service.scope():
+            with service.scope("/stream"):
                 results = service.rows(inputs)
                 try:
                     async for position, value in results:

@@ -24,9 +24,9 @@ from pydantic import BaseModel
 from pydantic_core import to_jsonable_python
 
 from plait.cli.outputs import error_record, json_default
-from plait.effects import Handler
+from plait.effects import Handler, current_run, run_scope
 from plait.execution.engine import as_input_failure
-from plait.execution.runtime import Run
+from plait.execution.runtime import Run, count_row
 from plait.execution.settings import resolve_options
 from plait.module import Module, llm_aliases
 from plait.options import inputs_in_flight
@@ -114,12 +114,22 @@ class Service:
         return shown
 
     @contextlib.contextmanager
-    def scope(self) -> Iterator[None]:
+    def scope(self, request: str | None = None) -> Iterator[None]:
         """The handler stack every request and job runs in (entered per task: a
-        handler keeps no per-entry state on itself, so sharing one is safe)."""
+        handler keeps no per-entry state on itself, so sharing one is safe).
+
+        With ``request`` (the route), the block is also a run of its own for the
+        handlers that hook runs (`plait.effects.run_scope`): a request's calls make one
+        trace under `plait.handlers.otel`, as a batch's do under ``plait run``, though
+        every request shares the one engine.  A job is a run already (`Run.drive`).
+        """
         with contextlib.ExitStack() as stack:
             for handler in self.handlers:
                 stack.enter_context(handler)
+            if request is not None:
+                stack.enter_context(
+                    run_scope(self.start().message(backend="serve", request=request))
+                )
             yield
 
     # -- inputs ----------------------------------------------------------------------
@@ -142,14 +152,18 @@ class Service:
         index = next(self._indexes)
         self.in_flight += 1
         try:
-            return await run.one(index, args, kwargs)
+            value = await run.one(index, args, kwargs)
         except BaseException as exc:
             failure = as_input_failure(exc)
             if failure is None:
                 raise
-            return error_value(failure, module_path=f"{type(self.module).__name__}.forward")
+            value = error_value(failure, module_path=f"{type(self.module).__name__}.forward")
         finally:
             self.in_flight -= 1
+        request = current_run()
+        if request is not None:  # the rows a request's run delivered (`scope`)
+            count_row(request, value.is_error)
+        return value
 
     async def rows(self, inputs: Sequence[Arguments]) -> AsyncGenerator[tuple[int, Value]]:
         """``(position, value)`` of each input as it finishes, at most `window` running
