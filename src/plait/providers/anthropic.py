@@ -15,6 +15,7 @@ to validate, like any other provider's reply.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import threading
 import weakref
@@ -219,6 +220,8 @@ class AnthropicProvider:
             # The raw response: its headers state the rate limits (the parsed one drops them).
             raw = await client.messages.with_raw_response.create(**params)
             message = raw.parse()
+            if inspect.isawaitable(message):  # the SDK's async response parses asynchronously
+                message = await message
         except anthropic.AnthropicError as exc:
             raise self.error(exc, client) from exc
         response = self._response(message, request)

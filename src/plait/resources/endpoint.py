@@ -279,11 +279,11 @@ class Endpoint:
                     reported = response.usage.total_tokens
                     governor.settle(estimate, reported or None)
                     if response.limits is not None:
-                        self._learn(response.limits)
+                        self._learn(response.limits, estimate)
                     response.attempts = attempt
                     return response
                 if failure.limits is not None:
-                    self._learn(failure.limits)
+                    self._learn(failure.limits, estimate)
             finally:
                 for gate in admitted:  # failed, or cancelled: nothing known was spent
                     if sent:
@@ -319,13 +319,15 @@ class Endpoint:
             await asyncio.sleep(delay)
             timing.add("backoff", pause, time.monotonic(), attempt=attempt)
 
-    def _learn(self, limits: ReportedLimits) -> None:
+    def _learn(self, limits: ReportedLimits, estimate: int) -> None:
         """A reply stated its endpoint's limits: the governor paces by them (unless this
         alias says ``learn_limits = false``) and the usage report shows them.  Called
         while the reply's call still holds its slot, so the others in flight are the
-        limiter's holders but one."""
+        limiter's holders but one, each taken to need as many tokens as this call's
+        ``estimate``."""
         if self.config.learn_limits:
-            self.governor.learn(limits, max(0, self.limiter.held - 1))
+            others = max(0, self.limiter.held - 1)
+            self.governor.learn(limits, others, others * estimate)
         self.usage.note_limits(limits, self.governor.configured, self.governor.effective())
 
     async def _admit(

@@ -174,10 +174,11 @@ class RateGovernor:
             else:
                 self.tokens = TokenBucket(tokens_per_minute) if tokens_per_minute else None
 
-    def learn(self, limits: ReportedLimits, in_flight: int) -> None:
+    def learn(self, limits: ReportedLimits, in_flight: int, tokens_in_flight: float = 0) -> None:
         """Adopt what a reply stated: its per-minute limits (the smaller of configured
         and reported is paced), and its remaining budgets until their resets, of which
-        ``in_flight`` other requests sent meanwhile may already have taken a part."""
+        ``in_flight`` other requests sent meanwhile (``tokens_in_flight`` tokens, as
+        estimated) may already have taken a part."""
         with self._lock:
             per_minute = (
                 limits.requests_limit or self.reported_per_minute[0],
@@ -196,10 +197,8 @@ class RateGovernor:
             if limits.tokens_remaining is not None and limits.tokens_reset_s is not None:
                 if self.token_window is None:
                     self.token_window = ReportedWindow()
-                # What the calls in flight take is unknown here: a second's share each.
-                share = (self.tokens.rate if self.tokens is not None else 0.0) * in_flight
                 self.token_window.state(
-                    limits.tokens_remaining, limits.tokens_reset_s, limits.at, share
+                    limits.tokens_remaining, limits.tokens_reset_s, limits.at, tokens_in_flight
                 )
 
     def open_at(self, now: float) -> bool:

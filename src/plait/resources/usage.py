@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from plait.providers.base import Usage
     from plait.providers.ratelimits import ReportedLimits
 
-__all__ = ["AliasUsage", "UsageReport", "record_for", "reset_usage", "usage"]
+__all__ = ["AliasUsage", "UsageReport", "limits_text", "record_for", "reset_usage", "usage"]
 
 _RESERVOIR = 10_000
 
@@ -298,7 +298,7 @@ class UsageReport:
                 _seconds(row["latency_p50_s"]),
                 _seconds(row["latency_p90_s"]),
                 "-" if row["cost_usd"] is None else f"${row['cost_usd']:.4f}",
-                _limits_cell(row.get("limits")),
+                limits_text(row.get("limits")),
             )
         return table
 
@@ -306,7 +306,7 @@ class UsageReport:
         return self.table()
 
 
-def _limits_cell(limits: dict[str, Any] | None) -> str:
+def limits_text(limits: dict[str, Any] | None) -> str:
     """Per minute, one line each: ``req 600 (reported 600, configured -), 9 left, reset 0.4 s``."""
     if not limits:
         return "-"

@@ -448,8 +448,9 @@ class FakeOpenAIServer(_FakeServerProcess):
         """``rpm_limit`` and ``tpm_limit`` make the server enforce a requests/min and
         tokens/min limit in windows of ``limit_window_s`` seconds, and state it on every
         reply in OpenAI's rate-limit headers (a 429 with Retry-After beyond it);
-        ``configure(rpm_limit=..., tpm_limit=..., limit_window_s=...)`` changes it and
-        ``stats()["rate_limit"]["refused"]`` counts the refusals."""
+        ``configure(rpm_limit=..., tpm_limit=..., limit_window_s=...)`` changes it
+        (``limit_retry_after=False``: refusals say when to come back only in the reset
+        headers) and ``stats()["rate_limit"]["refused"]`` counts the refusals."""
         super().__init__(api_key=api_key)
         self._latency_ms = latency_ms
         self._seed = seed

@@ -354,6 +354,9 @@ class RateWindow:
         self.requests = 0
         self.tokens = 0
         self.refused = 0
+        #: Whether a refusal carries Retry-After; without it only the reset headers say
+        #: when to come back, as on some of OpenAI's 429s.
+        self.retry_after = True
 
     def _roll(self, now: float) -> float:
         """Start a new window if ``now`` is past the current one; seconds until it ends."""
@@ -405,7 +408,7 @@ class RateWindow:
             headers["x-ratelimit-limit-tokens"] = str(tpm)
             headers["x-ratelimit-remaining-tokens"] = str(left_tokens)
             headers["x-ratelimit-reset-tokens"] = _go_duration(reset)
-        if refused:
+        if refused and self.retry_after:
             headers["retry-after"] = f"{math.ceil(reset)}"
             headers["retry-after-ms"] = str(math.ceil(reset * 1000))
         return headers
@@ -888,9 +891,13 @@ class FakeOpenAIApp:
         #: The batch API's files and batches (see :mod:`plait.testing.fake_batches`).
         self.batches = BatchStore(self, self.config.batch)
 
-    def _set_limit(self, rpm: int | None, tpm: int | None, window_s: float) -> None:
+    def _set_limit(
+        self, rpm: int | None, tpm: int | None, window_s: float, retry_after: bool = True
+    ) -> None:
         self._limit_window_s = window_s
         self.limit = RateWindow(rpm, tpm, window_s) if rpm or tpm else None
+        if self.limit is not None:
+            self.limit.retry_after = retry_after
 
     def _limit_settings(self) -> dict[str, Any]:
         limit = self.limit
@@ -898,6 +905,7 @@ class FakeOpenAIApp:
             "rpm_limit": None if limit is None else limit.requests_per_minute,
             "tpm_limit": None if limit is None else limit.tokens_per_minute,
             "limit_window_s": self._limit_window_s,
+            "limit_retry_after": True if limit is None else limit.retry_after,
         }
 
     def make_app(self) -> web.Application:
@@ -964,8 +972,7 @@ class FakeOpenAIApp:
 
     async def reset(self, request: web.Request) -> web.Response:
         self._stats.reset(time.monotonic())
-        settings = self._limit_settings()  # the same limit, with a fresh count
-        self._set_limit(settings["rpm_limit"], settings["tpm_limit"], settings["limit_window_s"])
+        self._set_limit(*self._limit_settings().values())  # the same limit, a fresh count
         self.batches.reset()
         # Open every gate, so a test that failed half-way never leaves requests parked for
         # the next one; later requests on the same names find closed gates again.
@@ -1014,7 +1021,7 @@ class FakeOpenAIApp:
             return _error_response(400, "config body must be a JSON object")
         limit = self._limit_settings()
         try:
-            for key in ("rpm_limit", "tpm_limit", "limit_window_s"):
+            for key in list(limit):
                 if key in body:
                     limit[key] = _limit_value(key, body.pop(key))
             changes = self.config.validate(body)
@@ -1022,7 +1029,7 @@ class FakeOpenAIApp:
             return _error_response(400, str(err))
         self.config.apply(changes)
         if limit != self._limit_settings():
-            self._set_limit(limit["rpm_limit"], limit["tpm_limit"], limit["limit_window_s"])
+            self._set_limit(*limit.values())
         if "seed" in changes:
             self._rng.seed(changes["seed"])
         return _json_response({**self.config.as_dict(), **self._limit_settings()})
@@ -1432,7 +1439,12 @@ def _structured_reply(response_format: Any) -> str | None:
 
 def _limit_value(key: str, value: Any) -> Any:
     """A rate-limit setting of ``/_config``, checked: a positive integer or null for the
-    limits, a positive number of seconds for the window."""
+    limits, a positive number of seconds for the window, true or false for whether a
+    refusal carries Retry-After."""
+    if key == "limit_retry_after":
+        if not isinstance(value, bool):
+            raise ValueError("limit_retry_after must be true or false")
+        return value
     if key == "limit_window_s":
         if not isinstance(value, int | float) or isinstance(value, bool) or not value > 0:
             raise ValueError("limit_window_s must be a positive number of seconds")
