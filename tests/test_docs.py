@@ -115,3 +115,15 @@ def test_the_readme_labels_example_prints_labels(tmp_path: Path) -> None:
     printed = ast.literal_eval(result.stdout.strip().splitlines()[-1])  # two labels
     labels = {"billing", "shipping", "technical", "account"}
     assert len(printed) == 2 and set(printed) <= labels
+
+
+def test_the_readme_learned_limits_example_runs() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("\n## Limits learned from the provider\n", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```python\n", 1)[1].split("```", 1)[0]
+    assert "rpm_limit" in block and "limits" in block
+    result = subprocess.run(
+        [sys.executable, "-c", block], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert "'reported': 300" in result.stdout
