@@ -110,10 +110,27 @@ _UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6,
 _PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(h|ms|m|s|us|µs|ns)")
 
 
+#: Durations already parsed: a provider repeats the same few (``6m0s``, ``1s``) reply
+#: after reply, and a dict lookup is cheaper than parsing again.  Cleared when full.
+_durations: dict[str, float | None] = {}
+_DURATIONS_KEPT = 4096
+
+
 def parse_duration(text: str) -> float | None:
     """A Go-style duration (``1s``, ``6m0s``, ``20ms``, ``1h2m3.5s``) in seconds; a bare
     number counts as seconds; None when it is none of these."""
-    text = text.strip()
+    try:
+        return _durations[text]
+    except KeyError:
+        pass
+    seconds = _parse_duration(text.strip())
+    if len(_durations) >= _DURATIONS_KEPT:
+        _durations.clear()
+    _durations[text] = seconds
+    return seconds
+
+
+def _parse_duration(text: str) -> float | None:
     try:  # the usual shapes, without the regular expression
         if text.endswith("ms") and text[-3:-2].isdigit():
             return float(text[:-2]) / 1000.0
