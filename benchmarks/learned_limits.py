@@ -161,6 +161,9 @@ def write(text: str, args: argparse.Namespace) -> None:
     if SECTION in current:
         before, _, rest = current.partition(SECTION)
         after = rest.split("\n## ", 1)
+        # Subsections written by hand (the CPU a call pays for the headers) stay.
+        kept = after[0].partition("\n### ")
+        section += f"\n### {kept[2].rstrip()}\n" if kept[1] else ""
         current = before + section + ("\n## " + after[1] if len(after) > 1 else "")
     else:
         current = current.rstrip("\n") + "\n\n" + section

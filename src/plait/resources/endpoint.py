@@ -251,7 +251,8 @@ class Endpoint:
                         estimate = expected.total_tokens
                     if gates:
                         admitted = await self._admit(gates, request, expected)
-                    await governor.admit(estimate)
+                    if not governor.paces_locally or governor.wait_time(estimate) > 0:
+                        await governor.admit(estimate)
                 started = time.monotonic()
                 if started - slot > 1e-4:
                     timing.add("rate_wait", slot, started)

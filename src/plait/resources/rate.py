@@ -217,32 +217,39 @@ class RateGovernor:
     async def admit(self, estimated_tokens: int) -> None:
         """Wait until a request of ``estimated_tokens`` may be sent, then account for it."""
         while True:
-            delay = self.paused_until - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
-                continue
-            if self.requests is not None:
-                wait = self.requests.wait_time(1)
-                if wait > 0:
-                    await asyncio.sleep(wait)
-                    continue
-            if self.tokens is not None:
-                wait = self.tokens.wait_time(estimated_tokens)
-                if wait > 0:
-                    if self.requests is not None:
-                        self.requests.adjust(1)  # not sent after all
-                    await asyncio.sleep(wait)
-                    continue
-            if self.request_window is not None or self.token_window is not None:
-                wait = self._window_wait(estimated_tokens)
-                if wait > 0:
-                    if self.requests is not None:
-                        self.requests.adjust(1)
-                    if self.tokens is not None:
-                        self.tokens.adjust(estimated_tokens)
-                    await asyncio.sleep(wait)
-                    continue
-            return
+            wait = self.wait_time(estimated_tokens)
+            if wait <= 0:
+                return
+            await asyncio.sleep(wait)
+
+    def wait_time(self, estimated_tokens: int) -> float:
+        """Take what a request of ``estimated_tokens`` needs and return 0 if it may go now;
+        else take nothing and return how long to wait before asking again.  A plain call:
+        the endpoint calls it first and awaits `admit` only when it has to wait, so a
+        paced call that need not wait costs no coroutine."""
+        delay = self.paused_until - time.monotonic()
+        if delay > 0:
+            return delay
+        requests, tokens = self.requests, self.tokens
+        if requests is not None:
+            wait = requests.wait_time(1)
+            if wait > 0:
+                return wait
+        if tokens is not None:
+            wait = tokens.wait_time(estimated_tokens)
+            if wait > 0:
+                if requests is not None:
+                    requests.adjust(1)  # not sent after all
+                return wait
+        if self.request_window is not None or self.token_window is not None:
+            wait = self._window_wait(estimated_tokens)
+            if wait > 0:
+                if requests is not None:
+                    requests.adjust(1)
+                if tokens is not None:
+                    tokens.adjust(estimated_tokens)
+                return wait
+        return 0.0
 
     def _window_wait(self, estimated_tokens: int) -> float:
         """Take one request and its tokens from the reported windows, or how long to
