@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import plait
+from plait.resources.manager import use_governors
 from plait.resources.usage import reset_usage, usage
 from plait.testing import FakeAnthropicServer, FakeOpenAIServer
 
@@ -75,6 +76,9 @@ def run_once(
 ) -> dict[str, float]:
     server.reset()
     reset_usage()
+    # A fresh governor per run: the endpoint's limits live once per process, so a run
+    # would otherwise start with what the run before it learned (and its AIMD state).
+    use_governors(None)
     settings = alias(spelling, server.base_url, mode, args.rpm, args.in_flight)
     resources = plait.ResourceConfig(settings)
     pipeline = Ask().bind(resources=resources)
