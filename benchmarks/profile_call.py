@@ -29,6 +29,10 @@ machine, which then moves both sides of a round alike.
 
     .venv/bin/python benchmarks/profile_call.py [--n 2000] [--repeats 5] [--top 25] [--no-profile]
     .venv/bin/python benchmarks/profile_call.py --fresh 9 [--n 1000] [--repeats 3]
+
+``--rate-limit-headers`` has the server state a limit on every reply, too large to
+bind, as real providers do: plait then reads the headers and paces by what they say
+on every call (issue 25), which this measures.
 """
 
 from __future__ import annotations
@@ -322,6 +326,12 @@ def main() -> int:
     parser.add_argument(
         "--fresh", type=int, default=0, help="rounds of one process per side (see above)"
     )
+    parser.add_argument(
+        "--rate-limit-headers",
+        action="store_true",
+        help="the server states a limit too large to bind on every reply (OpenAI's "
+        "x-ratelimit-* headers, as real providers send them): the cost of reading them",
+    )
     parser.add_argument("--child", choices=["plait", "baseline"], help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -330,7 +340,8 @@ def main() -> int:
         return 0
     inputs = [f"document number {i}" for i in range(args.n)]
     calls = CALLS_PER_INPUT * args.n
-    with FakeOpenAIServer() as server:
+    limits = {"rpm_limit": 10**9, "tpm_limit": 10**12} if args.rate_limit_headers else {}
+    with FakeOpenAIServer(**limits) as server:
         pinned = not args.no_pin and pin_apart(server.pid)
         server.configure(latency_ms=0.0)
         if args.fresh:

@@ -235,3 +235,15 @@ def test_the_readme_opentelemetry_example_prints_one_trace_per_run(tmp_path: Pat
     assert lines.count("Review Review 0") == 1
     assert lines[-2] == "run Review None None"
     assert lines[-1].endswith(" tokens") and float(lines[-1].split()[0]) > 0
+
+
+def test_the_readme_learned_limits_example_runs() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("\n## Limits learned from the provider\n", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```python\n", 1)[1].split("```", 1)[0]
+    assert "rpm_limit" in block and "limits" in block
+    result = subprocess.run(
+        [sys.executable, "-c", block], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert "'reported': 300" in result.stdout

@@ -33,6 +33,10 @@ _DEFAULT_CONFIG: dict[str, Any] = {
     "timeout_hang_s": 30.0,
     "seed": 0,
     "quote_key_in_401": False,
+    "rpm_limit": None,
+    "tpm_limit": None,
+    "limit_window_s": 60.0,
+    "limit_retry_after": True,
     **BATCH_CONFIG_DEFAULTS,
 }
 
@@ -432,6 +436,10 @@ def test_config_rejects_unknown_and_invalid_keys(server: FakeOpenAIServer) -> No
         server.configure(rate_500=1.5)
     with pytest.raises(ValueError, match="gate_texts"):
         server.configure(gate_texts={"": "held"})
+    with pytest.raises(ValueError, match="rpm_limit"):
+        server.configure(rpm_limit=0)
+    with pytest.raises(ValueError, match="limit_window_s"):
+        server.configure(rpm_limit=60, limit_window_s=-1)
     raw = http_call(f"http://127.0.0.1:{server.port}/_config", {"latency_ms": 5, "nope": 1})
 
     assert raw.status == 400

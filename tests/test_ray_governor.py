@@ -21,6 +21,8 @@ class _Method:
         #: Each reply's new tokens, with the time the broker granted them (the reply
         #: comes back from the broker's last grant with no wait in between).
         self.tokens: list[tuple[float, float]] = []
+        #: Likewise each reply's new requests.
+        self.requests: list[tuple[float, float]] = []
 
     def remote(self, *args: Any) -> Any:
         self.calls += 1
@@ -30,6 +32,8 @@ class _Method:
         reply = await self.broker.sync(*args)
         if reply["tokens"] and math.isfinite(reply["tokens"]):
             self.tokens.append((time.monotonic(), reply["tokens"]))
+        if reply["requests"] and math.isfinite(reply["requests"]):
+            self.requests.append((time.monotonic(), reply["requests"]))
         return reply
 
 
@@ -115,3 +119,43 @@ def test_workers_waiting_together_never_get_more_tokens_than_the_limit_allows(
     rate, window = 1000.0, 0.1
     bound = rate * (1 - DELAY_MARGIN_S) + rate * window + estimate  # burst, one call's debt
     assert _busiest_window(grants, window) <= bound, grants[:8]
+
+
+def test_a_limit_one_worker_learned_paces_every_worker_through_the_broker() -> None:
+    """An alias with no limit configured: workers spend without asking, until one of
+    them reads the endpoint's limit on a reply.  It tells the broker, which from then
+    on paces every worker, the one that never saw a header included, by one budget."""
+    from plait.providers.ratelimits import ReportedLimits
+
+    config = EndpointConfig(model="m", base_url="http://x", api_key="k", max_concurrent=8)
+    actor = _Actor()
+    learner, other = (LeasedGovernor(config, actor, name) for name in ("learner", "other"))
+    assert math.isinf(learner.request_pool) and math.isinf(other.request_pool)
+    learner.learn(ReportedLimits(requests_limit=600, at=time.monotonic()), 0)
+    assert learner.effective() == (600, None) and learner.request_pool == 0.0
+
+    async def call(governor: LeasedGovernor) -> None:
+        await governor.limiter.acquire()
+        try:
+            await governor.admit(0)
+        finally:
+            governor.limiter.release()
+        governor.settle(0, None)
+
+    async def chain(governor: LeasedGovernor) -> None:
+        for _ in range(5):
+            await call(governor)
+
+    async def main() -> dict[str, Any]:
+        await asyncio.gather(*(chain(g) for g in (learner, other) for _ in range(3)))
+        return await actor.sync.broker.status()
+
+    status = asyncio.run(main())
+    assert status[learner.key]["requests_per_minute"] == 600
+    # The other worker was told to ask: every one of the 30 calls was granted by the
+    # broker's one bucket (10 a second, a burst of 5), none spent unasked.
+    assert math.isfinite(other.request_pool)
+    grants = actor.sync.requests
+    assert sum(n for _, n in grants) == 30
+    rate, window = 10.0, 0.1
+    assert _busiest_window(grants, window) <= rate * (1 - DELAY_MARGIN_S) + rate * window + 1

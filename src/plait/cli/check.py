@@ -46,6 +46,8 @@ Check every alias of a resource file (or the embedded local model, without
   key          the API key is there (api_key, or the variable api_key_env names)
   endpoint     base_url accepts a connection (local: the model file and llama.cpp)
   model        one tiny request (a few tokens) gets an answer; skipped with --no-call
+  limits       the rate limits that answer stated (requests and tokens per minute:
+               in force, reported, configured; what is left and when it resets)
 Exit status: 0 every alias ok, 1 any failed, 2 the file cannot be read.
 """
 
@@ -64,6 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--timeout", type=float, default=20.0, metavar="S", help="per connection and request (20)"
     )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print the rows as JSON (each alias's steps, and the limits its reply stated)",
+    )
     return parser
 
 
@@ -74,6 +81,9 @@ class AliasCheck:
     alias: str
     endpoint: str = ""
     steps: list[tuple[str, bool, str]] = field(default_factory=list)
+    #: The limits per minute configured, stated by the test request's reply and in force
+    #: (`plait.resources.usage.AliasUsage.limits`), once the model step has run.
+    limits: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -108,7 +118,10 @@ def main(argv: list[str]) -> int:
         return list(await asyncio.gather(*checks))
 
     results = run_blocking(everything())
-    _report(results, ns.resources)
+    if ns.json:
+        _report_json(results)
+    else:
+        _report(results, ns.resources)
     return 0 if all(r.ok for r in results) else 1
 
 
@@ -333,9 +346,41 @@ async def _answers(result: AliasCheck, alias: str, config: EndpointConfig, timeo
     if len(reply) > 40:
         reply = reply[:37] + "..."
     result.passed("model", f"answered in {elapsed * 1000:.0f} ms: {reply!r}")
+    result.limits = endpoint.usage.limits()
+    result.passed("limits", _limits_detail(result.limits, response.limits is not None))
+
+
+def _limits_detail(limits: dict[str, Any] | None, stated: bool) -> str:
+    """The limits the reply stated next to the configured ones, as the usage table shows
+    them; or that it stated none (then only the configured ones pace the alias)."""
+    from plait.resources.usage import limits_text
+
+    shown = limits_text(limits)
+    if not stated:
+        configured = "none" if shown == "-" else shown.replace("\n", "; ")
+        return f"the reply stated no rate limits; configured: {configured}"
+    return shown.replace("\n", "; ")
 
 
 # -- the report ---------------------------------------------------------------------------------
+def _report_json(results: list[AliasCheck]) -> None:
+    import json
+
+    rows = [
+        {
+            "alias": row.alias,
+            "endpoint": row.endpoint,
+            "ok": row.ok,
+            "steps": [
+                {"step": step, "ok": passed, "detail": detail} for step, passed, detail in row.steps
+            ],
+            "limits": row.limits,
+        }
+        for row in results
+    ]
+    print(json.dumps(rows, indent=2))
+
+
 def _report(results: list[AliasCheck], path: str | None) -> None:
     from rich.table import Table
 

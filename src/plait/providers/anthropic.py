@@ -15,6 +15,7 @@ to validate, like any other provider's reply.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import threading
 import weakref
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from plait._secrets import redact_url, scrub
 from plait.providers.base import LLMRequest, LLMResponse, ProviderError, Usage, status_error
+from plait.providers.ratelimits import anthropic_limits
 from plait.resources.config import ConfigurationError, EndpointConfig
 from plait.structured import schema_name, wire_schema
 
@@ -215,10 +217,16 @@ class AnthropicProvider:
         params = self._params(request)
         client = await self._client()
         try:
-            message = await client.messages.create(**params)
+            # The raw response: its headers state the rate limits (the parsed one drops them).
+            raw = await client.messages.with_raw_response.create(**params)
+            message = raw.parse()
+            if inspect.isawaitable(message):  # the SDK's async response parses asynchronously
+                message = await message
         except anthropic.AnthropicError as exc:
             raise self.error(exc, client) from exc
-        return self._response(message, request)
+        response = self._response(message, request)
+        response.limits = anthropic_limits(raw.headers)
+        return response
 
     def error(self, exc: Exception, client: anthropic.AsyncAnthropic) -> ProviderError:
         """The SDK's exception as plait's `ProviderError` (a status, retryable or not)."""
@@ -307,4 +315,7 @@ def _http_error(exc: anthropic.APIStatusError) -> ProviderError:
         message = body.strip()[:500]
     if not message:
         message = exc.response.reason_phrase or exc.message
-    return status_error(exc.status_code, message, exc.response.headers.get("retry-after"))
+    headers = exc.response.headers
+    return status_error(
+        exc.status_code, message, headers.get("retry-after"), limits=anthropic_limits(headers)
+    )

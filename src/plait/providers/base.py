@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from plait._digest import digest
 from plait._secrets import scrub
 from plait.structured import canonical_schema_json
+
+if TYPE_CHECKING:
+    from plait.providers.ratelimits import ReportedLimits
 
 #: provider name -> "module:Class": the one list of wire protocols, which the resource
 #: config checks names against and `plait.providers.make_provider` imports from.
@@ -134,6 +137,9 @@ class LLMResponse:
     #: For a label chosen by its log-probability (`plait.labels`): each label's
     #: probability, over the labels (calibrated ones when calibrating).
     label_scores: dict[str, float] | None = None
+    #: The rate limits the reply's headers stated (`plait.providers.ratelimits`), which
+    #: the endpoint adopts; None when it stated none.
+    limits: ReportedLimits | None = None
 
     @property
     def payload(self) -> Any:
@@ -177,6 +183,7 @@ class ProviderError(RuntimeError):
         retryable: bool = False,
         retry_after: float | None = None,
         unavailable: bool = False,
+        limits: ReportedLimits | None = None,
     ) -> None:
         super().__init__(scrub(message))
         self.status = status
@@ -185,6 +192,8 @@ class ProviderError(RuntimeError):
         #: A 429 that says the tier asked for (OpenAI's flex) has no capacity now: worth
         #: another attempt, but not a sign this client sends too fast.
         self.unavailable = unavailable
+        #: The rate limits the refusal's headers stated (a 429's say when to come back).
+        self.limits = limits
 
 
 class ReplyFormatError(ProviderError):
@@ -193,12 +202,19 @@ class ReplyFormatError(ProviderError):
 
 
 def status_error(
-    status: int, message: str, retry_after: str | float | None, code: str | None = None
+    status: int,
+    message: str,
+    retry_after: str | float | None,
+    code: str | None = None,
+    limits: ReportedLimits | None = None,
 ) -> ProviderError:
     """The error for an HTTP failure, quoting the server's own message (and reading its
-    error ``code``: a 429 ``resource_unavailable`` is a tier out of capacity)."""
+    error ``code``: a 429 ``resource_unavailable`` is a tier out of capacity).  With the
+    reply's ``limits``, their Retry-After (``retry-after-ms``, or an HTTP date) wins."""
     delay: float | None = None
-    if retry_after is not None:
+    if limits is not None and limits.retry_after_s is not None:
+        delay = limits.retry_after_s
+    elif retry_after is not None:
         try:
             delay = max(0.0, float(retry_after))
         except ValueError:
@@ -210,6 +226,7 @@ def status_error(
         retry_after=delay,
         unavailable=status == 429
         and (code == "resource_unavailable" or "resource unavailable" in message.lower()),
+        limits=limits,
     )
 
 

@@ -29,6 +29,7 @@ from plait.providers.base import (
     status_error,
 )
 from plait.providers.http import current_session, get_session
+from plait.providers.ratelimits import ReportedLimits, openai_limits
 from plait.providers.scoring import LabelPriors, score_labels
 from plait.resources.config import EndpointConfig
 from plait.structured import json_schema_format
@@ -124,11 +125,14 @@ class OpenAIProvider:
                 self.url, data=data, headers=self._headers, timeout=self._timeout
             ) as resp:
                 raw = await resp.read()
+                limits = openai_limits(resp.headers)
                 if resp.status != 200:
-                    raise _http_error(resp.status, raw, resp.headers.get("Retry-After"))
+                    raise _http_error(resp.status, raw, resp.headers.get("Retry-After"), limits)
         except _TRANSPORT_ERRORS as exc:
             raise self.transport_error(exc) from exc
-        return self.reply(_loads_or_none(raw), raw)
+        response = self.reply(_loads_or_none(raw), raw)
+        response.limits = limits
+        return response
 
     async def _post(self, url: str, data: bytes) -> bytes:
         """One POST of ``data``: the body of a 200 reply, else the `ProviderError` its
@@ -268,7 +272,9 @@ def _endpoint_url(base_url: str, route: str) -> tuple[str, str | None]:
     return urlunsplit((parts.scheme, netloc, path, parts.query, "")), basic
 
 
-def _http_error(status: int, raw: bytes, retry_after: str | None) -> ProviderError:
+def _http_error(
+    status: int, raw: bytes, retry_after: str | None, limits: ReportedLimits | None = None
+) -> ProviderError:
     message = raw[:500].decode(errors="replace")
     code = None
     try:
@@ -278,4 +284,4 @@ def _http_error(status: int, raw: bytes, retry_after: str | None) -> ProviderErr
             code = str(parsed["error"].get("code") or "") or None
     except ValueError:
         pass
-    return status_error(status, message, retry_after, code)
+    return status_error(status, message, retry_after, code, limits)

@@ -34,6 +34,10 @@ The rules that make the limits hold cluster-wide:
   pause for what the server asked (capped by ``max_retry_after_s``), and the slot
   limit is halved (at most once a second), then recovers by one slot per window of
   reported successes.
+- Learned limits: a worker whose replies stated the endpoint's limits (its rate-limit
+  headers, `plait.resources.rate.RateGovernor.learn`) reports them, and the buckets
+  pace the smaller of configured and reported, for every worker: one that had no
+  limit configured, and so spent without asking, is told to ask from then on.
 - A worker that stops talking (killed) has its slots reclaimed after `LEASE_TTL_S`,
   or at once when the driver, which sees the process die, says so (`forget`).
 
@@ -49,6 +53,8 @@ import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+from plait.resources.rate import smaller
 
 __all__ = [
     "DELAY_MARGIN_S",
@@ -105,6 +111,9 @@ class Report:
     successes: int = 0
     #: A 429 seen since the last report, with the server's Retry-After (0 if none given).
     rate_limited: float | None = None
+    #: The requests and tokens per minute the endpoint's replies stated (None: none yet).
+    learned_requests_per_minute: int | None = None
+    learned_tokens_per_minute: int | None = None
 
 
 @dataclass(slots=True)
@@ -185,6 +194,8 @@ class LimitBroker:
 
     def __init__(self) -> None:
         self._aliases: dict[str, _Alias] = {}
+        #: Per endpoint, the requests and tokens per minute its replies stated last.
+        self._learned: dict[str, tuple[int | None, int | None]] = {}
         self._seen: dict[str, float] = {}
         self._changed: asyncio.Condition | None = None
         self._budgets: dict[str, dict[str, Any]] = {}
@@ -206,6 +217,12 @@ class LimitBroker:
         now = time.monotonic()
         self._seen[worker] = now
         self._reclaim(now)
+        if report.learned_requests_per_minute or report.learned_tokens_per_minute:
+            before = self._learned.get(key, (None, None))
+            self._learned[key] = (
+                report.learned_requests_per_minute or before[0],
+                report.learned_tokens_per_minute or before[1],
+            )
         state = self._alias(key, limits, now)
         self._absorb(state, worker, report, now)
         deadline = now + _WAIT_S
@@ -336,6 +353,8 @@ class LimitBroker:
                 "wanted": dict(s.wanted),
                 "paused_for_s": max(0.0, s.paused_until - time.monotonic()),
                 "rate_limited": s.rate_limited,
+                "requests_per_minute": s.limits.requests_per_minute,
+                "tokens_per_minute": s.limits.tokens_per_minute,
                 "tokens": {
                     "granted": s.tokens_granted,
                     "returned": s.tokens_returned,
@@ -346,7 +365,14 @@ class LimitBroker:
         } | {"syncs": self.syncs}
 
     # -- internals ---------------------------------------------------------------------
-    def _alias(self, key: str, limits: AliasLimits, now: float) -> _Alias:
+    def _alias(self, key: str, configured: AliasLimits, now: float) -> _Alias:
+        learned_rpm, learned_tpm = self._learned.get(key, (None, None))
+        limits = AliasLimits(
+            configured.max_concurrent,
+            smaller(configured.requests_per_minute, learned_rpm),
+            smaller(configured.tokens_per_minute, learned_tpm),
+            configured.max_retry_after_s,
+        )
         state = self._aliases.get(key)
         if state is None or state.limits != limits:
             held = state.held if state is not None else {}
@@ -421,6 +447,9 @@ class LimitBroker:
             "tokens": tokens,
             "pause_s": max(0.0, state.paused_until - now),
             "limit": state.limit,
+            # Whether requests and tokens are paced here (a limit configured or learned):
+            # a worker that had none spends only what it is granted from then on.
+            "paced": (state.requests is not None, state.tokens is not None),
         }
 
     def _fair_share(self, state: _Alias, worker: str) -> int:

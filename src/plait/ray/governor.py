@@ -21,12 +21,15 @@ import contextlib
 import math
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from plait.ray.broker import SYNC_INTERVAL_S, AliasLimits, Report
 from plait.resources.config import EndpointConfig
 from plait.resources.limits import Priority, PriorityLimiter
 from plait.resources.rate import RateGovernor
+
+if TYPE_CHECKING:
+    from plait.providers.ratelimits import ReportedLimits
 
 __all__ = ["BROKER_TIMEOUT_S", "BrokerUnreachable", "LeasedGovernor", "LeasedLimiter"]
 
@@ -94,6 +97,7 @@ class LeasedGovernor(RateGovernor):
         )
         self.leased = LeasedLimiter(self)
         super().__init__(self.leased, config.max_concurrent, None, None)
+        self.configured = (config.requests_per_minute, config.tokens_per_minute)
         self.request_pool = 0.0 if config.requests_per_minute else math.inf
         self.token_pool = 0.0 if config.tokens_per_minute else math.inf
         self._request_waiters = 0
@@ -195,6 +199,8 @@ class LeasedGovernor(RateGovernor):
             successes=self._successes_since,
             tokens_overspent=self._overspent,
             rate_limited=self._pending_429,
+            learned_requests_per_minute=self.reported_per_minute[0],
+            learned_tokens_per_minute=self.reported_per_minute[1],
         )
         report.tokens_returned, self._tokens_returning = self._tokens_returning, 0.0
         if idle:  # nothing to spend it on: give back what is unspent
@@ -225,6 +231,7 @@ class LeasedGovernor(RateGovernor):
         self.syncs += 1
         self._slots_growing = int(reply["slots"]) > limiter.limit
         limiter.set_limit(int(reply["slots"]))
+        self._follow_pacing(*reply.get("paced", (False, False)))
         if math.isfinite(self.request_pool):
             self.request_pool += reply["requests"]
         if math.isfinite(self.token_pool):
@@ -251,14 +258,41 @@ class LeasedGovernor(RateGovernor):
         self.wake()
         await self._granted.wait()
 
+    def _follow_pacing(self, requests: bool, tokens: bool) -> None:
+        """The broker paces requests (tokens) of this endpoint, with a limit configured
+        or learned by any worker: spend only what it grants from now on."""
+        if requests and not math.isfinite(self.request_pool):
+            self.request_pool = 0.0
+        if tokens and not math.isfinite(self.token_pool):
+            self.token_pool = 0.0
+
     # -- RateGovernor's interface --------------------------------------------------------
     def configure(
         self, max_concurrent: int, requests_per_minute: int | None, tokens_per_minute: int | None
     ) -> None:
         self.max_concurrent = max_concurrent
+        self.configured = (requests_per_minute, tokens_per_minute)
         self.limits = AliasLimits(
             max_concurrent, requests_per_minute, tokens_per_minute, self.limits.max_retry_after_s
         )
+
+    def learn(self, limits: ReportedLimits, in_flight: int, tokens_in_flight: float = 0) -> None:
+        """A reply stated the endpoint's limits: the broker learns them with the next
+        report (at once when they are new), and paces every worker by the smaller of
+        configured and reported.  The remaining budget and reset time a reply states
+        are not followed here: the broker's buckets pace the cluster, and a 429's wait
+        pauses every worker through it."""
+        per_minute = (
+            limits.requests_limit or self.reported_per_minute[0],
+            limits.tokens_limit or self.reported_per_minute[1],
+        )
+        self.reported = limits
+        if per_minute == self.reported_per_minute:
+            return
+        self.reported_per_minute = per_minute
+        rpm, tpm = self.effective()
+        self._follow_pacing(rpm is not None, tpm is not None)
+        self.wake()
 
     async def admit(self, estimated_tokens: int) -> None:
         while True:

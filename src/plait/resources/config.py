@@ -35,6 +35,11 @@ class EndpointConfig(BaseModel):
     #: Requests and tokens (prompt + completion) the endpoint allows per minute.
     requests_per_minute: int | None = Field(default=None, ge=1)
     tokens_per_minute: int | None = Field(default=None, ge=1)
+    #: Adopt the limits the provider states on its replies (rate-limit headers): the
+    #: smaller of these and the configured ones is paced, and the reported remaining
+    #: budget and reset time are followed.  False paces by the configured limits only
+    #: (the usage report still shows what the provider stated).
+    learn_limits: bool = True
     timeout: float = Field(default=120.0, gt=0)
     max_retries: int = Field(default=3, ge=0)
     #: The longest a 429's ``Retry-After`` may pause this endpoint, in seconds; a

@@ -3,8 +3,10 @@
 `Endpoint.complete` is the same for every provider: a concurrency slot from the
 endpoint's process-wide limiter, the call's admission gates (a `budget` reserves
 the call's estimated tokens and cost there, see `AdmissionGate`), the rate
-governor (RPM, TPM, Retry-After), one attempt by the provider, and on failure a
-retry with exponential backoff and jitter (the slot is given back while waiting).
+governor (RPM, TPM, Retry-After, and the limits replies state, which it learns),
+one attempt by the provider, and on failure a retry with exponential backoff and
+jitter, or after a 429 exactly as long as the server said (the slot is given back
+while waiting).
 A retry re-sends this one request; it never re-runs upstream work.  For a
 structured request the reply is validated, and an invalid one is re-asked once
 with the validation error.
@@ -28,6 +30,7 @@ from plait.providers.base import (
     ReplyFormatError,
     Usage,
 )
+from plait.providers.ratelimits import ReportedLimits
 from plait.resources.config import ConfigurationError, EndpointConfig
 from plait.resources.limits import Priority, PriorityLimiter
 from plait.resources.rate import RateGovernor
@@ -248,7 +251,8 @@ class Endpoint:
                         estimate = expected.total_tokens
                     if gates:
                         admitted = await self._admit(gates, request, expected)
-                    await governor.admit(estimate)
+                    if not governor.paces_locally or governor.wait_time(estimate) > 0:
+                        await governor.admit(estimate)
                 started = time.monotonic()
                 if started - slot > 1e-4:
                     timing.add("rate_wait", slot, started)
@@ -275,8 +279,12 @@ class Endpoint:
                     usage.add_reply(response.usage, response.tier)
                     reported = response.usage.total_tokens
                     governor.settle(estimate, reported or None)
+                    if response.limits is not None:
+                        self._learn(response.limits, estimate)
                     response.attempts = attempt
                     return response
+                if failure.limits is not None:
+                    self._learn(failure.limits, estimate)
             finally:
                 for gate in admitted:  # failed, or cancelled: nothing known was spent
                     if sent:
@@ -285,11 +293,13 @@ class Endpoint:
                         gate.withdraw()
                 limiter.release()
             cap = self.config.max_retry_after_s
+            wanted = failure.retry_after
             if failure.unavailable:
                 usage.unavailable += 1  # the tier's capacity, not this client's pace
             elif failure.status == 429:
                 usage.rate_limited += 1
-                wanted = failure.retry_after
+                if wanted is None and failure.limits is not None and self.config.learn_limits:
+                    wanted = failure.limits.wait_s()  # the reset of the budget it says is spent
                 governor.rate_limited(None if wanted is None else min(wanted, cap))
             if not failure.retryable or attempt > self.config.max_retries:
                 usage.failed += 1
@@ -302,8 +312,24 @@ class Endpoint:
                 raise failure
             usage.retries += 1
             pause = time.monotonic()
-            await asyncio.sleep(backoff_delay(attempt, failure.retry_after, cap))
+            if failure.status == 429 and wanted is not None and self.config.learn_limits:
+                # The server said when: wait exactly that (capped), no guessing on top.
+                delay = min(wanted, cap)
+            else:
+                delay = backoff_delay(attempt, wanted, cap)
+            await asyncio.sleep(delay)
             timing.add("backoff", pause, time.monotonic(), attempt=attempt)
+
+    def _learn(self, limits: ReportedLimits, estimate: int) -> None:
+        """A reply stated its endpoint's limits: the governor paces by them (unless this
+        alias says ``learn_limits = false``) and the usage report shows them.  Called
+        while the reply's call still holds its slot, so the others in flight are the
+        limiter's holders but one, each taken to need as many tokens as this call's
+        ``estimate``."""
+        if self.config.learn_limits:
+            others = max(0, self.limiter.held - 1)
+            self.governor.learn(limits, others, others * estimate)
+        self.usage.note_limits(limits, self.governor.configured, self.governor.effective())
 
     async def _admit(
         self, gates: list[AdmissionGate], request: LLMRequest, estimate: Usage

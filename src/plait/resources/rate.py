@@ -9,6 +9,14 @@ reported usage, so a run converges on the true rate without ever over-sending.
 On a 429 the endpoint pauses every sender until ``Retry-After`` has passed and
 halves its concurrency; each success gives a little back (additive increase,
 one slot per window of successes) until the configured limit is reached again.
+
+Limits learned from replies (`learn`): a reply that states its endpoint's limits
+(`plait.providers.ratelimits.ReportedLimits`) sets the limit in force to the
+smaller of the configured and the reported one, so an alias configured with none
+is paced at the provider's own rate from its first replies on.  Its remaining
+budget and reset time bound the window until that reset: no more requests (or
+estimated tokens) go before it than the reply said remain, less those already on
+their way.
 """
 
 from __future__ import annotations
@@ -16,11 +24,14 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from plait.resources.limits import PriorityLimiter
 
-__all__ = ["RateGovernor", "TokenBucket"]
+if TYPE_CHECKING:
+    from plait.providers.ratelimits import ReportedLimits
+
+__all__ = ["RateGovernor", "ReportedWindow", "TokenBucket", "smaller"]
 
 #: The least time a burst of 429s may halve concurrency again.
 _DECREASE_INTERVAL_S = 1.0
@@ -61,6 +72,45 @@ class TokenBucket:
             self._refill(time.monotonic())
             self.level = min(self.burst, self.level + amount)
 
+    def set_rate(self, per_minute: float) -> None:
+        """Pace at ``per_minute`` from now on, keeping what the bucket holds (up to the
+        new burst): a learned limit must not hand out a fresh burst."""
+        with self._lock:
+            self._refill(time.monotonic())
+            self.rate = per_minute / 60.0
+            self.burst = max(1.0, self.rate)
+            self.level = min(self.level, self.burst)
+
+    @property
+    def per_minute(self) -> float:
+        return self.rate * 60.0
+
+
+def smaller(configured: int | None, reported: int | None) -> int | None:
+    """The limit in force: the smaller of the two that are known."""
+    if configured is None:
+        return reported
+    if reported is None:
+        return configured
+    return min(configured, reported)
+
+
+class ReportedWindow:
+    """What a reply said is left of one budget (requests or tokens) until its reset:
+    sends are counted against it until then, and wait for the reset once it is spent."""
+
+    __slots__ = ("left", "until")
+
+    def __init__(self) -> None:
+        self.left = 0.0
+        self.until = 0.0
+
+    def state(self, remaining: int, reset_s: float, at: float, in_flight: float) -> None:
+        """A reply read at ``at`` said ``remaining`` are left for ``reset_s`` seconds;
+        ``in_flight`` were sent meanwhile and may not be counted in it yet."""
+        self.left = remaining - in_flight
+        self.until = at + reset_s
+
 
 class RateGovernor:
     """Everything that paces one endpoint: RPM, TPM, Retry-After pauses and AIMD."""
@@ -85,6 +135,12 @@ class RateGovernor:
         self.max_concurrent = max_concurrent
         self.requests = TokenBucket(requests_per_minute) if requests_per_minute else None
         self.tokens = TokenBucket(tokens_per_minute) if tokens_per_minute else None
+        #: The limits configured, and the latest ones replies stated (`learn`).
+        self.configured: tuple[int | None, int | None] = (requests_per_minute, tokens_per_minute)
+        self.reported: ReportedLimits | None = None
+        self.reported_per_minute: tuple[int | None, int | None] = (None, None)
+        self.request_window: ReportedWindow | None = None
+        self.token_window: ReportedWindow | None = None
         self.paused_until = 0.0
         self._last_decrease = 0.0
         self._successes = 0
@@ -97,10 +153,53 @@ class RateGovernor:
         if max_concurrent != self.max_concurrent:
             self.max_concurrent = max_concurrent
             self.limiter.set_limit(max_concurrent)
-        if (self.requests.rate * 60 if self.requests else None) != requests_per_minute:
-            self.requests = TokenBucket(requests_per_minute) if requests_per_minute else None
-        if (self.tokens.rate * 60 if self.tokens else None) != tokens_per_minute:
-            self.tokens = TokenBucket(tokens_per_minute) if tokens_per_minute else None
+        self.configured = (requests_per_minute, tokens_per_minute)
+        self._pace(*self.effective())
+
+    def effective(self) -> tuple[int | None, int | None]:
+        """The requests and tokens per minute in force: configured or reported, the smaller."""
+        (rpm, tpm), (seen_rpm, seen_tpm) = self.configured, self.reported_per_minute
+        return smaller(rpm, seen_rpm), smaller(tpm, seen_tpm)
+
+    def _pace(self, requests_per_minute: int | None, tokens_per_minute: int | None) -> None:
+        """Pace at these limits (None: none), keeping what the buckets hold."""
+        if (self.requests.per_minute if self.requests else None) != requests_per_minute:
+            if requests_per_minute and self.requests is not None:
+                self.requests.set_rate(requests_per_minute)
+            else:
+                self.requests = TokenBucket(requests_per_minute) if requests_per_minute else None
+        if (self.tokens.per_minute if self.tokens else None) != tokens_per_minute:
+            if tokens_per_minute and self.tokens is not None:
+                self.tokens.set_rate(tokens_per_minute)
+            else:
+                self.tokens = TokenBucket(tokens_per_minute) if tokens_per_minute else None
+
+    def learn(self, limits: ReportedLimits, in_flight: int, tokens_in_flight: float = 0) -> None:
+        """Adopt what a reply stated: its per-minute limits (the smaller of configured
+        and reported is paced), and its remaining budgets until their resets, of which
+        ``in_flight`` other requests sent meanwhile (``tokens_in_flight`` tokens, as
+        estimated) may already have taken a part."""
+        with self._lock:
+            per_minute = (
+                limits.requests_limit or self.reported_per_minute[0],
+                limits.tokens_limit or self.reported_per_minute[1],
+            )
+            if per_minute != self.reported_per_minute:
+                self.reported_per_minute = per_minute
+                self._pace(*self.effective())
+            self.reported = limits
+            if limits.requests_remaining is not None and limits.requests_reset_s is not None:
+                if self.request_window is None:
+                    self.request_window = ReportedWindow()
+                self.request_window.state(
+                    limits.requests_remaining, limits.requests_reset_s, limits.at, in_flight
+                )
+            if limits.tokens_remaining is not None and limits.tokens_reset_s is not None:
+                if self.token_window is None:
+                    self.token_window = ReportedWindow()
+                self.token_window.state(
+                    limits.tokens_remaining, limits.tokens_reset_s, limits.at, tokens_in_flight
+                )
 
     def open_at(self, now: float) -> bool:
         """Whether a request may go at ``now`` with nothing to wait for or account: no
@@ -110,29 +209,63 @@ class RateGovernor:
             self.paces_locally
             and self.requests is None
             and self.tokens is None
+            and self.request_window is None
+            and self.token_window is None
             and self.paused_until <= now
         )
 
     async def admit(self, estimated_tokens: int) -> None:
         """Wait until a request of ``estimated_tokens`` may be sent, then account for it."""
         while True:
-            delay = self.paused_until - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
-                continue
-            if self.requests is not None:
-                wait = self.requests.wait_time(1)
-                if wait > 0:
-                    await asyncio.sleep(wait)
-                    continue
-            if self.tokens is not None:
-                wait = self.tokens.wait_time(estimated_tokens)
-                if wait > 0:
-                    if self.requests is not None:
-                        self.requests.adjust(1)  # not sent after all
-                    await asyncio.sleep(wait)
-                    continue
-            return
+            wait = self.wait_time(estimated_tokens)
+            if wait <= 0:
+                return
+            await asyncio.sleep(wait)
+
+    def wait_time(self, estimated_tokens: int) -> float:
+        """Take what a request of ``estimated_tokens`` needs and return 0 if it may go now;
+        else take nothing and return how long to wait before asking again.  A plain call:
+        the endpoint calls it first and awaits `admit` only when it has to wait, so a
+        paced call that need not wait costs no coroutine."""
+        delay = self.paused_until - time.monotonic()
+        if delay > 0:
+            return delay
+        requests, tokens = self.requests, self.tokens
+        if requests is not None:
+            wait = requests.wait_time(1)
+            if wait > 0:
+                return wait
+        if tokens is not None:
+            wait = tokens.wait_time(estimated_tokens)
+            if wait > 0:
+                if requests is not None:
+                    requests.adjust(1)  # not sent after all
+                return wait
+        if self.request_window is not None or self.token_window is not None:
+            wait = self._window_wait(estimated_tokens)
+            if wait > 0:
+                if requests is not None:
+                    requests.adjust(1)
+                if tokens is not None:
+                    tokens.adjust(estimated_tokens)
+                return wait
+        return 0.0
+
+    def _window_wait(self, estimated_tokens: int) -> float:
+        """Take one request and its tokens from the reported windows, or how long to
+        wait for their reset (taking nothing)."""
+        now = time.monotonic()
+        with self._lock:
+            requests, tokens = self.request_window, self.token_window
+            if requests is not None and now < requests.until and requests.left < 1:
+                return requests.until - now
+            if tokens is not None and now < tokens.until and tokens.left < estimated_tokens:
+                return tokens.until - now
+            if requests is not None and now < requests.until:
+                requests.left -= 1
+            if tokens is not None and now < tokens.until:
+                tokens.left -= estimated_tokens
+            return 0.0
 
     def settle(self, estimated_tokens: int, actual_tokens: int | None) -> None:
         """Correct the token estimate with the reply's usage, and recover concurrency."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -23,8 +24,9 @@ if TYPE_CHECKING:
     from rich.table import Table
 
     from plait.providers.base import Usage
+    from plait.providers.ratelimits import ReportedLimits
 
-__all__ = ["AliasUsage", "UsageReport", "record_for", "reset_usage", "usage"]
+__all__ = ["AliasUsage", "UsageReport", "limits_text", "record_for", "reset_usage", "usage"]
 
 _RESERVOIR = 10_000
 
@@ -57,6 +59,11 @@ class AliasUsage:
     #: Dollars, added reply by reply at the tier's prices (`add_reply`).
     spent: float = 0.0
     prices: Prices = field(default_factory=Prices)
+    #: The latest rate limits a reply stated, and the limits per minute (requests,
+    #: tokens) configured and in force when it came (`note_limits`).
+    reported: ReportedLimits | None = None
+    configured_limits: tuple[int | None, int | None] = (None, None)
+    effective_limits: tuple[int | None, int | None] = (None, None)
     _latencies: list[float] = field(default_factory=list, repr=False)
     _seen: int = field(default=0, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -93,6 +100,44 @@ class AliasUsage:
                 self.flex_requests += 1
             self.spent += self.prices.cost(used, tier)
 
+    def note_limits(
+        self,
+        reported: ReportedLimits,
+        configured: tuple[int | None, int | None],
+        effective: tuple[int | None, int | None],
+    ) -> None:
+        """Keep what the latest reply stated of its limits, for the report.  Three plain
+        assignments: it runs on every reply that states them."""
+        self.reported = reported
+        self.configured_limits = configured
+        self.effective_limits = effective
+
+    def limits(self) -> dict[str, Any] | None:
+        """Requests and tokens per minute: configured, reported (by the latest reply that
+        stated them), in force (the smaller), and what was left of each and the seconds
+        until its reset when that reply came; None when nothing is configured and no
+        reply stated a limit."""
+        seen = self.reported
+        if seen is None and self.configured_limits == (None, None):
+            return None
+        now = time.monotonic()
+
+        def reset(seconds: float | None) -> float | None:
+            if seen is None or seconds is None:
+                return None
+            return round(max(0.0, seen.at + seconds - now), 3)
+
+        rows: dict[str, Any] = {}
+        for index, kind in enumerate(("requests", "tokens")):
+            rows[f"{kind}_per_minute"] = {
+                "configured": self.configured_limits[index],
+                "reported": getattr(seen, f"{kind}_limit", None),
+                "effective": self.effective_limits[index],
+                "remaining": getattr(seen, f"{kind}_remaining", None),
+                "reset_s": reset(getattr(seen, f"{kind}_reset_s", None)),
+            }
+        return rows
+
     @property
     def cost(self) -> float | None:
         """Estimated dollars, when the endpoint's prices are configured."""
@@ -121,6 +166,7 @@ class AliasUsage:
             "latency_p90_s": self.latency_percentile(0.9),
             "latency_p99_s": self.latency_percentile(0.99),
             "cost_usd": self.cost,
+            "limits": self.limits(),
         }
 
 
@@ -130,6 +176,8 @@ _records_lock = threading.Lock()
 _remote: dict[str, list[dict[str, Any]]] = {}
 _SHIPPED_LATENCIES = 2_000
 _NAMES = ("alias", "provider", "model")
+#: What the latest reply stated of the limits (the latest of all processes wins).
+_LIMITS = ("reported", "configured_limits", "effective_limits")
 #: The counters that add up across processes.
 _COUNTERS = (
     "requests",
@@ -160,7 +208,7 @@ def snapshot_records() -> list[dict[str, Any]]:
             latencies = list(record._latencies)
         if len(latencies) > _SHIPPED_LATENCIES:
             latencies = random.sample(latencies, _SHIPPED_LATENCIES)
-        fields = {name: getattr(record, name) for name in (*_NAMES, *_COUNTERS)}
+        fields = {name: getattr(record, name) for name in (*_NAMES, *_COUNTERS, *_LIMITS)}
         fields.update(prices=record.prices, latencies=latencies, seen=record._seen)
         out.append(fields)
     return out
@@ -196,6 +244,10 @@ def _combined() -> list[AliasUsage]:
 def _add(target: AliasUsage, source: dict[str, Any], latencies: list[float]) -> None:
     for name in _COUNTERS:
         setattr(target, name, getattr(target, name) + source[name])
+    seen = source.get("reported")
+    if seen is not None and (target.reported is None or seen.at > target.reported.at):
+        for name in _LIMITS:  # the latest statement of the limits, from whichever process
+            setattr(target, name, source[name])
     if not target.prices.known:
         target.prices = source["prices"]
     target._latencies.extend(latencies)
@@ -230,7 +282,7 @@ class UsageReport:
 
         table = Table(title="plait usage")
         columns = ("alias", "model", "requests", "batched", "retries", "429s", "tokens in")
-        for name in (*columns, "cached in", "tokens out", "p50", "p90", "cost"):
+        for name in (*columns, "cached in", "tokens out", "p50", "p90", "cost", "limits"):
             table.add_column(name, justify="left" if name in ("alias", "model") else "right")
         for row in self.rows:
             table.add_row(
@@ -246,11 +298,37 @@ class UsageReport:
                 _seconds(row["latency_p50_s"]),
                 _seconds(row["latency_p90_s"]),
                 "-" if row["cost_usd"] is None else f"${row['cost_usd']:.4f}",
+                limits_text(row.get("limits")),
             )
         return table
 
     def __rich__(self) -> Table:
         return self.table()
+
+
+def limits_text(limits: dict[str, Any] | None) -> str:
+    """Per minute, one line each: ``req 600 (reported 600, configured -), 9 left, reset 0.4 s``."""
+    if not limits:
+        return "-"
+    lines = []
+    for kind, short in (("requests", "req"), ("tokens", "tok")):
+        row = limits[f"{kind}_per_minute"]
+        if row["effective"] is None and row["reported"] is None:
+            continue
+        line = (
+            f"{short} {_number(row['effective'])}/min (reported {_number(row['reported'])}, "
+            f"configured {_number(row['configured'])})"
+        )
+        if row["remaining"] is not None:
+            line += f", {row['remaining']:,} left"
+        if row["reset_s"] is not None:
+            line += f", reset {row['reset_s']:g} s"
+        lines.append(line)
+    return "\n".join(lines) or "-"
+
+
+def _number(value: int | None) -> str:
+    return "-" if value is None else f"{value:,}"
 
 
 def _seconds(value: float | None) -> str:

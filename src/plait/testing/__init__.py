@@ -436,11 +436,25 @@ class FakeOpenAIServer(_FakeServerProcess):
     _label = "fake OpenAI server"
 
     def __init__(
-        self, *, latency_ms: float = 0.0, api_key: str | None = None, seed: int = 0
+        self,
+        *,
+        latency_ms: float = 0.0,
+        api_key: str | None = None,
+        seed: int = 0,
+        rpm_limit: int | None = None,
+        tpm_limit: int | None = None,
+        limit_window_s: float = 60.0,
     ) -> None:
+        """``rpm_limit`` and ``tpm_limit`` make the server enforce a requests/min and
+        tokens/min limit in windows of ``limit_window_s`` seconds, and state it on every
+        reply in OpenAI's rate-limit headers (a 429 with Retry-After beyond it);
+        ``configure(rpm_limit=..., tpm_limit=..., limit_window_s=...)`` changes it
+        (``limit_retry_after=False``: refusals say when to come back only in the reset
+        headers) and ``stats()["rate_limit"]["refused"]`` counts the refusals."""
         super().__init__(api_key=api_key)
         self._latency_ms = latency_ms
         self._seed = seed
+        self._limits = (rpm_limit, tpm_limit, limit_window_s)
 
     def _extra_args(self) -> list[str]:
         return [
@@ -450,6 +464,7 @@ class FakeOpenAIServer(_FakeServerProcess):
             repr(float(self._latency_ms)),
             "--seed",
             str(int(self._seed)),
+            *_limit_args(*self._limits),
         ]
 
     def stats(self, *, bodies: bool = False) -> dict[str, Any]:
@@ -519,6 +534,15 @@ class FakeOpenAIServer(_FakeServerProcess):
             seen = self.parked(name)
 
 
+def _limit_args(rpm: int | None, tpm: int | None, window_s: float) -> list[str]:
+    args = ["--limit-window-s", repr(float(window_s))]
+    if rpm is not None:
+        args += ["--rpm-limit", str(int(rpm))]
+    if tpm is not None:
+        args += ["--tpm-limit", str(int(tpm))]
+    return args
+
+
 class FakeAnthropicServer(_FakeServerProcess):
     """The fake Anthropic Messages API (:mod:`plait.testing.fake_anthropic`) in a child process.
 
@@ -533,6 +557,22 @@ class FakeAnthropicServer(_FakeServerProcess):
     _ready_prefix = ANTHROPIC_READY_PREFIX
     _api_key_env = ANTHROPIC_API_KEY_ENV
     _label = "fake Anthropic server"
+
+    def __init__(
+        self,
+        *,
+        api_key: str | None = None,
+        rpm_limit: int | None = None,
+        tpm_limit: int | None = None,
+        limit_window_s: float = 60.0,
+    ) -> None:
+        """The limits as `FakeOpenAIServer`'s, stated in Anthropic's spelling
+        (``anthropic-ratelimit-*``, resets as RFC 3339 times)."""
+        super().__init__(api_key=api_key)
+        self._limits = (rpm_limit, tpm_limit, limit_window_s)
+
+    def _extra_args(self) -> list[str]:
+        return _limit_args(*self._limits)
 
     @property
     def base_url(self) -> str:

@@ -67,7 +67,13 @@ from plait.testing._anthropic_cache import (
     json_chars,
     without_cache_control,
 )
-from plait.testing.fake_openai import PlaceholderLog, estimate_tokens, schema_instance
+from plait.testing.fake_openai import (
+    PlaceholderLog,
+    RateWindow,
+    add_limit_arguments,
+    estimate_tokens,
+    schema_instance,
+)
 
 __all__ = ["RETRY_AFTER_S", "FakeAnthropicApp", "main"]
 
@@ -467,8 +473,19 @@ def _check_batch(
 class FakeAnthropicApp:
     """The handlers and what they share; one instance per server process."""
 
-    def __init__(self, *, api_key: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        api_key: str | None = None,
+        rpm_limit: int | None = None,
+        tpm_limit: int | None = None,
+        limit_window_s: float = 60.0,
+    ) -> None:
         self._key = api_key.encode() if api_key else None
+        #: The limit ``/v1/messages`` enforces and states in ``anthropic-ratelimit-*``
+        #: headers (None: none); `RateWindow` says how.
+        self._limits = (rpm_limit, tpm_limit, limit_window_s)
+        self.limit = RateWindow(*self._limits) if rpm_limit or tpm_limit else None
         self.config = _Config()
         self._rng = random.Random(self.config.seed)
         self._records: list[dict[str, Any]] = []
@@ -632,9 +649,32 @@ class FakeAnthropicApp:
             return _error(400, "request body must be a JSON object")
         record["body"] = body
         reply = self.reply(body)
+        headers = reply.headers
+        if self.limit is not None:
+            now = time.monotonic()
+            refused = False
+            if reply.status == 200:
+                used = reply.body["usage"]
+                tokens = sum(
+                    int(used.get(name) or 0)
+                    for name in (
+                        "input_tokens",
+                        "cache_read_input_tokens",
+                        "cache_creation_input_tokens",
+                        "output_tokens",
+                    )
+                )
+                refused = not self.limit.admit(tokens, now)
+                if refused:
+                    reply = Reply.error(
+                        429,
+                        "This request would exceed your organization's rate limit (enforced "
+                        "by the fake server's limit).",
+                    )
+            headers = {**headers, **self.limit.anthropic_headers(now, refused)}
         record["status"] = reply.status
         record["cache"] = reply.cache_record()
-        return web.json_response(reply.body, status=reply.status, headers=reply.headers)
+        return web.json_response(reply.body, status=reply.status, headers=headers)
 
     # -- /v1/messages/batches -----------------------------------------------------------------
 
@@ -895,6 +935,7 @@ class FakeAnthropicApp:
                 "batches": self._batch_snapshot(),
                 "placeholder_requests": list(self.placeholders_seen.records),
                 "placeholder_requests_total": self.placeholders_seen.total,
+                "rate_limit": None if self.limit is None else self.limit.as_dict(),
             }
         )
 
@@ -914,6 +955,8 @@ class FakeAnthropicApp:
         self._batches_rejected = 0
         self._records = []
         self._cache.clear()
+        if self.limit is not None:  # the same limit, with a fresh count
+            self.limit = RateWindow(*self._limits)
         self._apply(_Config().as_dict())
         return web.json_response({"reset": True})
 
@@ -983,11 +1026,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help=f"require this x-api-key (default: ${ANTHROPIC_API_KEY_ENV}, or any key)",
     )
+    add_limit_arguments(parser)
     args = parser.parse_args(argv)
     if not 0 <= args.port <= 65535:
         parser.error(f"invalid port {args.port}")
     api_key = args.api_key or os.environ.get(ANTHROPIC_API_KEY_ENV) or None
-    asyncio.run(_serve(args.port, FakeAnthropicApp(api_key=api_key)))
+    app = FakeAnthropicApp(
+        api_key=api_key,
+        rpm_limit=args.rpm_limit,
+        tpm_limit=args.tpm_limit,
+        limit_window_s=args.limit_window_s,
+    )
+    asyncio.run(_serve(args.port, app))
     return 0
 
 

@@ -89,6 +89,8 @@ from plait.testing.fake_batches import BatchSettings, BatchStore
 __all__ = [
     "MODEL_ID",
     "FakeOpenAIApp",
+    "RateWindow",
+    "add_limit_arguments",
     "estimate_tokens",
     "main",
     "request_key",
@@ -316,6 +318,138 @@ def _resolve_ref(root: Any, ref: str) -> Any:
         else:
             raise ValueError(f"unresolvable $ref {ref!r}")
     return node
+
+
+# -- the rate limit the server enforces and states ---------------------------------------------
+
+
+class RateWindow:
+    """A requests/min and tokens/min limit enforced in fixed windows, as the fake servers
+    state it in their rate-limit headers.
+
+    Time is cut into windows of ``window_s`` seconds (60: a minute); each window admits
+    ``requests_per_minute * window_s / 60`` requests and as many tokens (a request's
+    prompt and reply tokens, charged when it is answered), and a request beyond that is
+    refused (429) until the window ends.  The headers state the per-minute limits, what
+    is left of the window and when it ends, which is all a client needs to run at the
+    limit without a refusal.  Shorter windows let tests and benchmarks see several of
+    them in seconds.  ``refused`` counts the requests refused so far.
+    """
+
+    def __init__(
+        self, requests_per_minute: int | None, tokens_per_minute: int | None, window_s: float
+    ) -> None:
+        if window_s <= 0:
+            raise ValueError("the limit's window must be a positive number of seconds")
+        self.requests_per_minute = requests_per_minute
+        self.tokens_per_minute = tokens_per_minute
+        self.window_s = window_s
+        self.request_allowance = (
+            max(1, round(requests_per_minute * window_s / 60)) if requests_per_minute else None
+        )
+        self.token_allowance = (
+            max(1, round(tokens_per_minute * window_s / 60)) if tokens_per_minute else None
+        )
+        self.window = -1
+        self.requests = 0
+        self.tokens = 0
+        self.refused = 0
+        #: Whether a refusal carries Retry-After; without it only the reset headers say
+        #: when to come back, as on some of OpenAI's 429s.
+        self.retry_after = True
+
+    def _roll(self, now: float) -> float:
+        """Start a new window if ``now`` is past the current one; seconds until it ends."""
+        window = int(now // self.window_s)
+        if window != self.window:
+            self.window, self.requests, self.tokens = window, 0, 0
+        return (window + 1) * self.window_s - now
+
+    def admit(self, tokens: int, now: float) -> bool:
+        """Whether a request of ``tokens`` fits the window (then it is counted)."""
+        self._roll(now)
+        if self.request_allowance is not None and self.requests >= self.request_allowance:
+            self.refused += 1
+            return False
+        allowance = self.token_allowance
+        if allowance is not None and self.tokens + min(tokens, allowance) > allowance:
+            self.refused += 1
+            return False
+        self.requests += 1
+        self.tokens += tokens
+        return True
+
+    def state(self, now: float) -> tuple[int | None, int | None, int | None, int | None, float]:
+        """Requests and tokens per minute, what is left of each in this window, and the
+        seconds until it ends."""
+        reset = self._roll(now)
+        left_requests = (
+            None if self.request_allowance is None else self.request_allowance - self.requests
+        )
+        left_tokens = None if self.token_allowance is None else self.token_allowance - self.tokens
+        return (
+            self.requests_per_minute,
+            self.tokens_per_minute,
+            left_requests,
+            None if left_tokens is None else max(0, left_tokens),
+            reset,
+        )
+
+    def openai_headers(self, now: float, refused: bool) -> dict[str, str]:
+        """The state in OpenAI's spelling (durations such as ``1.25s``), with Retry-After
+        on a refusal."""
+        rpm, tpm, left_requests, left_tokens, reset = self.state(now)
+        headers: dict[str, str] = {}
+        if rpm is not None:
+            headers["x-ratelimit-limit-requests"] = str(rpm)
+            headers["x-ratelimit-remaining-requests"] = str(left_requests)
+            headers["x-ratelimit-reset-requests"] = _go_duration(reset)
+        if tpm is not None:
+            headers["x-ratelimit-limit-tokens"] = str(tpm)
+            headers["x-ratelimit-remaining-tokens"] = str(left_tokens)
+            headers["x-ratelimit-reset-tokens"] = _go_duration(reset)
+        if refused and self.retry_after:
+            headers["retry-after"] = f"{math.ceil(reset)}"
+            headers["retry-after-ms"] = str(math.ceil(reset * 1000))
+        return headers
+
+    def anthropic_headers(self, now: float, refused: bool) -> dict[str, str]:
+        """The state in Anthropic's spelling (resets as RFC 3339 times, to the
+        microsecond), with retry-after (whole seconds, as Anthropic sends it) on a refusal."""
+        from datetime import UTC, datetime, timedelta
+
+        rpm, tpm, left_requests, left_tokens, reset = self.state(now)
+        ends = (datetime.now(UTC) + timedelta(seconds=reset)).isoformat().replace("+00:00", "Z")
+        headers: dict[str, str] = {}
+        if rpm is not None:
+            headers["anthropic-ratelimit-requests-limit"] = str(rpm)
+            headers["anthropic-ratelimit-requests-remaining"] = str(left_requests)
+            headers["anthropic-ratelimit-requests-reset"] = ends
+        if tpm is not None:
+            for budget in ("tokens", "input-tokens"):
+                headers[f"anthropic-ratelimit-{budget}-limit"] = str(tpm)
+                headers[f"anthropic-ratelimit-{budget}-remaining"] = str(left_tokens)
+                headers[f"anthropic-ratelimit-{budget}-reset"] = ends
+        if refused:
+            headers["retry-after"] = str(math.ceil(reset))
+        return headers
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "requests_per_minute": self.requests_per_minute,
+            "tokens_per_minute": self.tokens_per_minute,
+            "window_s": self.window_s,
+            "refused": self.refused,
+        }
+
+
+def _go_duration(seconds: float) -> str:
+    """Seconds as OpenAI writes a reset: ``20ms`` under a second, ``1.5s``, ``6m0s``."""
+    if seconds < 1:
+        return f"{max(1, math.ceil(seconds * 1000))}ms"
+    minutes, rest = divmod(seconds, 60)
+    rest = math.ceil(rest * 1000) / 1000
+    return f"{int(minutes)}m{rest:g}s" if minutes else f"{rest:g}s"
 
 
 # -- runtime configuration and statistics ----------------------------------------------------
@@ -730,8 +864,22 @@ def _logprobs(plan: _Plan, text: str) -> dict[str, Any]:
 class FakeOpenAIApp:
     """The request handlers and the state they share; one instance per server process."""
 
-    def __init__(self, *, latency_ms: float = 0.0, api_key: str | None = None, seed: int = 0):
+    def __init__(
+        self,
+        *,
+        latency_ms: float = 0.0,
+        api_key: str | None = None,
+        seed: int = 0,
+        rpm_limit: int | None = None,
+        tpm_limit: int | None = None,
+        limit_window_s: float = 60.0,
+    ):
         self.config = _Config(latency_ms=latency_ms, seed=seed)
+        #: The requests/min and tokens/min limit enforced and stated on every reply (None:
+        #: no limit, no rate-limit headers); ``/_config`` changes it (``rpm_limit``,
+        #: ``tpm_limit``, ``limit_window_s``).
+        self.limit: RateWindow | None = None
+        self._set_limit(rpm_limit, tpm_limit, limit_window_s)
         self._rng = random.Random(seed)
         self._auth = f"Bearer {api_key}".encode() if api_key else None
         self._stats = _Stats(time.monotonic())
@@ -742,6 +890,23 @@ class FakeOpenAIApp:
         self._parked: dict[str, int] = {}
         #: The batch API's files and batches (see :mod:`plait.testing.fake_batches`).
         self.batches = BatchStore(self, self.config.batch)
+
+    def _set_limit(
+        self, rpm: int | None, tpm: int | None, window_s: float, retry_after: bool = True
+    ) -> None:
+        self._limit_window_s = window_s
+        self.limit = RateWindow(rpm, tpm, window_s) if rpm or tpm else None
+        if self.limit is not None:
+            self.limit.retry_after = retry_after
+
+    def _limit_settings(self) -> dict[str, Any]:
+        limit = self.limit
+        return {
+            "rpm_limit": None if limit is None else limit.requests_per_minute,
+            "tpm_limit": None if limit is None else limit.tokens_per_minute,
+            "limit_window_s": self._limit_window_s,
+            "limit_retry_after": True if limit is None else limit.retry_after,
+        }
 
     def make_app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -799,6 +964,7 @@ class FakeOpenAIApp:
         snapshot["placeholder_requests"] = list(self.placeholders_seen.records)
         snapshot["placeholder_requests_total"] = self.placeholders_seen.total
         snapshot["batch_lines_answered"] = self.batches.lines_answered
+        snapshot["rate_limit"] = None if self.limit is None else self.limit.as_dict()
         return _json_response(snapshot)
 
     async def placeholders(self, request: web.Request) -> web.Response:
@@ -806,6 +972,7 @@ class FakeOpenAIApp:
 
     async def reset(self, request: web.Request) -> web.Response:
         self._stats.reset(time.monotonic())
+        self._set_limit(*self._limit_settings().values())  # the same limit, a fresh count
         self.batches.reset()
         # Open every gate, so a test that failed half-way never leaves requests parked for
         # the next one; later requests on the same names find closed gates again.
@@ -843,7 +1010,7 @@ class FakeOpenAIApp:
         return _json_response({"parked": self._parked.get(name, 0), action: name})
 
     async def get_config(self, request: web.Request) -> web.Response:
-        return _json_response(self.config.as_dict())
+        return _json_response({**self.config.as_dict(), **self._limit_settings()})
 
     async def set_config(self, request: web.Request) -> web.Response:
         try:
@@ -852,14 +1019,20 @@ class FakeOpenAIApp:
             return _error_response(400, "config body must be a JSON object")
         if not isinstance(body, dict):
             return _error_response(400, "config body must be a JSON object")
+        limit = self._limit_settings()
         try:
+            for key in list(limit):
+                if key in body:
+                    limit[key] = _limit_value(key, body.pop(key))
             changes = self.config.validate(body)
         except ValueError as err:
             return _error_response(400, str(err))
         self.config.apply(changes)
+        if limit != self._limit_settings():
+            self._set_limit(*limit.values())
         if "seed" in changes:
             self._rng.seed(changes["seed"])
-        return _json_response(self.config.as_dict())
+        return _json_response({**self.config.as_dict(), **self._limit_settings()})
 
     # -- OpenAI endpoints ----------------------------------------------------------------------
 
@@ -981,9 +1154,25 @@ class FakeOpenAIApp:
             status, payload = 500, _fault_body(500)
         else:
             status, payload = self._reply(plan, rng)
+        headers = self._fault_headers(status)
+        if self.limit is not None:
+            now = time.monotonic()
+            refused = False
+            if status == 200:
+                used = payload["usage"]["total_tokens"]
+                refused = not self.limit.admit(used, now)
+                if refused:
+                    status = 429
+                    payload = _error_body(
+                        429,
+                        "Rate limit reached for requests or tokens per min (enforced by the "
+                        "fake server's limit).",
+                        code="rate_limit_exceeded",
+                    )
+            headers = {**(headers or {}), **self.limit.openai_headers(now, refused)}
         if status == 200:
             outcome.completion_tokens = payload["usage"]["completion_tokens"]
-        return _json_response(payload, status, self._fault_headers(status))
+        return _json_response(payload, status, headers)
 
     # -- the reply itself, shared by the online route and the batch API ------------------------
 
@@ -1248,6 +1437,25 @@ def _structured_reply(response_format: Any) -> str | None:
 # -- process entry point -----------------------------------------------------------------------
 
 
+def _limit_value(key: str, value: Any) -> Any:
+    """A rate-limit setting of ``/_config``, checked: a positive integer or null for the
+    limits, a positive number of seconds for the window, true or false for whether a
+    refusal carries Retry-After."""
+    if key == "limit_retry_after":
+        if not isinstance(value, bool):
+            raise ValueError("limit_retry_after must be true or false")
+        return value
+    if key == "limit_window_s":
+        if not isinstance(value, int | float) or isinstance(value, bool) or not value > 0:
+            raise ValueError("limit_window_s must be a positive number of seconds")
+        return float(value)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{key} must be a positive integer (per minute) or null for none")
+    return value
+
+
 def _loopback_host(host: str) -> str:
     """Accept only loopback addresses: the server has no real auth and must not be reachable."""
     if host == "localhost":
@@ -1304,6 +1512,32 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     return factory
 
 
+def add_limit_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--rpm-limit``, ``--tpm-limit`` and ``--limit-window-s`` (both fake servers)."""
+
+    def positive(kind: type[Any]) -> Callable[[str], Any]:
+        def parse(text: str) -> Any:
+            value = kind(text)
+            if not value > 0:
+                raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+            return value
+
+        return parse
+
+    parser.add_argument(
+        "--rpm-limit", type=positive(int), default=None, help="requests per minute enforced"
+    )
+    parser.add_argument(
+        "--tpm-limit", type=positive(int), default=None, help="tokens per minute enforced"
+    )
+    parser.add_argument(
+        "--limit-window-s",
+        type=positive(float),
+        default=60.0,
+        help="the limit's window in seconds (60; each admits its share of the per-minute limits)",
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m plait.testing.fake_openai",
@@ -1318,6 +1552,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help=f"require this bearer token (default: ${API_KEY_ENV}, or no auth)",
     )
     parser.add_argument("--seed", type=int, default=0)
+    add_limit_arguments(parser)
     args = parser.parse_args(argv)
 
     try:
@@ -1330,7 +1565,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--latency-ms must be a finite non-negative number")
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
 
-    app_state = FakeOpenAIApp(latency_ms=args.latency_ms, api_key=api_key, seed=args.seed)
+    app_state = FakeOpenAIApp(
+        latency_ms=args.latency_ms,
+        api_key=api_key,
+        seed=args.seed,
+        rpm_limit=args.rpm_limit,
+        tpm_limit=args.tpm_limit,
+        limit_window_s=args.limit_window_s,
+    )
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
         runner.run(_serve(host, args.port, app_state))
     return 0
