@@ -206,6 +206,31 @@ def test_an_unconfigured_alias_learns_the_limit_and_is_rarely_refused() -> None:
     assert refused_blind >= 3 * max(refused, 1)
 
 
+def test_an_embedding_model_s_limit_is_learned_from_its_replies_too() -> None:
+    """Embedding requests reach ``/embeddings``, whose replies state the embedding
+    model's own limit: learned as a chat model's is, so a pool embedded in many small
+    requests is rarely refused."""
+    n = 3 * PER_WINDOW
+    requests = [
+        LLMRequest(alias="fast", messages=[{"role": "user", "content": f"text {i}"}], embed=True)
+        for i in range(n)
+    ]
+    with FakeOpenAIServer(api_key="sk-test", rpm_limit=RPM, limit_window_s=WINDOW_S) as server:
+        manager = ResourceManager(_resources(server, max_retries=10))
+        endpoint = manager.endpoint("fast")
+        replies = asyncio.run(_gather(*(endpoint.complete(r) for r in requests)))
+        stats = server.stats()
+    assert all(len(reply.parsed) == 1 for reply in replies)
+    assert stats["status_counts"]["200"] == n
+    assert stats["rate_limit"]["refused"] <= 1
+    assert endpoint.governor.effective()[0] == RPM
+    assert usage()["fast"]["limits"]["requests_per_minute"]["reported"] == RPM
+
+
+async def _gather(*calls: Any) -> list[Any]:
+    return list(await asyncio.gather(*calls))
+
+
 def test_the_smaller_of_configured_and_reported_wins() -> None:
     with FakeOpenAIServer(
         api_key="sk-test", rpm_limit=600, tpm_limit=60_000, limit_window_s=WINDOW_S

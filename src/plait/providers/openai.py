@@ -134,28 +134,30 @@ class OpenAIProvider:
         response.limits = limits
         return response
 
-    async def _post(self, url: str, data: bytes) -> bytes:
-        """One POST of ``data``: the body of a 200 reply, else the `ProviderError` its
-        status or the transport's failure makes.  (`_send` does the same exchange
-        inline: a chat call's await chain is stepped again at every suspension, and it
-        is the path every call takes.)"""
+    async def _post(self, url: str, data: bytes) -> tuple[bytes, ReportedLimits | None]:
+        """One POST of ``data``: the body of a 200 reply and the limits its headers
+        report, else the `ProviderError` its status or the transport's failure makes.
+        (`_send` does the same exchange inline: a chat call's await chain is stepped
+        again at every suspension, and it is the path every call takes.)"""
         session = current_session() or await get_session()
         try:
             async with session.post(
                 url, data=data, headers=self._headers, timeout=self._timeout
             ) as resp:
                 raw = await resp.read()
+                limits = openai_limits(resp.headers)
                 if resp.status != 200:
-                    raise _http_error(resp.status, raw, resp.headers.get("Retry-After"))
+                    raise _http_error(resp.status, raw, resp.headers.get("Retry-After"), limits)
         except _TRANSPORT_ERRORS as exc:
             raise self.transport_error(exc) from exc
-        return raw
+        return raw, limits
 
     async def _send_embedding(self, request: LLMRequest) -> LLMResponse:
         """Every message's text embedded in one request; ``parsed`` is their vectors."""
         texts = [str(message.get("content", "")) for message in request.messages]
         data = _dumps({"model": self.config.model, "input": texts, **request.extra})
-        body = _loads_or_none(await self._post(self.embeddings_url, data))
+        raw, limits = await self._post(self.embeddings_url, data)
+        body = _loads_or_none(raw)
         try:
             rows = sorted(body["data"], key=lambda row: row["index"])
             vectors = [[float(x) for x in row["embedding"]] for row in rows]
@@ -170,13 +172,15 @@ class OpenAIProvider:
                 f"{len(texts)} text(s)"
             )
         tokens = body.get("usage", {}).get("prompt_tokens", 0) if isinstance(body, dict) else 0
-        return LLMResponse(
+        response = LLMResponse(
             # The vectors as JSON: what a cache or checkpoint keeps of a reply is its text.
             text=json.dumps(vectors, separators=(",", ":")),
             parsed=vectors,
             usage=Usage(prompt_tokens=int(tokens or 0)),
             model=str(body.get("model", self.config.model)),
         )
+        response.limits = limits  # an embedding model's own limits, learned as a chat's
+        return response
 
     def transport_error(self, exc: BaseException) -> ProviderError:
         """A failure to reach the endpoint (a refused or dropped connection, a timeout),

@@ -1057,10 +1057,31 @@ class FakeOpenAIApp:
                 response = _error_response(401, self._refusal(request))
             else:
                 response = _embeddings_reply(raw, outcome)
+                if self.limit is not None:  # one limit for every route, as one model's
+                    response = self._limited(response, outcome.prompt_tokens)
             outcome.status = response.status
             return response
         finally:
             stats.leave(time.monotonic(), generation, t_start, outcome)
+
+    def _limited(self, response: web.Response, tokens: int) -> web.Response:
+        """``response`` under the server's limit: refused (429) when ``tokens`` more do
+        not fit the window, and either way with the limit's headers."""
+        assert self.limit is not None
+        now = time.monotonic()
+        refused = response.status == 200 and not self.limit.admit(tokens, now)
+        if refused:
+            response = _json_response(
+                _error_body(
+                    429,
+                    "Rate limit reached for requests or tokens per min (enforced by the "
+                    "fake server's limit).",
+                    code="rate_limit_exceeded",
+                ),
+                429,
+            )
+        response.headers.update(self.limit.openai_headers(now, refused))
+        return response
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         # aiohttp calls the handler once the headers are parsed, which is where in-flight
@@ -1154,25 +1175,13 @@ class FakeOpenAIApp:
             status, payload = 500, _fault_body(500)
         else:
             status, payload = self._reply(plan, rng)
-        headers = self._fault_headers(status)
+        response = _json_response(payload, status, self._fault_headers(status))
         if self.limit is not None:
-            now = time.monotonic()
-            refused = False
-            if status == 200:
-                used = payload["usage"]["total_tokens"]
-                refused = not self.limit.admit(used, now)
-                if refused:
-                    status = 429
-                    payload = _error_body(
-                        429,
-                        "Rate limit reached for requests or tokens per min (enforced by the "
-                        "fake server's limit).",
-                        code="rate_limit_exceeded",
-                    )
-            headers = {**(headers or {}), **self.limit.openai_headers(now, refused)}
-        if status == 200:
+            used = payload["usage"]["total_tokens"] if status == 200 else 0
+            response = self._limited(response, used)
+        if response.status == 200:
             outcome.completion_tokens = payload["usage"]["completion_tokens"]
-        return _json_response(payload, status, headers)
+        return response
 
     # -- the reply itself, shared by the online route and the batch API ------------------------
 
