@@ -237,6 +237,7 @@ def _load(path: Path, context_length: int, slots: int) -> _LoadedModel:
         # requests shuffled, 4 at a time, all identical; with it on, 2-3 of 24 differed).
         params.flash_attn_type = 0
         params.cache_ram_mib = 0  # no host-memory copies of idle slots' prompts
+        params.endpoint_metrics = True  # what `_until_serving` asks for
         if os.environ.get("PLAIT_LOCAL_LOG") != "1":
             params.verbosity = -1
         try:
@@ -247,10 +248,25 @@ def _load(path: Path, context_length: int, slots: int) -> _LoadedModel:
                 "be incomplete or damaged, or a model this llama.cpp does not support; "
                 f"download it again, or reinstall the default one with {_REINSTALL_MODEL}"
             ) from None
+        _until_serving(server)
         if not _models:
             atexit.register(_close_models)
         loaded = _models[key] = _LoadedModel(server, slots)
         return loaded
+
+
+def _until_serving(server: Any) -> None:
+    """Return once the server's main loop is taking tasks.
+
+    The runtime hands back a server whose loop thread has not necessarily started
+    waiting for tasks yet, and that loop marks itself running as it starts: a stop
+    sent before then (a process that exits soon after loading the model) is
+    overwritten, and unloading the model waits for ever on a loop nothing will stop
+    (seen: `benchmarks/serve_local.py` hung at exit in 1 run of 3 on a loaded
+    machine).  A metrics request is a task the loop itself answers, so its reply
+    means the loop runs and a later stop will be seen.
+    """
+    server.handle_metrics()
 
 
 def _close_models() -> None:

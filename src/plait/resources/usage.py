@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from plait.resources.pricing import Prices
 
 if TYPE_CHECKING:
-    from rich.table import Table
+    from rich.console import RenderableType
 
     from plait.providers.base import Usage
     from plait.providers.ratelimits import ReportedLimits
@@ -277,12 +277,16 @@ class UsageReport:
     def as_dict(self) -> dict[str, dict[str, Any]]:
         return {row["alias"]: row for row in self.rows}
 
-    def table(self) -> Table:
+    def table(self) -> RenderableType:
+        """The usage table; below it, when a reply stated limits or some were configured,
+        the limits in force per alias (a table of their own: in a column of the usage
+        table their lines squeezed every other column at a terminal's 80 characters)."""
+        from rich.console import Group
         from rich.table import Table
 
         table = Table(title="plait usage")
         columns = ("alias", "model", "requests", "batched", "retries", "429s", "tokens in")
-        for name in (*columns, "cached in", "tokens out", "p50", "p90", "cost", "limits"):
+        for name in (*columns, "cached in", "tokens out", "p50", "p90", "cost"):
             table.add_column(name, justify="left" if name in ("alias", "model") else "right")
         for row in self.rows:
             table.add_row(
@@ -298,11 +302,18 @@ class UsageReport:
                 _seconds(row["latency_p50_s"]),
                 _seconds(row["latency_p90_s"]),
                 "-" if row["cost_usd"] is None else f"${row['cost_usd']:.4f}",
-                limits_text(row.get("limits")),
             )
-        return table
+        limited = [row for row in self.rows if row.get("limits")]
+        if not limited:
+            return table
+        limits = Table(title="plait rate limits")
+        limits.add_column("alias")
+        limits.add_column("in force per minute (as reported, as configured), left, reset")
+        for row in limited:
+            limits.add_row(row["alias"], limits_text(row["limits"]))
+        return Group(table, limits)
 
-    def __rich__(self) -> Table:
+    def __rich__(self) -> RenderableType:
         return self.table()
 
 
