@@ -119,25 +119,6 @@ def test_a_ray_data_row_whose_output_cannot_be_stored_is_that_row_s_error(
     ]
 
 
-def test_a_ray_data_batch_leaves_no_lease_task_behind_and_the_next_batch_leases_again(
-    ray_cluster: Any, server: FakeOpenAIServer
-) -> None:
-    """Each batch ends its leases (slots given back, the lease task ended); the next
-    batch of the same Pipeline starts leasing again.  A lease task left waiting was
-    destroyed pending when its Pipeline was collected."""
-    import plait.ray
-
-    resources = make_resources(server, model="data-lease-ends", max_concurrent=4)
-    pipeline = plait.ray.Pipeline(Echo("fast"), resources=resources, input_column="text")
-    for batch in (["a", "b", "c"], ["d", "e"]):
-        table = pipeline({"text": batch})
-        assert table.column("output").to_pylist() == [echo("fast", t) for t in batch]
-        assert table.column("error").to_pylist() == [None] * len(batch)
-        governors = list(pipeline._scope.governors.values())
-        assert governors, "the batch leased from the broker"
-        assert all(g._task is None for g in governors)
-
-
 def test_a_ray_data_job_with_an_output_that_cannot_be_stored_delivers_every_row(
     ray_cluster: Any, server: FakeOpenAIServer
 ) -> None:

@@ -296,7 +296,6 @@ async def _report_idle(governors: list[Any]) -> None:
     async def one(governor: Any) -> None:
         with contextlib.suppress(Exception):  # a broker out of reach: its TTL frees them
             await asyncio.wait_for(governor._next_grant(), 10.0)
-        await governor.stop()  # nothing leases until the next batch, which starts it again
 
     await asyncio.gather(*(one(g) for g in governors))
 

@@ -132,18 +132,6 @@ class LeasedGovernor(RateGovernor):
         self._granted = asyncio.Event()
         self._task = loop.create_task(self._run(), name=f"plait-lease-{self.key}")
 
-    async def stop(self) -> None:
-        """End the lease task (on its loop), which `start` begins again when a call
-        next needs a grant.  A Ray Data batch's leases end with the batch: a task left
-        waiting between batches was garbage when its `Pipeline` went, and was destroyed
-        pending (a warning at the end of every CI run)."""
-        task, self._task = self._task, None
-        if task is None or task.done():
-            return
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-
     def wake(self) -> None:
         if self._wake is None or self._loop is None:
             return
