@@ -264,6 +264,20 @@ def _plain_result(result: Any, hook: str, handler: Handler) -> None:
 def apply_stack_sync(msg: Message) -> Any:
     """Run ``msg`` through the active handlers; every hook and ``fn`` must be sync."""
     stack = _STACK.get()
+    seen = _process_sync(msg, stack)
+    if not msg.done and msg.fn is not None:
+        try:
+            msg.value = msg.fn(*msg.args, **msg.kwargs)
+        except Exception as exc:
+            msg.error = exc
+        msg.done = True
+    _postprocess_sync(msg, stack, seen)
+    return _finish(msg)
+
+
+def _process_sync(msg: Message, stack: tuple[Handler, ...]) -> int:
+    """`process_stack` for plain hooks: ``process`` innermost first, until one stops;
+    how many handlers the message passed (`_postprocess_sync` hands it back to them)."""
     seen = 0
     for handler in reversed(stack):
         seen += 1
@@ -272,17 +286,16 @@ def apply_stack_sync(msg: Message) -> Any:
             _plain_result(hook(handler, msg), "process", handler)
             if msg.stop:
                 break
-    if not msg.done and msg.fn is not None:
-        try:
-            msg.value = msg.fn(*msg.args, **msg.kwargs)
-        except Exception as exc:
-            msg.error = exc
-        msg.done = True
+    return seen
+
+
+def _postprocess_sync(msg: Message, stack: tuple[Handler, ...], seen: int) -> None:
+    """`postprocess_stack` for plain hooks: the ``seen`` innermost handlers, outermost
+    first."""
     for handler in stack[len(stack) - seen :]:
         hook = type(handler).hooks_for(msg.type)[1]
         if hook is not None:
             _plain_result(hook(handler, msg), "postprocess", handler)
-    return _finish(msg)
 
 
 async def apply_stack(msg: Message) -> Any:
@@ -347,13 +360,8 @@ def run_scope(msg: Message) -> Iterator[Message]:
     postprocess it when the block ends (with ``msg.error`` set if the block raised).
 
     Usable from sync and async code alike, so its hooks must be plain methods."""
-    stack = tuple([h for h in _STACK.get() if type(h).sees(msg.type)])
-    seen = 0
-    for handler in reversed(stack):
-        seen += 1
-        hook = type(handler).hooks_for(msg.type)[0]
-        if hook is not None:
-            _plain_result(hook(handler, msg), "process", handler)
+    stack = _STACK.get()
+    seen = _process_sync(msg, stack)
     token = _RUN.set(msg)
     try:
         yield msg
@@ -366,10 +374,7 @@ def run_scope(msg: Message) -> Iterator[Message]:
     finally:
         _RUN.reset(token)
         msg.done = True
-        for handler in stack[len(stack) - seen :]:
-            hook = type(handler).hooks_for(msg.type)[1]
-            if hook is not None:
-                _plain_result(hook(handler, msg), "postprocess", handler)
+        _postprocess_sync(msg, stack, seen)
 
 
 def _finish(msg: Message) -> Any:

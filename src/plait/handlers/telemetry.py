@@ -227,21 +227,21 @@ class Telemetry(Handler):
         if self._parts is None:
             return
         with self._lock:
+            if self.entered:
+                # Another block still has the handler (a server's requests each enter it
+                # inside the server's own block): the batch processors export in their
+                # own thread; a flush here would hold this block's thread (a server's
+                # event loop) while the collector answers.  The last block flushes.
+                return
             owned: list[Any] = []
             providers = (self._tracer_provider, self._meter_provider)
-            if not self.entered and self._owned:
+            if self._owned:
                 # The last block of providers made here: shut them down, which exports
                 # what they hold (and nothing keeps exporting behind the program's back,
                 # or at its exit to a collector gone by then); a later block builds new.
                 owned, self._owned = self._owned, []
                 self._parts = None
                 self._tracer_provider, self._meter_provider = self._given
-        if self.entered:
-            # Another block still has the handler (a server's requests each enter it
-            # inside the server's own block): the batch processors export in their own
-            # thread; a flush here would hold this block's thread (a server's event
-            # loop) while the collector answers.  The last block flushes.
-            return
         for provider in providers:
             if provider in owned:
                 provider.shutdown()
