@@ -29,11 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from plait._files import write_atomic
+from plait._secrets import scrub
 from plait.execution.checkpoint import Checkpoint, CheckpointBusy, CheckpointError
 from plait.execution.runtime import Prepared, Run
 from plait.sampling import run_seed
 from plait.serve.service import Service
-from plait.tracing.tracer import TracingError
 from plait.values import Value
 
 __all__ = ["Job", "JobStore", "UnknownJob"]
@@ -249,8 +249,12 @@ class JobStore:
                 finished = True
             finally:
                 run.close(finished)
-        except (CheckpointError, TracingError) as exc:
-            self._end(job, FAILED, f"{type(exc).__name__}: {exc}")
+        except Exception as exc:
+            # The pipeline's code (a TracingError), a checkpoint that cannot go on, or
+            # anything else that ended the run: the job says so.  Left to the task, it
+            # would stay "running" for ever, its error logged once as never retrieved.
+            # (A cancellation is no failure: a stopped server's job resumes.)
+            self._end(job, FAILED, scrub(f"{type(exc).__name__}: {exc}"))
             return
         finally:
             checkpoint.close()
