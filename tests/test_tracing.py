@@ -142,8 +142,10 @@ def test_wrong_arguments_to_a_leaf_name_its_path() -> None:
         trace(Bad(), ("x",))
 
 
-def test_tracing_is_a_handler_on_the_stack() -> None:
-    seen: list[Any] = []
+def test_tracing_is_an_interpreter_beside_the_handler_stack() -> None:
+    """The tracer is the innermost interpreter while forward is recorded, in a slot of
+    its own: the handler stack holds handlers only."""
+    seen: dict[str, Any] = {}
 
     class Spy(plait.Module):
         def forward(self, x: str) -> str:
@@ -155,15 +157,17 @@ def test_tracing_is_a_handler_on_the_stack() -> None:
             self.spy = Spy()
 
         def forward(self, x: str) -> Any:
+            from plait.effects import current_interpreter
             from plait.handlers import current_stack
 
-            seen.extend(current_stack())
+            seen["stack"] = current_stack()
+            seen["interpreter"] = current_interpreter()
             return self.spy(x)
 
     trace(Root(), ("x",))
     from plait.tracing import Tracer
 
-    assert len(seen) == 1 and isinstance(seen[0], Tracer)
+    assert seen["stack"] == () and isinstance(seen["interpreter"], Tracer)
 
 
 def test_synthesizer_graph_has_the_fan_in_shape() -> None:

@@ -12,12 +12,18 @@ what the call means where it is made:
 * the engine's node scope (`plait.execution.engine.NodeScope`) inside an ``async def
   forward`` that a run is executing: the call runs as part of that run.
 
-Interpreters are handlers on the one stack (seed 004: tracing is a handler), found
-by `interpret` as the innermost `Interpreter` entered; they define no hooks, so the
-messages that really run pass them by.  The handlers (`Handler`) see each such
-message in `apply_stack`: ``process`` from the innermost ``with`` block outwards, the
+Interpreters are entered like handlers (seed 004: tracing is a handler) but sit in a
+slot of their own beside the handler stack, where `interpret` finds the innermost
+one: whatever the order of ``with`` blocks, the handlers see a call before the
+interpreter gives it its meaning.  The handlers (`Handler`) see each message that
+runs in `apply_stack`: ``process`` from the innermost ``with`` block outwards, the
 default action (``msg.fn``) unless one of them marked the message ``done``, then
 ``postprocess`` from the outermost inwards.
+
+A handler entered while the innermost interpreter records calls instead of running
+them (the tracer, inside a ``forward``) is told to it (`Interpreter.entering`): the
+tracer records the block on each call made inside it, and the engine enters the
+handler again around each of those calls when it runs them.
 
 A handler opts into message types by method, as Pyro's ``_pyro_<type>``:
 ``process_llm``/``postprocess_llm`` for LLM requests, ``process_module``/
@@ -75,6 +81,8 @@ R = TypeVar("R")
 I = TypeVar("I", bound="Interpreter")  # noqa: E741
 
 _STACK: ContextVar[tuple[Handler, ...]] = ContextVar("plait_handler_stack", default=())
+#: The interpreters entered, innermost last: a slot of their own beside the handlers.
+_INTERPRETERS: ContextVar[tuple[Interpreter, ...]] = ContextVar("plait_interpreters", default=())
 #: The ``"run"`` message of the run the current code belongs to (`run_scope`).
 _RUN: ContextVar[Message | None] = ContextVar("plait_run", default=None)
 #: Message types that are not calls: only hooks named for them see them.
@@ -163,15 +171,37 @@ class Handler:
         return process is not None or postprocess is not None
 
     def __enter__(self) -> Self:
+        interpreters = _INTERPRETERS.get()
+        if interpreters:
+            interpreters[-1].entering(self)  # a tracer records the block, or refuses it
         _STACK.set((*_STACK.get(), self))
         with _entered_lock:
             self.__dict__["_entered"] = self.__dict__.get("_entered", 0) + 1
         return self
 
     def __exit__(self, *exc: object) -> None:
+        interpreters = _INTERPRETERS.get()
+        if interpreters:
+            interpreters[-1].leaving(self)
         with _entered_lock:
             self.__dict__["_entered"] = max(0, self.__dict__.get("_entered", 0) - 1)
         leave(_STACK, self, _itself)
+
+    def forward_refusal(self) -> str | None:
+        """Why this handler cannot be entered inside a traced ``forward``, or None.
+
+        There a ``with`` block only marks the calls made inside it: the engine enters
+        the handler again around each of them when it runs them, later and perhaps
+        concurrently.  A handler whose block must span a whole run says why here
+        (ending with where to enter it instead), and the tracer refuses it.  By
+        default that is a handler that hooks runs: a forward runs inside one.
+        """
+        if type(self).sees("run"):
+            return (
+                "it hooks runs (process_run/postprocess_run), and a forward runs inside "
+                "one: enter it around the run (`with handler: pipeline.run_sync(...)`)"
+            )
+        return None
 
     @property
     def entered(self) -> int:
@@ -389,7 +419,8 @@ class Interpreter(Handler):
 
     Entered as a context manager (``with tracer:``) it is the innermost interpreter
     of its block; like any handler, one instance may be entered by several tasks at
-    once.  It defines no hooks: messages that run pass it by.
+    once.  It goes in the interpreters' own slot, never on the handler stack, so the
+    handlers see a call before it gives the call its meaning.
     """
 
     #: True while code that traces a graph runs: a `Parameter` read as text then turns
@@ -408,12 +439,20 @@ class Interpreter(Handler):
         """A placeholder string that stands for ``param`` in the graph being recorded."""
         raise TypeError(f"{type(self).__name__} records no graph")
 
+    def entering(self, handler: Handler) -> None:
+        """``handler`` is being entered where this is the innermost interpreter (an
+        interpreter that records calls records the block, or refuses it by raising)."""
+
+    def leaving(self, handler: Handler) -> None:
+        """``handler``'s block is ending where this is the innermost interpreter (an
+        interpreter that records calls may refuse an exit it cannot record)."""
+
     def __enter__(self) -> Self:
-        _STACK.set((*_STACK.get(), self))
+        _INTERPRETERS.set((*_INTERPRETERS.get(), self))
         return self
 
     def __exit__(self, *exc: object) -> None:
-        leave(_STACK, self, _itself)
+        leave(_INTERPRETERS, self, _itself)
 
 
 class Runtime(Interpreter):
@@ -470,14 +509,14 @@ def runtime() -> Runtime:
 
 def current_interpreter() -> Interpreter:
     """The innermost interpreter: the one that gives a call made here its meaning."""
-    found = find_interpreter(Interpreter)
-    return found if found is not None else runtime()
+    interpreters = _INTERPRETERS.get()
+    return interpreters[-1] if interpreters else runtime()
 
 
 def find_interpreter(kind: type[I]) -> I | None:
     """The innermost active interpreter of type ``kind`` (an engine's node scope under a
     tracer recording a leaf's calls, say), or None."""
-    for entered in reversed(_STACK.get()):
+    for entered in reversed(_INTERPRETERS.get()):
         if isinstance(entered, kind):
             return entered
     return None

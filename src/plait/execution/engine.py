@@ -14,9 +14,10 @@ a dependency chain.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Callable, Coroutine
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from plait._digest import hex_digest
 from plait.demos import embedding_alias, needs_ranking
@@ -45,6 +46,8 @@ if TYPE_CHECKING:
     from plait.module import Module
 
 __all__ = ["Engine", "ForwardAborted", "as_input_failure"]
+
+T = TypeVar("T")
 
 
 class ForwardAborted(RuntimeError):
@@ -460,13 +463,30 @@ class _GraphRun:
         except Exception as exc:
             self.complete(node, error_value(exc, module_path=node.path, ref=f"node:{node.id}"))
             return
+        if node.handlers:
+            # Blocks a forward entered around this call: its handlers see it from there.
+            self._spawn(node, _within(node.handlers, self._enter_within(node, args, kwargs)))
+            return
         stack = current_stack()
         if stack:
             stack = tuple([h for h in stack if type(h).sees("module")])
         if not stack:
             self.complete(node, Value(ValueKind.OTHER, (args, kwargs)))
             return
-        msg = Message(
+        self._spawn(node, self._process(node, self._call_message(node, args, kwargs), stack))
+
+    async def _enter_within(
+        self, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Value:
+        """`enter`, inside the blocks the node was recorded in."""
+        stack = tuple([h for h in current_stack() if type(h).sees("module")])
+        if not stack:
+            return Value(ValueKind.OTHER, (args, kwargs))
+        return await self._process(node, self._call_message(node, args, kwargs), stack)
+
+    def _call_message(self, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Message:
+        """The ``"module"`` message of the composite call ``node`` enters."""
+        return Message(
             type="module",
             name=node.path,
             args=args,
@@ -480,7 +500,6 @@ class _GraphRun:
                 "scope": self.scope(node),
             },
         )
-        self._spawn(node, self._process(node, msg, stack))
 
     async def _process(self, node: Node, msg: Message, stack: tuple[Handler, ...]) -> Value:
         try:
@@ -506,7 +525,8 @@ class _GraphRun:
                 return
             self.complete(node, _resolve_output(node, results))
             return
-        self._spawn(node, self._postprocess(node, call, failed))
+        work = self._postprocess(node, call, failed)
+        self._spawn(node, _within(node.handlers, work) if node.handlers else work)
 
     async def _postprocess(
         self,
@@ -593,7 +613,8 @@ class _GraphRun:
                     self.upstream(node),
                     self.scope(node),
                 )
-            value = await work
+            # Blocks a forward entered around this call: entered again while it runs.
+            value = await (_within(node.handlers, work) if node.handlers else work)
         except BaseException as exc:
             failure = as_input_failure(exc)
             if failure is None:
@@ -631,6 +652,21 @@ class _GraphRun:
 
 
 _SKIPPED = {"skipped": True, "skip_inside": True}
+
+
+async def _within(handlers: tuple[Handler, ...], work: Coroutine[Any, Any, T]) -> T:
+    """``work`` inside the blocks of ``handlers`` (outermost first): the ``with`` blocks
+    a forward entered around a node's recording, entered again around the node as it
+    runs, in its own task (so they reach exactly the calls it makes, and never the
+    nodes after it)."""
+    with contextlib.ExitStack() as blocks:
+        try:
+            for handler in handlers:
+                blocks.enter_context(handler)
+        except BaseException:
+            work.close()
+            raise
+        return await work
 
 
 def _short_circuit(node: Node, cause: Value) -> Value:

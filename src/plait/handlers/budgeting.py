@@ -41,7 +41,7 @@ import math
 import threading
 from typing import TYPE_CHECKING
 
-from plait.effects import Handler, Message
+from plait.effects import Handler, Message, current_run
 from plait.resources.endpoint import CallTiming
 from plait.resources.limits import _wake
 from plait.resources.pricing import Prices
@@ -158,6 +158,20 @@ class Budget(Handler):
         # Typed for ``with budget(...) as spent:``, so ``spent.cost`` needs no cast.
         super().__enter__()
         return self
+
+    def forward_refusal(self) -> str | None:
+        """Inside a forward a budget limits the calls made in its block, except in a
+        run on Ray workers: each worker would hold a copy of it with limits of its own
+        (a budget around the run is one limit for the whole cluster)."""
+        run = current_run()
+        if run is not None and ("workers" in run.meta or "worker" in run.meta):
+            return (
+                "this run is on Ray workers, where each worker would hold a copy of it "
+                "with limits of its own: enter it around the run (`with "
+                "plait.handlers.budget(...): pipeline.run_sync(..., workers=N)`), where "
+                "its limits hold for the whole cluster"
+            )
+        return None
 
     @property
     def calls(self) -> int:

@@ -268,6 +268,15 @@ class Profiler(Handler):
         super().__enter__()
         return self
 
+    def forward_refusal(self) -> str | None:
+        """A profile draws whole runs and writes its trace as its block ends, so it
+        cannot be entered again around each call inside a forward."""
+        return (
+            "a profile draws whole runs and writes its trace when its block ends: enter "
+            "it around the run (`with plait.handlers.profile(path): pipeline.run_sync(...)`)"
+            " and read one stage's calls from the trace by their module path"
+        )
+
     def __exit__(self, *exc: object) -> None:
         super().__exit__(*exc)
         # Written even when the block raised: a failed run is the one worth looking at.

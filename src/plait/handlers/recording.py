@@ -149,7 +149,10 @@ class Recorder(Handler):
 
     def _open(self) -> int:
         fresh = not self._started and not self.append
-        if not fresh and self.path.exists() and self.path.stat().st_size > 0:
+        # Checked at the first opening only: a recorder entered inside a forward is
+        # entered again around each call made in its block, and reopens the file per call.
+        first = not self._started
+        if first and self.append and self.path.exists() and self.path.stat().st_size > 0:
             _check_header(self.path)
             whole_lines(self.path)  # cut a torn last line before appending after it
         # O_APPEND keeps each record whole and in one piece whatever else writes the file.

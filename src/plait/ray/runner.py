@@ -217,13 +217,12 @@ def run_distributed(
     if workers < 1:
         raise ValueError(f"workers must be at least 1, got {workers}")
     ray = ensure_ray(address, workers)
-    from plait.effects import Interpreter, current_stack, observes_every_call
+    from plait.effects import current_stack, observes_every_call
     from plait.options import inputs_in_flight
     from plait.ray.handlers import distribute
 
-    # Every active handler, rebuilt in each worker; an interpreter (a node scope, when a
-    # forward starts a distributed batch) means nothing there.
-    stack = tuple(h for h in current_stack() if not isinstance(h, Interpreter))
+    # Every active handler, rebuilt in each worker (interpreters sit apart from them).
+    stack = current_stack()
     parts = distribute(stack)
     spec.handlers = parts.specs
     # A recorder must see every call: finished inputs run through their calls (answered

@@ -17,6 +17,7 @@ from plait._text import as_text, prompt_text
 from plait.values import Value
 
 if TYPE_CHECKING:
+    from plait.effects import Handler
     from plait.module import Module
     from plait.parameter import Parameter
 
@@ -210,6 +211,9 @@ class Node:
     scope: int | None = None
     #: For an ``exit`` node, its call's ``enter`` node.
     pair: int | None = None
+    #: The handlers whose ``with`` blocks inside a ``forward`` enclosed this node's
+    #: recording, innermost last: the engine enters them again around the node.
+    handlers: tuple[Handler, ...] = ()
 
     @property
     def key(self) -> str:

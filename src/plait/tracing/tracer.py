@@ -11,6 +11,10 @@ the token survives in the strings they build; when such a string reaches another
 call, the tracer finds the tokens and records the dependencies.  Operations whose
 answer depends on the unknown value (``bool()``, ``==``, ``len()``, iteration)
 raise a `TracingError` that names the fix.
+
+A handler's ``with`` block inside ``forward`` is recorded too: every node made while
+it is open carries the handler (`Node.handlers`), and the engine enters it again
+around that node when it runs (`Tracer.entering`; see docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from plait._signature import forward_shape
-from plait.effects import Interpreter, Message
+from plait.effects import Handler, Interpreter, Message
 from plait.parameter import Parameter
 from plait.parameter import _snapshot as _parameter_snapshot
 from plait.tracing.graph import (
@@ -305,6 +309,83 @@ class Tracer(Interpreter):
         self._param_index: dict[int, int] = {}
         self._unnamed = itertools.count(1)
         self._scopes: list[int] = []
+        #: The handlers entered inside the forward being recorded and not left yet,
+        #: innermost last: each node recorded meanwhile carries them (`Node.handlers`).
+        self._handlers: tuple[Handler, ...] = ()
+        #: Where each of them was entered (``Review.forward()``), for the errors.
+        self._entered_in: tuple[str, ...] = ()
+        #: True while the blocks a forward left open are being closed.
+        self._closing = False
+
+    # -- handler blocks inside forward: recorded on the calls they enclose ----------------
+    def entering(self, handler: Handler) -> None:
+        """A handler's block opens inside the forward being recorded: the calls recorded
+        until it ends carry the handler, and run inside it; or it is refused here."""
+        where = self._where()
+        reason = handler.forward_refusal()
+        if reason is not None:
+            raise TracingError(
+                f"{_named(handler)} was entered inside {where}, where plait records the "
+                "calls and runs them later, entering the handler again around each call "
+                f"made inside its block; {reason}"
+            )
+        self._handlers = (*self._handlers, handler)
+        self._entered_in = (*self._entered_in, where)
+
+    def leaving(self, handler: Handler) -> None:
+        """A handler's block ends inside the forward being recorded: it must be the
+        innermost one entered there (a block entered outside forward cannot end inside
+        it: the calls recorded before would run without it)."""
+        entered = self._handlers
+        if entered and entered[-1] is handler:
+            self._handlers = entered[:-1]
+            self._entered_in = self._entered_in[:-1]
+            return
+        if self._closing:
+            return
+        where = self._where()
+        if any(open_ is handler for open_ in entered):
+            raise TracingError(
+                f"{_named(handler)} was left inside {where} while a handler entered after "
+                f"it there ({type(entered[-1]).__name__}) was still active; leave handlers "
+                "in the reverse order of entering them (`with` blocks do)"
+            )
+        raise TracingError(
+            f"{_named(handler)} was left inside {where} but entered outside it; plait runs "
+            "a forward's calls after it returns, so a block cannot start outside forward "
+            "and end inside it: enter and leave the handler inside forward (a `with` "
+            "block), or around the whole run"
+        )
+
+    def _where(self) -> str:
+        """The forward being recorded, for messages: ``Review.forward()``."""
+        if self._scopes:
+            return f"{self.graph.nodes[self._scopes[-1]].path}.forward()"
+        return "forward()"
+
+    def __exit__(self, *exc: object) -> None:
+        """Leave the interpreters' slot; a block a forward left open is closed here, and
+        refused when nothing else went wrong (its calls would run outside it)."""
+        left_open, where = self._handlers, self._entered_in
+        if not left_open:
+            super().__exit__(*exc)
+            return
+        self._closing = True
+        try:
+            for handler in reversed(left_open):
+                handler.__exit__(None, None, None)
+        finally:
+            self._handlers, self._entered_in, self._closing = (), (), False
+            super().__exit__(*exc)
+        if not exc or exc[0] is None:
+            names = ", ".join(
+                f"{_named(h)} (entered in {w})" for h, w in zip(left_open, where, strict=True)
+            )
+            raise TracingError(
+                f"a handler block was left open in forward(): {names}; plait runs a "
+                "forward's calls after it returns, so a handler entered inside forward "
+                "must be left there too: use a `with` block"
+            )
 
     # -- the interpreter: leaf calls become nodes; composites are traced through ---------
     def call_module(self, msg: Message) -> Any:
@@ -478,6 +559,9 @@ class Tracer(Interpreter):
         return TracedValue(self, node.id, path)
 
     def _add(self, node: Node) -> Node:
+        handlers = self._handlers
+        if handlers:
+            node.handlers = handlers
         if self._scopes:
             # Everything recorded inside a composite call waits for its ``enter``, where
             # handlers may answer the call themselves (then the inside is skipped).
@@ -604,6 +688,12 @@ class Tracer(Interpreter):
                 "text in an `async def forward`, where values are real"
             )
         return text
+
+
+def _named(handler: Handler) -> str:
+    """A handler as the errors name it: its class (the catalogue's are ``Override``,
+    ``Budget``, ``Profiler``...; a user's own by the name they gave it)."""
+    return f"the handler {type(handler).__name__}"
 
 
 def _foreign(what: str) -> str:
