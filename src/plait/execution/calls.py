@@ -60,9 +60,9 @@ class RunCalls(Protocol):
     paths: dict[int, str]
     root: Any
 
-    def counts(self, index: int | None) -> CallCounts: ...
+    def counts(self, order: int | None) -> CallCounts: ...
 
-    def priority(self, index: int, height: int) -> Priority: ...
+    def priority(self, index: int, height: int, order: int | None = None) -> Priority: ...
 
     async def call_module(
         self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -72,13 +72,15 @@ class RunCalls(Protocol):
 class NodeScope(Interpreter):
     """The interpreter inside a node whose code runs on real values (an ``async def
     forward``, a backward, a leaf's module calls): a module called here runs on the
-    same run, under the same limits and handlers, as part of input ``index``."""
+    same run, under the same limits and handlers, as part of input ``index`` (queued
+    as ``order``, the index by default: `plait.execution.engine.Engine.run_input`)."""
 
     awaits_calls = True
 
-    def __init__(self, run: RunCalls, index: int, prefix: str) -> None:
+    def __init__(self, run: RunCalls, index: int, prefix: str, order: int | None = None) -> None:
         self.run = run
         self.index = index
+        self.order = index if order is None else order
         #: The node-id prefix of the calls made here ("", or "<node key>/" nested).
         self.prefix = prefix
 
@@ -167,9 +169,9 @@ class CallSite:
             run=run if manager is run.resources else None,
             index=index,
             node_id=f"{prefix}fn:{site_name}",
-            priority=run.priority(index, 1),
+            priority=run.priority(index, 1, scope.order),
             run_seed=run.seed,
-            counts=run.counts(index) if run.seed is not None else None,
+            counts=run.counts(scope.order) if run.seed is not None else None,
             scope=prefix.rstrip("/") or None,
         )
 
@@ -182,8 +184,10 @@ class CallSite:
         node_id: str,
         priority: Priority,
         scope: str | None = None,
+        order: int | None = None,
     ) -> CallSite:
-        """The site of a traced `LLMInference` node of input ``index``."""
+        """The site of a traced `LLMInference` node of input ``index`` (queued as
+        ``order``, the index by default)."""
         return cls(
             name,
             run.resources,
@@ -192,7 +196,7 @@ class CallSite:
             node_id=node_id,
             priority=priority,
             run_seed=run.seed,
-            counts=run.counts(index),
+            counts=run.counts(index if order is None else order),
             scope=scope,
         )
 
