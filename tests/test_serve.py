@@ -999,3 +999,24 @@ async def test_max_concurrent_holds_for_requests_and_jobs_together(
     stats = server.stats()
     assert stats["requests_total"] == 15
     assert stats["max_in_flight"] == 3  # reached, never exceeded, jobs and requests together
+
+
+async def test_inputs_of_concurrent_requests_never_share_a_seed(server: FakeOpenAIServer) -> None:
+    """With a run seed, two requests' inputs numbered 0 (as their rows are) still send
+    seeds of their own: each input takes its own place on the shared run."""
+    import plait.serve
+    from tests.serve_targets import Answer
+
+    api = plait.serve.app(Answer(), fake_resources(server), seed=7)
+    async with in_process(api) as (session, url):
+        same = {"question": "same [[gate:seeds]]"}
+        answers = asyncio.gather(
+            post(session, f"{url}/invoke", same),
+            post(session, f"{url}/invoke", same),
+            post(session, f"{url}/batch", {"inputs": [same, same]}),
+        )
+        await asyncio.to_thread(server.wait_parked, "seeds", 4)  # all in flight at once
+        server.open_gate("seeds")
+        assert [status for status, _ in await answers] == [200, 200, 200]
+    seeds = [record["body"]["seed"] for record in server.stats(bodies=True)["requests"]]
+    assert len(seeds) == 4 and len(set(seeds)) == 4

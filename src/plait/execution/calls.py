@@ -93,8 +93,10 @@ class CallSite:
 
     In a run (``run`` given) the call is part of input ``index`` at node
     ``node_id``: it waits for a slot of the run's limiter and counts its seeds in the
-    run.  On its own (no run) it goes straight to the endpoint, and takes its seed
-    from the ``ExecutionSettings(seed=...)`` block it is made in, if any.
+    run, derived from the input's ``order`` (its index, unless the engine runs several
+    batches at once: `plait.execution.engine.Engine.run_input`).  On its own (no run)
+    it goes straight to the endpoint, and takes its seed from the
+    ``ExecutionSettings(seed=...)`` block it is made in, if any.
     """
 
     __slots__ = (
@@ -102,6 +104,7 @@ class CallSite:
         "index",
         "name",
         "node_id",
+        "order",
         "priority",
         "resources",
         "run",
@@ -121,6 +124,7 @@ class CallSite:
         run_seed: int | None = None,
         counts: CallCounts | None = None,
         scope: str | None = None,
+        order: int | None = None,
     ) -> None:
         self.name = name
         #: The node id of the call this one is made inside (see `_GraphRun.scope`).
@@ -128,6 +132,7 @@ class CallSite:
         self.resources = resources
         self.run = run
         self.index = index
+        self.order = index if order is None else order
         self.node_id = node_id
         self.priority = priority
         self.run_seed = run_seed
@@ -173,6 +178,7 @@ class CallSite:
             run_seed=run.seed,
             counts=run.counts(scope.order) if run.seed is not None else None,
             scope=prefix.rstrip("/") or None,
+            order=scope.order,
         )
 
     @classmethod
@@ -198,6 +204,7 @@ class CallSite:
             run_seed=run.seed,
             counts=run.counts(index if order is None else order),
             scope=scope,
+            order=order,
         )
 
     def check_alias(self, alias: str) -> None:
@@ -228,7 +235,7 @@ class CallSite:
         site = self.node_id if self.node_id is not None else self.name
         counter = counts.next((site, digest))
         return [
-            call_seed(self.run_seed, self.name, self.index, self.node_id, digest, counter, k)
+            call_seed(self.run_seed, self.name, self.order, self.node_id, digest, counter, k)
             for k in range(samples)
         ]
 

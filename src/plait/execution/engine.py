@@ -152,11 +152,12 @@ class Engine:
     ) -> tuple[Value, Graph | None, dict[int, Value]]:
         """Trace and execute one input; never raises for failures inside the pipeline.
 
-        ``index`` is the input's place in its batch: what its calls' messages, seeds and
+        ``index`` is the input's place in its batch: what its calls' messages and
         checkpoint entries say.  ``order`` (the index by default) is its place among
-        every input the engine is running, unique on it: where its calls queue and what
-        its per-input state is kept under.  They differ on an engine that runs several
-        batches at once, each numbered from 0 (a served pipeline's requests).
+        every input the engine is running, unique on it: what its calls' seeds derive
+        from, where they queue and what its per-input state is kept under.  They differ
+        on an engine that runs several batches at once, each numbered from 0 (a served
+        pipeline's requests).
 
         Parameters are read as they are when the input starts: the whole input runs
         with those values even if an optimizer updates them meanwhile (seed 002).

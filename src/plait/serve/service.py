@@ -5,8 +5,9 @@ run-wide ``max_concurrent`` holds for all requests together, its waiting calls a
 served oldest input first, and every request's LLM calls go through the same
 endpoints, whose limits (``max_concurrent``, requests and tokens per minute, 429
 back-off) the whole process shares.  A request's inputs are numbered from 0 as its
-rows are (what its calls' seeds and the handlers see), and queue on the run in the
-order they arrive, which also keeps the calls of concurrent requests apart.
+rows are (what the handlers see), and each takes a place on the run as it arrives:
+its calls' queue order and seeds, so inputs of concurrent requests never mix their
+calls or seeds.
 
 Background jobs (`plait.serve.jobs`) run each on a run of their own, since each is
 a checkpointed batch whose inputs are numbered from 0 (what lets a restart resume
@@ -77,7 +78,7 @@ class Service:
         #: Inputs one request keeps running at once (as a batch's window).
         self.window = inputs_in_flight(self.opts)
         self._run: Run | None = None
-        #: Where each input queues on the shared run, in the order they arrive.
+        #: Each input's place on the shared run, as it arrives (`Engine.run_input`).
         self._order = itertools.count()
         #: Set once shutdown has begun: new work is refused, health says not ready.
         self.draining = False
