@@ -731,3 +731,15 @@ def test_plait_serve_otel_makes_each_request_a_trace_of_its_own(
         2,
         2,
     ]
+    # Inputs are indexed as the reply's rows are: each request's from 0.
+    assert (
+        sorted(
+            (
+                by_trace[span["trace_id"]]["attributes"]["plait.run.request"],
+                span["attributes"]["plait.input_index"],
+            )
+            for span in spans
+            if span["parent"] is not None
+        )
+        == [("/batch", 0), ("/batch", 0), ("/batch", 1), ("/batch", 1)] + [("/invoke", 0)] * 4
+    )

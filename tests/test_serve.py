@@ -485,6 +485,8 @@ async def test_sigterm_finishes_requests_in_flight_and_a_restart_resumes_the_job
         reply(q.replace(" [[gate:held]]", "")) for q in questions
     ]
     assert f"plait serve: trace: {trace}" in second.output()
+    resumed = f"plait serve: resuming job {job}: 5 inputs, 3 finished and 3 calls kept"
+    assert resumed in second.output()
     assert any(event.get("ph") == "X" for event in json.loads(trace.read_text())["traceEvents"])
     stats = server.stats()
     # Every call was paid for once: the early ones before SIGTERM only, the late ones after.
@@ -515,6 +517,22 @@ def test_a_target_or_jobs_dir_that_cannot_be_used_is_the_usual_clear_error(tmp_p
     )
     assert done.returncode == 2
     assert f"plait serve: error: cannot create --jobs-dir {taken / 'jobs'}" in done.stderr
+    assert "on http://" not in done.stderr
+
+    # A forward parameter no request could set: refused at start, not by every request.
+    done = subprocess.run(
+        [sys.executable, "-m", "plait.cli", "serve", "tests/serve_targets.py:Private"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert done.stderr.splitlines()[-1] == (
+        "plait serve: error: Private.forward's parameter '_trace' starts with an underscore, "
+        "which an HTTP input cannot carry (such names are private to the request model): "
+        "rename it, e.g. 'trace'"
+    )
     assert "on http://" not in done.stderr
 
 
@@ -626,6 +644,379 @@ async def test_a_job_that_cannot_resume_under_other_settings_fails_saying_why(
         await until(failed, "the job that cannot resume failed")
         error = (await job_status(session, url, job))["error"]
         assert "CheckpointError" in error and "'m' -> 'm2'" in error, error
-        async with session.get(f"{url}/jobs/{job}/result") as response:
-            assert response.status == 409
+        async with session.get(f"{url}/jobs/{job}/result") as response:  # no row delivered
+            assert (response.status, await response.json()) == (
+                200,
+                {"state": "failed", "rows": [], "error": error},
+            )
     assert server.stats()["requests_total"] == 2  # nothing sent on the other model
+
+
+# -- values JSON cannot carry ----------------------------------------------------------------------
+def strict_json(raw: bytes) -> Any:
+    """``raw`` read as a strict parser reads it: UTF-8, no NaN or Infinity, no lone
+    surrogate escape (Python's own parser accepts all three)."""
+
+    def refuse(token: str) -> Any:
+        raise AssertionError(f"not strict JSON: {token} in {raw[:200]!r}")
+
+    data = json.loads(raw.decode("utf-8"), parse_constant=refuse)
+
+    def check(value: Any) -> None:
+        if isinstance(value, str):
+            assert not any("\ud800" <= c <= "\udfff" for c in value), f"a lone surrogate: {raw!r}"
+        elif isinstance(value, dict):
+            for key, inner in value.items():
+                check(key)
+                check(inner)
+        elif isinstance(value, list):
+            for inner in value:
+                check(inner)
+
+    check(data)
+    return data
+
+
+async def fetch(
+    session: aiohttp.ClientSession, method: str, url: str, data: str | bytes | None = None
+) -> tuple[int, Any]:
+    """A request with a body as a client wrote it; the reply read strictly."""
+    headers = {"Content-Type": "application/json"}
+    async with session.request(method, url, data=data, headers=headers) as response:
+        return response.status, strict_json(await response.read())
+
+
+def sse_events(raw: bytes) -> list[tuple[str, Any]]:
+    """Every server-sent event of a finished stream, each ``data`` read strictly."""
+    events = []
+    for block in raw.decode("utf-8").strip().split("\n\n"):
+        lines = dict(line.split(": ", 1) for line in block.split("\n"))
+        events.append((lines["event"], strict_json(lines["data"].encode())))
+    return events
+
+
+async def test_an_output_json_cannot_carry_costs_only_its_row_on_every_route(
+    server: FakeOpenAIServer, tmp_path: Path
+) -> None:
+    """A score of NaN or Infinity, or text holding half an emoji, in one row: that row
+    is its error, naming the value and why, on /invoke, /batch, /stream and a job;
+    every other row is delivered, and every reply (and the job's results file) is strict
+    JSON."""
+    import plait.serve
+    from tests.serve_targets import Rated
+
+    questions = ["a", "nan", "cut", "inf"]
+    why = {
+        1: 'output["score"] is NaN, which strict JSON has no form for',
+        2: 'output["text"] holds a lone surrogate (\\ud83d at character',
+        3: 'output["score"] is Infinity, which strict JSON has no form for',
+    }
+    inputs = json.dumps({"inputs": [{"question": q} for q in questions]})
+
+    def check_rows(rows: list[dict[str, Any]]) -> None:
+        assert [row["index"] for row in rows] == [0, 1, 2, 3]
+        assert rows[0] == {"index": 0, "output": {"text": "[Be brief.] a", "score": 1.0}}
+        for index, message in why.items():
+            error = rows[index]["error"]
+            assert error["type"] == "UnservableOutput" and message in error["message"], error
+            assert error["module_path"] == "Rated output"
+
+    api = plait.serve.app(Rated(), fake_resources(server), jobs_dir=tmp_path / "jobs")
+    async with in_process(api) as (session, url):
+
+        async def invoke() -> None:
+            status, body = await fetch(session, "POST", f"{url}/invoke", '{"question": "nan"}')
+            assert status == 500 and why[1] in body["error"]["message"], body
+
+        async def batch() -> None:
+            status, body = await fetch(session, "POST", f"{url}/batch", inputs)
+            assert status == 200
+            check_rows(body["rows"])
+
+        async def stream() -> None:
+            json_body = {"Content-Type": "application/json"}
+            async with session.post(f"{url}/stream", data=inputs, headers=json_body) as response:
+                assert response.status == 200
+                events = sse_events(await response.read())
+            rows = [data for kind, data in events if kind == "row"]
+            check_rows(sorted(rows, key=lambda row: row["index"]))
+            assert events[-1] == ("summary", {"total": 4, "done": 1, "failed": 3})
+
+        async def job() -> None:
+            status, body = await fetch(session, "POST", f"{url}/jobs", inputs)
+            assert status == 202
+            job = body["id"]
+
+            async def ended() -> bool:
+                return (await job_status(session, url, job))["state"] != "running"
+
+            await until(ended, "the job ended")
+            status_now = await job_status(session, url, job)
+            assert status_now["state"] == "done"
+            assert status_now["counts"] == {"total": 4, "done": 1, "failed": 3, "pending": 0}
+            status, body = await fetch(session, "GET", f"{url}/jobs/{job}/result")
+            assert status == 200 and body["state"] == "done"
+            check_rows(body["rows"])
+            lines = (tmp_path / "jobs" / job / "results.jsonl").read_bytes().splitlines()
+            check_rows([strict_json(line) for line in lines])
+
+        paid = 0
+        for route, calls in ((invoke, 1), (batch, 4), (stream, 4), (job, 4)):  # one at a time
+            await route()
+            paid += calls
+            assert server.stats()["requests_total"] == paid  # every input paid once
+        await asyncio.gather(invoke(), batch(), stream(), job())  # and all at once
+        assert server.stats()["requests_total"] == 2 * paid
+
+
+async def test_an_input_json_cannot_carry_is_refused_before_any_call(
+    client: Any, server: FakeOpenAIServer
+) -> None:
+    """A lone surrogate (a client cut a UTF-16 string inside an emoji), NaN or 1e400 in
+    one input of three: a 422 naming the input and the field, on every route, before
+    any call is made; so are the other odd bodies a real client sends."""
+    session, url = client
+    cut = '"cut \\ud83d"'  # valid JSON: the escape of half a surrogate pair
+    for route, many in (("/invoke", False), ("/batch", True), ("/stream", True), ("/jobs", True)):
+        for value, why in (
+            (cut, "holds a lone surrogate (\\ud83d at character 4)"),
+            ("NaN", "is NaN, which strict JSON has no form for"),
+            ("1e400", "is Infinity, which strict JSON has no form for"),
+        ):
+            odd = '{"question": ' + value + "}"
+            body = '{"inputs": [{"question": "a"}, ' + odd + ', {"question": "c"}]}'
+            status, reply = await fetch(session, "POST", url + route, body if many else odd)
+            where = "inputs.1.question" if many else "question"
+            assert status == 422, (route, value, reply)
+            assert f"{where}: Value error, question {why}" in reply["message"], reply
+
+    # Bodies that are not an input at all: each a 4xx saying what is wrong, in strict JSON.
+    status, reply = await fetch(session, "POST", f"{url}/invoke", b"")
+    assert status == 422 and "the body: Field required" in reply["message"]
+    status, reply = await fetch(session, "POST", f"{url}/batch", '{"inputs": [{"question": "a"')
+    assert status == 422 and "the body is not JSON (Expecting" in reply["message"], reply
+    status, reply = await fetch(
+        session, "POST", f"{url}/invoke", '{"question": ' + "9" * 5000 + "}"
+    )
+    assert status == 400 and "a number with more digits than are read" in reply["detail"]
+    status, reply = await fetch(
+        session, "POST", f"{url}/jobs", '{"inputs": [{"question": ' + "[" * 300 + "]" * 300 + "}]}"
+    )
+    assert status == 422
+    assert (
+        "inputs.0.question: Value error, question nests deeper than 200 levels" in reply["message"]
+    )
+    deep = '{"question": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    status, reply = await fetch(session, "POST", f"{url}/batch", deep)
+    assert status == 400 and "nests deeper than can be read" in reply["detail"]
+    status, reply = await fetch(session, "POST", f"{url}/invoke", '{"question": "a", "x": NaN}')
+    assert status == 422 and "x: Extra inputs are not permitted" in reply["message"]
+    assert reply["detail"][0]["input"] == "NaN"  # quoted as text: the reply stays strict
+    assert server.stats()["requests_total"] == 0  # nothing refused was paid for
+    async with session.get(f"{url}/jobs") as response:
+        assert all(job["counts"]["total"] != 3 for job in await response.json())
+
+
+# -- clients that leave ----------------------------------------------------------------------------
+async def test_a_client_that_leaves_a_batch_or_an_invoke_stops_paying_for_it(
+    client: Any, server: FakeOpenAIServer
+) -> None:
+    """A /batch of 20 and an /invoke whose clients close their sockets while calls are at
+    the endpoint: their inputs still running are cancelled with their calls, and none of
+    the batch's other inputs is sent; another client's batch, running alongside, is
+    answered."""
+    session, url = client
+    stays = asyncio.ensure_future(
+        post(session, f"{url}/batch", {"inputs": [{"question": "stays [[gate:stays]]"}]})
+    )
+    await asyncio.to_thread(server.wait_parked, "stays", 1)
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+
+    async def leaving(route: str, body: Any) -> asyncio.StreamWriter:
+        """A client that sends its request and reads nothing: it will just go away."""
+        _, writer = await asyncio.open_connection(host, int(port))
+        data = json.dumps(body).encode()
+        head = f"POST {route} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        writer.write(f"{head}Content-Length: {len(data)}\r\n\r\n".encode() + data)
+        await writer.drain()
+        return writer
+
+    invoke = await leaving("/invoke", {"question": "gone [[gate:gone]]"})
+    await asyncio.to_thread(server.wait_parked, "gone", 1)
+    questions = ["one", "two", "three"] + [f"left {i} [[gate:left]]" for i in range(17)]
+    batch = await leaving("/batch", {"inputs": [{"question": q} for q in questions]})
+    # The last of LIMIT slots: the batch's first three inputs, then its fourth, held.
+    await asyncio.to_thread(server.wait_parked, "left", 1)
+    assert server.stats()["requests_total"] == 1 + 1 + 3 + 1
+
+    async def cancelled(gate: str, count: int) -> bool:
+        stats = server.stats()
+        return server.parked(gate) == 0 and stats["status_counts"].get("499", 0) == count
+
+    # One client at a time: a slot the first frees must not go to the other's next input.
+    batch.close()
+    await batch.wait_closed()
+    await until(lambda: cancelled("left", 1), "the batch's call in flight was cancelled")
+    invoke.close()
+    await invoke.wait_closed()
+    await until(lambda: cancelled("gone", 2), "the invoke's call was cancelled")
+    server.open_gate("stays")
+    assert await stays == (200, {"rows": [{"index": 0, "output": reply("stays")}]})
+    stats = server.stats()
+    assert stats["requests_total"] == 6  # 16 of the batch's 20 inputs were never sent
+    assert stats["status_counts"] == {"200": 4, "499": 2}
+    assert await post(session, f"{url}/invoke", {"question": "next"}) == (
+        200,
+        {"output": reply("next")},
+    )
+
+
+# -- jobs: ended, counted, limited -----------------------------------------------------------------
+async def test_a_cancelled_jobs_finished_rows_can_be_read(
+    client: Any, server: FakeOpenAIServer
+) -> None:
+    """DELETE mid-run, then its result: the rows that finished (paid for), with the
+    job's state; its calls at the endpoint are cancelled, the others never sent."""
+    session, url = client
+    done = [{"question": f"q{i}"} for i in range(6)]
+    held = [{"question": f"h{i} [[gate:held]]"} for i in range(24)]
+    status, body = await post(session, f"{url}/jobs", {"inputs": done + held})
+    assert status == 202
+    job = body["id"]
+
+    async def six_done() -> bool:
+        counts = (await job_status(session, url, job))["counts"]
+        return counts["done"] == 6 and server.parked("held") == LIMIT
+
+    await until(six_done, "six inputs finished and the next ones wait at the endpoint")
+    async with session.delete(f"{url}/jobs/{job}") as response:
+        assert (await response.json())["state"] == "cancelled"
+    async with session.get(f"{url}/jobs/{job}/result") as response:
+        assert response.status == 200
+        result = strict_json(await response.read())
+    assert result == {
+        "state": "cancelled",
+        "rows": [{"index": i, "output": reply(f"q{i}")} for i in range(6)],
+    }
+    assert (await job_status(session, url, job))["calls"] == {
+        "done": 6,
+        "failed": 0,
+        "in_flight": 0,
+    }
+
+    async def released() -> bool:
+        return server.parked("held") == 0
+
+    await until(released, "the cancelled job's calls were cancelled")
+    stats = server.stats()
+    assert stats["status_counts"] == {"200": 6, "499": LIMIT}
+    assert stats["requests_total"] == 6 + LIMIT
+
+
+async def test_a_jobs_status_counts_its_calls_as_they_finish(
+    server: FakeOpenAIServer, tmp_path: Path
+) -> None:
+    """An input that makes several calls: the job's ``calls`` move as each is answered,
+    while no input has finished yet; inputs are counted as each finishes."""
+    import plait.serve
+    from tests.serve_targets import Several
+
+    api = plait.serve.app(Several(), fake_resources(server), jobs_dir=tmp_path / "jobs")
+    async with in_process(api) as (session, url):
+        inputs = [
+            {"questions": ["a", "b", "c [[gate:last]]"]},
+            {"questions": ["d [[gate:first]]"]},
+            {"questions": ["e [[status:400]]"]},
+        ]
+        status, body = await post(session, f"{url}/jobs", {"inputs": inputs})
+        assert status == 202 and body["calls"] == {"done": 0, "failed": 0, "in_flight": 0}
+        job = body["id"]
+
+        async def counted(calls: dict[str, int], counts: dict[str, int]) -> bool:
+            now = await job_status(session, url, job)
+            return bool(now["calls"] == calls and now["counts"] == counts)
+
+        pending = {"total": 3, "done": 0, "failed": 1, "pending": 2}
+        await until(
+            lambda: counted({"done": 2, "failed": 1, "in_flight": 2}, pending),
+            "two calls answered, one failed, two at the endpoint; no input done",
+        )
+        server.open_gate("first")
+        one_done = {"total": 3, "done": 1, "failed": 1, "pending": 1}
+        await until(
+            lambda: counted({"done": 3, "failed": 1, "in_flight": 1}, one_done),
+            "the second input counted as done while the first still runs",
+        )
+        server.open_gate("last")
+        all_done = {"total": 3, "done": 2, "failed": 1, "pending": 0}
+        await until(
+            lambda: counted({"done": 4, "failed": 1, "in_flight": 0}, all_done),
+            "every call and input counted",
+        )
+        assert (await job_status(session, url, job))["state"] == "done"
+
+
+async def test_max_concurrent_holds_for_requests_and_jobs_together(
+    server: FakeOpenAIServer, tmp_path: Path
+) -> None:
+    """``--max-concurrent 3`` with three jobs, a batch and invokes all waiting at once (the
+    alias would allow 8): 3 calls in flight, the rest queued on the server's one limit."""
+    resources = write_resources(tmp_path / "resources.toml", server, 8)
+    args = (TARGET, "--resources", resources, "--jobs-dir", tmp_path / "jobs")
+    process = Served(tmp_path / "serve.log", *args, "--max-concurrent", "3")
+    try:
+        async with aiohttp.ClientSession() as session:
+            url = await process.ready(session)
+            for j in range(3):
+                held = [{"question": f"job {j}-{i} [[gate:cap]]"} for i in range(3)]
+                assert (await post(session, f"{url}/jobs", {"inputs": held}))[0] == 202
+            requests = asyncio.gather(
+                post(session, f"{url}/batch", {"inputs": [{"question": "b [[gate:cap]]"}] * 3}),
+                *(
+                    post(session, f"{url}/invoke", {"question": f"i{i} [[gate:cap]]"})
+                    for i in range(3)
+                ),
+            )
+
+            async def queued() -> bool:
+                async with session.get(f"{url}/health") as response:
+                    limit = (await response.json())["max_concurrent"]
+                return bool(limit == {"limit": 3, "in_flight": 3, "waiting": 15 - 3})
+
+            await until(queued, "every call started: 3 at the endpoint, the others queued")
+            assert server.parked("cap") == 3 and server.stats()["in_flight"] == 3
+            server.open_gate("cap")
+            answers = await requests
+            assert [status for status, _ in answers] == [200] * 4
+
+            async def jobs_done() -> bool:
+                async with session.get(f"{url}/jobs") as response:
+                    return all(job["state"] == "done" for job in await response.json())
+
+            await until(jobs_done, "the jobs finished")
+    finally:
+        assert process.stop() == 0, process.output()
+    stats = server.stats()
+    assert stats["requests_total"] == 15
+    assert stats["max_in_flight"] == 3  # reached, never exceeded, jobs and requests together
+
+
+async def test_inputs_of_concurrent_requests_never_share_a_seed(server: FakeOpenAIServer) -> None:
+    """With a run seed, two requests' inputs numbered 0 (as their rows are) still send
+    seeds of their own: each input takes its own place on the shared run."""
+    import plait.serve
+    from tests.serve_targets import Answer
+
+    api = plait.serve.app(Answer(), fake_resources(server), seed=7)
+    async with in_process(api) as (session, url):
+        same = {"question": "same [[gate:seeds]]"}
+        answers = asyncio.gather(
+            post(session, f"{url}/invoke", same),
+            post(session, f"{url}/invoke", same),
+            post(session, f"{url}/batch", {"inputs": [same, same]}),
+        )
+        await asyncio.to_thread(server.wait_parked, "seeds", 4)  # all in flight at once
+        server.open_gate("seeds")
+        assert [status for status, _ in await answers] == [200, 200, 200]
+    seeds = [record["body"]["seed"] for record in server.stats(bodies=True)["requests"]]
+    assert len(seeds) == 4 and len(set(seeds)) == 4

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
 import socket
 import sys
@@ -49,13 +50,13 @@ Serve TARGET over HTTP (FastAPI on uvicorn; needs `pip install 'plait[serve]'`):
   POST /stream           {"inputs": [...]} -> server-sent events, a row per input as it
                          finishes, then a summary
   POST /jobs             {"inputs": [...]} -> a background job (needs --jobs-dir)
-  GET  /jobs/ID          its state and counts;  GET /jobs/ID/result  its rows
+  GET  /jobs/ID          its state and counts;  GET /jobs/ID/result  its rows once ended
   DELETE /jobs/ID        cancel it (an ended job: delete it)
   GET  /health           200 ready, 503 starting or shutting down
   GET  /openapi.json     the schema, from forward's signature; /docs to try it
 
 Every request shares one run of the pipeline: the endpoints' limits and
---max-concurrent hold for all of them together.
+--max-concurrent hold for all of them, and every job, together.
 
 SIGTERM or Ctrl-C: stop accepting, let requests in flight finish (up to --grace
 seconds), stop the jobs where they are and exit; a server started again on the
@@ -143,6 +144,7 @@ def main(argv: list[str]) -> int:
         )
     host, port = sock.getsockname()[:2]
     print(f"plait serve: {ns.target} on http://{host}:{port}", file=sys.stderr, flush=True)
+    _log_to_stderr(ns.log_level)
     try:
         # Open for the server's life: its exporters live as long as the server, and the
         # spans every request and job leaves are flushed once, when it stops.
@@ -170,6 +172,17 @@ def _refuse_to_clobber(ns: argparse.Namespace) -> None:
     for path in code_files(ns.target):
         refuse_to_clobber({"TARGET": path}, {"--profile": ns.profile})
     check_writable("--profile", Path(ns.profile))
+
+
+def _log_to_stderr(level: str) -> None:
+    """The server's own lines (a job resumed or skipped at startup) on stderr beside
+    uvicorn's, at the level ``--log-level`` gives both."""
+    logger = logging.getLogger("plait.serve")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(level.upper())
+    logger.propagate = False
 
 
 def _unwritable(directory: Path) -> str | None:

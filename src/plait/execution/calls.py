@@ -60,9 +60,9 @@ class RunCalls(Protocol):
     paths: dict[int, str]
     root: Any
 
-    def counts(self, index: int | None) -> CallCounts: ...
+    def counts(self, order: int | None) -> CallCounts: ...
 
-    def priority(self, index: int, height: int) -> Priority: ...
+    def priority(self, index: int, height: int, order: int | None = None) -> Priority: ...
 
     async def call_module(
         self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -72,13 +72,15 @@ class RunCalls(Protocol):
 class NodeScope(Interpreter):
     """The interpreter inside a node whose code runs on real values (an ``async def
     forward``, a backward, a leaf's module calls): a module called here runs on the
-    same run, under the same limits and handlers, as part of input ``index``."""
+    same run, under the same limits and handlers, as part of input ``index`` (queued
+    as ``order``, the index by default: `plait.execution.engine.Engine.run_input`)."""
 
     awaits_calls = True
 
-    def __init__(self, run: RunCalls, index: int, prefix: str) -> None:
+    def __init__(self, run: RunCalls, index: int, prefix: str, order: int | None = None) -> None:
         self.run = run
         self.index = index
+        self.order = index if order is None else order
         #: The node-id prefix of the calls made here ("", or "<node key>/" nested).
         self.prefix = prefix
 
@@ -91,8 +93,10 @@ class CallSite:
 
     In a run (``run`` given) the call is part of input ``index`` at node
     ``node_id``: it waits for a slot of the run's limiter and counts its seeds in the
-    run.  On its own (no run) it goes straight to the endpoint, and takes its seed
-    from the ``ExecutionSettings(seed=...)`` block it is made in, if any.
+    run, derived from the input's ``order`` (its index, unless the engine runs several
+    batches at once: `plait.execution.engine.Engine.run_input`).  On its own (no run)
+    it goes straight to the endpoint, and takes its seed from the
+    ``ExecutionSettings(seed=...)`` block it is made in, if any.
     """
 
     __slots__ = (
@@ -100,6 +104,7 @@ class CallSite:
         "index",
         "name",
         "node_id",
+        "order",
         "priority",
         "resources",
         "run",
@@ -119,6 +124,7 @@ class CallSite:
         run_seed: int | None = None,
         counts: CallCounts | None = None,
         scope: str | None = None,
+        order: int | None = None,
     ) -> None:
         self.name = name
         #: The node id of the call this one is made inside (see `_GraphRun.scope`).
@@ -126,6 +132,7 @@ class CallSite:
         self.resources = resources
         self.run = run
         self.index = index
+        self.order = index if order is None else order
         self.node_id = node_id
         self.priority = priority
         self.run_seed = run_seed
@@ -167,10 +174,11 @@ class CallSite:
             run=run if manager is run.resources else None,
             index=index,
             node_id=f"{prefix}fn:{site_name}",
-            priority=run.priority(index, 1),
+            priority=run.priority(index, 1, scope.order),
             run_seed=run.seed,
-            counts=run.counts(index) if run.seed is not None else None,
+            counts=run.counts(scope.order) if run.seed is not None else None,
             scope=prefix.rstrip("/") or None,
+            order=scope.order,
         )
 
     @classmethod
@@ -182,8 +190,10 @@ class CallSite:
         node_id: str,
         priority: Priority,
         scope: str | None = None,
+        order: int | None = None,
     ) -> CallSite:
-        """The site of a traced `LLMInference` node of input ``index``."""
+        """The site of a traced `LLMInference` node of input ``index`` (queued as
+        ``order``, the index by default)."""
         return cls(
             name,
             run.resources,
@@ -192,8 +202,9 @@ class CallSite:
             node_id=node_id,
             priority=priority,
             run_seed=run.seed,
-            counts=run.counts(index),
+            counts=run.counts(index if order is None else order),
             scope=scope,
+            order=order,
         )
 
     def check_alias(self, alias: str) -> None:
@@ -224,7 +235,7 @@ class CallSite:
         site = self.node_id if self.node_id is not None else self.name
         counter = counts.next((site, digest))
         return [
-            call_seed(self.run_seed, self.name, self.index, self.node_id, digest, counter, k)
+            call_seed(self.run_seed, self.name, self.order, self.node_id, digest, counter, k)
             for k in range(samples)
         ]
 

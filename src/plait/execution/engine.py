@@ -87,18 +87,20 @@ def as_input_failure(exc: BaseException) -> Exception | None:
 
 class _CallPriority(Priority):
     """The run's rank first (`Engine.rank`); then input order while a batch is being
-    admitted, critical path first once it drains."""
+    admitted, critical path first once it drains.  ``index`` is the call's input,
+    ``order`` where that input queues among the engine's (`Engine.run_input`)."""
 
-    __slots__ = ("engine", "height", "index")
+    __slots__ = ("engine", "height", "index", "order")
 
-    def __init__(self, engine: Engine, index: int, height: int) -> None:
+    def __init__(self, engine: Engine, index: int, height: int, order: int | None = None) -> None:
         self.engine = engine
         self.index = index
         self.height = height
+        self.order = index if order is None else order
 
     def key(self) -> tuple[float, ...]:
         engine = self.engine
-        return (engine.rank, -self.height if engine.draining else 0, self.index)
+        return (engine.rank, -self.height if engine.draining else 0, self.order)
 
 
 class Engine:
@@ -113,7 +115,7 @@ class Engine:
         self.root = root
         #: The run seed (`plait.sampling`): each LLM call sends a seed derived from it.
         self.seed = seed
-        #: Seeded calls made so far per input, by call site and request (`counts`).
+        #: Seeded calls made so far per input (by its order), call site and request.
         self.site_calls: dict[int | None, CallCounts] = {}
         self.resources = resources
         self.paths = module_paths(root)
@@ -149,13 +151,21 @@ class Engine:
 
     # -- one input -------------------------------------------------------------------
     async def run_input(
-        self, index: int, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self, index: int, args: tuple[Any, ...], kwargs: dict[str, Any], order: int | None = None
     ) -> tuple[Value, Graph | None, dict[int, Value]]:
         """Trace and execute one input; never raises for failures inside the pipeline.
+
+        ``index`` is the input's place in its batch: what its calls' messages and
+        checkpoint entries say.  ``order`` (the index by default) is its place among
+        every input the engine is running, unique on it: what its calls' seeds derive
+        from, where they queue and what its per-input state is kept under.  They differ
+        on an engine that runs several batches at once, each numbered from 0 (a served
+        pipeline's requests).
 
         Parameters are read as they are when the input starts: the whole input runs
         with those values even if an optimizer updates them meanwhile (seed 002).
         """
+        order = index if order is None else order
         token = use_snapshot(snapshot_values(self.params))
         try:
             try:
@@ -171,11 +181,11 @@ class Engine:
                 failed = error_value(failure, module_path=f"{type(self.root).__name__}.forward")
                 return failed, None, {}
             self.traced = True
-            results = await self.execute(graph, index, "")
+            results = await self.execute(graph, index, "", order)
             return self.output_of(graph, results), graph, results
         finally:
             release_snapshot(token)
-            self.site_calls.pop(index, None)
+            self.site_calls.pop(order, None)
 
     def code_error_of(self) -> None:
         """Raise the `TracingError` of the run's first trace, if it failed."""
@@ -203,12 +213,13 @@ class Engine:
 
     # -- a graph ---------------------------------------------------------------------
     def execute(
-        self, graph: Graph, index: int, prefix: str
+        self, graph: Graph, index: int, prefix: str, order: int | None = None
     ) -> Coroutine[Any, Any, dict[int, Value]]:
-        """Run every node of ``graph``; returns each node's Value (errors included).
+        """Run every node of ``graph`` (of input ``index``, queued as ``order``: see
+        `run_input`); returns each node's Value (errors included).
 
         The coroutine to await is the run's own (no frame here on the input's chain)."""
-        return _GraphRun(self, graph, index, prefix).wait()
+        return _GraphRun(self, graph, index, prefix, index if order is None else order).wait()
 
     async def _run_module(
         self,
@@ -220,6 +231,7 @@ class Engine:
         prefix: str,
         upstream: list[str],
         scope: str | None = None,
+        order: int | None = None,
     ) -> Value:
         """A leaf module that is not an LLM call: its forward on real values, through the
         handlers, with module calls made inside it run on this run (`NodeScope`)."""
@@ -234,7 +246,7 @@ class Engine:
             input_index=index,
             meta={"upstream": upstream, "scope": scope},
         )
-        with NodeScope(self, index, prefix + node.key + "/"):
+        with NodeScope(self, index, prefix + node.key + "/", order):
             payload = await apply_stack(msg)
         return Value(
             kind_of(payload), payload, ref=f"node:{node.id}", meta={"module_path": node.path}
@@ -257,7 +269,13 @@ class Engine:
         for, asked only when a handler sees the call."""
         prompt = args[0] if args else kwargs["prompt"]
         site = CallSite.of_node(
-            self, node.path, priority.index, prefix + node.key, priority, scope=scope
+            self,
+            node.path,
+            priority.index,
+            prefix + node.key,
+            priority,
+            scope=scope,
+            order=priority.order,
         )
         demos = module.demos.current() if module.demos is not None else None
         alias = embedding_alias(demos)
@@ -330,17 +348,18 @@ class Engine:
         return key
 
     # -- what the run's call sites ask of it (`plait.execution.calls.RunCalls`) ---------
-    def counts(self, index: int | None) -> CallCounts:
-        """The calls input ``index`` has made so far, per (call site, request): a graph
-        node runs once, but code running on real values (an ``async def forward``, a
-        functional call in a loop) may call from one site again and again."""
-        sites = self.site_calls.get(index)
+    def counts(self, order: int | None) -> CallCounts:
+        """The calls the input queued as ``order`` (`run_input`) has made so far, per
+        (call site, request): a graph node runs once, but code running on real values
+        (an ``async def forward``, a functional call in a loop) may call from one site
+        again and again."""
+        sites = self.site_calls.get(order)
         if sites is None:
-            sites = self.site_calls[index] = CallCounts()
+            sites = self.site_calls[order] = CallCounts()
         return sites
 
-    def priority(self, index: int, height: int) -> Priority:
-        return _CallPriority(self, index, height)
+    def priority(self, index: int, height: int, order: int | None = None) -> Priority:
+        return _CallPriority(self, index, height, order)
 
     # -- module calls made from code that runs on real values -------------------------
     async def call_module(
@@ -353,8 +372,10 @@ class Engine:
         """Run calls recorded by code that had real values (an async forward, a leaf's
         sync forward, a backward) where that code runs: same limits and handlers."""
         scope = find_interpreter(NodeScope)
-        index, prefix = (scope.index, scope.prefix) if scope is not None else (0, "eager/")
-        results = await self.execute(graph, index, prefix)
+        if scope is not None:
+            results = await self.execute(graph, scope.index, scope.prefix, scope.order)
+        else:
+            results = await self.execute(graph, 0, "eager/")
         value = self.output_of(graph, results)
         if value.kind is ValueKind.ERROR:
             raise ExecutionError(value)
@@ -395,6 +416,7 @@ class _GraphRun:
         "graph",
         "heights",
         "index",
+        "order",
         "prefix",
         "remaining",
         "results",
@@ -402,10 +424,11 @@ class _GraphRun:
         "waiting",
     )
 
-    def __init__(self, engine: Engine, graph: Graph, index: int, prefix: str) -> None:
+    def __init__(self, engine: Engine, graph: Graph, index: int, prefix: str, order: int) -> None:
         self.engine = engine
         self.graph = graph
         self.index = index
+        self.order = order
         self.prefix = prefix
         self.results: dict[int, Value] = {}
         self.waiting = [len(node.deps) for node in graph.nodes]
@@ -584,7 +607,7 @@ class _GraphRun:
         engine, results, prefix = self.engine, self.results, self.prefix
         module = node.module
         assert module is not None
-        priority = _CallPriority(engine, self.index, self.heights[node.id])
+        priority = _CallPriority(engine, self.index, self.heights[node.id], self.order)
         try:
             if len(node.args) == 1:  # the usual leaf call: no comprehension (a frame)
                 args: tuple[Any, ...] = (resolve(node.args[0], results),)
@@ -612,6 +635,7 @@ class _GraphRun:
                     prefix,
                     self.upstream(node),
                     self.scope(node),
+                    self.order,
                 )
             # Blocks a forward entered around this call: entered again while it runs.
             value = await (_within(node.handlers, work) if node.handlers else work)

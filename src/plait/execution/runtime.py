@@ -259,7 +259,15 @@ class Run:
         if self.checkpoint is not None and self._owns_checkpoint:
             self.checkpoint.close()
 
-    async def one(self, index: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+    async def one(
+        self,
+        index: int,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        order: int | None = None,
+    ) -> Value:
+        """Input ``index``'s row; ``order``: where it queues among every input this
+        run's engine runs (`Engine.run_input`), when several batches share it."""
         key = ""
         if self.checkpoint is not None:
             key = fingerprint([list(args), kwargs])
@@ -267,7 +275,7 @@ class Run:
             if found and not observes_every_call(current_stack()):
                 return restored_output(index, payload)
         try:
-            value, graph, results = await self.engine.run_input(index, args, kwargs)
+            value, graph, results = await self.engine.run_input(index, args, kwargs, order)
         except BaseException:
             if self.checkpoint is not None:
                 self.checkpoint.forget(index)

@@ -5,22 +5,29 @@ FastAPI because it turns the pydantic models `plait.serve.schema` makes from
 Starlette's `StreamingResponse` carries the server-sent events of ``/stream``.
 """
 
+import asyncio
+import contextlib
 import json
 import os
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import Body, FastAPI, Request
 from fastapi.encoders import jsonable_encoder
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
 
 from plait.effects import Handler
 from plait.module import Module
-from plait.serve.jobs import JobStore, UnknownJob
+from plait.serve.jobs import RUNNING, JobStore, UnknownJob
 from plait.serve.schema import Failure, JobStatus, Problem
 from plait.serve.service import Arguments, Service, failure_status
+from plait.serve.strict import printable
+
+T = TypeVar("T")
 
 __all__ = ["app"]
 
@@ -82,13 +89,35 @@ def app(
         what it expected, and what an input is."""
         problems = []
         for error in exc.errors():
+            if error.get("type") == "json_invalid":
+                reason = (error.get("ctx") or {}).get("error", "")
+                at = error.get("loc", ("body", "?"))[-1]
+                problems.append(f"the body is not JSON ({reason} at character {at})")
+                continue
             where = ".".join(str(part) for part in error.get("loc", ())[1:]) or "the body"
             problems.append(f"{where}: {error.get('msg')}")
         message = (
             f"the request does not fit {name}: {'; '.join(problems)} (an input is an object "
             f"with {_fields(Input)})"
         )
-        return JSONResponse({"detail": jsonable_encoder(exc.errors()), "message": message}, 422)
+        # The problems may quote what was refused (a NaN, a lone surrogate): as text.
+        body = {"detail": jsonable_encoder(exc.errors()), "message": message}
+        return JSONResponse(printable(body), 422)
+
+    @api.exception_handler(HTTPException)
+    async def unreadable_body(request: Request, exc: HTTPException) -> Response:
+        """FastAPI's 400 for a body it could not parse, saying why (too deep, a number
+        too long); other HTTP errors as FastAPI answers them."""
+        cause = exc.__cause__
+        if exc.status_code != 400 or cause is None:
+            return await http_exception_handler(request, exc)
+        if isinstance(cause, RecursionError):
+            why = "it nests deeper than can be read; send flatter data"
+        elif isinstance(cause, ValueError) and "digits" in str(cause):
+            why = "it holds a number with more digits than are read; send it as a string"
+        else:
+            why = f"{type(cause).__name__}: {cause}"
+        return JSONResponse({"detail": printable(f"the body could not be read: {why}")}, 400)
 
     def refused() -> JSONResponse | None:
         if service.ready:
@@ -105,6 +134,7 @@ def app(
             "pipeline": name,
             "in_flight": service.in_flight,
             "jobs_running": 0 if jobs is None else sum(1 for j in jobs.jobs.values() if j.task),
+            "max_concurrent": service.concurrency(),
             "endpoints": service.endpoints(),
         }
         return JSONResponse(body, 200 if service.ready else 503)
@@ -118,28 +148,42 @@ def app(
             503: {"model": Problem},
         },
     )
-    async def invoke(body: Input = Body(...)) -> Any:  # type: ignore[valid-type]  # noqa: B008
+    async def invoke(request: Request, body: Input = Body(...)) -> Any:  # type: ignore[valid-type]  # noqa: B008
         """One input (forward's parameters, by name) -> its output."""
         if (no := refused()) is not None:
             return no
         with service.scope("/invoke"):
-            value = await service.one(*service.arguments(body))
+            value = await _unless_gone(request, service.one(*service.arguments(body)))
+        if value is None:
+            return _gone()
         row = service.row(0, value)
         if "error" in row:
             return JSONResponse({"error": row["error"]}, failure_status(value))
         return JSONResponse({"output": row["output"]})
 
     @api.post("/batch", response_model=Rows, responses={503: {"model": Problem}})
-    async def batch(body: Batch = Body(...)) -> Any:  # type: ignore[valid-type]  # noqa: B008
+    async def batch(request: Request, body: Batch = Body(...)) -> Any:  # type: ignore[valid-type]  # noqa: B008
         """Many inputs -> one row each, in input order; a failed input's row holds its
-        error, the others are unaffected."""
+        error, the others are unaffected.  A client that leaves cancels what is still
+        running, and its LLM calls."""
         if (no := refused()) is not None:
             return no
         inputs = _arguments(service, body)
-        rows: dict[int, dict[str, Any]] = {}
+
+        async def collect() -> dict[int, dict[str, Any]]:
+            rows: dict[int, dict[str, Any]] = {}
+            results = service.rows(inputs)
+            try:
+                async for position, value in results:
+                    rows[position] = service.row(position, value)
+            finally:
+                await results.aclose()  # cancels what is still running
+            return rows
+
         with service.scope("/batch"):
-            async for position, value in service.rows(inputs):
-                rows[position] = service.row(position, value)
+            rows = await _unless_gone(request, collect())
+        if rows is None:
+            return _gone()
         return JSONResponse({"rows": [rows[i] for i in range(len(inputs))]})
 
     @api.post(
@@ -181,7 +225,7 @@ def app(
         )
 
     if jobs is not None:
-        _job_routes(api, jobs, Batch, Rows, refused)
+        _job_routes(api, jobs, Batch, schemas.result, refused)
     else:
 
         @api.api_route(
@@ -199,7 +243,7 @@ def app(
     return api
 
 
-def _job_routes(api: FastAPI, jobs: JobStore, Batch: Any, Rows: Any, refused: Any) -> None:
+def _job_routes(api: FastAPI, jobs: JobStore, Batch: Any, Result: Any, refused: Any) -> None:
     def unknown(exc: UnknownJob) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, 404)
 
@@ -232,26 +276,31 @@ def _job_routes(api: FastAPI, jobs: JobStore, Batch: Any, Rows: Any, refused: An
 
     @api.get(
         "/jobs/{job_id}/result",
-        response_model=Rows,
-        responses={**missing, 409: {"model": Problem, "description": "not done yet"}},
+        response_model=Result,
+        responses={**missing, 409: {"model": Problem, "description": "still running"}},
     )
     async def result(job_id: str) -> Any:
-        """A finished job's rows, in input order (as /batch gives them)."""
+        """An ended job's state and rows, in input order (as /batch gives them): every
+        input's once it is done, those that finished (and were paid for) once it is
+        cancelled or has failed."""
         try:
             job = jobs.get(job_id)
         except UnknownJob as exc:
             return unknown(exc)
-        if job.state != "done":
+        if job.state == RUNNING:
             counts = job.status()["counts"]
             return JSONResponse(
                 {
-                    "detail": f"job {job_id} is {job.state} ({counts['done']} done, "
+                    "detail": f"job {job_id} is running ({counts['done']} done, "
                     f"{counts['failed']} failed, {counts['pending']} pending): its result "
-                    "exists once it is done; poll GET /jobs/" + job_id
+                    "exists once it has ended; poll GET /jobs/" + job_id
                 },
                 409,
             )
-        return JSONResponse({"rows": job.results()})
+        ended: dict[str, Any] = {"state": job.state, "rows": job.results()}
+        if job.error is not None:
+            ended["error"] = job.error
+        return JSONResponse(ended)
 
     @api.delete("/jobs/{job_id}", response_model=JobStatus, responses=missing)
     async def cancel(job_id: str) -> Any:
@@ -265,6 +314,41 @@ def _job_routes(api: FastAPI, jobs: JobStore, Batch: Any, Rows: Any, refused: An
         except UnknownJob as exc:
             return unknown(exc)
         return JSONResponse({**job.status(), "deleted": True})
+
+
+async def _unless_gone(request: Request, work: Awaitable[T]) -> T | None:
+    """``work``'s result, or None if the client closes its connection first: then
+    ``work`` is cancelled (a request's inputs, and their LLM calls, with it), as a
+    stream is when its client leaves."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # this request cancelled (a shutdown's grace over): both go
+        task.cancel()
+        gone.cancel()
+        await asyncio.wait({task, gone})
+        raise
+    gone.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    return None
+
+
+async def _disconnected(request: Request) -> None:
+    """Return once the client has closed its connection (the body is read already:
+    what the server receives next is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def _gone() -> Response:
+    """The reply to a client that has left (nobody reads it; the access log shows 499,
+    a client that closed its request, as other servers log it)."""
+    return Response(status_code=499)
 
 
 def _arguments(service: Service, body: Any) -> list[Arguments]:
@@ -284,4 +368,4 @@ def _fields(model: Any) -> str:
 
 def _event(kind: str, data: Any) -> str:
     """One server-sent event (``data`` is one line of JSON)."""
-    return f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
+    return f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=False, allow_nan=False)}\n\n"

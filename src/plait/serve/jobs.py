@@ -5,13 +5,15 @@ Each job is a directory under the jobs directory::
     <id>/job.json        what it is: inputs count, run seed, state, counts when it ended
     <id>/inputs.jsonl    the inputs as the client sent them, one per line
     <id>/checkpoint/     a plait checkpoint (`plait.execution.checkpoint`)
-    <id>/results.jsonl   one row per input, in input order, once the job is done
+    <id>/results.jsonl   once the job has ended: the row of each input that finished, in
+                         input order (every input's, for a job that is done)
 
 A job runs as ``plait run`` runs a file: its inputs numbered from 0 on a run of its own
 with its checkpoint, so every LLM call and every finished output is logged as it
-happens; its calls queue behind the interactive requests' for the endpoints' slots.
-A server stopped mid-job (SIGTERM, a crash) leaves the job ``running`` on disk; the
-next server on the same jobs directory resumes it, answering finished inputs and
+happens; its calls take slots of the server's run-wide limit (``--max-concurrent``)
+and the endpoints', queued behind the interactive requests'.  A server stopped
+mid-job (SIGTERM, a crash) leaves the job ``running`` on disk; the next server on the
+same jobs directory resumes it (and logs that it did), answering finished inputs and
 calls from the checkpoint, so nothing finished is paid for again.
 """
 
@@ -30,10 +32,12 @@ from typing import Any
 
 from plait._files import write_atomic
 from plait._secrets import scrub
+from plait.effects import Handler, Message
 from plait.execution.checkpoint import Checkpoint, CheckpointBusy, CheckpointError
 from plait.execution.runtime import Prepared, Run
 from plait.sampling import run_seed
 from plait.serve.service import Service
+from plait.serve.strict import printable
 from plait.values import Value
 
 __all__ = ["Job", "JobStore", "UnknownJob"]
@@ -48,6 +52,30 @@ BACKGROUND = 1
 
 class UnknownJob(LookupError):
     """No job has this id (never submitted, or deleted)."""
+
+
+class CallProgress(Handler):
+    """Counts one job's LLM calls as they start and end, so its status moves while
+    inputs that make many calls are still running.  One instance per job, entered
+    only around that job's run: its counts are that job's."""
+
+    def __init__(self) -> None:
+        self.done = 0
+        self.failed = 0
+        self.in_flight = 0
+
+    def process_llm(self, msg: Message) -> None:
+        self.in_flight += 1
+
+    def postprocess_llm(self, msg: Message) -> None:
+        self.in_flight -= 1
+        if msg.error is None:
+            self.done += 1
+        else:
+            self.failed += 1
+
+    def counts(self) -> dict[str, int]:
+        return {"done": self.done, "failed": self.failed, "in_flight": self.in_flight}
 
 
 @dataclass
@@ -65,6 +93,10 @@ class Job:
     done: int = 0
     failed: int = 0
     task: asyncio.Task[None] | None = None
+    #: Its LLM calls on this server (a resumed job counts again from 0).
+    calls: CallProgress = field(default_factory=CallProgress)
+    #: Whether this server resumed it (a stopped server left it running).
+    resumed: bool = False
 
     @property
     def pending(self) -> int:
@@ -80,6 +112,7 @@ class Job:
                 "failed": self.failed,
                 "pending": self.pending,
             },
+            "calls": self.calls.counts(),
             "created": self.created,
             "error": self.error,
         }
@@ -98,8 +131,12 @@ class Job:
         write_atomic(self.directory / "job.json", json.dumps(record))
 
     def results(self) -> list[dict[str, Any]]:
-        """Every input's row in input order (a job that is done)."""
+        """The rows of an ended job, in input order: every input's once it is done, the
+        finished ones' once it was cancelled or failed (none for a job that ended before
+        its results were kept)."""
         path = self.directory / "results.jsonl"
+        if not path.is_file():
+            return []
         return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
 
 
@@ -144,7 +181,7 @@ class JobStore:
             self.jobs[job.id] = job
             if job.state == RUNNING:
                 job.done = job.failed = 0  # counted again as the resumed run delivers
-                log.info("plait serve: resuming job %s (%d inputs)", job.id, job.total)
+                job.resumed = True
                 self._launch(job)
 
     async def stop(self) -> None:
@@ -190,8 +227,7 @@ class JobStore:
             with contextlib.suppress(asyncio.CancelledError):
                 await job.task
         if job.state == RUNNING:
-            job.state = CANCELLED
-            job.save()
+            self._end(job, CANCELLED, None)  # its finished rows stay readable
         return job
 
     def delete(self, job_id: str) -> None:
@@ -219,10 +255,20 @@ class JobStore:
         except CheckpointBusy as exc:
             job.error = str(exc)  # another server runs it: leave it to that one
             job.task = None
+            log.warning("plait serve: not running job %s: %s", job.id, exc)
             return
         except (OSError, ValueError, CheckpointError) as exc:
             self._end(job, FAILED, f"{type(exc).__name__}: {exc}")
             return
+        if job.resumed:
+            log.info(
+                "plait serve: resuming job %s: %d inputs, %d finished and %d calls kept in "
+                "its checkpoint",
+                job.id,
+                job.total,
+                len(checkpoint.outputs),
+                len(checkpoint.calls),
+            )
 
         def prepare(position: int) -> Prepared:
             return inputs[position]
@@ -243,8 +289,10 @@ class JobStore:
             # endpoints' slots: a client waiting on /invoke is not starved by a big job.
             run = Run(service.module, opts, batch=True, checkpoint=checkpoint)
             run.engine.rank = BACKGROUND
+            # One run-wide limit for the whole server: the job's calls take its slots.
+            run.engine.limiter = service.limiter
             try:
-                with service.scope():
+                with service.scope(), job.calls:
                     await run.drive(range(job.total), prepare, deliver)
                 finished = True
             finally:
@@ -258,11 +306,14 @@ class JobStore:
             return
         finally:
             checkpoint.close()
-        rows = "".join(json.dumps(job.rows[i], ensure_ascii=False) + "\n" for i in range(job.total))
-        write_atomic(job.directory / "results.jsonl", rows)
-        job.rows.clear()
         self._end(job, DONE, None)
 
     def _end(self, job: Job, state: str, error: str | None) -> None:
-        job.state, job.error, job.task = state, error, None
+        """The job has ended: its rows delivered (all of them, for a job that is done)
+        written in input order, then its state, on disk."""
+        rows = "".join(json.dumps(job.rows[i]) + "\n" for i in sorted(job.rows))
+        write_atomic(job.directory / "results.jsonl", rows)
+        job.rows.clear()
+        job.calls.in_flight = 0  # calls cancelled with the job are answered by nobody
+        job.state, job.error, job.task = state, None if error is None else printable(error), None
         job.save()

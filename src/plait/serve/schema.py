@@ -13,10 +13,11 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, create_model, field_validator
 
 from plait._signature import forward_shape
 from plait.module import Module
+from plait.serve.strict import problem
 
 __all__ = ["ErrorBody", "Schemas", "schemas_of"]
 
@@ -44,10 +45,23 @@ class JobCounts(BaseModel):
     pending: int
 
 
+class JobCalls(BaseModel):
+    """A job's LLM calls so far (this server's: a resumed job counts again from 0)."""
+
+    done: int = Field(description="answered (by the endpoint, or by the job's checkpoint)")
+    failed: int = Field(description="failed, after their retries")
+    in_flight: int = Field(description="started and not answered: waiting for a slot, or sent")
+
+
+#: A job's states: ``running`` (or waiting to be resumed), then one of the others.
+JobState = Literal["running", "done", "cancelled", "failed"]
+
+
 class JobStatus(BaseModel):
     id: str
-    state: Literal["running", "done", "cancelled", "failed"]
+    state: JobState
     counts: JobCounts
+    calls: JobCalls
     created: float
     error: str | None = Field(None, description="why a failed job could not run")
 
@@ -72,6 +86,8 @@ class Schemas:
     row: type[BaseModel]
     #: ``{"rows": [row, ...]}``.
     rows: type[BaseModel]
+    #: An ended job's result: its state and the rows of the inputs that finished.
+    result: type[BaseModel]
     #: The names passed by position (positional-only parameters), in order.
     positional: tuple[str, ...]
 
@@ -82,7 +98,10 @@ def schemas_of(module: Module) -> Schemas:
     Each parameter that can be passed by name becomes a field, typed by its annotation
     (``Any`` without one) and required unless it has a default; positional-only ones
     too (passed by position).  ``*args`` and ``**kwargs`` cannot be named in a JSON
-    object, so a ``forward`` that takes them only through those is refused here.
+    object, so a ``forward`` that takes them only through those is refused here; so is
+    a parameter named with a leading underscore, which a pydantic model cannot have as
+    a field.  Every field refuses a value strict JSON cannot carry (`strict.problem`),
+    so such an input is a 422 before any call is made.
     """
     cls = type(module)
     shape = forward_shape(cls)
@@ -93,6 +112,12 @@ def schemas_of(module: Module) -> Schemas:
     for param in shape.parameters:
         if param.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
             continue
+        if param.name.startswith("_"):
+            raise TypeError(
+                f"{name}.forward's parameter {param.name!r} starts with an underscore, which "
+                "an HTTP input cannot carry (such names are private to the request model): "
+                f"rename it, e.g. {param.name.lstrip('_') or 'value'!r}"
+            )
         if param.kind is inspect.Parameter.POSITIONAL_ONLY:
             positional.append(param.name)
         annotation = hints.get(param.name, Any)
@@ -105,7 +130,13 @@ def schemas_of(module: Module) -> Schemas:
             "`def forward(self, text: str)`"
         )
     forbid = ConfigDict(extra="forbid")
-    input_model = create_model(f"{name}Input", __config__=forbid, **fields)
+    strict = {"strict_json": field_validator("*", mode="before")(_strict_json)}
+    input_model = create_model(
+        f"{name}Input",
+        __config__=forbid,
+        __validators__=strict,
+        **fields,
+    )
     returns = hints.get("return", Any)
     output_model = create_model(f"{name}Output", output=(returns, ...))
     batch_model = create_model(
@@ -120,7 +151,30 @@ def schemas_of(module: Module) -> Schemas:
         error=(ErrorBody | None, None),
     )
     rows_model = create_model(f"{name}Rows", rows=(list[row_model], ...))  # type: ignore[valid-type]
-    return Schemas(input_model, output_model, batch_model, row_model, rows_model, tuple(positional))
+    result_model = create_model(
+        f"{name}JobResult",
+        state=(JobState, ...),
+        rows=(list[row_model], Field(description="the finished inputs' rows, in input order")),  # type: ignore[valid-type]
+        error=(str | None, Field(None, description="why a failed job stopped")),
+    )
+    return Schemas(
+        input_model,
+        output_model,
+        batch_model,
+        row_model,
+        rows_model,
+        result_model,
+        tuple(positional),
+    )
+
+
+def _strict_json(cls: type[BaseModel], value: Any, info: ValidationInfo) -> Any:
+    """A field's value as the request sent it, refused if strict JSON cannot carry it
+    (a NaN, a lone surrogate): the pipeline could not pass it on, nor its reply quote it."""
+    found = problem(value, info.field_name or "")
+    if found is not None:
+        raise ValueError(f"{found}; send strict JSON (whole UTF-8 text, finite numbers)")
+    return value
 
 
 def _hints(fn: Any) -> dict[str, Any]:

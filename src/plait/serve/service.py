@@ -4,12 +4,15 @@ Every request's inputs run on one long-lived `Run` of the pipeline (one `Engine`
 run-wide ``max_concurrent`` holds for all requests together, its waiting calls are
 served oldest input first, and every request's LLM calls go through the same
 endpoints, whose limits (``max_concurrent``, requests and tokens per minute, 429
-back-off) the whole process shares.  Each input gets an index of its own on that run,
-so inputs of concurrent requests never mix their calls or seeds.
+back-off) the whole process shares.  A request's inputs are numbered from 0 as its
+rows are (what the handlers see), and each takes a place on the run as it arrives:
+its calls' queue order and seeds, so inputs of concurrent requests never mix their
+calls or seeds.
 
 Background jobs (`plait.serve.jobs`) run each on a run of their own, since each is
 a checkpointed batch whose inputs are numbered from 0 (what lets a restart resume
-it); they share the endpoints' limits and the handlers with everything else.
+it); they share the run-wide limit, the endpoints' limits and the handlers with
+everything else.
 """
 
 from __future__ import annotations
@@ -31,8 +34,10 @@ from plait.execution.settings import resolve_options
 from plait.module import Module, llm_aliases
 from plait.options import inputs_in_flight
 from plait.providers.base import ProviderError
+from plait.resources.limits import PriorityLimiter
 from plait.resources.manager import ResourceManager
 from plait.serve.schema import Schemas, schemas_of
+from plait.serve.strict import printable, problem
 from plait.values import Value, error_value
 
 __all__ = ["Arguments", "Service", "UnservableOutput"]
@@ -73,7 +78,8 @@ class Service:
         #: Inputs one request keeps running at once (as a batch's window).
         self.window = inputs_in_flight(self.opts)
         self._run: Run | None = None
-        self._indexes = itertools.count()
+        #: Each input's place on the shared run, as it arrives (`Engine.run_input`).
+        self._order = itertools.count()
         #: Set once shutdown has begun: new work is refused, health says not ready.
         self.draining = False
         #: Inputs of requests (not jobs) running now.
@@ -99,6 +105,20 @@ class Service:
     @property
     def ready(self) -> bool:
         return not self.draining
+
+    @property
+    def limiter(self) -> PriorityLimiter:
+        """The run-wide limit (``max_concurrent``): every request's calls and every
+        job's take a slot of it."""
+        return self.start().engine.limiter
+
+    def concurrency(self) -> dict[str, int]:
+        """The run-wide limit now: its slots, the calls holding one (requests' and
+        jobs') and those waiting for one."""
+        if self._run is None:  # not started, or stopped: nothing runs
+            return {"limit": int(self.opts["max_concurrent"]), "in_flight": 0, "waiting": 0}
+        limiter = self._run.engine.limiter
+        return {"limit": limiter.limit, "in_flight": limiter.held, "waiting": limiter.waiting}
 
     def endpoints(self) -> dict[str, dict[str, int]]:
         """Each alias's concurrency now: its limit, the calls holding a slot (this whole
@@ -145,14 +165,14 @@ class Service:
         }
         return args, kwargs
 
-    async def one(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
-        """Run one input on the shared run; a failure inside the pipeline is its ERROR
-        `Value`, never an exception (a cancellation of the request propagates)."""
+    async def one(self, args: tuple[Any, ...], kwargs: dict[str, Any], index: int = 0) -> Value:
+        """Run one input (row ``index`` of its request) on the shared run; a failure
+        inside the pipeline is its ERROR `Value`, never an exception (a cancellation of
+        the request propagates)."""
         run = self.start()
-        index = next(self._indexes)
         self.in_flight += 1
         try:
-            value = await run.one(index, args, kwargs)
+            value = await run.one(index, args, kwargs, next(self._order))
         except BaseException as exc:
             failure = as_input_failure(exc)
             if failure is None:
@@ -174,7 +194,7 @@ class Service:
 
         async def run(position: int, arguments: Arguments) -> None:
             async with slots:
-                value = await self.one(*arguments)
+                value = await self.one(*arguments, position)
             done.put_nowait((position, value))
 
         tasks = [asyncio.create_task(run(i, arguments)) for i, arguments in enumerate(inputs)]
@@ -189,20 +209,27 @@ class Service:
 
     # -- replies ---------------------------------------------------------------------
     def row(self, position: int, value: Value) -> dict[str, Any]:
-        """One input's row: ``{"index", "output"}``, or ``{"index", "error"}``."""
+        """One input's row: ``{"index", "output"}``, or ``{"index", "error"}``; always
+        strict JSON (`plait.serve.strict`).  An output with no strict JSON form (a NaN,
+        a lone surrogate, an object that is not data) is that row's error, saying which
+        value and why: one odd value never costs the reply its other rows."""
         if not value.is_error:
             try:
-                return {"index": position, "output": jsonable(value.payload)}
+                output = jsonable(value.payload)
+                found = problem(output, "output")
+                if found is None:
+                    return {"index": position, "output": output}
+                why = f"{found}; return finite numbers and whole text"
             except Exception as exc:
-                value = error_value(
-                    UnservableOutput(
-                        f"the output ({type(value.payload).__name__}) has no JSON form: "
-                        f"{type(exc).__name__}: {exc}; return text, numbers, lists, dicts, "
-                        "pydantic models or dataclasses of those"
-                    ),
-                    module_path=f"{type(self.module).__name__} output",
+                why = (
+                    f"the output ({type(value.payload).__name__}) has no JSON form: "
+                    f"{type(exc).__name__}: {exc}; return text, numbers, lists, dicts, "
+                    "pydantic models or dataclasses of those"
                 )
-        return {"index": position, "error": error_body(value)}
+            value = error_value(
+                UnservableOutput(why), module_path=f"{type(self.module).__name__} output"
+            )
+        return {"index": position, "error": printable(error_body(value))}
 
 
 def jsonable(payload: Any) -> Any:
