@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -53,11 +54,24 @@ class Receiver:
         self.spans: list[dict[str, Any]] = []
         self.metrics: list[dict[str, Any]] = []
         self.bodies: list[bytes] = []
+        #: The path of every POST, in order (a refused one included).
+        self.posts: list[str] = []
+        #: Paths answered with this status instead of taken, as a backend that does
+        #: not ingest that signal answers (Jaeger and Phoenix take no metrics).
+        self.refuse: dict[str, int] = {}
         receiver = self
 
         class Handle(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                with receiver.lock:
+                    receiver.posts.append(self.path)
+                    refused = receiver.refuse.get(self.path)
+                if refused is not None:
+                    self.send_response(refused)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 if self.path == "/v1/traces":
                     receiver.take_traces(body)
                     reply = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
@@ -136,6 +150,8 @@ class Receiver:
             self.spans.clear()
             self.metrics.clear()
             self.bodies.clear()
+            self.posts.clear()
+            self.refuse.clear()
 
     def stop(self) -> None:
         self.server.shutdown()
@@ -620,6 +636,269 @@ def test_plait_run_otel_without_the_extra_says_how_to_install_it(
     assert done.returncode == 2
     assert "pip install 'plait[otel]'" in done.stderr
     assert server.stats()["requests"] == []  # refused before anything ran
+
+
+# -- the standard variables -----------------------------------------------------------------
+def _run_otel(
+    server: FakeOpenAIServer, tmp_path: Path, env: dict[str, str], *texts: str
+) -> subprocess.CompletedProcess[str]:
+    """`plait run ... --otel` of two inputs (or those given) under these variables."""
+    inputs = tmp_path / "in.jsonl"
+    inputs.write_text("".join(f'"{text}"\n' for text in texts or ("alpha", "beta")))
+    return _cli(
+        "run",
+        "tests.pipelines:FanOutFanIn",
+        "-i",
+        inputs,
+        "-o",
+        tmp_path / "out.jsonl",
+        "--resources",
+        _write_resources(tmp_path / "resources.toml", server.base_url),
+        "--otel",
+        env=env,
+    )
+
+
+@pytest.mark.parametrize(
+    ("variables", "spans", "metrics"),
+    [
+        ({"OTEL_METRICS_EXPORTER": "none"}, True, False),
+        ({"OTEL_TRACES_EXPORTER": "none"}, False, True),
+        ({"OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "None"}, False, False),
+        ({"OTEL_LOGS_EXPORTER": "none"}, True, True),
+        ({"OTEL_SDK_DISABLED": "true"}, False, False),
+    ],
+)
+def test_the_exporter_variables_say_which_signals_are_sent(
+    server: FakeOpenAIServer,
+    receiver: Receiver,
+    tmp_path: Path,
+    variables: dict[str, str],
+    spans: bool,
+    metrics: bool,
+) -> None:
+    done = _run_otel(
+        server, tmp_path, {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, **variables}
+    )
+    assert done.returncode == 0, done.stderr
+    assert len(server.stats()["requests"]) == 6  # the run itself is the same
+    assert ("/v1/traces" in receiver.posts) is spans
+    assert ("/v1/metrics" in receiver.posts) is metrics
+    assert (len(_llm_spans(receiver.spans)) == 6) is spans
+    assert any(m["name"] == "gen_ai.client.token.usage" for m in receiver.metrics) is metrics
+
+
+def test_console_exporters_write_to_stderr_beside_otlp(
+    server: FakeOpenAIServer, receiver: Receiver, tmp_path: Path
+) -> None:
+    done = _run_otel(
+        server,
+        tmp_path,
+        {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
+            "OTEL_TRACES_EXPORTER": "console, otlp",
+            "OTEL_METRICS_EXPORTER": "console",
+        },
+    )
+    assert done.returncode == 0, done.stderr
+    # Spans both ways; metrics on the console only; stdout is not used (it may carry
+    # the outputs).
+    assert len(_llm_spans(receiver.spans)) == 6
+    assert "/v1/metrics" not in receiver.posts
+    assert '"name": "run FanOutFanIn"' in done.stderr
+    assert '"gen_ai.client.token.usage"' in done.stderr
+    assert done.stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "says"),
+    [
+        ("OTEL_METRICS_EXPORTER", "prometheus", "accepted values: otlp, console, none"),
+        ("OTEL_TRACES_EXPORTER", "otlp,jaeger", "accepted values: otlp, console, none"),
+        ("OTEL_LOGS_EXPORTER", "file", "accepted values: otlp, console, none"),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json", "http/protobuf"),
+        ("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "grpc", "opentelemetry-exporter-otlp-proto-grpc"),
+        ("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "yes", "true, false"),
+    ],
+)
+def test_a_value_plait_cannot_honour_stops_the_command_before_anything_runs(
+    server: FakeOpenAIServer,
+    receiver: Receiver,
+    tmp_path: Path,
+    variable: str,
+    value: str,
+    says: str,
+) -> None:
+    done = _run_otel(
+        server, tmp_path, {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, variable: value}
+    )
+    assert done.returncode == 2, done.stderr
+    assert f"{variable}={value}" in done.stderr
+    assert says in done.stderr
+    assert "Traceback" not in done.stderr
+    assert server.stats()["requests"] == []
+    assert receiver.posts == []
+
+
+@pytest.mark.parametrize("command", ["eval", "train", "serve"])
+def test_every_command_with_otel_reads_the_variables_the_same_way(
+    server: FakeOpenAIServer, receiver: Receiver, tmp_path: Path, command: str
+) -> None:
+    data = tmp_path / "data.jsonl"
+    data.write_text('{"input": "a", "target": "[T] a"}\n{"input": "b", "target": "no"}\n')
+    resources = _write_resources(tmp_path / "resources.toml", server.base_url)
+    arguments: dict[str, list[str | Path]] = {
+        "eval": ["tests.cli_targets:Tagged", "--data", data],
+        "train": ["tests.cli_targets:Tagged", "--data", data, "--out", tmp_path / "out"],
+        "serve": ["tests/serve_targets.py:Answer", "--port", "0"],
+    }
+    done = _cli(
+        command,
+        *arguments[command],
+        "--resources",
+        resources,
+        "--otel",
+        env={"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_METRICS_EXPORTER": "statsd"},
+    )
+    assert done.returncode == 2, done.stderr
+    assert "OTEL_METRICS_EXPORTER=statsd" in done.stderr
+    assert "accepted values: otlp, console, none" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert server.stats()["requests"] == []
+
+
+def test_per_signal_endpoints_and_resource_attributes_are_honoured(
+    server: FakeOpenAIServer, receiver: Receiver, tmp_path: Path
+) -> None:
+    dead = socket.socket()
+    dead.bind(("127.0.0.1", 0))  # bound, never listening: nothing may be sent there
+    try:
+        done = _run_otel(
+            server,
+            tmp_path,
+            {
+                "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{dead.getsockname()[1]}",
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"{receiver.endpoint}/v1/traces",
+                "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": f"{receiver.endpoint}/v1/metrics",
+                "OTEL_RESOURCE_ATTRIBUTES": "service.name=from-attributes,stage=ci",
+            },
+        )
+    finally:
+        dead.close()
+    assert done.returncode == 0, done.stderr
+    assert "Failed to export" not in done.stderr
+    (run,) = [s for s in receiver.spans if s["parent"] is None]
+    # No OTEL_SERVICE_NAME: the service is the one OTEL_RESOURCE_ATTRIBUTES names.
+    assert run["resource"]["service.name"] == "from-attributes"
+    assert run["resource"]["stage"] == "ci"
+    assert any(m["name"] == "gen_ai.client.token.usage" for m in receiver.metrics)
+
+
+def test_a_traces_only_backend_is_told_once_in_plaits_words(
+    server: FakeOpenAIServer, receiver: Receiver, tmp_path: Path
+) -> None:
+    """Jaeger and Phoenix answer the metrics POST with 405: the run says so once, in
+    its own words, and the spans still arrive."""
+    receiver.refuse["/v1/metrics"] = 405
+    done = _run_otel(server, tmp_path, {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint})
+    assert done.returncode == 0, done.stderr
+    assert receiver.posts.count("/v1/metrics") == 1
+    assert len(_llm_spans(receiver.spans)) == 6
+    said = [line for line in done.stderr.splitlines() if "does not accept metrics" in line]
+    assert said == [
+        f"the OTLP endpoint {receiver.endpoint}/v1/metrics does not accept metrics (HTTP 405): "
+        "plait stops sending them there; set OTEL_METRICS_EXPORTER=none to not send them at all"
+    ]
+    assert "Failed to export" not in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(("signal", "other"), [("metrics", "traces"), ("traces", "metrics")])
+def test_an_endpoint_that_refused_a_signal_is_not_sent_it_again(
+    server: FakeOpenAIServer,
+    receiver: Receiver,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    signal: str,
+    other: str,
+) -> None:
+    # A receiver of its own: the process remembers the endpoint that refused, and the
+    # module's receiver must still be sent metrics by the tests after this one.
+    refusing = Receiver()
+    refusing.refuse[f"/v1/{signal}"] = 404
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", refusing.endpoint)
+    pipeline = Echo("t").bind(resources=make_resources(server))
+    try:
+        with caplog.at_level("WARNING"):
+            for _ in range(3):  # each block builds its providers afresh
+                with otel():
+                    pipeline.run_sync(["a"])
+    finally:
+        refusing.stop()
+    assert refusing.posts.count(f"/v1/{signal}") == 1
+    assert refusing.posts.count(f"/v1/{other}") == 3
+    said = [r.getMessage() for r in caplog.records if "does not accept" in r.getMessage()]
+    assert said == [
+        f"the OTLP endpoint {refusing.endpoint}/v1/{signal} does not accept {signal} "
+        f"(HTTP 404): plait stops sending them there; set OTEL_{signal.upper()}_EXPORTER=none "
+        "to not send them at all"
+    ]
+    assert not any("Failed to export" in r.getMessage() for r in caplog.records)
+    # The module's receiver, which takes metrics, is still sent them.
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
+    with otel():
+        pipeline.run_sync(["b"])
+    assert len(_llm_spans(receiver.spans)) == 1
+    assert any(m["name"] == "gen_ai.client.token.usage" for m in receiver.metrics)
+
+
+@pytest.mark.parametrize("capture", ["true", None])
+def test_the_genai_capture_variable_turns_content_on_from_the_command(
+    server: FakeOpenAIServer, receiver: Receiver, tmp_path: Path, capture: str | None
+) -> None:
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint}
+    if capture is not None:
+        env["OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"] = capture
+    done = _run_otel(server, tmp_path, env, "my key is sk-test, keep it")
+    assert done.returncode == 0, done.stderr
+    llm = _llm_spans(receiver.spans)
+    assert len(llm) == 3
+    for span in llm:
+        attributes = span["attributes"]
+        if capture:
+            assert "keep it" in attributes["gen_ai.input.messages"]
+            assert "keep it" in attributes["gen_ai.output.messages"]
+            assert "gen_ai.system_instructions" in attributes
+        else:
+            assert "gen_ai.input.messages" not in attributes
+            assert "gen_ai.output.messages" not in attributes
+    assert not any(b"sk-test" in body for body in receiver.bodies)
+
+
+@pytest.mark.parametrize(
+    ("variable", "argument", "captured"),
+    [
+        ("true", None, True),
+        ("SPAN_ONLY", None, True),
+        ("true", False, False),
+        ("false", True, True),
+    ],
+)
+def test_an_explicit_capture_content_argument_wins_over_the_variable(
+    server: FakeOpenAIServer,
+    receiver: Receiver,
+    monkeypatch: pytest.MonkeyPatch,
+    variable: str,
+    argument: bool | None,
+    captured: bool,
+) -> None:
+    monkeypatch.setenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", variable)
+    handler = otel() if argument is None else otel(capture_content=argument)
+    assert handler.capture_content is captured
+    with handler:
+        Echo("t").bind(resources=make_resources(server)).run_sync(["hello"])
+    (span,) = _llm_spans(receiver.spans)
+    assert ("gen_ai.input.messages" in span["attributes"]) is captured
 
 
 # -- Ray ------------------------------------------------------------------------------------

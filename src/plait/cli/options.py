@@ -249,8 +249,10 @@ def add_otel_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--otel",
         action="store_true",
-        help="export OpenTelemetry spans and GenAI metrics over OTLP/HTTP, where the "
-        "OTEL_EXPORTER_OTLP_* variables say (needs plait[otel])",
+        help="export OpenTelemetry spans and GenAI metrics as the standard OTEL_* "
+        "variables say (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_TRACES_EXPORTER, "
+        "OTEL_METRICS_EXPORTER, OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT, ...; "
+        "needs plait[otel])",
     )
 
 
@@ -260,7 +262,10 @@ def otel_handler(ns: argparse.Namespace) -> Any:
     if not getattr(ns, "otel", False):
         return contextlib.nullcontext()
     try:
-        from plait.handlers.telemetry import otel
+        from plait.handlers.telemetry import TelemetrySettingsError, otel
     except ImportError as exc:
         raise UsageError(f"--otel: {exc}") from None
-    return otel()
+    try:
+        return otel()
+    except TelemetrySettingsError as exc:
+        raise UsageError(f"--otel: {exc}") from None

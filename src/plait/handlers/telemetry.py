@@ -21,14 +21,15 @@ and the conventions' two client metrics, ``gen_ai.client.token.usage`` (by
 ``gen_ai.token.type``) and ``gen_ai.client.operation.duration``, for the requests
 really sent (a cache hit used no tokens and took no provider time).
 
-Prompts and replies are recorded only with ``capture_content=True``, as the
-conventions' opt-in attributes ``gen_ai.system_instructions``, ``gen_ai.input.messages``
-and ``gen_ai.output.messages`` (JSON text), scrubbed of every known secret first.
+Prompts and replies are recorded only with ``capture_content=True`` (or, when the
+argument is not given, ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true``), as
+the conventions' opt-in attributes ``gen_ai.system_instructions``,
+``gen_ai.input.messages`` and ``gen_ai.output.messages`` (JSON text), scrubbed of every
+known secret first.
 
 The spans go to the ``tracer_provider`` (and the metrics to the ``meter_provider``)
-given, else to providers built here from the standard ``OTEL_*`` environment
-variables (``OTEL_EXPORTER_OTLP_ENDPOINT``, ``..._HEADERS``, ``OTEL_SERVICE_NAME``,
-``OTEL_RESOURCE_ATTRIBUTES``: the SDK's OTLP/HTTP exporters read them).  Both are
+given, else to providers built from the standard ``OTEL_*`` environment variables
+(`plait.handlers.otel_setup` says which, and what it leaves to the SDK).  Both are
 flushed as each ``with`` block ends.
 
 One handler may be entered by several runs at once (``asyncio.gather``): each run's
@@ -44,7 +45,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import socket
 import threading
 import time
 import traceback
@@ -62,22 +62,25 @@ from plait.resources.pricing import Prices
 
 try:
     from opentelemetry import metrics, trace
-    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-    from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
-    from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
     from opentelemetry.trace import SpanKind, Status, StatusCode
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    from plait.handlers.otel_setup import (
+        ExportSettings,
+        TelemetrySettingsError,
+        build_resource,
+        capture_content_from,
+        export_settings,
+        meter_provider,
+        tracer_provider,
+    )
 except ImportError as exc:  # pragma: no cover - the message is the point
     raise ImportError(
         "plait's OpenTelemetry handler needs the OpenTelemetry SDK and its OTLP exporter: "
         "pip install 'plait[otel]'"
     ) from exc
 
-__all__ = ["SCHEMA_URL", "SEMCONV_VERSION", "Telemetry", "otel"]
+__all__ = ["SCHEMA_URL", "SEMCONV_VERSION", "Telemetry", "TelemetrySettingsError", "otel"]
 
 #: The version of the OpenTelemetry semantic conventions (GenAI client spans and
 #: metrics) the spans follow; `SCHEMA_URL` says so to the backend.
@@ -99,17 +102,31 @@ def otel(
     tracer_provider: Any = None,
     meter_provider: Any = None,
     *,
-    capture_content: bool = False,
+    capture_content: bool | None = None,
     service_name: str | None = None,
 ) -> Telemetry:
     """A handler that exports each run as OpenTelemetry spans and GenAI metrics.
 
-    ``tracer_provider``/``meter_provider``: where to send them (SDK providers of
-    yours; given one, the other is the application's global one); with neither,
-    OTLP/HTTP exporters configured by the ``OTEL_*`` environment variables.
-    ``capture_content``: record prompts and replies (scrubbed of secrets).
-    ``service_name``: the resource's ``service.name`` when ``OTEL_SERVICE_NAME`` does not
-    set one (default ``plait``).
+    Args:
+        tracer_provider: Where the spans go (an SDK provider of yours; given one of the
+            two, the other is the application's global one).  With neither, providers
+            are built from the standard ``OTEL_*`` variables: ``OTEL_TRACES_EXPORTER``,
+            ``OTEL_METRICS_EXPORTER`` (``otlp``, ``console``, ``none``),
+            ``OTEL_EXPORTER_OTLP_*``, ``OTEL_SDK_DISABLED`` (see
+            `plait.handlers.otel_setup`).
+        meter_provider: Where the metrics go.
+        capture_content: Record prompts and replies, scrubbed of secrets.  Not given:
+            as ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`` says (``true``:
+            yes; unset: no); given, it wins over the variable.
+        service_name: The resource's ``service.name`` when neither ``OTEL_SERVICE_NAME``
+            nor ``OTEL_RESOURCE_ATTRIBUTES`` names one (default ``plait``).
+
+    Returns:
+        The handler, to enter around runs (``with otel(): ...``).
+
+    Raises:
+        TelemetrySettingsError: An ``OTEL_*`` variable holds a value plait cannot
+            honour (the message names it and the values it accepts).
     """
     return Telemetry(
         tracer_provider,
@@ -152,18 +169,26 @@ class Telemetry(Handler):
         tracer_provider: Any = None,
         meter_provider: Any = None,
         *,
-        capture_content: bool = False,
+        capture_content: bool | None = None,
         service_name: str | None = None,
     ) -> None:
-        self.capture_content = capture_content
+        #: The ``OTEL_*`` settings where the handler was made: a worker exports with them.
+        self._settings = {k: v for k, v in os.environ.items() if k.startswith(_SETTINGS_PREFIX)}
+        _register_headers(self._settings)
+        self.capture_content = (
+            capture_content_from(self._settings) if capture_content is None else capture_content
+        )
         self.service_name = service_name
         self._tracer_provider = tracer_provider
         self._meter_provider = meter_provider
         #: The providers given (a block's end restores them after shutting down its own).
         self._given = (tracer_provider, meter_provider)
-        #: The ``OTEL_*`` settings where the handler was made: a worker exports with them.
-        self._settings = {k: v for k, v in os.environ.items() if k.startswith(_SETTINGS_PREFIX)}
-        _register_headers(self._settings)
+        #: Where providers built here send each signal (checked now, before anything runs).
+        self._export: ExportSettings | None = (
+            export_settings(self._settings)
+            if tracer_provider is None and meter_provider is None
+            else None
+        )
         #: On a Ray worker: the driver's run span, as W3C trace-context headers.
         self._remote_parent: dict[str, str] = {}
         self._setup()
@@ -186,9 +211,10 @@ class Telemetry(Handler):
         with self._lock:
             if self._parts is None:
                 if self._tracer_provider is None and self._meter_provider is None:
-                    resource = self._resource()
-                    self._tracer_provider = _tracer_provider(resource)
-                    self._meter_provider = _meter_provider(resource)
+                    settings = self._export or export_settings(self._settings)
+                    resource = build_resource(self.service_name)
+                    self._tracer_provider = tracer_provider(settings, resource)
+                    self._meter_provider = meter_provider(settings, resource)
                     self._owned = [self._tracer_provider, self._meter_provider]
                 # Given one, the other is the application's own (a no-op unless it set
                 # one up): spans to your provider never send metrics somewhere else.
@@ -243,22 +269,10 @@ class Telemetry(Handler):
                 self._parts = None
                 self._tracer_provider, self._meter_provider = self._given
         for provider in providers:
-            if provider in owned:
-                provider.shutdown()
-            elif callable(getattr(provider, "force_flush", None)):
-                provider.force_flush()
-
-    def _resource(self) -> Any:
-        """Who sends the telemetry: ``OTEL_SERVICE_NAME`` (else ``service_name``, else
-        "plait"), ``OTEL_RESOURCE_ATTRIBUTES``, and this process as the instance."""
-        attributes: dict[str, Any] = {
-            "service.instance.id": f"{socket.gethostname()}:{os.getpid()}",
-            "telemetry.distro.name": "plait",
-            "telemetry.distro.version": __version__,
-        }
-        if not os.environ.get("OTEL_SERVICE_NAME"):
-            attributes["service.name"] = self.service_name or "plait"
-        return Resource.create(attributes)
+            # A no-op provider (no exporter asked for) has neither method.
+            end = getattr(provider, "shutdown" if provider in owned else "force_flush", None)
+            if callable(end):
+                end()
 
     # -- travelling to Ray workers -------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
@@ -506,20 +520,6 @@ class Telemetry(Handler):
 
 
 # -- what the spans say ----------------------------------------------------------------------
-def _tracer_provider(resource: Any) -> Any:
-    """A tracer provider exporting over OTLP/HTTP as the ``OTEL_*`` variables say (the
-    SDK's exporter reads the endpoint, headers and timeout)."""
-    provider = TracerProvider(resource=resource, shutdown_on_exit=False)
-    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
-    return provider
-
-
-def _meter_provider(resource: Any) -> Any:
-    """`_tracer_provider`'s counterpart for the metrics."""
-    reader = PeriodicExportingMetricReader(OTLPMetricExporter())
-    return MeterProvider(resource=resource, metric_readers=[reader], shutdown_on_exit=False)
-
-
 def _register_headers(settings: dict[str, str]) -> None:
     """The exporters' header values (``OTEL_EXPORTER_OTLP_HEADERS``: a backend's API
     key) are secrets: scrubbed from anything plait writes."""
