@@ -14,13 +14,11 @@ same parameters, optimizer state and position in the data.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 from pathlib import Path
 from typing import IO, Any
 
-from plait._files import write_atomic
 from plait.cli.options import (
     UsageError,
     add_example_arguments,
@@ -282,6 +280,7 @@ def _check_out(ns: argparse.Namespace, out: Path) -> None:
 
 
 def _train(ns: argparse.Namespace, err: IO[str]) -> int:
+    from plait.learning.state import json_state, save_parameters
     from plait.learning.trainer import Trainer
 
     telemetry = otel_handler(ns)  # before anything runs: a missing extra is said at once
@@ -296,6 +295,13 @@ def _train(ns: argparse.Namespace, err: IO[str]) -> int:
             f"{ns.target} has no learnable Parameter: give it a plait.Parameter(..., "
             "description=...) (for example as an LLMInference system_prompt) to train"
         )
+    try:  # what training ends by writing must be writable, before anything is paid for
+        json_state(module)
+    except TypeError as exc:
+        raise UsageError(
+            f"{ns.target} cannot be trained: {exc} (training saves every value in "
+            f"{PARAMETERS_FILE})"
+        ) from None
     if ns.refit and ns.val is None:
         raise UsageError(
             "--refit adds every labelled example to the demonstration pools once --val has "
@@ -354,9 +360,7 @@ def _train(ns: argparse.Namespace, err: IO[str]) -> int:
     finally:
         display.stop()
     out.mkdir(parents=True, exist_ok=True)
-    write_atomic(
-        out / PARAMETERS_FILE, json.dumps(module.state_dict(), indent=2, ensure_ascii=False) + "\n"
-    )
+    save_parameters(module, out / PARAMETERS_FILE)
     history.save(out / HISTORY_JSON)
     written = [PARAMETERS_FILE, HISTORY_JSON]
     try:
