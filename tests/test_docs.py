@@ -266,6 +266,7 @@ def test_the_readme_learning_commands_run_as_written(server: Any, tmp_path: Path
     files = {
         "extract.py": next(body for body in code["python"] if "class Extract(" in body),
         "triage.py": next(body for body in code["python"] if "class Triage(" in body),
+        "metrics.py": next(body for body in code["python"] if body.startswith("# metrics.py")),
     }
     for name, body in files.items():
         (tmp_path / name).write_text(body, encoding="utf-8")
@@ -314,6 +315,7 @@ def test_the_readme_learning_commands_run_as_written(server: Any, tmp_path: Path
         ["plait", "run", "triage.py:Triage"],
         ["plait", "train", "examples/train_classifier.py:SentimentClassifier"],
         ["plait", "eval", "examples/train_classifier.py:SentimentClassifier"],
+        ["plait", "eval", "examples/train_classifier.py:SentimentClassifier"],
     ]
     path = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), *path])}
@@ -346,3 +348,4 @@ def test_the_readme_learning_commands_run_as_written(server: Any, tmp_path: Path
     classifier = history("runs/train")["final_test_score"]
     assert f"mean {classifier:.4f} over 8 example(s)" in printed[5]
     assert (tmp_path / "scored.jsonl").is_file()
+    assert "mean " in printed[6] and "over 8 example(s)" in printed[6]

@@ -24,6 +24,8 @@ from plait.cli.options import (
     add_example_arguments,
     add_otel_argument,
     add_resources_argument,
+    make_loss,
+    needs_target,
     non_negative_float,
     note_embedded,
     otel_handler,
@@ -54,8 +56,8 @@ that returns a Module.  key=value arguments configure it, as for `plait run`.
 
 Data (--data, --val): JSONL (or CSV) files, one object per line, read as `plait
 run` reads its inputs; --target-field (default "target") is passed to the loss
-and must be in every example (unless the loss is judge and --target-field is not
-given).  --input-field NAME is passed to the pipeline; without it, the fields
+and must be in every example (unless the loss is judge, or --metric scores, and
+--target-field is not given).  --input-field NAME is passed to the pipeline; without it, the fields
 named like forward's parameters (the target aside) are passed, else the field
 "input"; an example that has neither is refused, naming its fields.
 
@@ -68,7 +70,9 @@ prints both.
 
 Losses: exact (output equals target), contains (output contains the target
 text(s)), judge (an LLM grades the output against --criteria, with the target as
-a reference; its calls use the alias --judge-alias).
+a reference; its calls use the alias --judge-alias).  Or --metric module:function
+(path/to/file.py:function): your function metric(example, prediction) -> bool or
+a number in [0, 1] scores each example, as for `plait eval` (see its --help).
 Optimizers (--optimizer, repeatable: each step applies them in order and keeps
 or rolls back each update on its own): sfa, textgrad (rewrite the instructions;
 their LLM calls use the alias --optimizer-alias), bootstrap (sets the
@@ -323,11 +327,12 @@ def _train(ns: argparse.Namespace, err: IO[str]) -> int:
     checkpoint = Path(ns.checkpoint) if ns.checkpoint else out / "checkpoint"
     if ns.fresh:
         _remove_checkpoint(checkpoint)
+    loss = make_loss(ns, module)
     optimizer = _make_optimizers(ns, module, resources)
     display = _Progress(err, ns.quiet)
     trainer = Trainer(
         module,
-        _make_loss(ns),
+        loss,
         optimizer,
         ns.data,
         ns.val,
@@ -410,21 +415,9 @@ def _check_data(ns: argparse.Namespace, module: Module, err: IO[str]) -> None:
                 ns.input_field,
                 ns.target_field or "target",
                 forward=module.forward,
-                require_target=ns.loss != "judge" or ns.target_field is not None,
+                require_target=needs_target(ns),
                 on_unused=note,
             )
-
-
-def _make_loss(ns: argparse.Namespace) -> Module:
-    from plait.learning import losses
-
-    if ns.loss == "exact":
-        return losses.ExactMatch()
-    if ns.loss == "contains":
-        return losses.Contains()
-    if not ns.criteria:
-        raise UsageError("--loss judge needs --criteria TEXT: what the judge should grade")
-    return losses.LLMJudge(ns.judge_alias, ns.criteria)
 
 
 def _make_optimizers(ns: argparse.Namespace, module: Module, resources: Any) -> list[Any]:
