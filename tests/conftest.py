@@ -67,6 +67,7 @@ def server(server_process: FakeOpenAIServer) -> FakeOpenAIServer:
         timeout_hang_s=30.0,
         seed=0,
         quote_key_in_401=False,
+        answer_like_demos=False,
         gate_texts={},
     )
     server_process.reset()
@@ -95,12 +96,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def plait_cli(
-    *args: str | Path, env: dict[str, str] | None = None
+    *args: str | Path, env: dict[str, str] | None = None, cwd: Path = ROOT
 ) -> subprocess.CompletedProcess[str]:
-    """The ``plait`` command as a user runs it: a process of its own, no terminal."""
+    """The ``plait`` command as a user runs it: a process of its own, no terminal
+    (in ``cwd``: the repository unless a test gives the user's project folder)."""
     return subprocess.run(
         [sys.executable, "-m", "plait.cli", *map(str, args)],
-        cwd=ROOT,
+        cwd=cwd,
         capture_output=True,
         text=True,
         env={**os.environ, **(env or {})},

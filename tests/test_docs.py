@@ -247,3 +247,105 @@ def test_the_readme_learned_limits_example_runs() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "'reported': 300" in result.stdout
+
+
+def test_the_readme_learning_commands_run_as_written(server: Any, tmp_path: Path) -> None:
+    """Every ``plait`` command of the Learning section, in its order, in a user's folder
+    holding the section's own pipeline files (and the examples it names): each exits 0,
+    and what `plait train` wrote is what `plait eval` and `plait run` then use.
+
+    The one thing added to each command is ``--resources resources.toml`` (the fake
+    server for every alias, answering a request that shows demonstrations as the one
+    next to its input was answered), as a user adds theirs; without it the commands run
+    on the embedded model.  Was: `plait eval --parameters` refused what `plait train
+    --demos knn` wrote."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("\n## Learning\n", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"^```(\w*)\n(.*?)^```$", section, re.MULTILINE | re.DOTALL)
+    code = {kind: [body for k, body in blocks if k == kind] for kind in ("python", "")}
+    files = {
+        "extract.py": next(body for body in code["python"] if "class Extract(" in body),
+        "triage.py": next(body for body in code["python"] if "class Triage(" in body),
+        "metrics.py": next(body for body in code["python"] if body.startswith("# metrics.py")),
+    }
+    for name, body in files.items():
+        (tmp_path / name).write_text(body, encoding="utf-8")
+    (tmp_path / "examples" / "data").mkdir(parents=True)
+    for name in ("train_classifier.py", "_resources.py"):
+        shutil.copy(ROOT / "examples" / name, tmp_path / "examples" / name)
+    for name in ("sentiment_train.jsonl", "sentiment_val.jsonl"):
+        shutil.copy(ROOT / "examples" / "data" / name, tmp_path / "examples" / "data" / name)
+    messages = {
+        "train": [
+            ("I was charged twice this month.", "billing"),
+            ("My parcel has not arrived yet.", "shipping"),
+            ("The app crashes when I log in.", "technical"),
+            ("Please change my email address.", "account"),
+        ],
+        "val": [("Why was I charged again?", "billing"), ("Where is my parcel?", "shipping")],
+        "test": [("I was charged two times.", "billing"), ("The app crashes again.", "technical")],
+    }
+    for name, pairs in messages.items():
+        rows = [{"message": message, "target": target} for message, target in pairs]
+        (tmp_path / f"{name}.jsonl").write_text(
+            "".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8"
+        )
+    (tmp_path / "messages.jsonl").write_text(
+        "".join(json.dumps({"message": m}) + "\n" for m, _ in messages["test"]), encoding="utf-8"
+    )
+    server.configure(answer_like_demos=True)
+    (tmp_path / "resources.toml").write_text(
+        "".join(
+            f'[resources.{alias}]\nprovider = "openai"\nmodel = "m"\n'
+            f'base_url = "{server.base_url}"\napi_key = "sk-test"\n'
+            for alias in ("fast", "local", "classifier", "optimizer", "judge")
+        ),
+        encoding="utf-8",
+    )
+    commands = [
+        shlex.split(line, comments=True)
+        for body in code[""]
+        for line in body.replace("\\\n", " ").splitlines()
+        if line.startswith("plait ")
+    ]
+    assert [argv[:3] for argv in commands] == [
+        ["plait", "train", "extract.py:Extract"],
+        ["plait", "train", "triage.py:Triage"],
+        ["plait", "eval", "triage.py:Triage"],
+        ["plait", "run", "triage.py:Triage"],
+        ["plait", "train", "examples/train_classifier.py:SentimentClassifier"],
+        ["plait", "eval", "examples/train_classifier.py:SentimentClassifier"],
+        ["plait", "eval", "examples/train_classifier.py:SentimentClassifier"],
+    ]
+    path = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), *path])}
+    printed: list[str] = []
+    for argv in commands:
+        result = subprocess.run(
+            [sys.executable, "-m", "plait.cli", *argv[1:], "--resources", "resources.toml"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env,
+        )
+        assert result.returncode == 0, (argv, result.stderr)
+        printed.append(result.stdout)
+
+    def history(out: str) -> dict[str, Any]:
+        saved: dict[str, Any] = json.loads((tmp_path / out / "history.json").read_text())
+        return saved
+
+    # eval scores the pipeline train left, as train's own held-out test scored it
+    triage = history("runs/triage")["final_test_score"]
+    assert f"mean {triage:.4f} over 2 example(s)" in printed[2]
+    assert triage == 1.0  # the pool chose each message's own kind of example
+    answers = [json.loads(line) for line in (tmp_path / "answers.jsonl").read_text().splitlines()]
+    assert sorted((row["index"], row["output"]) for row in answers) == [
+        (0, "billing"),
+        (1, "technical"),
+    ]
+    classifier = history("runs/train")["final_test_score"]
+    assert f"mean {classifier:.4f} over 8 example(s)" in printed[5]
+    assert (tmp_path / "scored.jsonl").is_file()
+    assert "mean " in printed[6] and "over 8 example(s)" in printed[6]

@@ -33,6 +33,7 @@ _DEFAULT_CONFIG: dict[str, Any] = {
     "timeout_hang_s": 30.0,
     "seed": 0,
     "quote_key_in_401": False,
+    "answer_like_demos": False,
     "rpm_limit": None,
     "tpm_limit": None,
     "limit_window_s": 60.0,
@@ -137,6 +138,27 @@ def test_prefixes_system_prompt(server: FakeOpenAIServer) -> None:
     assert reply.content == "[Be terse.] What is 2+2?"
     assert reply.body["usage"]["prompt_tokens"] == 6  # ceil(21 / 4)
     assert reply.body["usage"]["completion_tokens"] == 6  # ceil(24 / 4)
+
+
+def test_answer_like_demos_copies_the_demonstration_next_to_the_input(
+    server: FakeOpenAIServer,
+) -> None:
+    shown = [
+        {"role": "system", "content": "Classify."},
+        {"role": "user", "content": "charged twice"},
+        {"role": "assistant", "content": "billing"},
+        {"role": "user", "content": "parcel lost"},
+        {"role": "assistant", "content": "shipping"},
+        {"role": "user", "content": "where is my parcel"},
+    ]
+    assert chat(server, shown).content == "[Classify.] where is my parcel"  # off: the echo
+    server.configure(answer_like_demos=True)
+    assert chat(server, shown).content == "shipping"
+    assert chat(server, [shown[0], shown[-1]]).content == "[Classify.] where is my parcel"
+    scripted = [*shown[:-1], {"role": "user", "content": "x [[reply:own]]"}]
+    assert chat(server, scripted).content == "own"  # a directive still comes first
+    with pytest.raises(ValueError, match="answer_like_demos"):
+        server.configure(answer_like_demos="yes")
 
 
 def test_estimate_tokens_rounds_up() -> None:

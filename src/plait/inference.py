@@ -119,11 +119,14 @@ class LLMInference(Module):
             )
         if isinstance(demos, Parameter):
             normalize_demo_value(demos.value, "LLMInference(demos=Parameter(...)).value")
+            if demos.check is None:  # a saved list or pool loads back into it, checked
+                demos.check = normalize_demo_value
             self.demos = demos
         elif demos is not None:
             self.demos = Parameter(
                 normalize_demo_value(demos, "LLMInference(demos=...)"),
                 description=DEMOS_DESCRIPTION,
+                check=normalize_demo_value,
             )
         else:
             self.demos = None

@@ -20,13 +20,13 @@ from __future__ import annotations
 import functools
 import inspect
 import weakref
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Self
 
 from plait.effects import Message, interpret, runtime
 from plait.options import check_setting_names
-from plait.parameter import Parameter
+from plait.parameter import Parameter, ParameterValueError
 from plait.values import Value
 
 __all__ = ["BackwardContext", "BackwardResult", "Module", "llm_aliases"]
@@ -349,8 +349,14 @@ class Module:
         """Every parameter value by dotted name: what training learned, ready to save."""
         return {name: param.value for name, param in self.named_parameters()}
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load values saved by `state_dict`; missing keys are kept, unknown keys raise KeyError."""
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Load values saved by `state_dict` (or a parameters file); missing keys are kept.
+
+        Every value is checked before any is written, so a state that does not fit
+        leaves the module as it was: an unknown name raises KeyError, and a value its
+        parameter cannot hold (`Parameter.checked`: a number for a prompt, a pool
+        for demonstrations is fine) raises `ParameterValueError` naming each.
+        """
         params = dict(self.named_parameters())
         unknown = [name for name in state_dict if name not in params]
         if unknown:
@@ -359,7 +365,19 @@ class Module:
                 f"unknown parameter(s) {', '.join(map(repr, unknown))} for "
                 f"{type(self).__name__} (its parameters: {known})"
             )
+        checked: dict[str, Any] = {}
+        wrong: list[str] = []
         for name, value in state_dict.items():
+            try:
+                checked[name] = params[name].checked(value)
+            except ParameterValueError as exc:
+                wrong.append(f"{name} ({exc})")
+        if wrong:
+            raise ParameterValueError(
+                f"value(s) of the wrong kind for {type(self).__name__}: {'; '.join(wrong)}",
+                tuple(wrong),
+            )
+        for name, value in checked.items():
             params[name].value = value
 
     # -- modes -----------------------------------------------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import weakref
+from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any, Protocol
 
@@ -28,7 +29,7 @@ class Owner(Protocol):
     def _bump_state_version(self) -> None: ...
 
 
-__all__ = ["Parameter", "StructureLockedError"]
+__all__ = ["Parameter", "ParameterValueError", "StructureLockedError", "value_kind"]
 
 _ids = itertools.count(1)
 #: Parameters unpickled with an owner that has not relinked them yet (its id then).
@@ -58,12 +59,53 @@ class StructureLockedError(RuntimeError):
     """A Parameter was created while the parameter structure was locked."""
 
 
+class ParameterValueError(ValueError):
+    """A value offered to a parameter (a loaded state, a parameters file) that it cannot
+    hold: the message names each such parameter and what it takes; ``problems`` has
+    one ``"name (why)"`` per parameter refused."""
+
+    def __init__(self, message: str, problems: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.problems = problems
+
+
+def value_kind(value: Any) -> str:
+    """The JSON kind of ``value`` (text, number, boolean, list, object, null), or its type's
+    name when it has none: what a loaded value is compared by (`Parameter.checked`)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "text"
+    if isinstance(value, list | tuple):
+        return "list"
+    if isinstance(value, dict):
+        return "object"
+    return type(value).__name__
+
+
+#: Kinds of held value a loaded value must share (a parameter holding None, or an
+#: object of a type of its own, takes any value it is given).
+_CHECKED_KINDS = frozenset({"boolean", "number", "text", "list", "object"})
+
+
 class Parameter:
     """A learnable value, typically a prompt, improved from feedback.
 
     ``description`` tells an optimizer what the value is for; it is required when
     ``requires_grad=True`` because an optimizer asked to rewrite a prompt without
     knowing its role produces incoherent updates.
+
+    ``check`` says which values the parameter may hold when a saved state is loaded
+    into it (`Module.load_state_dict`, ``--parameters`` files): a function taking a
+    value and returning it as the parameter holds it, or raising ValueError saying
+    why it cannot (a module-level function, so that the parameter still pickles).
+    Without one, a loaded value must be of the JSON kind of the value held (text
+    for text, a list for a list...).  Demonstrations have one: a list of pairs and
+    a pool chosen per input are both demonstrations.
     """
 
     __slots__ = (
@@ -72,6 +114,7 @@ class Parameter:
         "_name",
         "_owner",
         "_value",
+        "check",
         "description",
         "param_id",
         "requires_grad",
@@ -82,6 +125,8 @@ class Parameter:
         value: Any,
         description: str | None = None,
         requires_grad: bool = True,
+        *,
+        check: Callable[[Any], Any] | None = None,
     ) -> None:
         locked_by = _structure_lock.get()
         if locked_by is not None:
@@ -105,6 +150,7 @@ class Parameter:
         self._value = value
         self.description = description
         self.requires_grad = requires_grad
+        self.check = check
         self._name: str | None = None
         self._owner: weakref.ReferenceType[Owner] | None = None
         self._feedback_buffer: list[str] = []
@@ -122,6 +168,7 @@ class Parameter:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         owner = state.pop("pickled_owner", None)
+        object.__setattr__(self, "check", None)  # absent from a state pickled before it existed
         for name, value in state.items():
             object.__setattr__(self, name, value)
         if owner is not None:
@@ -151,6 +198,20 @@ class Parameter:
         owner = self.owner
         if owner is not None:
             owner._bump_state_version()
+
+    def checked(self, value: Any) -> Any:
+        """``value`` as this parameter would hold it once loaded (a saved state, a
+        parameters file), or `ParameterValueError` saying what it takes instead: its
+        ``check`` when it has one, else the JSON kind of the value it holds now."""
+        if self.check is not None:
+            try:
+                return self.check(value)
+            except ValueError as exc:
+                raise ParameterValueError(str(exc)) from None
+        held, given = value_kind(self._value), value_kind(value)
+        if held in _CHECKED_KINDS and given != held:
+            raise ParameterValueError(f"expected {held}, given {given}")
+        return value
 
     def current(self) -> Any:
         """The value this input runs with (the live value outside a run), never a placeholder."""

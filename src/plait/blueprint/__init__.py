@@ -58,6 +58,14 @@ default is a bool, number, string or enum, whose type is then used.
 from plait.blueprint._blueprint import Blueprint, make_from_argv, parse_cli_args
 from plait.blueprint._evaluate import BlueprintError
 from plait.blueprint._plan import ArgInfo
-from plait.blueprint._types import Castable
+from plait.blueprint._types import Castable, load_object
 
-__all__ = ["ArgInfo", "Blueprint", "BlueprintError", "Castable", "make_from_argv", "parse_cli_args"]
+__all__ = [
+    "ArgInfo",
+    "Blueprint",
+    "BlueprintError",
+    "Castable",
+    "load_object",
+    "make_from_argv",
+    "parse_cli_args",
+]

@@ -23,6 +23,8 @@ from plait.cli.options import (
     add_otel_argument,
     add_parameters_argument,
     add_resources_argument,
+    make_loss,
+    needs_target,
     note_embedded,
     otel_handler,
     parse_target_args,
@@ -41,7 +43,7 @@ from plait.learning.confusion import (
     confusion,
     find_labels,
 )
-from plait.learning.step import Inputs, TrainingStep, model_call
+from plait.learning.step import Inputs, TrainingStep, loss_call, model_call
 from plait.module import Module
 from plait.resources.config import ConfigurationError, ResourceConfig
 from plait.target import Target, TargetError, code_files
@@ -65,7 +67,7 @@ as for `plait run`.  --parameters FILE loads the values `plait train` learned
 Data (--data): a JSONL (or CSV) file, one object per line, read as `plait run`
 reads its inputs; --target-field (default "target") is passed to the loss, and
 must be in every example (its absence is an error naming the fields, unless the
-loss is judge and --target-field is not given).  --input-field NAME is passed
+loss is judge, or --metric scores, and --target-field is not given).  --input-field NAME is passed
 to the pipeline; without it, the fields named like forward's parameters (the
 target aside) are passed, else the field "input"; an example that has neither
 is refused, naming its fields.  An input that is a list is one input.
@@ -73,6 +75,16 @@ is refused, naming its fields.  An input that is a list is one input.
 Losses: exact (output equals target), contains (output contains the
 target text(s)), judge (an LLM grades the output against --criteria; its calls
 use the alias --judge-alias).  Scores lie in [0, 1].
+
+Metric: --metric module:function (or path/to/file.py:function) scores each
+example with your function instead of a loss, metric(example, prediction), as
+DSPy's metrics are written (a third parameter, DSPy's trace, is given None).
+example holds the example's input field(s) and its target field, read as
+example["label"] or example.label; prediction is what the pipeline returned.
+It returns a bool (1 or 0) or a number in [0, 1].  A metric that raises, or
+returns anything else, makes that example a failed one, its error naming the
+metric; a reference that cannot be imported, or a function that cannot take
+(example, prediction), is refused before any example runs (exit 2).
 
 Interval: when every score is 0 or 1, the Wilson score interval (sound for a
 proportion, even near 0 or 1 and for few examples); otherwise the normal
@@ -114,7 +126,8 @@ interrupted.
 def build_parser() -> argparse.ArgumentParser:
     parser = target_parser(
         "eval",
-        "plait eval TARGET [key=value ...] --data FILE --loss {exact,contains,judge} [options]",
+        "plait eval TARGET [key=value ...] --data FILE [--loss {exact,contains,judge} | "
+        "--metric MODULE:FUNCTION] [options]",
         DESCRIPTION,
     )
     parser.add_argument("--data", metavar="FILE", help="examples to score (JSONL)")
@@ -187,7 +200,6 @@ def confidence_interval(scores: list[float]) -> tuple[float, float, str]:
 
 def _eval(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     from plait.cli.run import refuse_to_clobber
-    from plait.cli.train import _make_loss
     from plait.learning.data import load_examples
 
     telemetry = otel_handler(ns)  # before anything runs: a missing extra is said at once
@@ -206,19 +218,18 @@ def _eval(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     module = Target(ns.target, ns.assignments).make()
     if ns.parameters is not None:
         load_parameters(module, ns.parameters, "eval", err)
-    if ns.loss == "judge" and not ns.criteria:
-        raise UsageError("--loss judge needs --criteria TEXT: what the judge should grade")
     target_field = ns.target_field or "target"
     examples = load_examples(
         ns.data,
         ns.input_field,
         target_field,
         forward=module.forward,
-        require_target=ns.loss != "judge" or ns.target_field is not None,
+        require_target=needs_target(ns),
         on_unused=lambda note: print(f"plait eval: {note}", file=err, flush=True),
     )
     if not examples:
         raise UsageError(f"--data {ns.data} holds no examples")
+    loss = make_loss(ns, module)
     resources: Any = module._bound_resources
     if ns.resources is not None:
         resources = ResourceConfig.load(ns.resources)
@@ -227,7 +238,7 @@ def _eval(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     for flag, path in (("--output", ns.output), ("--report", ns.report)):
         if path is not None and (Path(path).is_dir() or not Path(path).parent.is_dir()):
             raise UsageError(f"cannot write {flag} {path}: give a file in an existing folder")
-    step = _ScoredStep(module, _make_loss(ns))
+    step = _ScoredStep(module, loss)
     _trace_first(ns.target, module, examples)
     tally = Tally(len(examples))
     display = make_display(tally, err, quiet=ns.quiet, command="eval")
@@ -368,7 +379,7 @@ class _ScoredStep(TrainingStep):
 
     def forward(self, input: Any, target: Any = None) -> Any:
         output = model_call(self.model, input)
-        return {"output": output, "feedback": self.loss_fn(output, target)}
+        return {"output": output, "feedback": loss_call(self.loss_fn, output, target, input)}
 
 
 async def _score_all(

@@ -13,6 +13,8 @@ __all__ = [
     "add_otel_argument",
     "add_profile_argument",
     "add_run_settings_arguments",
+    "make_loss",
+    "needs_target",
     "non_negative_float",
     "note_embedded",
     "otel_handler",
@@ -189,11 +191,68 @@ def add_example_arguments(parser: argparse.ArgumentParser) -> None:
         "parameters, else input)",
     )
     parser.add_argument("--target-field", metavar="NAME", help="(target)")
-    parser.add_argument("--loss", choices=LOSSES, default="exact", help="(default: exact)")
+    parser.add_argument("--loss", choices=LOSSES, help="(default: exact)")
+    parser.add_argument(
+        "--metric",
+        metavar="MODULE:FUNCTION",
+        help="score with your function metric(example, prediction) -> bool or a number in "
+        "[0, 1] (module:function or path/to/file.py:function), instead of --loss",
+    )
     parser.add_argument(
         "--criteria", action="append", metavar="TEXT", help="what the judge grades (repeatable)"
     )
     parser.add_argument("--judge-alias", default="judge", metavar="ALIAS", help="(judge)")
+
+
+def needs_target(ns: argparse.Namespace) -> bool:
+    """Whether every example must have a target: ``--loss exact`` and ``contains``
+    compare with it; a judge and a metric can score without one, unless
+    ``--target-field`` names it."""
+    return ns.target_field is not None or (ns.metric is None and ns.loss != "judge")
+
+
+def make_loss(ns: argparse.Namespace, module: Any) -> Any:
+    """The loss the example options ask for (``plait train`` and ``plait eval``): a
+    metric function (``--metric``) or a named loss (``--loss``, exact by default).
+    Everything it needs is checked now, before any call: a metric that cannot be
+    imported or called as one is a `UsageError` naming the reference."""
+    from plait.learning import losses
+
+    if ns.metric is not None:
+        if ns.loss is not None:
+            raise UsageError(
+                f"--loss {ns.loss} and --metric {ns.metric} both say how to score: give one"
+            )
+        return _metric_loss(ns, module)
+    if ns.loss in (None, "exact"):
+        return losses.ExactMatch()
+    if ns.loss == "contains":
+        return losses.Contains()
+    if not ns.criteria:
+        raise UsageError("--loss judge needs --criteria TEXT: what the judge should grade")
+    return losses.LLMJudge(ns.judge_alias, ns.criteria)
+
+
+def _metric_loss(ns: argparse.Namespace, module: Any) -> Any:
+    """``--metric module:function`` (or ``path/to/file.py:function``) as a `MetricLoss`."""
+    from plait.blueprint import load_object
+    from plait.learning.data import input_field_name
+    from plait.learning.losses import MetricLoss
+
+    spec: str = ns.metric
+    fix = "give --metric module:function or --metric path/to/file.py:function"
+    if ":" not in spec.strip(":"):
+        raise UsageError(f"--metric {spec}: no function named; {fix}")
+    try:
+        metric = load_object(spec)
+    except Exception as exc:  # the metric's own module may raise anything while importing
+        raise UsageError(f"--metric {spec}: {exc}; {fix}") from None
+    target_field = ns.target_field or "target"
+    input_field = input_field_name(ns.data, ns.input_field, target_field, forward=module.forward)
+    try:
+        return MetricLoss(metric, spec, target_field=target_field, input_field=input_field)
+    except TypeError as exc:  # its message starts with the reference
+        raise UsageError(f"--metric {exc}") from None
 
 
 def target_parser(command: str, usage: str, description: str) -> argparse.ArgumentParser:

@@ -14,18 +14,18 @@ same parameters, optimizer state and position in the data.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 from pathlib import Path
 from typing import IO, Any
 
-from plait._files import write_atomic
 from plait.cli.options import (
     UsageError,
     add_example_arguments,
     add_otel_argument,
     add_resources_argument,
+    make_loss,
+    needs_target,
     non_negative_float,
     note_embedded,
     otel_handler,
@@ -56,8 +56,8 @@ that returns a Module.  key=value arguments configure it, as for `plait run`.
 
 Data (--data, --val): JSONL (or CSV) files, one object per line, read as `plait
 run` reads its inputs; --target-field (default "target") is passed to the loss
-and must be in every example (unless the loss is judge and --target-field is not
-given).  --input-field NAME is passed to the pipeline; without it, the fields
+and must be in every example (unless the loss is judge, or --metric scores, and
+--target-field is not given).  --input-field NAME is passed to the pipeline; without it, the fields
 named like forward's parameters (the target aside) are passed, else the field
 "input"; an example that has neither is refused, naming its fields.
 
@@ -70,7 +70,9 @@ prints both.
 
 Losses: exact (output equals target), contains (output contains the target
 text(s)), judge (an LLM grades the output against --criteria, with the target as
-a reference; its calls use the alias --judge-alias).
+a reference; its calls use the alias --judge-alias).  Or --metric module:function
+(path/to/file.py:function): your function metric(example, prediction) -> bool or
+a number in [0, 1] scores each example, as for `plait eval` (see its --help).
 Optimizers (--optimizer, repeatable: each step applies them in order and keeps
 or rolls back each update on its own): sfa, textgrad (rewrite the instructions;
 their LLM calls use the alias --optimizer-alias), bootstrap (sets the
@@ -282,6 +284,7 @@ def _check_out(ns: argparse.Namespace, out: Path) -> None:
 
 
 def _train(ns: argparse.Namespace, err: IO[str]) -> int:
+    from plait.learning.state import json_state, save_parameters
     from plait.learning.trainer import Trainer
 
     telemetry = otel_handler(ns)  # before anything runs: a missing extra is said at once
@@ -296,6 +299,13 @@ def _train(ns: argparse.Namespace, err: IO[str]) -> int:
             f"{ns.target} has no learnable Parameter: give it a plait.Parameter(..., "
             "description=...) (for example as an LLMInference system_prompt) to train"
         )
+    try:  # what training ends by writing must be writable, before anything is paid for
+        json_state(module)
+    except TypeError as exc:
+        raise UsageError(
+            f"{ns.target} cannot be trained: {exc} (training saves every value in "
+            f"{PARAMETERS_FILE})"
+        ) from None
     if ns.refit and ns.val is None:
         raise UsageError(
             "--refit adds every labelled example to the demonstration pools once --val has "
@@ -317,11 +327,12 @@ def _train(ns: argparse.Namespace, err: IO[str]) -> int:
     checkpoint = Path(ns.checkpoint) if ns.checkpoint else out / "checkpoint"
     if ns.fresh:
         _remove_checkpoint(checkpoint)
+    loss = make_loss(ns, module)
     optimizer = _make_optimizers(ns, module, resources)
     display = _Progress(err, ns.quiet)
     trainer = Trainer(
         module,
-        _make_loss(ns),
+        loss,
         optimizer,
         ns.data,
         ns.val,
@@ -354,9 +365,7 @@ def _train(ns: argparse.Namespace, err: IO[str]) -> int:
     finally:
         display.stop()
     out.mkdir(parents=True, exist_ok=True)
-    write_atomic(
-        out / PARAMETERS_FILE, json.dumps(module.state_dict(), indent=2, ensure_ascii=False) + "\n"
-    )
+    save_parameters(module, out / PARAMETERS_FILE)
     history.save(out / HISTORY_JSON)
     written = [PARAMETERS_FILE, HISTORY_JSON]
     try:
@@ -406,21 +415,9 @@ def _check_data(ns: argparse.Namespace, module: Module, err: IO[str]) -> None:
                 ns.input_field,
                 ns.target_field or "target",
                 forward=module.forward,
-                require_target=ns.loss != "judge" or ns.target_field is not None,
+                require_target=needs_target(ns),
                 on_unused=note,
             )
-
-
-def _make_loss(ns: argparse.Namespace) -> Module:
-    from plait.learning import losses
-
-    if ns.loss == "exact":
-        return losses.ExactMatch()
-    if ns.loss == "contains":
-        return losses.Contains()
-    if not ns.criteria:
-        raise UsageError("--loss judge needs --criteria TEXT: what the judge should grade")
-    return losses.LLMJudge(ns.judge_alias, ns.criteria)
 
 
 def _make_optimizers(ns: argparse.Namespace, module: Module, resources: Any) -> list[Any]:

@@ -15,7 +15,7 @@ from typing import Any
 from plait.learning.failures import TrainerError
 from plait.learning.step import Inputs
 
-__all__ = ["Example", "load_examples"]
+__all__ = ["Example", "input_field_name", "load_examples"]
 
 #: One training example: the pipeline's input and the target its loss compares with.
 Example = tuple[Any, Any]
@@ -42,22 +42,9 @@ def load_examples(
     without the target field gives a target of None (a loss that needs no
     reference, such as a judge, can still score it) unless ``require_target``.
     """
-    from plait.inputs import CallShape, InputError, map_record, read_records
+    from plait.inputs import CallShape, map_record
 
-    if isinstance(data, str | os.PathLike):
-        path = Path(data)
-        if path.is_dir():
-            raise TrainerError(f"the dataset {path} is a directory; give a JSONL or CSV file")
-        try:
-            read = read_records(str(path))
-        except InputError as exc:
-            raise TrainerError(f"cannot read the dataset {path}: {exc}") from None
-        bad = next((record for record in read if record.problem is not None), None)
-        if bad is not None:
-            raise TrainerError(str(bad.problem))
-        records = [(record.where, record.value) for record in read]
-    else:
-        records = [(f"the dataset, record {n}", record) for n, record in enumerate(data, 1)]
+    records = _records(data)
     shape = CallShape.of(forward) if forward is not None else None
     examples: list[Example] = []
     for where, record in records:
@@ -106,3 +93,50 @@ def load_examples(
                 f"an object with {input_field or 'input'!r} and {target_field!r}"
             )
     return examples
+
+
+def _records(data: str | os.PathLike[str] | Iterable[Any]) -> list[tuple[str, Any]]:
+    """Each record of ``data`` with where it is (a file's line), for messages."""
+    from plait.inputs import InputError, read_records
+
+    if not isinstance(data, str | os.PathLike):
+        return [(f"the dataset, record {n}", record) for n, record in enumerate(data, 1)]
+    path = Path(data)
+    if path.is_dir():
+        raise TrainerError(f"the dataset {path} is a directory; give a JSONL or CSV file")
+    try:
+        read = read_records(str(path))
+    except InputError as exc:
+        raise TrainerError(f"cannot read the dataset {path}: {exc}") from None
+    bad = next((record for record in read if record.problem is not None), None)
+    if bad is not None:
+        raise TrainerError(str(bad.problem))
+    return [(record.where, record.value) for record in read]
+
+
+def input_field_name(
+    data: str | os.PathLike[str] | Iterable[Any],
+    input_field: str | None = None,
+    target_field: str = "target",
+    *,
+    forward: Callable[..., Any] | None = None,
+) -> str | None:
+    """The field of the data's records that an example's input is, by the rule
+    `load_examples` follows (its first record decides): ``input_field`` when given, the
+    one field named like a parameter of ``forward``, else ``input``.  None when the
+    input is no one field (several fields passed by name, the record passed whole):
+    it then keeps its fields' own names where a metric is shown the example."""
+    from plait.inputs import CallShape, map_record
+
+    if input_field is not None:
+        return input_field
+    first = next((record for _, record in _records(data) if isinstance(record, Mapping)), None)
+    if first is None:
+        return "input"
+    shape = CallShape.of(forward) if forward is not None else None
+    mapped = map_record(
+        dict(first), shape, None, "", skip=frozenset({target_field}), fallback_field="input"
+    )
+    if mapped.kwargs:
+        return next(iter(mapped.kwargs)) if len(mapped.kwargs) == 1 else None
+    return "input" if "input" in first else None

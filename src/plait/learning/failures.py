@@ -46,13 +46,15 @@ def training_call_failure(value: Value, step: Module | None) -> TrainingCallFail
     where = f" in {path}" if path else ""
     module = dict(step.named_modules()).get(path) if step is not None and path else None
     alias = getattr(module, "alias", None)
+    why = "a broken endpoint does not score as a bad prompt"
     if isinstance(alias, str):
         where += f" (alias {alias!r})"
+    else:  # the loss's own code (a metric function that raised): no endpoint to blame
+        why = "an example that could not be scored does not count as a bad prompt"
     return TrainingCallFailed(
         f"a training call failed{where}: {meta.get('error_type', 'error')}: "
-        f"{meta.get('message', value.payload)}; the run stops so a broken endpoint does not "
-        "score as a bad prompt (fix it, then re-run the same command: the run resumes "
-        "from its checkpoint)"
+        f"{meta.get('message', value.payload)}; the run stops so {why} (fix it, then re-run "
+        "the same command: the run resumes from its checkpoint)"
     )
 
 

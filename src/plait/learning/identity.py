@@ -224,7 +224,7 @@ def check_resume(
             checkpoint_dir,
             f"was scored with another loss: {'; '.join(loss_changes(saved_loss, loss))}; its "
             "scores would not compare with this run's.",
-            "Resume with the same loss settings (--loss, --criteria, --judge-alias)",
+            "Resume with the same loss settings (--loss or --metric, --criteria, --judge-alias)",
         )
     saved_data = state.get("data")
     if isinstance(saved_data, dict) and saved_data != data:

@@ -27,6 +27,7 @@ from plait._signature import shape_of
 from plait._text import data_text
 from plait.inference import LLMInference
 from plait.learning.feedback import Feedback, feedback_text
+from plait.learning.step import Inputs
 from plait.module import BackwardContext, BackwardResult, Module
 from plait.not_data import code_in
 from plait.values import Value, ValueKind
@@ -41,6 +42,9 @@ __all__ = [
     "FunctionLoss",
     "LLMJudge",
     "Loss",
+    "MetricError",
+    "MetricExample",
+    "MetricLoss",
     "RubricJudge",
     "VerifierLoss",
     "aggregate",
@@ -230,6 +234,133 @@ class FunctionLoss(Loss):
 
     def extra_repr(self) -> str:
         return self.name
+
+
+class MetricError(ValueError):
+    """An evaluation metric that raised, or returned something that is no score: the
+    message names the metric, so the example's error row says whose fault it is."""
+
+
+class MetricExample(dict[str, Any]):
+    """The example a metric is shown: its input field(s) and its target field, read as
+    ``example["label"]`` or, as DSPy's examples are, ``example.label``."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(
+                f"the example has no field {name!r} (its fields: {', '.join(self) or 'none'})"
+            ) from None
+
+
+class MetricLoss(Loss):
+    """A loss from an evaluation metric, ``metric(example, prediction)``, as DSPy writes them.
+
+    ``example`` is a `MetricExample`: the example's input (under ``input_field``;
+    several fields passed by name, or a record passed whole, keep their own names)
+    and its target (under ``target_field``, when it has one); ``prediction`` is what
+    the pipeline returned.  A metric with a third parameter (DSPy's ``trace``) is
+    given None for it.  It returns a bool (1.0 or 0.0), a number in [0, 1], a
+    ``(score, text)`` pair or a `Feedback`; the score is the example's.
+
+    A metric that raises, or returns anything else, raises `MetricError` naming it:
+    that example fails (``plait eval`` reports it as an error row) while the others
+    are scored.  A metric that cannot be called so is a TypeError at construction,
+    before anything runs.
+    """
+
+    #: `TrainingStep` passes the example's input too (`loss_call`).
+    reads_input: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        metric: Callable[..., Any],
+        name: str | None = None,
+        target_field: str = "target",
+        input_field: str | None = "input",
+    ) -> None:
+        super().__init__()
+        self.name = name or _describe(metric)
+        self.trace_argument = _metric_arity(metric, self.name) == 3
+        self.metric = metric
+        self.target_field = target_field
+        self.input_field = input_field
+
+    def forward(self, output: Any, target: Any = None, input: Any = None) -> Feedback:
+        example = MetricExample(self._input_fields(_payload(input)))
+        target = _payload(target)
+        if target is not None:
+            example[self.target_field] = target
+        trace = (None,) if self.trace_argument else ()
+        try:
+            result = self.metric(example, _payload(output), *trace)
+        except Exception as exc:
+            raise MetricError(f"the metric {self.name} raised {type(exc).__name__}: {exc}") from exc
+        return self._feedback(result)
+
+    def _input_fields(self, input: Any) -> dict[str, Any]:
+        if isinstance(input, Inputs) or (self.input_field is None and isinstance(input, Mapping)):
+            return dict(input)
+        return {self.input_field or "input": input}
+
+    def _feedback(self, result: Any) -> Feedback:
+        if isinstance(result, Feedback):
+            return result
+        text = None
+        if isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], str):
+            result, text = result
+        if isinstance(result, bool):
+            score = 1.0 if result else 0.0
+        elif isinstance(result, int | float) and 0.0 <= float(result) <= 1.0:  # NaN fails
+            score = float(result)
+        else:
+            raise MetricError(
+                f"the metric {self.name} returned {_clip(repr(result), 80)} "
+                f"({type(result).__name__}); a metric returns a bool or a score in [0, 1]"
+            )
+        if text is None:
+            text = f"the metric {self.name} scored the output {score:g} (1 is best)"
+        return Feedback(score, text)
+
+    def extra_repr(self) -> str:
+        return self.name
+
+
+def _metric_arity(metric: Any, name: str) -> int:
+    """How many arguments ``metric`` is called with: 2 (example, prediction), or 3 when
+    it requires a third (DSPy's ``trace``).  TypeError, saying why, for anything that
+    is not a synchronous function of that shape."""
+    if inspect.isclass(metric):
+        raise TypeError(f"{name} is a class, not a function of (example, prediction)")
+    if not callable(metric):
+        raise TypeError(
+            f"{name} is not a function but {_clip(repr(metric), 40)} ({type(metric).__name__})"
+        )
+    if inspect.iscoroutinefunction(metric) or inspect.iscoroutinefunction(type(metric).__call__):
+        raise TypeError(f"{name} is async; a metric is a plain (synchronous) function")
+    try:
+        shape = shape_of(metric)
+    except (TypeError, ValueError):
+        return 2  # a builtin without a signature: try it as a metric
+    keyword_only = [
+        p.name
+        for p in shape.parameters
+        if p.kind is inspect.Parameter.KEYWORD_ONLY and p.default is inspect.Parameter.empty
+    ]
+    required = sum(
+        1
+        for p in shape.parameters
+        if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        and p.default is inspect.Parameter.empty
+    )
+    fits = shape.var_positional or shape.positional >= 2
+    if keyword_only or not fits or required > 3:
+        raise TypeError(
+            f"{name} takes {shape.signature}; a metric takes (example, prediction), or DSPy's "
+            "(example, pred, trace=None)"
+        )
+    return 3 if required == 3 else 2
 
 
 class VerifierLoss(FunctionLoss):

@@ -29,11 +29,16 @@ from plait.module import Module
 from plait.parameter import StructureLockedError, _structure_lock
 
 __all__ = [
+    "ParameterFileError",
     "ParameterState",
     "StructureLockedError",
     "is_locked",
+    "json_state",
+    "load_parameters",
     "lock",
     "merge",
+    "read_parameters",
+    "save_parameters",
     "snapshot",
 ]
 
@@ -164,8 +169,10 @@ class ParameterState(Mapping[str, Any]):
     def apply_to(self, module: Module) -> None:
         """Load these values into ``module`` (a partial state leaves other parameters alone).
 
-        Every name is checked before anything is written, so an unknown name
-        (KeyError, as `Module.load_state_dict` raises) leaves the module untouched.
+        Every name and value is checked before anything is written, as
+        `Module.load_state_dict` checks them (an unknown name is a KeyError, a value
+        its parameter cannot hold a `ParameterValueError`), so a state that does not
+        fit leaves the module untouched.
         Only values that differ are written: a parameter's module state version
         records real changes, not reloads of what it already holds.  Trainable
         flags are recorded for `split`, not applied: freezing is the caller's choice.
@@ -177,9 +184,13 @@ class ParameterState(Mapping[str, Any]):
                 f"unknown parameter(s) {', '.join(map(repr, unknown))} for "
                 f"{type(module).__name__} (its parameters: {', '.join(params) or 'none'})"
             )
-        for name, value in self._values.items():
-            if params[name].value != value:
-                params[name].value = copy.deepcopy(value)
+        module.load_state_dict(
+            {
+                name: copy.deepcopy(value)
+                for name, value in self._values.items()
+                if params[name].value != value
+            }
+        )
 
     # -- persistence -----------------------------------------------------------------
     def to_json(self, *, indent: int | None = 2) -> str:
@@ -265,3 +276,93 @@ def lock(reason: str = "plait.learning.state.lock()") -> Iterator[None]:
 def is_locked() -> bool:
     """Whether the parameter structure is locked in the current context."""
     return _structure_lock.get() is not None
+
+
+# -- parameters files ------------------------------------------------------------------------
+class ParameterFileError(ValueError):
+    """A parameters file that cannot be read, or whose values do not fit the module; the
+    message names the file and what to change."""
+
+
+def json_state(module: Module) -> str:
+    """``module.state_dict()`` as the JSON text `save_parameters` writes; a value JSON
+    cannot hold is a TypeError naming its parameter (so a training run can refuse such
+    a pipeline before it pays for anything, rather than fail to save at its end)."""
+    values = module.state_dict()
+    for name, value in values.items():
+        try:
+            json.dumps(value, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(
+                f"parameter {name!r} holds a {type(value).__name__}, which JSON cannot store "
+                f"({exc}); keep parameter values to text, numbers, lists and dicts"
+            ) from None
+    return json.dumps(values, indent=2, ensure_ascii=False) + "\n"
+
+
+def save_parameters(module: Module, path: str | Path) -> Path:
+    """Write ``module.state_dict()`` to ``path`` as one JSON object, name -> value: the
+    ``parameters.json`` that ``plait train`` writes, that ``--parameters``,
+    `load_parameters` and ``module.load_state_dict(json.load(f))`` read back.
+
+    Written atomically; a value JSON cannot hold is a TypeError naming its parameter
+    (`json_state`), before anything is written.
+    """
+    return write_atomic(path, json_state(module))
+
+
+def read_parameters(path: str | Path) -> dict[str, Any]:
+    """The values a parameters file holds, by name: what `save_parameters` (and so
+    ``plait train``) writes, or a `ParameterState` saved with ``save``.
+    Anything else is a `ParameterFileError` naming the file."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ParameterFileError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        document = json.loads(text)
+    except ValueError as exc:
+        raise ParameterFileError(
+            f"{path} is not JSON ({exc}); give the parameters.json plait train wrote"
+        ) from None
+    if not isinstance(document, dict):
+        raise ParameterFileError(
+            f"{path} holds a JSON {type(document).__name__}, not an object of parameter "
+            "name -> value (the parameters.json plait train wrote)"
+        )
+    if document.get("format") == _FORMAT and isinstance(document.get("parameters"), dict):
+        try:
+            return dict(ParameterState.from_json(text))
+        except ValueError as exc:
+            raise ParameterFileError(f"{path}: {exc}") from None
+    return document
+
+
+def load_parameters(module: Module, path: str | Path) -> list[str]:
+    """Load the parameters file ``path`` into ``module``, checked as
+    `Module.load_state_dict` checks (every value is, before any is written); the names
+    of the module's parameters the file does not set, which keep their values.
+
+    Raises:
+        ParameterFileError: the file cannot be read, or names a parameter the module
+            does not have, or gives one a value it cannot hold; the message names the
+            file, and the module is left as it was.
+    """
+    from plait.parameter import ParameterValueError
+
+    values = read_parameters(path)
+    known = [name for name, _ in module.named_parameters()]
+    unknown = [name for name in values if name not in known]
+    if unknown:
+        raise ParameterFileError(
+            f"{path} names parameter(s) the pipeline does not have: {', '.join(unknown)} "
+            f"(its parameters: {', '.join(known) or 'none'})"
+        )
+    try:
+        module.load_state_dict(values)
+    except ParameterValueError as exc:
+        raise ParameterFileError(
+            f"{path} gives parameter(s) a value they cannot hold: {'; '.join(exc.problems)}; give "
+            "each the kind of value it holds (the parameters.json plait train wrote does)"
+        ) from None
+    return [name for name in known if name not in values]

@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 from plait.module import Module
 
-__all__ = ["Inputs", "TrainingStep", "model_call"]
+__all__ = ["Inputs", "TrainingStep", "loss_call", "model_call"]
 
 
 class Inputs(dict[str, Any]):
@@ -28,6 +28,14 @@ def model_call(model: Module, input: Any) -> Any:
     if isinstance(input, Inputs):
         return model(**input)
     return model(input)
+
+
+def loss_call(loss_fn: Module, output: Any, target: Any, input: Any) -> Any:
+    """``loss_fn`` called on an example's output and target, and on its input as well
+    when the loss reads it (``reads_input``: a metric is shown the whole example)."""
+    if getattr(loss_fn, "reads_input", False):
+        return loss_fn(output, target, input)
+    return loss_fn(output, target)
 
 
 class TrainingStep(Module):
@@ -64,4 +72,4 @@ class TrainingStep(Module):
         }
 
     def forward(self, input: Any, target: Any = None) -> Any:
-        return self.loss_fn(model_call(self.model, input), target)
+        return loss_call(self.loss_fn, model_call(self.model, input), target, input)

@@ -20,15 +20,18 @@ __all__ = ["make_spec"]
 
 
 def _user_modules(module: Module) -> list[Any]:
-    """The Python modules defining the pipeline's classes that workers may not import
-    by name (a ``file.py:Name`` target, a script, a notebook): sent by value."""
+    """The Python modules defining the pipeline's classes, and the functions its modules
+    hold (a loss's metric), that workers may not import by name (a ``file.py:Name``
+    target, a ``--metric file.py:function``, a script, a notebook): sent by value."""
+    import inspect
     import sysconfig
 
     libraries = {sysconfig.get_paths()[key] for key in ("purelib", "platlib")}
     found = {}
     for part in module.modules():
-        for cls in type(part).__mro__:
-            name = cls.__module__
+        names = [cls.__module__ for cls in type(part).__mro__]
+        names += [f.__module__ for f in vars(part).values() if inspect.isfunction(f)]
+        for name in names:
             if name == "builtins" or name.split(".")[0] == "plait" or name in found:
                 continue
             source = sys.modules.get(name)

@@ -18,6 +18,11 @@ Replies are a pure function of the request so that tests can predict them:
   drawn from the request's integer ``seed`` (the same seed, the same K) or, without
   one, from the server's own random stream (as a real sampler would);
 * a JSON-schema ``response_format`` yields a minimal instance of the schema;
+* with ``POST /_config {"answer_like_demos": true}``, a request that shows
+  demonstrations (user/assistant turns before its last user message) is answered
+  with the last of their answers, the one next to the input (where plait puts the
+  demonstration most like it), as a model copying its nearest example would; a
+  ``[[reply:...]]`` directive still comes first;
 * ``"logprobs": true`` adds each reply word's log-probability (-0.1) and, with
   ``top_logprobs`` (at most 20, as OpenAI allows), that many alternatives; the
   directive ``[[top:TOKEN LOGPROB|TOKEN LOGPROB|...]]`` sets the first token's
@@ -479,11 +484,23 @@ class _Config:
         #: that gate as if it carried ``[[gate:NAME]]``, while the request itself stays the
         #: same (a test can reorder replies without changing what was asked).
         self.gate_texts: dict[str, str] = {}
+        #: Answer a request that shows demonstrations (user/assistant turns before its
+        #: last user message) with the answer of the one next to its input, as a model
+        #: that copies its nearest example would: replies that depend on the
+        #: demonstrations chosen, for tests of learning them.
+        self.answer_like_demos = False
         #: The batch API's settings (``batch_*`` keys), see :mod:`plait.testing.fake_batches`.
         self.batch = BatchSettings()
 
     def as_dict(self) -> dict[str, Any]:
-        names = (*self._DURATIONS, *self._RATES, "seed", "quote_key_in_401", "gate_texts")
+        names = (
+            *self._DURATIONS,
+            *self._RATES,
+            "seed",
+            "quote_key_in_401",
+            "gate_texts",
+            "answer_like_demos",
+        )
         return {**{name: getattr(self, name) for name in names}, **self.batch.as_dict()}
 
     def apply(self, changes: dict[str, Any]) -> None:
@@ -509,9 +526,9 @@ class _Config:
                 if not isinstance(value, int) or isinstance(value, bool):
                     raise ValueError("seed must be an integer")
                 clean[key] = value
-            elif key == "quote_key_in_401":
+            elif key in ("quote_key_in_401", "answer_like_demos"):
                 if not isinstance(value, bool):
-                    raise ValueError("quote_key_in_401 must be true or false")
+                    raise ValueError(f"{key} must be true or false")
                 clean[key] = value
             elif key == "gate_texts":
                 if not isinstance(value, dict) or not all(
@@ -1196,7 +1213,7 @@ class FakeOpenAIApp:
         if directives.sample is not None:
             source = random.Random(plan.seed) if plan.seed is not None else rng
             plan.draw = source.randrange(directives.sample)
-        text, finish_reason = plan.reply()
+        text, finish_reason = plan.reply(like_demos=self.config.answer_like_demos)
         completion_tokens = estimate_tokens(len(text))
         self._completions += 1
         choice: dict[str, Any] = {
@@ -1280,6 +1297,7 @@ class _Plan:
     """A validated chat request, reduced to what is needed to produce its reply."""
 
     __slots__ = (
+        "demo_answer",
         "directives",
         "draw",
         "key",
@@ -1319,10 +1337,17 @@ class _Plan:
         self.service_tier: str | None = None
         #: With ``logprobs`` asked for: how many alternatives per token (else None).
         self.top_logprobs: int | None = None
+        #: The last assistant turn before the last user message: the answer of the
+        #: demonstration shown next to the input (None when the request shows none).
+        self.demo_answer: str | None = None
 
-    def reply(self) -> tuple[str, str]:
+    def reply(self, like_demos: bool = False) -> tuple[str, str]:
+        """The reply's text and finish reason; ``like_demos``: a request that shows
+        demonstrations is answered as the one next to its input was."""
         if self.directives.reply is not None:
             text = self.directives.reply
+        elif like_demos and self.demo_answer is not None:
+            text = self.demo_answer
         elif self.structured is not None:
             text = self.structured
         elif self.directives.top is not None:
@@ -1372,6 +1397,8 @@ def _plan_body(body: Any) -> _Plan:
 
     system: str | None = None
     last_user = ""
+    answered: str | None = None  # the last assistant turn so far
+    demo_answer: str | None = None  # the last one before the last user message
     chars = 0
     for message in messages:
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
@@ -1381,6 +1408,9 @@ def _plan_body(body: Any) -> _Plan:
         role = message["role"]
         if role == "user":
             last_user = text
+            demo_answer = answered
+        elif role == "assistant":
+            answered = text
         elif role == "system" and system is None:
             system = text
 
@@ -1405,6 +1435,7 @@ def _plan_body(body: Any) -> _Plan:
         model, system, directives, structured, max_tokens, seed, estimate_tokens(chars), key
     )
     plan.service_tier = tier
+    plan.demo_answer = demo_answer
     if body.get("logprobs"):
         k = body.get("top_logprobs", 0)
         if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= 20:

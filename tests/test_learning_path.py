@@ -1,0 +1,319 @@
+"""The learning path as a user types it: ``plait train`` writes ``parameters.json``, and
+``plait eval --parameters`` and ``plait run --parameters`` read back whatever it wrote,
+for every ``--demos`` and ``--optimizer`` choice the command offers.
+
+Every command is a real ``plait`` process on the fake OpenAI server, set to answer a
+request that shows demonstrations as the one next to its input was answered (the one
+plait chose as most like the input), so an output shows which demonstrations were
+chosen for it; without demonstrations it echoes ``[system prompt] input``.  Each
+output can so be predicted from ``parameters.json`` alone, and compared with what the
+training run's own pipeline scored in memory (its held-out test score) and gave.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import plait
+from plait.demos import choose_demos, is_pool, knn_demos
+from plait.learning import BootstrapFewShot, Contains
+from plait.learning.state import (
+    ParameterFileError,
+    ParameterState,
+    load_parameters,
+    save_parameters,
+    snapshot,
+)
+from plait.learning.trainer import Trainer
+from plait.parameter import ParameterValueError
+from plait.target import Target
+from tests.conftest import plait_cli
+
+#: What the fake server answers the optimizers' rewrite requests: those requests show
+#: the parameter's description, and the server answers a request holding
+#: ``[[reply:TEXT]]`` with TEXT.  So an instruction rewrite is "Answer billing.".
+REWRITE = '[[reply:{"new_value": "Answer billing."}]]'
+
+PIPELINE = f"""
+import plait
+
+
+class Triage(plait.Module):
+    def __init__(self):
+        super().__init__()
+        self.classify = plait.LLMInference(
+            "fast",
+            plait.Parameter("Classify the message.", description='the task {REWRITE}'),
+            demos=[],
+            temperature=0,
+        )
+
+    def forward(self, message):
+        return self.classify(message)
+"""
+
+TRAIN = [
+    ("I was charged twice this month.", "billing"),
+    ("I was charged for a plan I cancelled.", "billing"),
+    ("My parcel has not arrived yet.", "shipping"),
+    ("The parcel went to the wrong address.", "shipping"),
+    ("The app crashes when I log in.", "technical"),
+    ("The app crashes after the update.", "technical"),
+]
+VAL = [
+    ("Why was I charged again?", "billing"),
+    ("Where is my parcel?", "shipping"),
+    ("The app crashes every morning.", "technical"),
+]
+TEST = [
+    ("I was charged two times.", "billing"),
+    ("My parcel is lost.", "shipping"),
+    ("The app crashes on my phone.", "technical"),
+]
+
+
+def write_jsonl(path: Path, rows: list[Any]) -> None:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+
+
+def examples(pairs: list[tuple[str, str]]) -> list[dict[str, str]]:
+    return [{"message": message, "target": target} for message, target in pairs]
+
+
+@pytest.fixture()
+def project(server: Any, tmp_path: Path) -> Path:
+    """A user's folder: the pipeline, the resources, the data; the server answering as
+    its demonstrations do."""
+    server.configure(answer_like_demos=True)
+    (tmp_path / "triage.py").write_text(textwrap.dedent(PIPELINE), encoding="utf-8")
+    endpoint = {"provider": "openai", "model": "m", "base_url": server.base_url}
+    aliases = ("fast", "optimizer", "embedder")
+    (tmp_path / "resources.toml").write_text(
+        "".join(
+            f'[resources.{alias}]\nprovider = "openai"\nmodel = "m"\n'
+            f'base_url = "{endpoint["base_url"]}"\napi_key = "sk-test"\n'
+            for alias in aliases
+        ),
+        encoding="utf-8",
+    )
+    write_jsonl(tmp_path / "train.jsonl", examples(TRAIN))
+    write_jsonl(tmp_path / "val.jsonl", examples(VAL))
+    write_jsonl(tmp_path / "test.jsonl", examples(TEST))
+    write_jsonl(tmp_path / "messages.jsonl", [{"message": m} for m, _ in TEST])
+    return tmp_path
+
+
+def plait_in(project: Path, *args: str) -> Any:
+    """``plait ARGS`` in the project's folder, with its resources (as its user would)."""
+    return plait_cli(*args, "--resources", "resources.toml", cwd=project)
+
+
+def expected_output(parameters: dict[str, Any], message: str) -> str:
+    """What the fake server answers the pipeline with these values: the answer of the
+    demonstration shown next to the input (the one most like it, for a pool), else the
+    echo of the system prompt and the input."""
+    demos = choose_demos(parameters["classify.demos"], message)
+    if demos:
+        return str(demos[-1]["output"])
+    return f"[{parameters['classify.system_prompt']}] {message}"
+
+
+def triage() -> Any:
+    """The pipeline of the project's triage.py, built in this process."""
+    namespace: dict[str, Any] = {}
+    exec(textwrap.dedent(PIPELINE), namespace)
+    return namespace["Triage"]()
+
+
+#: (--demos, --optimizer(s), other arguments): every choice of both, and the options
+#: that change what is saved (instructions, refit, embeddings, two optimizers).
+CASES = [
+    ("list", ["bootstrap"], []),
+    ("knn", ["bootstrap"], []),
+    ("list", ["search"], []),
+    ("knn", ["search"], []),
+    ("list", ["sfa"], []),
+    ("knn", ["sfa"], []),
+    ("list", ["textgrad"], []),
+    ("knn", ["textgrad"], []),
+    ("knn", ["search"], ["--instructions", "2"]),
+    ("knn", ["bootstrap"], ["--refit"]),
+    ("knn", ["bootstrap"], ["--embed", "embedder"]),
+    ("list", ["bootstrap", "sfa"], []),
+]
+
+
+def test_the_cases_cover_every_choice_plait_train_offers() -> None:
+    from plait.cli.train import build_parser
+
+    choices = {action.dest: set(action.choices or ()) for action in build_parser()._actions}
+    assert {demos for demos, _, _ in CASES} == choices["demos"]
+    assert {name for _, names, _ in CASES for name in names} == choices["optimizer"]
+
+
+@pytest.mark.parametrize(
+    ("demos", "optimizers", "extra"),
+    CASES,
+    ids=[
+        "-".join([demos, *names, *(a.lstrip("-") for a in extra)]) for demos, names, extra in CASES
+    ],
+)
+def test_train_then_eval_then_run_use_what_training_learned(
+    project: Path, demos: str, optimizers: list[str], extra: list[str]
+) -> None:
+    """Was: `plait train --demos knn` wrote a pool, and `plait eval --parameters` refused
+    it (exit 2, "classify.demos (expected list, given object)")."""
+    chosen = [arg for name in optimizers for arg in ("--optimizer", name)]
+    train = plait_in(
+        project,
+        *("train", "triage.py:Triage", "--data", "train.jsonl", "--val", "val.jsonl"),
+        *("--test", "test.jsonl", *chosen, "--demos", demos, "--k", "2", *extra),
+        *("--loss", "contains", "--out", "runs/triage", "-q"),
+    )
+    assert train.returncode == 0, train.stderr
+    parameters = json.loads((project / "runs/triage/parameters.json").read_text())
+    assert is_pool(parameters["classify.demos"]) == (demos == "knn")
+    history = json.loads((project / "runs/triage/history.json").read_text())
+    # The untrained pipeline echoes (scores 0): what follows scores the trained one.
+    assert history["initial_test_score"] == 0.0 < history["final_test_score"]
+
+    evaluated = plait_in(
+        project,
+        *("eval", "triage.py:Triage", "--data", "test.jsonl", "--loss", "contains"),
+        *("--parameters", "runs/triage/parameters.json", "--output", "scored.jsonl", "-q"),
+    )
+    assert evaluated.returncode == 0, evaluated.stderr
+    # The score the training run's own pipeline had on the same examples, in memory.
+    assert f"mean {history['final_test_score']:.4f} over 3 example(s)" in evaluated.stdout
+    scored = [json.loads(line) for line in (project / "scored.jsonl").read_text().splitlines()]
+
+    ran = plait_in(
+        project,
+        *("run", "triage.py:Triage", "--input", "messages.jsonl"),
+        *("--parameters", "runs/triage/parameters.json", "--output", "answers.jsonl"),
+    )
+    assert ran.returncode == 0, ran.stderr
+    answers = [json.loads(line) for line in (project / "answers.jsonl").read_text().splitlines()]
+    outputs = [row["output"] for row in sorted(answers, key=lambda row: row["index"])]
+    assert outputs == [row["output"] for row in scored]
+    if "--embed" in extra:  # ranked by the server's embeddings: every neighbour is right
+        assert outputs == [target for _, target in TEST]
+    else:  # the demonstrations parameters.json gives, chosen per input as it says
+        assert outputs == [expected_output(parameters, message) for message, _ in TEST]
+    rewrites = optimizers in (["sfa"], ["textgrad"])
+    if rewrites:  # (after demonstrations, an instruction no longer changes the answer)
+        assert parameters["classify.system_prompt"] == "Answer billing."
+    elif demos == "knn":
+        # a pool that chose per input: every message answered by its own kind's pair
+        assert outputs == [target for _, target in TEST]
+
+
+def test_a_pool_trained_in_memory_gives_the_same_answers_after_plait_run_loads_it(
+    project: Path, server: Any
+) -> None:
+    """The trained pipeline in memory, and `plait run`/`plait eval` with the file it
+    saved, choose the same demonstrations for every input (a grown pool, after refit)."""
+    model = Target(f"{project / 'triage.py'}:Triage").make()  # the user's file
+    model.classify.demos.value = knn_demos(k=2)
+    resources = plait.ResourceConfig.load(project / "resources.toml")
+    trainer = Trainer(
+        model,
+        Contains(),
+        BootstrapFewShot(model.parameters(), max_demos=2),
+        project / "train.jsonl",
+        project / "val.jsonl",
+        batch_size=3,
+        resources=resources,
+        refit=True,
+        checkpoint_dir=project / "checkpoint",
+    )
+    trainer.fit_sync()
+    assert len(model.classify.demos.value["pool"]) == len(TRAIN) + len(VAL)
+    messages = [message for message, _ in TEST] + ["Is my parcel charged twice?"]
+    in_memory = model.run_sync(messages, resources=resources)
+    save_parameters(model, project / "parameters.json")
+    write_jsonl(project / "more.jsonl", [{"message": m} for m in messages])
+
+    ran = plait_in(
+        project,
+        *("run", "triage.py:Triage", "--input", "more.jsonl"),
+        *("--parameters", "parameters.json", "--output", "answers.jsonl"),
+    )
+    assert ran.returncode == 0, ran.stderr
+    answers = [json.loads(line) for line in (project / "answers.jsonl").read_text().splitlines()]
+    assert [row["output"] for row in sorted(answers, key=lambda r: r["index"])] == in_memory
+    write_jsonl(project / "scored-in.jsonl", [{"message": m, "target": "x"} for m in messages])
+    evaluated = plait_in(
+        project,
+        *("eval", "triage.py:Triage", "--data", "scored-in.jsonl", "--no-labels"),
+        *("--parameters", "parameters.json", "--output", "scored.jsonl", "-q"),
+    )
+    assert evaluated.returncode == 0, evaluated.stderr
+    scored = [json.loads(line) for line in (project / "scored.jsonl").read_text().splitlines()]
+    assert [row["output"] for row in scored] == in_memory
+
+
+# -- the one check of loaded values ---------------------------------------------------------
+
+
+def test_demonstrations_take_a_list_or_a_pool_and_a_prompt_takes_text() -> None:
+    model = triage()
+    pool = knn_demos(k=2, pool=[("a b", "x"), ("c d", "y"), ("e f", "z")])
+    model.load_state_dict({"classify.demos": pool})
+    assert model.classify.demos.value == pool
+    model.load_state_dict({"classify.demos": [["in", "out"]]})  # pairs, normalized
+    assert model.classify.demos.value == [{"input": "in", "output": "out"}]
+    with pytest.raises(ParameterValueError) as refused:
+        model.load_state_dict({"classify.system_prompt": "New.", "classify.demos": "three"})
+    assert "classify.demos" in str(refused.value) and "pairs" in str(refused.value)
+    # Nothing was loaded: not even the value that fitted.
+    assert model.classify.system_prompt.value == "Classify the message."
+    with pytest.raises(ParameterValueError, match=r"expected text, given number"):
+        model.load_state_dict({"classify.system_prompt": 5})
+    with pytest.raises(ParameterValueError, match=r"classify\.demos"):
+        snapshot(model).updated({"classify.demos": {"k": 2}}).apply_to(model)
+
+
+def test_a_parameter_state_file_loads_as_a_parameters_file(tmp_path: Path) -> None:
+    model = triage()
+    model.classify.demos.value = knn_demos(k=1, pool=[("a", "b")])
+    model.classify.system_prompt.value = "Learned."
+    snapshot(model).save(tmp_path / "state.json")
+    save_parameters(model, tmp_path / "parameters.json")
+    for name in ("state.json", "parameters.json"):
+        fresh = triage()
+        assert load_parameters(fresh, tmp_path / name) == []
+        assert fresh.state_dict() == model.state_dict()
+    (tmp_path / "bad.json").write_text('{"classify.demos": 3}', encoding="utf-8")
+    with pytest.raises(ParameterFileError, match=r"bad\.json .*classify\.demos"):
+        load_parameters(triage(), tmp_path / "bad.json")
+    assert ParameterState.load(tmp_path / "state.json")["classify.system_prompt"] == "Learned."
+
+
+def test_plait_train_refuses_a_value_it_could_not_save_before_any_call(
+    project: Path, server: Any
+) -> None:
+    (project / "odd.py").write_text(
+        PIPELINE
+        + textwrap.dedent(
+            """
+            class Odd(Triage):
+                def __init__(self):
+                    super().__init__()
+                    self.tags = plait.Parameter({"a", "b"}, requires_grad=False)
+            """
+        ),
+        encoding="utf-8",
+    )
+    train = plait_in(
+        project,
+        *("train", "odd.py:Odd", "--data", "train.jsonl", "--optimizer", "bootstrap", "-q"),
+    )
+    assert train.returncode == 2
+    assert "'tags' holds a set" in train.stderr.strip().splitlines()[-1]
+    assert server.stats()["requests_total"] == 0
