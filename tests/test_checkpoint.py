@@ -667,6 +667,46 @@ def test_the_code_identity_covers_imported_user_files_but_not_the_installation(
             sys.path.remove(str(tmp_path))
 
 
+def test_the_code_identity_follows_imports_through_namespace_packages(tmp_path: Path) -> None:
+    """A pipeline that imports, inside a function, from a namespace package (a folder
+    without ``__init__.py``, mine or installed) that nothing has imported yet: its
+    identity is found, and the user file inside the package counts as its code.
+    (importlib's path finder raised KeyError for such a subpackage.)"""
+    import importlib.util
+
+    from plait.execution.checkpoint import code_of
+
+    (tmp_path / "nsuser" / "inner").mkdir(parents=True)
+    helper = tmp_path / "nsuser" / "inner" / "shaped.py"
+    helper.write_text("SHAPE = 1\n", encoding="utf-8")
+    lazy = (
+        "    def lazy(self):\n"
+        "        from nsuser.inner.shaped import SHAPE\n"
+        "        from opentelemetry.sdk.trace import TracerProvider\n"
+        "        return SHAPE, TracerProvider\n\n"
+    )
+    write_helpers(tmp_path, "P:", "!")
+    source = HELPED_PIPELINE.replace("    async def forward", lazy + "    async def forward")
+    (tmp_path / "ns_api.py").write_text(source, encoding="utf-8")
+    spec = importlib.util.spec_from_file_location("ns_api", tmp_path / "ns_api.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["ns_api"] = module
+    try:
+        spec.loader.exec_module(module)
+        assert "nsuser" not in sys.modules
+        first = code_of(module.Helped())
+        assert "nsuser.inner.shaped" in first
+        assert not any(name.startswith("opentelemetry") for name in first)
+        helper.write_text("SHAPE = 2\n", encoding="utf-8")
+        assert code_of(module.Helped())["nsuser.inner.shaped"] != first["nsuser.inner.shaped"]
+    finally:
+        for name in ("ns_api", "helped_prompt", "helped_finish"):
+            sys.modules.pop(name, None)
+        while str(tmp_path) in sys.path:
+            sys.path.remove(str(tmp_path))
+
+
 def test_a_pipeline_class_without_source_is_keyed_by_name_and_says_so(
     resources: plait.ResourceConfig, tmp_path: Path
 ) -> None:

@@ -294,9 +294,22 @@ def _user_file(name: str, installed: tuple[str, ...]) -> Path | None:
             return None
         if spec.origin and os.path.realpath(spec.origin).startswith(installed):
             return None  # a module of an installed package is installed too
-        spec = importlib.machinery.PathFinder.find_spec(
-            ".".join(parts[: depth + 1]), list(spec.submodule_search_locations)
-        )
+        locations = [str(location) for location in spec.submodule_search_locations]
+        if all(os.path.join(os.path.realpath(p), "").startswith(installed) for p in locations):
+            return None  # an installed namespace package (no origin of its own)
+        dotted = ".".join(parts[: depth + 1])
+        try:
+            spec = importlib.machinery.PathFinder.find_spec(dotted, locations)
+        except KeyError:
+            # A namespace subpackage whose parent is not imported: importlib looks the
+            # parent up in sys.modules to track its path. Its portions are the
+            # directories of that name, which is all the next step needs.
+            spec = importlib.machinery.ModuleSpec(dotted, None, is_package=True)
+            spec.submodule_search_locations = [
+                found
+                for found in (os.path.join(where, parts[depth]) for where in locations)
+                if os.path.isdir(found)
+            ]
     if spec is None or not spec.has_location or not spec.origin:
         return None
     if not spec.origin.endswith(".py"):
