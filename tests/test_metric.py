@@ -244,3 +244,26 @@ def test_train_on_ray_workers_sends_them_the_metric_from_its_file(
     assert train.returncode == 0, train.stderr
     history = json.loads((project / "runs/triage/history.json").read_text())
     assert history["initial_val_score"] == pytest.approx(2 / 3)  # scored by the metric
+
+
+def test_a_resume_after_the_metric_was_edited_is_refused_naming_its_file(
+    project: Path, server: Any
+) -> None:
+    """The checkpoint's best score was measured by the metric as it was: an edited
+    metric's scores would be compared with it, so the resume is refused, naming the
+    file, before any call."""
+    write_jsonl(project / "train.jsonl", ROWS)
+    train = [
+        *("train", "triage.py:Triage", "--data", "train.jsonl", "--val", "train.jsonl"),
+        *("--target-field", "label", "--metric", "metrics.py:echoes", "--optimizer"),
+        *("bootstrap", "--out", "runs/triage", "--resources", "resources.toml", "-q"),
+    ]
+    first = plait_cli(*train, "--max-steps", "1", cwd=project)
+    assert first.returncode == 0, first.stderr
+    metrics = project / "metrics.py"
+    metrics.write_text(metrics.read_text().replace("in prediction", "not in prediction"))
+    server.reset()
+    again = plait_cli(*train, "--max-steps", "2", cwd=project)
+    assert again.returncode == 2, again.stderr
+    assert "another loss" in again.stderr and "code changed (metrics.py)" in again.stderr
+    assert server.stats()["requests_total"] == 0

@@ -124,7 +124,7 @@ def call_settings_of(module: Any) -> dict[str, str]:
     return calls
 
 
-def code_of(module: Any) -> dict[str, str]:
+def code_of(module: Any, *functions: Any) -> dict[str, str]:
     """A hash of the user source the pipeline runs, by Python module.
 
     A finished output is only as current as the code that computed it: an edited
@@ -138,6 +138,10 @@ def code_of(module: Any) -> dict[str, str]:
     themselves are keyed by their requests. A class whose source cannot be found
     (defined in an interactive session) is keyed by its name, and a warning says
     that changes to it go unnoticed.
+
+    ``functions`` (an evaluation metric, say; classes too) are code the run depends
+    on as well: their files, and what those import, are hashed the same way. With
+    ``module`` None, only they are.
     """
     import inspect
     import sys
@@ -146,35 +150,38 @@ def code_of(module: Any) -> dict[str, str]:
     found: dict[str, str] = {}
     # (module name, its package, its source) still to scan for the user files it imports.
     pending: list[tuple[str, str | None, str]] = []
-    for part in module.modules():
-        for cls in type(part).__mro__:
-            name = cls.__module__
-            qualified = f"{name}.{cls.__qualname__}"
-            if cls is object or _is_plait(name):
+    modules = [] if module is None else module.modules()
+    definitions = [cls for part in modules for cls in type(part).__mro__]
+    for cls in [*definitions, *functions]:
+        if cls is object:
+            continue
+        name = cls.__module__
+        qualified = f"{name}.{cls.__qualname__}"
+        if _is_plait(name):
+            continue
+        if name in found or qualified in found:
+            continue
+        # The file, else the class alone (a notebook cell), under a key of its own.
+        for owner, key in ((sys.modules.get(name), name), (cls, qualified)):
+            if owner is None:
                 continue
-            if name in found or qualified in found:
+            try:
+                source = inspect.getsource(owner)
+            except (OSError, TypeError):
                 continue
-            # The file, else the class alone (a notebook cell), under a key of its own.
-            for owner, key in ((sys.modules.get(name), name), (cls, qualified)):
-                if owner is None:
-                    continue
-                try:
-                    source = inspect.getsource(owner)
-                except (OSError, TypeError):
-                    continue
-                found[key] = hex_digest(source, size=8)
-                if key == name:
-                    pending.append((name, getattr(owner, "__package__", None), source))
-                break
-            else:
-                warnings.warn(
-                    f"plait: no source found for {qualified}; a checkpoint keys its finished "
-                    "outputs by the class's name only, so a resume after changing its code "
-                    "would serve outputs of the old code. Define it in a file, or start such "
-                    "a run over (--fresh / a new checkpoint_dir)",
-                    stacklevel=2,
-                )
-                found[qualified] = "no source"
+            found[key] = hex_digest(source, size=8)
+            if key == name:
+                pending.append((name, getattr(owner, "__package__", None), source))
+            break
+        else:
+            warnings.warn(
+                f"plait: no source found for {qualified}; a checkpoint keys its finished "
+                "outputs by the class's name only, so a resume after changing its code "
+                "would serve outputs of the old code. Define it in a file, or start such "
+                "a run over (--fresh / a new checkpoint_dir)",
+                stacklevel=2,
+            )
+            found[qualified] = "no source"
     for imported, _path, data in _imported_user_files(pending, set(found)):
         found[imported] = hex_digest(data, size=8)
     return dict(sorted(found.items()))

@@ -10,6 +10,7 @@ in one line naming what changed, to resume on scores measured by something else.
 
 from __future__ import annotations
 
+import inspect
 import json
 from pathlib import Path
 from typing import Any
@@ -110,16 +111,26 @@ def describe_loss(loss: Module) -> dict[str, Any]:
     parameters' values.  Part of a training run's identity: a resumed run compares
     its validation scores with the best the checkpoint kept, which means nothing if
     the loss changed in between."""
+    from plait.execution.checkpoint import code_of
+
     described: dict[str, Any] = {}
     for path, part in loss.named_modules():
         cls = type(part)
         entry: dict[str, Any] = {"class": f"{cls.__module__}.{cls.__qualname__}"}
+        functions = []
         for key, value in sorted(vars(part).items()):
             if key.startswith("_") or isinstance(value, Module | Parameter):
                 continue
             shown = _plain(value)
             if shown is not None:
                 entry[key] = shown
+            if inspect.isfunction(value) or inspect.ismethod(value):
+                functions.append(value)
+        # A metric's (or a loss class's own) code scores as much as its settings: an
+        # edited metric must not be compared with the scores the old one kept.
+        code = code_of(None, *cls.__mro__, *functions)
+        if code:
+            entry["code"] = code
         entry["parameters"] = {
             name: _plain(param.value) for name, param in part._parameters.items()
         }
@@ -166,11 +177,31 @@ def loss_changes(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
             changes.append(f"{where} was {name(was)}, now {name(is_)}")
             continue
         for key in sorted(set(was) | set(is_)):
-            if key != "class" and was.get(key) != is_.get(key):
+            if key == "code" and was.get(key) != is_.get(key):
+                files = sorted(
+                    set(was.get(key) or {}).symmetric_difference(is_.get(key) or {})
+                    | {
+                        name
+                        for name, hashed in (is_.get(key) or {}).items()
+                        if (was.get(key) or {}).get(name) not in (None, hashed)
+                    }
+                )
+                shown = ", ".join(_source_name(name) for name in files)
+                changes.append(f"{where}'s code changed ({shown})")
+            elif key != "class" and was.get(key) != is_.get(key):
                 changes.append(
                     f"{where} {key} was {short(was.get(key))}, now {short(is_.get(key))}"
                 )
     return changes or ["its settings changed"]
+
+
+def _source_name(module: str) -> str:
+    """A Python module as its user knows it: its file's name when it is loaded (a
+    metric loaded from ``metrics.py`` runs under a name plait made up), else its name."""
+    import sys
+
+    file = getattr(sys.modules.get(module), "__file__", None)
+    return Path(file).name if file else module
 
 
 def check_resume(
