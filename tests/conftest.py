@@ -68,6 +68,7 @@ def server(server_process: FakeOpenAIServer) -> FakeOpenAIServer:
         seed=0,
         quote_key_in_401=False,
         gate_texts={},
+        reply_headers={},
     )
     server_process.reset()
     return server_process
