@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 from multidict import CIMultiDict
 
+import plait
 from plait.cli import check
 from plait.providers import ratelimits
 from plait.providers.base import LLMRequest, ProviderError
@@ -727,3 +728,22 @@ def test_headers_that_cannot_be_read_at_all_cost_the_limits_not_the_reply(
             assert anthropic_limits(_UnreadableHeaders()) is None
     (said,) = [r.getMessage() for r in caplog.records if "could not be read" in r.getMessage()]
     assert "RuntimeError: cannot look up" in said
+
+
+@pytest.mark.parametrize("learn", [True, False], ids=["learning", "not-learning"])
+def test_a_pipeline_s_rows_are_outputs_not_errors_whatever_the_headers(
+    server: FakeOpenAIServer, learn: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The issue as a user met it: a batch through a pipeline whose replies say
+    ``x-ratelimit-limit-requests: 1e999``; every row is its output, none an error."""
+    monkeypatch.setattr(ratelimits, "_warned", set())
+    server.configure(
+        reply_headers={
+            "x-ratelimit-limit-requests": "1e999",
+            "x-ratelimit-remaining-requests": "inf",
+        }
+    )
+    alias = _resources(server, **_fresh_endpoint_settings(learn))["fast"]
+    pipeline = plait.LLMInference("fast").bind(resources=plait.ResourceConfig({"fast": alias}))
+    outputs = pipeline.run_sync(["a", "b", "c"])
+    assert outputs == ["a", "b", "c"]
