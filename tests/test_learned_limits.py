@@ -280,7 +280,10 @@ def test_usage_and_check_show_the_learned_limits(
         )
         assert 0 <= requests["remaining"] < PER_WINDOW
         assert 0 <= requests["reset_s"] <= WINDOW_S
-        assert json.loads(json.dumps(usage().as_dict()))["fast"]["limits"] == limits
+        # One report, read twice: a second `usage()` counts its reset from a later now.
+        report = usage()
+        as_json = json.loads(json.dumps(report.as_dict()))
+        assert as_json["fast"]["limits"] == report["fast"]["limits"]
 
         from rich.console import Console
 
