@@ -69,6 +69,7 @@ def server(server_process: FakeOpenAIServer) -> FakeOpenAIServer:
         quote_key_in_401=False,
         answer_like_demos=False,
         gate_texts={},
+        reply_headers={},
     )
     server_process.reset()
     return server_process

@@ -38,6 +38,7 @@ _DEFAULT_CONFIG: dict[str, Any] = {
     "tpm_limit": None,
     "limit_window_s": 60.0,
     "limit_retry_after": True,
+    "reply_headers": {},
     **BATCH_CONFIG_DEFAULTS,
 }
 
@@ -468,6 +469,24 @@ def test_config_rejects_unknown_and_invalid_keys(server: FakeOpenAIServer) -> No
     assert "nope" in raw.body["error"]["message"]
     # rejected requests change nothing
     assert server.configure() == {**_DEFAULT_CONFIG, "gate_texts": {}}
+
+
+def test_reply_headers_are_sent_as_given_on_every_reply(server: FakeOpenAIServer) -> None:
+    """A test sends what a provider (or a proxy) might: any header, any text, over the
+    server's own rate-limit headers, on replies and refusals alike."""
+    with pytest.raises(ValueError, match="not a header name"):
+        server.configure(reply_headers={"bad name": "1"})
+    with pytest.raises(ValueError, match="one line"):
+        server.configure(reply_headers={"x-a": "1\r\nx-b: 2"})
+    wanted = {"x-ratelimit-limit-requests": "1e999", "retry-after": "inf"}
+    assert server.configure(reply_headers=wanted)["reply_headers"] == wanted
+    for reply in (chat(server, user("hi")), chat(server, user("[[status:429]] hi"))):
+        assert reply.headers["x-ratelimit-limit-requests"] == "1e999"
+        assert reply.headers.get_all("retry-after") == ["inf"]
+    embedded = http_call(f"{server.base_url}/embeddings", {"model": "e", "input": ["a"]})
+    assert embedded.status == 200 and embedded.headers["retry-after"] == "inf"
+    server.configure(reply_headers={})
+    assert "x-ratelimit-limit-requests" not in chat(server, user("hi")).headers
 
 
 def test_reset_clears_stats_but_keeps_config(server: FakeOpenAIServer) -> None:

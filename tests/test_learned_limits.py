@@ -14,6 +14,8 @@ import asyncio
 import io
 import json
 import logging
+import uuid
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 from pathlib import Path
@@ -22,9 +24,10 @@ from typing import Any
 import pytest
 from multidict import CIMultiDict
 
+import plait
 from plait.cli import check
 from plait.providers import ratelimits
-from plait.providers.base import LLMRequest
+from plait.providers.base import LLMRequest, ProviderError
 from plait.providers.ratelimits import anthropic_limits, openai_limits, parse_duration
 from plait.resources.manager import ResourceManager
 from plait.resources.usage import reset_usage, usage
@@ -277,7 +280,10 @@ def test_usage_and_check_show_the_learned_limits(
         )
         assert 0 <= requests["remaining"] < PER_WINDOW
         assert 0 <= requests["reset_s"] <= WINDOW_S
-        assert json.loads(json.dumps(usage().as_dict()))["fast"]["limits"] == limits
+        # One report, read twice: a second `usage()` counts its reset from a later now.
+        report = usage()
+        as_json = json.loads(json.dumps(report.as_dict()))
+        assert as_json["fast"]["limits"] == report["fast"]["limits"]
 
         from rich.console import Console
 
@@ -368,3 +374,379 @@ def test_anthropic_spelling_end_to_end() -> None:
     assert limits["requests_per_minute"]["effective"] == RPM
     assert limits["tokens_per_minute"]["reported"] == 90_000
     assert 0 <= limits["requests_per_minute"]["reset_s"] <= WINDOW_S
+
+
+# -- a reply is kept whatever its rate-limit headers say -----------------------------------------
+
+#: How long a test lets a handful of calls to the local fake server take before it calls
+#: them hung: it only turns a hang (a wait for a reset that never comes) into a failure.
+HANG_S = 60.0
+
+#: Replies whose rate-limit headers give no finite, sane number, and the header that does
+#: not: each must be answered, with one warning naming that header.  The good headers
+#: beside a bad reset or remaining are what would make a governor wait on it.
+_OPENAI_BAD: list[tuple[dict[str, str], str]] = [
+    ({"x-ratelimit-limit-requests": "1e999"}, "x-ratelimit-limit-requests"),
+    ({"x-ratelimit-limit-requests": "inf"}, "x-ratelimit-limit-requests"),
+    ({"x-ratelimit-limit-requests": "nan"}, "x-ratelimit-limit-requests"),
+    ({"x-ratelimit-limit-tokens": "-Infinity"}, "x-ratelimit-limit-tokens"),
+    ({"x-ratelimit-limit-requests": "9" * 400}, "x-ratelimit-limit-requests"),
+    ({"x-ratelimit-limit-tokens": "9" * 5000}, "x-ratelimit-limit-tokens"),
+    (
+        {
+            "x-ratelimit-limit-requests": "100",
+            "x-ratelimit-remaining-requests": "Infinity",
+            "x-ratelimit-reset-requests": "1s",
+        },
+        "x-ratelimit-remaining-requests",
+    ),
+    (
+        {
+            "x-ratelimit-limit-requests": "100",
+            "x-ratelimit-remaining-requests": "0",
+            "x-ratelimit-reset-requests": "inf",
+        },
+        "x-ratelimit-reset-requests",
+    ),
+    (
+        {
+            "x-ratelimit-limit-requests": "100",
+            "x-ratelimit-remaining-requests": "0",
+            "x-ratelimit-reset-requests": "1e999s",
+        },
+        "x-ratelimit-reset-requests",
+    ),
+    (
+        {
+            "x-ratelimit-limit-tokens": "100000",
+            "x-ratelimit-remaining-tokens": "0",
+            "x-ratelimit-reset-tokens": "nan",
+        },
+        "x-ratelimit-reset-tokens",
+    ),
+    ({"retry-after": "inf"}, "retry-after"),
+    ({"retry-after-ms": "1e999"}, "retry-after-ms"),
+]
+
+_ANTHROPIC_BAD: list[tuple[dict[str, str], str]] = [
+    ({"anthropic-ratelimit-requests-limit": "inf"}, "anthropic-ratelimit-requests-limit"),
+    ({"anthropic-ratelimit-requests-limit": "1e999"}, "anthropic-ratelimit-requests-limit"),
+    ({"anthropic-ratelimit-tokens-limit": "nan"}, "anthropic-ratelimit-tokens-limit"),
+    (
+        {
+            "anthropic-ratelimit-requests-limit": "50",
+            "anthropic-ratelimit-requests-remaining": "Infinity",
+        },
+        "anthropic-ratelimit-requests-remaining",
+    ),
+    (
+        {
+            "anthropic-ratelimit-requests-limit": "50",
+            "anthropic-ratelimit-requests-remaining": "0",
+            "anthropic-ratelimit-requests-reset": "inf",
+        },
+        "anthropic-ratelimit-requests-reset",
+    ),
+    (
+        {
+            "anthropic-ratelimit-requests-limit": "50",
+            "anthropic-ratelimit-requests-remaining": "0",
+            "anthropic-ratelimit-requests-reset": "9999-12-31T23:59:59Z",
+        },
+        "anthropic-ratelimit-requests-reset",
+    ),
+    ({"retry-after": "1e999"}, "retry-after"),
+]
+
+
+def _case_id(case: tuple[dict[str, str], str]) -> str:
+    headers, name = case
+    value = headers[name]
+    return f"{name}={value if len(value) < 12 else value[:6] + '...'}"
+
+
+def _ignored(caplog: pytest.LogCaptureFixture, name: str) -> list[str]:
+    """The warnings that said a header called ``name`` was ignored."""
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.WARNING and f" {name} header" in r.getMessage()
+    ]
+
+
+def _fresh_endpoint_settings(learn: bool) -> dict[str, Any]:
+    """An alias of its own endpoint (a model name no other test uses): what one test
+    teaches its governor reaches no other test."""
+    return {"model": f"headers-{uuid.uuid4().hex[:12]}", "learn_limits": learn, "max_retries": 0}
+
+
+@pytest.mark.parametrize("learn", [True, False], ids=["learning", "not-learning"])
+@pytest.mark.parametrize("case", _OPENAI_BAD, ids=_case_id)
+def test_a_reply_is_kept_whatever_its_openai_rate_limit_headers(
+    server: FakeOpenAIServer,
+    case: tuple[dict[str, str], str],
+    learn: bool,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Many calls at once, every reply carrying the bad header: every output arrives (none
+    is an error after being paid for), and the header is named in one warning."""
+    headers, name = case
+    monkeypatch.setattr(ratelimits, "_warned", set())
+    server.configure(reply_headers=headers)
+    n = 2 * IN_FLIGHT
+    manager = ResourceManager(_resources(server, **_fresh_endpoint_settings(learn)))
+    with caplog.at_level(logging.WARNING, logger="plait"):
+        outputs = asyncio.run(
+            asyncio.wait_for(_complete_all(manager, _requests("fast", n)), HANG_S)
+        )
+    assert outputs == [f"q{i}" for i in range(n)]
+    assert server.stats()["status_counts"] == {"200": n}
+    assert len(_ignored(caplog, name)) == 1, caplog.text
+
+
+@pytest.fixture(scope="module")
+def anthropic_server() -> Iterator[FakeAnthropicServer]:
+    pytest.importorskip("anthropic")
+    with FakeAnthropicServer(api_key="sk-ant-test") as server:
+        yield server
+
+
+@pytest.mark.parametrize("learn", [True, False], ids=["learning", "not-learning"])
+@pytest.mark.parametrize("case", _ANTHROPIC_BAD, ids=_case_id)
+def test_a_reply_is_kept_whatever_its_anthropic_rate_limit_headers(
+    anthropic_server: FakeAnthropicServer,
+    case: tuple[dict[str, str], str],
+    learn: bool,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    headers, name = case
+    monkeypatch.setattr(ratelimits, "_warned", set())
+    anthropic_server.reset()
+    anthropic_server.configure(reply_headers=headers)
+    n = 2 * IN_FLIGHT
+    manager = ResourceManager(
+        {
+            "fast": {
+                "provider": "anthropic",
+                "base_url": anthropic_server.base_url,
+                "api_key": "sk-ant-test",
+                "max_concurrent": IN_FLIGHT,
+                **_fresh_endpoint_settings(learn),
+            }
+        }
+    )
+    with caplog.at_level(logging.WARNING, logger="plait"):
+        outputs = asyncio.run(
+            asyncio.wait_for(_complete_all(manager, _requests("fast", n)), HANG_S)
+        )
+    assert outputs == [f"q{i}" for i in range(n)]
+    statuses = [record["status"] for record in anthropic_server.stats()["requests"]]
+    assert statuses == [200] * n
+    assert len(_ignored(caplog, name)) == 1, caplog.text
+
+
+@pytest.mark.parametrize(
+    "value", ["inf", "-inf", "Infinity", "nan", "NaN", "1e999", "-1", "1e30", "9" * 400, "9" * 5000]
+)
+def test_a_count_that_is_no_finite_sane_number_is_ignored(
+    value: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(ratelimits, "_warned", set())
+    headers = CIMultiDict({"x-ratelimit-limit-requests": value, "x-ratelimit-limit-tokens": "9"})
+    with caplog.at_level(logging.WARNING, logger="plait"):
+        limits = openai_limits(headers)
+        again = anthropic_limits(CIMultiDict({"anthropic-ratelimit-requests-limit": value}))
+    assert limits is not None and limits.requests_limit is None and limits.tokens_limit == 9
+    assert again is None
+    assert len(_ignored(caplog, "x-ratelimit-limit-requests")) == 1
+    assert len(_ignored(caplog, "anthropic-ratelimit-requests-limit")) == 1
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("x-ratelimit-reset-requests", "inf"),
+        ("x-ratelimit-reset-requests", "1e999s"),
+        ("x-ratelimit-reset-requests", "nan"),
+        ("x-ratelimit-reset-requests", "1e999h"),
+        ("retry-after", "inf"),
+        ("retry-after", "nan"),
+        ("retry-after-ms", "1e999"),
+        ("retry-after-ms", "NaN"),
+    ],
+)
+def test_a_duration_that_is_no_finite_number_is_ignored(
+    name: str, value: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(ratelimits, "_warned", set())
+    headers = CIMultiDict(
+        {"x-ratelimit-limit-requests": "60", "x-ratelimit-remaining-requests": "0", name: value}
+    )
+    with caplog.at_level(logging.WARNING, logger="plait"):
+        limits = openai_limits(headers)
+    assert limits is not None and limits.requests_limit == 60
+    assert limits.requests_reset_s is None and limits.retry_after_s is None
+    assert limits.wait() is None
+    assert len(_ignored(caplog, name)) == 1
+
+
+# -- a reset far away holds calls no longer than a Retry-After may --------------------------------
+
+#: The bound on any wait a server asks for in these tests (``max_retry_after_s``).
+CAP_S = 0.2
+
+_DAY_SPENT = {
+    "x-ratelimit-limit-requests": "100",
+    "x-ratelimit-remaining-requests": "0",
+    "x-ratelimit-reset-requests": "24h",
+}
+
+
+def _waits(caplog: pytest.LogCaptureFixture, alias: str, header: str) -> list[str]:
+    """The log lines that said ``alias`` waits because of ``header``."""
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if f"alias {alias!r} waits" in r.getMessage() and f" {header} header" in r.getMessage()
+    ]
+
+
+def test_a_reset_a_day_away_holds_the_next_call_no_longer_than_max_retry_after(
+    server: FakeOpenAIServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A reply says no request remains until a reset in 24 hours: the next call is held
+    at most ``max_retry_after_s`` (then sent, and answered), and the wait is logged with
+    the alias and the header that asked for it."""
+    server.configure(reply_headers=_DAY_SPENT)
+    manager = ResourceManager(
+        _resources(server, **_fresh_endpoint_settings(True), max_retry_after_s=CAP_S)
+    )
+    with caplog.at_level(logging.WARNING, logger="plait"):
+        for i in range(2):
+            (output,) = asyncio.run(
+                asyncio.wait_for(_complete_all(manager, _requests("fast", 1, f"s{i}-")), HANG_S)
+            )
+            assert output == f"qs{i}-0"
+    (said,) = _waits(caplog, "fast", "x-ratelimit-reset-requests")
+    assert "says to wait 86400 s" in said and f"max_retry_after_s={CAP_S:g}" in said
+    assert manager.endpoint("fast").governor.effective()[0] == 100  # still learned
+
+
+def test_many_calls_held_by_a_far_reset_all_complete_and_it_is_said_once_a_stall(
+    server: FakeOpenAIServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Three times the calls the endpoint sends at once, every reply saying the day's
+    budget is spent: the calls go in rounds (each held at most ``max_retry_after_s``,
+    then sent) and all are answered; the wait is logged once per stall, not per call
+    (the calls meet at most two stalls: one before each round after the first)."""
+    server.configure(reply_headers=_DAY_SPENT)
+    n = 3 * IN_FLIGHT
+    manager = ResourceManager(
+        _resources(server, **_fresh_endpoint_settings(True), max_retry_after_s=CAP_S)
+    )
+    with caplog.at_level(logging.WARNING, logger="plait"):
+        outputs = asyncio.run(
+            asyncio.wait_for(_complete_all(manager, _requests("fast", n)), HANG_S)
+        )
+    assert outputs == [f"q{i}" for i in range(n)]
+    assert server.stats()["status_counts"] == {"200": n}
+    said = _waits(caplog, "fast", "x-ratelimit-reset-requests")
+    assert 1 <= len(said) <= 2, said
+
+
+def test_anthropic_reset_a_day_away_is_bounded_and_said(
+    anthropic_server: FakeAnthropicServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    tomorrow = (datetime.now(UTC) + timedelta(days=1)).isoformat().replace("+00:00", "Z")
+    anthropic_server.reset()
+    anthropic_server.configure(
+        reply_headers={
+            "anthropic-ratelimit-requests-limit": "50",
+            "anthropic-ratelimit-requests-remaining": "0",
+            "anthropic-ratelimit-requests-reset": tomorrow,
+        }
+    )
+    manager = ResourceManager(
+        {
+            "claude": {
+                "provider": "anthropic",
+                "base_url": anthropic_server.base_url,
+                "api_key": "sk-ant-test",
+                "max_retry_after_s": CAP_S,
+                **_fresh_endpoint_settings(True),
+            }
+        }
+    )
+    endpoint = manager.endpoint("claude")
+
+    async def two_in_a_row() -> list[str]:
+        return [(await endpoint.complete(r)).text for r in _requests("claude", 2)]
+
+    with caplog.at_level(logging.WARNING, logger="plait"):
+        outputs = asyncio.run(asyncio.wait_for(two_in_a_row(), HANG_S))
+    assert outputs == ["q0", "q1"]
+    (said,) = _waits(caplog, "claude", "anthropic-ratelimit-requests-reset")
+    assert f"max_retry_after_s={CAP_S:g}" in said
+
+
+def test_a_429_asking_for_a_day_fails_saying_why_and_the_wait_is_logged(
+    server: FakeOpenAIServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A 429 whose Retry-After is a day: each retry waits ``max_retry_after_s``, and the
+    call then fails naming the wait asked for, the header and the setting to raise."""
+    server.configure(retry_after_s=86400.0)
+    manager = ResourceManager(
+        _resources(
+            server, **{**_fresh_endpoint_settings(True), "max_retries": 2}, max_retry_after_s=CAP_S
+        )
+    )
+    request = LLMRequest(alias="fast", messages=[{"role": "user", "content": "[[status:429]] q"}])
+    with caplog.at_level(logging.WARNING, logger="plait"), pytest.raises(ProviderError) as refused:
+        asyncio.run(asyncio.wait_for(manager.endpoint("fast").complete(request), HANG_S))
+    message = str(refused.value)
+    assert "gave up after 3 attempts" in message
+    assert "asked to wait 86400 s (retry-after-ms header)" in message
+    assert f"max_retry_after_s={CAP_S:g}: raise it" in message
+    (said,) = _waits(caplog, "fast", "retry-after-ms")
+    assert "says to wait 86400 s" in said
+    assert server.stats()["status_counts"] == {"429": 3}
+
+
+class _UnreadableHeaders:
+    """Headers whose lookup fails, as no client's should: the parsers' last guard."""
+
+    def get(self, key: str, /) -> str | None:
+        raise RuntimeError(f"cannot look up {key}")
+
+
+def test_headers_that_cannot_be_read_at_all_cost_the_limits_not_the_reply(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(ratelimits, "_warned", set())
+    with caplog.at_level(logging.WARNING, logger="plait"):
+        for _ in range(3):
+            assert openai_limits(_UnreadableHeaders()) is None
+            assert anthropic_limits(_UnreadableHeaders()) is None
+    (said,) = [r.getMessage() for r in caplog.records if "could not be read" in r.getMessage()]
+    assert "RuntimeError: cannot look up" in said
+
+
+@pytest.mark.parametrize("learn", [True, False], ids=["learning", "not-learning"])
+def test_a_pipeline_s_rows_are_outputs_not_errors_whatever_the_headers(
+    server: FakeOpenAIServer, learn: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The issue as a user met it: a batch through a pipeline whose replies say
+    ``x-ratelimit-limit-requests: 1e999``; every row is its output, none an error."""
+    monkeypatch.setattr(ratelimits, "_warned", set())
+    server.configure(
+        reply_headers={
+            "x-ratelimit-limit-requests": "1e999",
+            "x-ratelimit-remaining-requests": "inf",
+        }
+    )
+    alias = _resources(server, **_fresh_endpoint_settings(learn))["fast"]
+    pipeline = plait.LLMInference("fast").bind(resources=plait.ResourceConfig({"fast": alias}))
+    outputs = pipeline.run_sync(["a", "b", "c"])
+    assert outputs == ["a", "b", "c"]

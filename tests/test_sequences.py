@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import json
 import random
+import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -49,9 +50,8 @@ def test_overlapping_chunks_share_text_and_start_on_a_word() -> None:
     assert len(chunks) >= 3 and chunks == [TEXT[a:b] for a, b in spans]
     for (start, end), (after, _) in itertools.pairwise(spans):
         # The next chunk starts inside the previous one (at most 20 back), at a word.
-        assert start + 50 <= after <= end and TEXT[after - 1].isspace()
+        assert start + 25 <= after < end <= after + 20 and TEXT[after - 1].isspace()
         assert TEXT[after].isalnum()
-    assert any(after < end for (_, end), (after, _) in itertools.pairwise(spans))
 
 
 def test_token_chunks_count_word_pieces_or_a_given_tokenizer() -> None:
@@ -78,6 +78,8 @@ def test_token_chunks_count_word_pieces_or_a_given_tokenizer() -> None:
     [
         (("x", 0), {}, ValueError, "size must be an integer >= 1"),
         (("x", 10, 10), {}, ValueError, "overlap .* must be smaller than size"),
+        (("x", 10, 25), {}, ValueError, "overlap .* must be smaller than size"),
+        (("x", 10, -1), {}, ValueError, "overlap must be an integer >= 0"),
         ((b"x", 10), {}, TypeError, "takes text"),
         (("x", 10), {"unit": "words"}, ValueError, "unit must be"),
     ],
@@ -104,32 +106,144 @@ def _random_text(rng: random.Random) -> str:
     return "".join(parts)
 
 
+#: What `chunk_text` takes for a sentence end: a paragraph break, or ``.``, ``!`` or
+#: ``?`` (and any closing quotes or brackets) before a space.
+_SENTENCE_ENDS = (re.compile(r"\n\s*\n"), re.compile(r"[.!?][\"')\]]*\s"))
+
+
+def _check_chunks(text: str, size: int, overlap: int) -> list[tuple[int, int]]:
+    """What `chunk_text` promises, checked on its spans; returns them.
+
+    In order and covering the whole text; none over ``size``; each starting at least
+    ``(size - overlap) // 2`` after the one before; consecutive ones sharing at most
+    ``overlap`` characters and, with an overlap, at least one whole word when the text
+    has a word that short near the cut (else exactly ``overlap`` characters); each
+    ending at a sentence end when one ends in reach (its window's last ``(size -
+    overlap) // 2``), else at a space when one is there."""
+    spans = _spans(list(text), size, overlap)
+    reach = max(1, (size - overlap) // 2)
+    assert spans[0][0] == 0 and spans[-1][1] == len(text)
+    for (start, end), (after, after_end) in itertools.pairwise(spans):
+        assert 0 < end - start <= size and after_end - after <= size
+        assert start + (size - overlap) // 2 <= after <= end < after_end  # no gap, in order
+        shared = text[after:end]
+        assert len(shared) <= overlap
+        if overlap == 0:
+            assert after == end
+        else:
+            assert shared, (start, end, after)
+            begin = max(end - overlap, start + 1)
+            word_starts = [i for i in range(begin, end) if _starts_word(text, i)]
+            if word_starts:  # the next chunk starts at the first of them
+                assert after == word_starts[0]
+                if text[end - 1].isspace():  # cut at a break: a whole word in common
+                    assert shared.split(), shared
+            else:  # no word to share: `overlap` characters are
+                assert after == begin
+        # Where the chunk could have ended: in reach, and leaving a word to share.
+        window = text[start : start + size]
+        fits = {
+            cut
+            for cut in range(len(window) - reach + 1, len(window) + 1)
+            if overlap == 0
+            or any(
+                _starts_word(text, i)
+                for i in range(max(start + cut - overlap, start + 1), start + cut)
+            )
+        }
+        sentence_ends = {m.end() for kind in _SENTENCE_ENDS for m in kind.finditer(window)}
+        if sentence_ends & fits:
+            assert end - start in sentence_ends, (window, end - start)
+        elif any(window[cut - 1].isspace() for cut in fits):
+            assert text[end - 1].isspace(), (window, end - start)
+    chunks = chunk_text(text, size, overlap)
+    assert chunks == [text[a:b] for a, b in spans if text[a:b].strip()]
+    assert all(len(chunk) <= size for chunk in chunks)
+    return spans
+
+
+def _starts_word(text: str, i: int) -> bool:
+    return not text[i].isspace() and (i == 0 or text[i - 1].isspace())
+
+
 @pytest.mark.parametrize("seed", range(300))
-def test_chunks_advance_by_the_step_start_at_words_and_cover_the_text(seed: int) -> None:
-    """Issue 20 point 14: each chunk moves at least ``size - overlap`` on, starts at a
-    word, fits the size, and together they cover the text (was: a chunk one
-    character after the last, mid-word, whenever a cut fell before the overlap)."""
+def test_chunks_cover_the_text_overlap_by_a_word_and_end_at_sentences(seed: int) -> None:
+    """Random texts, sizes and overlaps: every promise of `chunk_text` holds."""
     rng = random.Random(seed)
     text = _random_text(rng)
     size = rng.randrange(1, 120)
-    overlap = rng.randrange(0, size)
-    step = size - overlap
-    spans = _spans(list(text), size, overlap)
-    assert spans[0][0] == 0 and spans[-1][1] == len(text)
-    for (start, end), (after, after_end) in itertools.pairwise(spans):
-        assert 0 < end - start <= size and after <= end < after_end
-        if after - start < step:
-            # Only when the zone past the step holds no space: then the chunk ended at a
-            # break in its last half and the next one starts exactly there.
-            assert after == end and end - start >= max(1, size // 2)
-            assert not any(ch.isspace() for ch in text[start + step - 1 : start + size])
-        if not text[after - 1].isspace() and not text[after].isspace():
-            # Mid-word only when no word starts between the step and the cut.
-            assert after == start + step
-            assert not any(ch.isspace() for ch in text[after - 1 : end])
-    chunks = chunk_text(text, size, overlap)
-    assert all(len(chunk) <= size for chunk in chunks)
-    assert chunks == [text[a:b] for a, b in spans if text[a:b].strip()]
+    _check_chunks(text, size, rng.randrange(0, size))
+
+
+#: A document of short sentences, as a user's would be.
+DOCUMENT = (
+    "The river port of Lenz grew up around a ford. Traders crossed there for salt. "
+    "A wooden bridge replaced the ford in 1412. It burned twice in the next century. "
+    "The stone bridge that stands today was finished in 1587. Its nine arches are low. "
+    "Barges had to lower their masts to pass under them. Tolls paid for the upkeep. "
+    "In 1702 a flood carried away two arches. The town rebuilt them within a year. "
+    "Merchants from the coast brought cloth and spices. Farmers from the hills brought "
+    "wool. The market square filled every Thursday. Disputes were settled at the town "
+    "hall. A canal opened in 1821 and took most of the barge traffic. The port declined. "
+    "Warehouses stood empty for decades. Some became schools, others workshops. "
+    "The railway arrived in 1868. A station was built on the old salt quay. "
+    "Tourists came to see the bridge and the painted houses. Inns opened along the river. "
+    "Today the port is a marina. Rowing clubs train there at dawn. "
+    "The bridge is closed to cars. Children fish from its arches in summer."
+)
+
+
+def test_chunks_of_200_with_40_overlap_share_words_and_end_at_sentences() -> None:
+    """``chunk_text(doc, 200, 40)``: consecutive chunks share at least a word and at
+    most 40 characters, and each ends at a sentence end, one being in reach (was: a
+    pair sharing nothing, and a cut mid-sentence)."""
+    chunks = chunk_text(DOCUMENT, 200, 40)
+    spans = _check_chunks(DOCUMENT, 200, 40)
+    assert len(chunks) == len(spans) >= 5
+    for before, after in itertools.pairwise(chunks):
+        assert before.endswith(". ")
+        shared = next(n for n in range(40, 0, -1) if before.endswith(after[:n]))
+        assert after[:shared].split()  # at least one word, read again
+    assert chunks[-1].endswith("in summer.")
+
+
+@pytest.mark.parametrize(
+    ("text", "size", "overlap"),
+    [
+        ("x" * 500, 100, 30),  # no spaces at all
+        ("y" * 37, 10, 9),
+        ("short " + "w" * 300 + " tail words here. " * 5, 60, 15),  # a word longer than size
+        (" ".join("z" * n for n in (50, 3, 80, 2, 45, 7) * 4), 70, 20),  # words over overlap
+        ("Über die Straße, naïve café. 東京は大きい。 Emoji 🎉 fin! " * 12, 45, 12),
+        ("\n\n".join(["A paragraph of words. Two sentences here."] * 8), 64, 16),
+        (DOCUMENT, 200, 0),
+        (DOCUMENT, 97, 96),
+        (DOCUMENT, 1, 0),
+        (DOCUMENT, 2, 1),
+        (DOCUMENT, len(DOCUMENT) + 5, 10),
+    ],
+    ids=[
+        "no-spaces",
+        "no-spaces-overlap-size-1",
+        "word-over-size",
+        "words-over-overlap",
+        "unicode",
+        "paragraphs",
+        "no-overlap",
+        "overlap-size-1",
+        "size-1",
+        "size-2",
+        "one-chunk",
+    ],
+)
+def test_chunk_promises_hold_on_awkward_texts(text: str, size: int, overlap: int) -> None:
+    spans = _check_chunks(text, size, overlap)
+    if " " not in text:
+        assert all(end - after == overlap for (_, end), (after, _) in itertools.pairwise(spans))
+
+
+def test_an_empty_text_has_no_chunks_with_or_without_overlap() -> None:
+    assert chunk_text("", 10) == [] and chunk_text("", 10, 3) == []
 
 
 def test_token_chunks_advance_by_the_step_too() -> None:
@@ -138,7 +252,8 @@ def test_token_chunks_advance_by_the_step_too() -> None:
     spans = _spans(pieces, 80, 50)
     assert spans[0][0] == 0 and spans[-1][1] == len(pieces)
     for (start, end), (after, after_end) in itertools.pairwise(spans):
-        assert after - start >= 30 and after <= end < after_end and end - start <= 80
+        assert after - start >= 15 and after < end < after_end and end - start <= 80
+        assert end - after <= 50  # the overlap, in tokens
         assert pieces[after - 1][-1].isspace()  # a word piece after a space: a word start
     assert len(chunk_text(document, 80, 50, unit="tokens")) == len(spans)
 

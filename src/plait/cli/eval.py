@@ -314,7 +314,7 @@ def _print_confusion(table: Confusion, out: IO[str]) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from plait.cli.progress import console, is_terminal
+    from plait.cli.progress import show
 
     grid = Table(
         title="confusion: true label (rows) by answer (columns)",
@@ -331,14 +331,7 @@ def _print_confusion(table: Confusion, out: IO[str]) -> None:
         cells += [row.other, row.errors, row.support]
         scores = (row.precision, row.recall, row.f1)
         grid.add_row(Text(row.label), *(str(n) for n in cells), *(f"{x:.4f}" for x in scores))
-    shown = console(out)
-    if not is_terminal(out):  # a log or a pipe: rows a reader can parse, never wrapped
-        wide = shown.measure(grid, options=shown.options.update_width(10_000)).maximum
-        if wide > shown.width:
-            from rich.console import Console
-
-            shown = Console(file=out, width=wide)
-    shown.print(grid)
+    show(out, grid)  # in a log or a pipe: rows a reader can parse, never wrapped
     print(
         f"accuracy {table.accuracy:.4f} ({table.correct} of {table.examples} example(s))",
         file=out,

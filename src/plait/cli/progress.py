@@ -13,7 +13,7 @@ import threading
 import time
 from typing import IO, Any
 
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
@@ -247,6 +247,23 @@ def console(stream: IO[str]) -> Console:
     if is_terminal(stream) or "COLUMNS" in os.environ:
         return Console(file=stream)
     return Console(file=stream, width=120)
+
+
+#: The width a table is measured at to learn how wide its content is, cells unwrapped.
+_UNBOUNDED = 10_000
+
+
+def show(stream: IO[str], renderable: RenderableType) -> None:
+    """Print ``renderable`` (a table) on ``stream``.  At a terminal it fits the terminal;
+    in a log or a pipe nothing is folded or cut (a model's name is what a reader of a CI
+    log looks for): the console is as wide as the content needs, whatever ``COLUMNS``
+    says, and never narrower than `console` would be."""
+    out = console(stream)
+    if not is_terminal(stream):
+        needed = out.measure(renderable, options=out.options.update_width(_UNBOUNDED)).maximum
+        if needed > out.width:
+            out = Console(file=stream, width=needed)
+    out.print(renderable)
 
 
 def is_terminal(stream: IO[str]) -> bool:

@@ -48,7 +48,7 @@ from plait.cli.options import (
 )
 from plait.cli.outputs import OutputWriter, error_record, silence_stdout
 from plait.cli.parameters import ParametersError, load_parameters
-from plait.cli.progress import Tally, console, duration, make_display
+from plait.cli.progress import Tally, console, duration, make_display, show
 from plait.execution.backends import RowBackend, backend
 from plait.execution.checkpoint import FORMAT as CHECKPOINT_FORMAT
 from plait.execution.checkpoint import Checkpoint, CheckpointError
@@ -473,7 +473,7 @@ class _Command:
             self.say(f"trace: {self.ns.profile} (open it in ui.perfetto.dev)")
         report = usage()
         if report.rows:
-            console(self.err).print(report.table())
+            show(self.err, report.table())
 
     def _summary(self, tally: Tally, checkpoint: Checkpoint | None, elapsed: float) -> int:
         resumed = f", {tally.resumed} from the checkpoint" if tally.resumed else ""

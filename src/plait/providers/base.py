@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from plait._digest import digest
 from plait._secrets import scrub
+from plait.providers.ratelimits import parse_retry_after
 from plait.structured import canonical_schema_json
 
 if TYPE_CHECKING:
@@ -214,11 +215,9 @@ def status_error(
     delay: float | None = None
     if limits is not None and limits.retry_after_s is not None:
         delay = limits.retry_after_s
-    elif retry_after is not None:
-        try:
-            delay = max(0.0, float(retry_after))
-        except ValueError:
-            delay = None  # an HTTP date: fall back to our own backoff
+    elif limits is None and retry_after is not None:
+        # Read as the limits' own Retry-After is: no infinite or NaN wait gets through.
+        delay = parse_retry_after(str(retry_after))
     return ProviderError(
         f"HTTP {status}: {message}",
         status=status,

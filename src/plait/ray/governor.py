@@ -276,12 +276,18 @@ class LeasedGovernor(RateGovernor):
             max_concurrent, requests_per_minute, tokens_per_minute, self.limits.max_retry_after_s
         )
 
-    def learn(self, limits: ReportedLimits, in_flight: int, tokens_in_flight: float = 0) -> None:
+    def learn(
+        self,
+        limits: ReportedLimits,
+        in_flight: int,
+        tokens_in_flight: float = 0,
+        max_wait_s: float = math.inf,
+    ) -> None:
         """A reply stated the endpoint's limits: the broker learns them with the next
         report (at once when they are new), and paces every worker by the smaller of
         configured and reported.  The remaining budget and reset time a reply states
-        are not followed here: the broker's buckets pace the cluster, and a 429's wait
-        pauses every worker through it."""
+        are not followed here (so neither is ``max_wait_s``, their bound): the broker's
+        buckets pace the cluster, and a 429's wait pauses every worker through it."""
         per_minute = (
             limits.requests_limit or self.reported_per_minute[0],
             limits.tokens_limit or self.reported_per_minute[1],

@@ -42,9 +42,10 @@ class EndpointConfig(BaseModel):
     learn_limits: bool = True
     timeout: float = Field(default=120.0, gt=0)
     max_retries: int = Field(default=3, ge=0)
-    #: The longest a 429's ``Retry-After`` may pause this endpoint, in seconds; a
-    #: server asking for more is waited on this long, and a call still refused after
-    #: its retries fails saying how long the server wanted.
+    #: The longest a 429's ``Retry-After``, or the reset of a budget a reply says is
+    #: spent, may pause this endpoint, in seconds; a server asking for more is waited
+    #: on this long (then the request goes), and a call still refused after its
+    #: retries fails saying how long the server wanted.
     max_retry_after_s: float = Field(default=20.0, gt=0)
     #: Prices in dollars per million tokens, for the usage report's cost estimate.
     input_price_per_mtok: float | None = Field(default=None, ge=0)

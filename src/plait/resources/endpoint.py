@@ -15,6 +15,7 @@ with the validation error.
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import time
 from collections.abc import Awaitable, Coroutine
@@ -52,6 +53,11 @@ __all__ = [
 _DEFAULT_COMPLETION_ESTIMATE = 256
 _BACKOFF_BASE_S = 0.25
 _BACKOFF_CAP_S = 20.0
+#: A wait a server asks for (a Retry-After, a reported reset) longer than this is
+#: logged, once per stall: a run that sits still for longer says why.
+_LONG_WAIT_S = 5.0
+
+_log = logging.getLogger("plait")
 
 
 def estimate_usage(request: LLMRequest) -> Usage:
@@ -77,14 +83,14 @@ def backoff_delay(attempt: int, retry_after: float | None, cap: float = _BACKOFF
     return delay
 
 
-def _asked(failure: ProviderError, cap: float) -> str:
+def _asked(asked: tuple[float, str] | None, cap: float) -> str:
     """Why giving up was right when the server asked for longer pauses than allowed."""
-    wanted = failure.retry_after
-    if failure.status != 429 or wanted is None or wanted <= cap:
+    if asked is None or asked[0] <= cap:
         return ""
+    wanted, header = asked
     return (
-        f"; the server asked to wait {wanted:g} s (Retry-After), more than this alias's "
-        f"max_retry_after_s={cap:g}: raise it to wait that long, or try again later"
+        f"; the server asked to wait {wanted:g} s ({header} header), more than this "
+        f"alias's max_retry_after_s={cap:g}: raise it to wait that long, or try again later"
     )
 
 
@@ -252,6 +258,8 @@ class Endpoint:
                     if gates:
                         admitted = await self._admit(gates, request, expected)
                     if not governor.paces_locally or governor.wait_time(estimate) > 0:
+                        if governor.paces_locally:
+                            self._say_why_held(estimate)
                         await governor.admit(estimate)
                 started = time.monotonic()
                 if started - slot > 1e-4:
@@ -293,30 +301,29 @@ class Endpoint:
                         gate.withdraw()
                 limiter.release()
             cap = self.config.max_retry_after_s
-            wanted = failure.retry_after
+            asked: tuple[float, str] | None = None
             if failure.unavailable:
                 usage.unavailable += 1  # the tier's capacity, not this client's pace
             elif failure.status == 429:
                 usage.rate_limited += 1
-                if wanted is None and failure.limits is not None and self.config.learn_limits:
-                    wanted = failure.limits.wait_s()  # the reset of the budget it says is spent
-                governor.rate_limited(None if wanted is None else min(wanted, cap))
+                asked = self._asked_wait(failure)
+                governor.rate_limited(None if asked is None else self._server_wait(*asked))
             if not failure.retryable or attempt > self.config.max_retries:
                 usage.failed += 1
                 if failure.retryable:
                     raise ProviderError(
-                        f"{failure} (gave up after {attempt} attempts{_asked(failure, cap)})",
+                        f"{failure} (gave up after {attempt} attempts{_asked(asked, cap)})",
                         status=failure.status,
                         retryable=False,
                     ) from failure
                 raise failure
             usage.retries += 1
             pause = time.monotonic()
-            if failure.status == 429 and wanted is not None and self.config.learn_limits:
+            if asked is not None and self.config.learn_limits:
                 # The server said when: wait exactly that (capped), no guessing on top.
-                delay = min(wanted, cap)
+                delay = min(asked[0], cap)
             else:
-                delay = backoff_delay(attempt, wanted, cap)
+                delay = backoff_delay(attempt, failure.retry_after, cap)
             await asyncio.sleep(delay)
             timing.add("backoff", pause, time.monotonic(), attempt=attempt)
 
@@ -328,8 +335,60 @@ class Endpoint:
         ``estimate``."""
         if self.config.learn_limits:
             others = max(0, self.limiter.held - 1)
-            self.governor.learn(limits, others, others * estimate)
+            self.governor.learn(limits, others, others * estimate, self.config.max_retry_after_s)
         self.usage.note_limits(limits, self.governor.configured, self.governor.effective())
+
+    def _asked_wait(self, failure: ProviderError) -> tuple[float, str] | None:
+        """How long a 429 asked to wait and the header that said so: its Retry-After,
+        else (when this alias learns limits) the reset of the budget it says is spent."""
+        limits = failure.limits
+        if failure.retry_after is not None:
+            header = "retry-after"
+            if limits is not None and limits.retry_after_s is not None:
+                header = limits.retry_after_header  # or retry-after-ms
+            return failure.retry_after, header
+        if limits is not None and self.config.learn_limits:
+            return limits.wait()
+        return None
+
+    def _server_wait(self, asked: float, header: str) -> float:
+        """The wait a server asked for in ``header``, bounded as every such wait is (by
+        ``max_retry_after_s``); one longer than a few seconds is logged, once a stall."""
+        waited = min(asked, self.config.max_retry_after_s)
+        self._announce_wait(asked, waited, header)
+        return waited
+
+    def _say_why_held(self, estimate: int) -> None:
+        """A request is about to wait: when what holds it is a reply's reported reset
+        (bounded when the governor learned it), that wait is logged as a Retry-After's."""
+        held = self.governor.held_by(estimate)
+        if held is not None:
+            waited, asked, header = held
+            self._announce_wait(asked, waited, header)
+
+    def _announce_wait(self, asked: float, waited: float, header: str) -> None:
+        """Log a wait of ``waited`` seconds for a server that asked for ``asked`` in
+        ``header``, when that is longer than a few seconds and news (`RateGovernor.announce`)."""
+        if asked <= _LONG_WAIT_S:
+            return
+        if not self.governor.announce(time.monotonic() + waited, _LONG_WAIT_S):
+            return
+        cap = self.config.max_retry_after_s
+        bounded = (
+            f"; max_retry_after_s={cap:g} bounds the wait, then the request goes (raise it "
+            "to wait longer)"
+            if asked > cap
+            else ""
+        )
+        _log.warning(
+            "plait: alias %r waits %.3g s before its next request: the provider's %s header "
+            "says to wait %g s%s",
+            self.alias,
+            waited,
+            header,
+            asked,
+            bounded,
+        )
 
     async def _admit(
         self, gates: list[AdmissionGate], request: LLMRequest, estimate: Usage

@@ -16,12 +16,14 @@ smaller of the configured and the reported one, so an alias configured with none
 is paced at the provider's own rate from its first replies on.  Its remaining
 budget and reset time bound the window until that reset: no more requests (or
 estimated tokens) go before it than the reply said remain, less those already on
-their way.
+their way.  A reset far away holds requests no longer than a 429's Retry-After may
+(the endpoint's ``max_retry_after_s``); then they go, and the provider decides.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 import time
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -97,19 +99,39 @@ def smaller(configured: int | None, reported: int | None) -> int | None:
 
 class ReportedWindow:
     """What a reply said is left of one budget (requests or tokens) until its reset:
-    sends are counted against it until then, and wait for the reset once it is spent."""
+    sends are counted against it until then, and wait for the reset once it is spent.
 
-    __slots__ = ("left", "until")
+    The wait is bounded as a 429's Retry-After is (``max_retry_after_s``): a window
+    ends at its reset or that long after the reply, whichever comes first, and the
+    request then goes; if the budget really is spent, the provider's 429 says so and
+    is retried, then failed, by the same rule.  ``header`` and ``reset_s`` are what the
+    reply stated, for the message that says why calls wait.
+    """
+
+    __slots__ = ("header", "left", "reset_s", "until")
 
     def __init__(self) -> None:
         self.left = 0.0
         self.until = 0.0
+        self.header = ""
+        self.reset_s = 0.0
 
-    def state(self, remaining: int, reset_s: float, at: float, in_flight: float) -> None:
-        """A reply read at ``at`` said ``remaining`` are left for ``reset_s`` seconds;
-        ``in_flight`` were sent meanwhile and may not be counted in it yet."""
+    def state(
+        self,
+        remaining: int,
+        reset_s: float,
+        at: float,
+        in_flight: float,
+        header: str,
+        max_wait_s: float = math.inf,
+    ) -> None:
+        """A reply read at ``at`` said in ``header`` that ``remaining`` are left for
+        ``reset_s`` seconds (counted here for ``max_wait_s`` at most); ``in_flight``
+        were sent meanwhile and may not be counted in it yet."""
         self.left = remaining - in_flight
-        self.until = at + reset_s
+        self.until = at + min(reset_s, max_wait_s)
+        self.reset_s = reset_s
+        self.header = header
 
 
 class RateGovernor:
@@ -142,6 +164,8 @@ class RateGovernor:
         self.request_window: ReportedWindow | None = None
         self.token_window: ReportedWindow | None = None
         self.paused_until = 0.0
+        #: When the latest long wait a server asked for ends (`announce`).
+        self._announced_until = -math.inf
         self._last_decrease = 0.0
         self._successes = 0
         self._lock = threading.Lock()
@@ -174,11 +198,18 @@ class RateGovernor:
             else:
                 self.tokens = TokenBucket(tokens_per_minute) if tokens_per_minute else None
 
-    def learn(self, limits: ReportedLimits, in_flight: int, tokens_in_flight: float = 0) -> None:
+    def learn(
+        self,
+        limits: ReportedLimits,
+        in_flight: int,
+        tokens_in_flight: float = 0,
+        max_wait_s: float = math.inf,
+    ) -> None:
         """Adopt what a reply stated: its per-minute limits (the smaller of configured
-        and reported is paced), and its remaining budgets until their resets, of which
-        ``in_flight`` other requests sent meanwhile (``tokens_in_flight`` tokens, as
-        estimated) may already have taken a part."""
+        and reported is paced), and its remaining budgets until their resets (waited
+        for ``max_wait_s`` at most, see `ReportedWindow`), of which ``in_flight`` other
+        requests sent meanwhile (``tokens_in_flight`` tokens, as estimated) may already
+        have taken a part."""
         with self._lock:
             per_minute = (
                 limits.requests_limit or self.reported_per_minute[0],
@@ -192,13 +223,23 @@ class RateGovernor:
                 if self.request_window is None:
                     self.request_window = ReportedWindow()
                 self.request_window.state(
-                    limits.requests_remaining, limits.requests_reset_s, limits.at, in_flight
+                    limits.requests_remaining,
+                    limits.requests_reset_s,
+                    limits.at,
+                    in_flight,
+                    limits.names.requests_reset,
+                    max_wait_s,
                 )
             if limits.tokens_remaining is not None and limits.tokens_reset_s is not None:
                 if self.token_window is None:
                     self.token_window = ReportedWindow()
                 self.token_window.state(
-                    limits.tokens_remaining, limits.tokens_reset_s, limits.at, tokens_in_flight
+                    limits.tokens_remaining,
+                    limits.tokens_reset_s,
+                    limits.at,
+                    tokens_in_flight,
+                    limits.names.tokens_reset,
+                    max_wait_s,
                 )
 
     def open_at(self, now: float) -> bool:
@@ -256,16 +297,43 @@ class RateGovernor:
         wait for their reset (taking nothing)."""
         now = time.monotonic()
         with self._lock:
+            spent = self._spent_window(now, estimated_tokens)
+            if spent is not None:
+                return spent.until - now
             requests, tokens = self.request_window, self.token_window
-            if requests is not None and now < requests.until and requests.left < 1:
-                return requests.until - now
-            if tokens is not None and now < tokens.until and tokens.left < estimated_tokens:
-                return tokens.until - now
             if requests is not None and now < requests.until:
                 requests.left -= 1
             if tokens is not None and now < tokens.until:
                 tokens.left -= estimated_tokens
             return 0.0
+
+    def _spent_window(self, now: float, estimated_tokens: int) -> ReportedWindow | None:
+        """The reported window a request of ``estimated_tokens`` must wait for, if any."""
+        requests, tokens = self.request_window, self.token_window
+        if requests is not None and now < requests.until and requests.left < 1:
+            return requests
+        if tokens is not None and now < tokens.until and tokens.left < estimated_tokens:
+            return tokens
+        return None
+
+    def held_by(self, estimated_tokens: int) -> tuple[float, float, str] | None:
+        """Why a request of ``estimated_tokens`` waits, when a reply's headers hold it:
+        the seconds it waits, the reset the reply stated and that reset's header."""
+        now = time.monotonic()
+        with self._lock:
+            spent = self._spent_window(now, estimated_tokens)
+            if spent is None:
+                return None
+            return spent.until - now, spent.reset_s, spent.header
+
+    def announce(self, until: float, grace: float) -> bool:
+        """Whether a long wait a server asked for, ending at ``until``, is news: true
+        unless another one ran within ``grace`` seconds before now, so a stall is said
+        once however many calls wait in it (or wait in it again, round after round)."""
+        with self._lock:
+            news = time.monotonic() > self._announced_until + grace
+            self._announced_until = max(self._announced_until, until)
+            return news
 
     def settle(self, estimated_tokens: int, actual_tokens: int | None) -> None:
         """Correct the token estimate with the reply's usage, and recover concurrency."""

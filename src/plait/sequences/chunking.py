@@ -4,7 +4,9 @@ Long inputs are this field's everyday sequences: a document too long for one cal
 is read chunk by chunk (`Refine`) or all chunks at once and then combined
 (`MapReduce`).  A chunk should end where the text pauses, so a cut falls at a
 paragraph break if one is near the end of the window, else at a sentence end,
-else at a space, and only mid-word when a window has none of these.
+else at a space, and only mid-word when a window has none of these; and the next
+chunk should begin with a little of the one before (the overlap, whole words), so
+a thought cut at one chunk's end is whole at the next one's start.
 
 Sizes are in characters, or in tokens of a tokenizer you give (``encode`` /
 ``decode``, e.g. a ``tiktoken`` encoding or a model's own); without one,
@@ -52,11 +54,32 @@ def chunk_text(
 ) -> list[str]:
     """``text`` cut into chunks of at most ``size`` characters (or tokens), in order.
 
-    Consecutive chunks share at most ``overlap`` units, so a sentence cut at one
-    chunk's end is whole at the next one's start, and each chunk starts at least
-    ``size - overlap`` units after the previous one, at a word.  Cuts prefer a
-    paragraph break, then a sentence end, then a space.  An empty or blank text
-    gives no chunks.  Every character of ``text`` is in some chunk.
+    A chunk ends where the text pauses, if it can within reach (the last ``(size -
+    overlap) // 2`` units of its window): at the last paragraph break there, else the
+    last sentence end, else the last space; only a window with none of these is cut
+    mid-word, at its end.  With an ``overlap``, the next chunk starts at the first
+    word within the last ``overlap`` units of the one before, so consecutive chunks
+    share at least one word and at most ``overlap`` units (a text without spaces, or
+    with words longer than the overlap, shares ``overlap`` units instead).  Each
+    chunk starts at least ``(size - overlap) // 2`` units after the one before, so a
+    text makes ``len / (size - overlap)`` to twice that many chunks.  Together the
+    chunks cover the whole text, in order; an empty or blank text gives none.
+
+    Args:
+        text: The text to cut.
+        size: The most characters (or tokens) in a chunk, at least 1.
+        overlap: The most units consecutive chunks share, from 0 to ``size - 1``.
+        unit: ``"chars"``, or ``"tokens"`` of ``tokenizer`` (default `WordPieces`).
+        tokenizer: What counts tokens (``encode``/``decode``), with ``unit="tokens"``.
+
+    Returns:
+        The chunks, each a substring of ``text`` (for tokens, decoded).
+
+    Raises:
+        TypeError: ``text`` is not a ``str``.
+        ValueError: ``size`` or ``overlap`` is not a whole number in range (an
+            ``overlap`` of ``size`` or more would not move forward), ``unit`` is
+            neither, or a tokenizer is given with ``unit="chars"``.
     """
     if not isinstance(text, str):
         raise TypeError(f"chunk_text() takes text (str), got {type(text).__name__}")
@@ -91,57 +114,87 @@ def _chunks(
 def _spans(pieces: list[str], size: int, overlap: int) -> list[tuple[int, int]]:
     """The chunks as ``(start, end)`` unit indices.
 
-    A chunk ending at ``end`` is followed by one starting at the first word start at
-    or after ``start + size - overlap``, so each chunk advances by at least
-    ``size - overlap`` units and the count stays near ``len / (size - overlap)``:
-    moving only past the overlap made a 1,645-character text 199 chunks one
-    character apart.  The cut is the best break between that next start and the
-    window's end; only when that zone holds no break at all (an overlap shorter
-    than a word, e.g. no overlap) does the chunk end at a break in the window's
-    last half instead, and the next one start right there, rather than mid-word.
+    A chunk ends at the best break in reach (`_cut`): in the last ``(size - overlap)
+    // 2`` units of its window (its last half without overlap), and, with an overlap,
+    only where a word starts within ``overlap`` units before the cut, so the next
+    chunk can start there and share at least that word.  The next chunk starts at
+    the first word start at or after ``cut - overlap``: the overlap is at most
+    ``overlap`` units, and each chunk advances at least ``(size - overlap) // 2``
+    (moving only a unit or a word on made a 1,645-character text 199 chunks).  A
+    window whose reach holds no such break (a text without spaces, very long words)
+    is cut at its best break regardless, else at its end, and the next chunk starts
+    ``overlap`` units back, at a word if one starts there.
     """
+    words = _word_starts(pieces)
     spans: list[tuple[int, int]] = []
-    step = size - overlap
-    start = reached = 0
+    reach = max(1, (size - overlap) // 2)
+    start = 0
     while start < len(pieces):
         end = min(start + size, len(pieces))
         if end >= len(pieces):
             spans.append((start, end))
             break
-        # A cut at or before the previous chunk's end would repeat text already read.
-        cut = _cut(pieces, start, end, max(start + step - 1, reached))
-        if cut is None:
-            cut = _cut(pieces, start, end, max(start + max(1, size // 2), reached))
+        floor = end - reach
+        cut = _cut(pieces, start, end, floor, words if overlap else None, overlap)
+        if cut is None and overlap:  # no word to share anywhere in reach: share units
+            cut = _cut(pieces, start, end, floor, None, overlap)
         if cut is None:
             cut = end
         spans.append((start, cut))
-        reached = cut
-        start = cut if cut <= start + step else _word_start(pieces, start + step, cut)
+        start = _next_start(words, start, cut, overlap)
     return spans
 
 
-def _word_start(pieces: list[str], begin: int, end: int) -> int:
-    """The first index in ``[begin, end]`` where a word starts (a unit with a letter
-    in it, after a space or starting with one: tokenizers put the space before or
-    after the word); ``end`` when that is the only one, ``begin`` when there is none."""
-    for index in range(begin, end):
-        piece, before = pieces[index], pieces[index - 1] if index > 0 else " "
-        if piece.strip() and (piece[0].isspace() or (before and before[-1].isspace())):
+def _word_starts(pieces: list[str]) -> list[int]:
+    """``counts[i]``: how many words start before unit ``i`` (``len(pieces) + 1`` counts).
+    A word starts at a unit with a letter in it, after a space or starting with one
+    (tokenizers put the space before or after the word)."""
+    counts = [0]
+    before = " "
+    for piece in pieces:
+        starts = bool(piece.strip()) and (piece[0].isspace() or before[-1:].isspace())
+        counts.append(counts[-1] + starts)
+        before = piece
+    return counts
+
+
+def _shared(words: list[int], start: int, cut: int, overlap: int) -> int:
+    """How many words start in the last ``overlap`` units before ``cut`` (after
+    ``start``): the words the chunk ending at ``cut`` can share with the next."""
+    return words[cut] - words[min(cut, max(cut - overlap, start + 1))]
+
+
+def _next_start(words: list[int], start: int, cut: int, overlap: int) -> int:
+    """Where the chunk after ``[start, cut)`` starts: the first word start in its last
+    ``overlap`` units (the most the two may share), else ``overlap`` units back."""
+    if not overlap:
+        return cut
+    begin = max(cut - overlap, start + 1)
+    for index in range(begin, cut):
+        if words[index + 1] > words[index]:
             return index
-    if end >= len(pieces) or (end > 0 and pieces[end - 1][-1:].isspace()):
-        return end
     return begin
 
 
-def _cut(pieces: list[str], start: int, end: int, floor: int) -> int | None:
+def _cut(
+    pieces: list[str],
+    start: int,
+    end: int,
+    floor: int,
+    words: list[int] | None,
+    overlap: int,
+) -> int | None:
     """The best end for the window ``pieces[start:end]``: just after the last break of the
-    best kind that ends on a unit boundary after ``floor``; None when there is none."""
+    best kind that ends on a unit boundary after ``floor`` (and, given the ``words``
+    counts, where a word starts in the ``overlap`` units before it); None when there is
+    none."""
     boundaries: dict[int, int] = {}  # character offset in the window -> unit index
     offset = 0
     for index in range(start, end):
         offset += len(pieces[index])
-        if index + 1 > floor:
-            boundaries[offset] = index + 1
+        cut = index + 1
+        if cut > floor and (words is None or _shared(words, start, cut, overlap)):
+            boundaries[offset] = cut
     window = "".join(pieces[start:end])
     for kind in _BREAKS:
         ends = [m.end() for m in kind.finditer(window) if m.end() in boundaries]

@@ -498,6 +498,9 @@ class FakeOpenAIServer(_FakeServerProcess):
     def configure(self, **config: Any) -> dict[str, Any]:
         """Change fault injection / latency / batch settings; returns the server's whole config.
 
+        ``reply_headers={"x-ratelimit-limit-requests": "inf"}`` adds those headers, as given,
+        to every chat and embeddings reply (``{}`` stops it).
+
         Raises ValueError when the server rejects the settings (e.g. an unknown key).
         """
         return self._as_dict(self._call("POST", "/_config", config))
@@ -596,6 +599,7 @@ class FakeAnthropicServer(_FakeServerProcess):
         seed: int | None = None,
         cache_min_tokens: int | None = None,
         cache_clock_offset_s: float | None = None,
+        reply_headers: dict[str, str] | None = None,
     ) -> dict[str, Any]:
         """Change the settings given (the others stay); returns the server's whole config.
 
@@ -618,7 +622,9 @@ class FakeAnthropicServer(_FakeServerProcess):
           with 400; ``"results"`` accepts it and gives those requests ``errored`` results;
         * ``cache_min_tokens`` (1024): shorter prefixes are not cached;
         * ``cache_clock_offset_s`` (0): seconds added to the prompt cache's clock (see
-          :meth:`advance_cache_clock`).
+          :meth:`advance_cache_clock`);
+        * ``reply_headers`` ({}): headers added, as given, to every reply of
+          ``/v1/messages`` (``{"anthropic-ratelimit-requests-limit": "inf"}``, say).
         """
         given = {
             "batch_turnaround_s": batch_turnaround_s,
@@ -635,6 +641,7 @@ class FakeAnthropicServer(_FakeServerProcess):
             "seed": seed,
             "cache_min_tokens": cache_min_tokens,
             "cache_clock_offset_s": cache_clock_offset_s,
+            "reply_headers": reply_headers,
         }
         changes = {key: value for key, value in given.items() if value is not None}
         return self._as_dict(self._call("POST", "/_config", changes))

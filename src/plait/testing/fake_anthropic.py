@@ -72,6 +72,7 @@ from plait.testing.fake_openai import (
     RateWindow,
     add_limit_arguments,
     estimate_tokens,
+    reply_headers,
     schema_instance,
 )
 
@@ -303,6 +304,9 @@ class _Config:
     """A prefix shorter than this is not cached (1,024 tokens for most models)."""
     cache_clock_offset_s: float = 0.0
     """Seconds added to the prompt cache's clock: raise it to make entries expire."""
+    reply_headers: dict[str, str] = field(default_factory=dict)
+    """Headers added, as given, to every reply of ``/v1/messages`` (errors included, over
+    the rate-limit headers of the same name): what a provider or a proxy might send."""
 
     _UNIT: ClassVar[tuple[str, ...]] = ("batch_item_fail_rate", "batch_expire_fraction")
     _SECONDS: ClassVar[tuple[str, ...]] = ("batch_turnaround_s", "cache_clock_offset_s")
@@ -353,6 +357,8 @@ class _Config:
                 if not integer or not low <= value <= high:
                     raise ValueError(f"{key} must be an integer from {low} to {high}")
                 clean[key] = value
+            elif key == "reply_headers":
+                clean[key] = reply_headers(value)
             else:
                 raise ValueError(f"unknown config key {key!r}")
         return clean
@@ -672,6 +678,7 @@ class FakeAnthropicApp:
                         "by the fake server's limit).",
                     )
             headers = {**headers, **self.limit.anthropic_headers(now, refused)}
+        headers = {**headers, **self.config.reply_headers}
         record["status"] = reply.status
         record["cache"] = reply.cache_record()
         return web.json_response(reply.body, status=reply.status, headers=headers)

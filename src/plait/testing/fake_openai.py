@@ -14,6 +14,10 @@ Replies are a pure function of the request so that tests can predict them:
   counts the requests parked at each gate, so a test waits for a state, never for time
   (``POST /_config {"gate_texts": {"TEXT": "NAME"}}`` parks requests whose last user
   message contains TEXT at gate NAME, leaving the requests themselves unchanged);
+* ``POST /_config {"reply_headers": {"NAME": "VALUE"}}`` adds those headers, as given, to
+  every reply of ``/v1/chat/completions`` and ``/v1/embeddings`` (errors included, over the
+  rate-limit headers of the same name), so a test can send what a provider or a proxy in
+  front of it might (``x-ratelimit-limit-requests: inf``); ``{}`` stops it;
 * ``[[sample:N]]`` makes the reply a sample: `` ~draw K`` is appended, K in ``[0, N)``
   drawn from the request's integer ``seed`` (the same seed, the same K) or, without
   one, from the server's own random stream (as a real sampler would);
@@ -98,6 +102,7 @@ __all__ = [
     "add_limit_arguments",
     "estimate_tokens",
     "main",
+    "reply_headers",
     "request_key",
     "schema_instance",
 ]
@@ -489,6 +494,8 @@ class _Config:
         #: that copies its nearest example would: replies that depend on the
         #: demonstrations chosen, for tests of learning them.
         self.answer_like_demos = False
+        #: Headers added, as given, to every reply of the chat and embeddings routes.
+        self.reply_headers: dict[str, str] = {}
         #: The batch API's settings (``batch_*`` keys), see :mod:`plait.testing.fake_batches`.
         self.batch = BatchSettings()
 
@@ -500,6 +507,7 @@ class _Config:
             "quote_key_in_401",
             "gate_texts",
             "answer_like_demos",
+            "reply_headers",
         )
         return {**{name: getattr(self, name) for name in names}, **self.batch.as_dict()}
 
@@ -537,11 +545,29 @@ class _Config:
                 ):
                     raise ValueError("gate_texts maps non-empty texts to gate names")
                 clean[key] = {text: name.strip() for text, name in value.items()}
+            elif key == "reply_headers":
+                clean[key] = reply_headers(value)
             elif key in BatchSettings.names():
                 clean[key] = self.batch.check(key, value)
             else:
                 raise ValueError(f"unknown config key {key!r}")
         return clean
+
+
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+
+
+def reply_headers(value: Any) -> dict[str, str]:
+    """``value`` checked as headers to add to replies: a JSON object of header names
+    (HTTP tokens) to values on one line; raises ValueError naming what is wrong."""
+    if not isinstance(value, dict):
+        raise ValueError("reply_headers must be an object of header names to values")
+    for name, text in value.items():
+        if not isinstance(name, str) or not _HEADER_NAME.fullmatch(name):
+            raise ValueError(f"reply_headers: {name!r} is not a header name")
+        if not isinstance(text, str) or "\r" in text or "\n" in text:
+            raise ValueError(f"reply_headers: the value of {name} must be text on one line")
+    return dict(value)
 
 
 class _Outcome:
@@ -1076,6 +1102,7 @@ class FakeOpenAIApp:
                 response = _embeddings_reply(raw, outcome)
                 if self.limit is not None:  # one limit for every route, as one model's
                     response = self._limited(response, outcome.prompt_tokens)
+            response.headers.update(self.config.reply_headers)
             outcome.status = response.status
             return response
         finally:
@@ -1115,6 +1142,7 @@ class FakeOpenAIApp:
                     request.transport.close()
                 # Never reaches the client: aiohttp notices the closed transport and gives up.
                 return web.Response(status=500)
+            response.headers.update(self.config.reply_headers)
             outcome.status = response.status
             try:
                 await response.prepare(request)
