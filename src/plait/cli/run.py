@@ -30,7 +30,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from plait._files import write_atomic
 from plait._locks import Busy, hold
 from plait.cli.options import (
     UsageError,
@@ -67,8 +66,6 @@ from plait.values import Value, error_value
 
 __all__ = ["build_parser", "check_writable", "main", "refuse_to_clobber"]
 
-#: Where the CLI notes the command that wrote a checkpoint, beside the runtime's files.
-COMMAND_FILE = "cli.json"
 #: Failed inputs quoted in the end-of-run summary.
 FAILURES_SHOWN = 3
 
@@ -100,14 +97,20 @@ value is the one argument.  A CSV file whose quoting is broken is refused,
 naming the line where the unclosed quoted field starts.
 
 --parameters FILE loads the values `plait train` learned (its parameters.json)
-before the run; names the file does not set keep their defaults.  The values
-are part of the checkpoint's identity: a different file refuses a resume.
+before the run; names the file does not set keep their defaults.  With another
+file, a rerun over the same checkpoint runs every input again, paying only for
+the calls whose requests changed.
 
 Resume: the checkpoint defaults to OUTPUT.checkpoint/ beside the output file.
 Stop with Ctrl-C at any time, then re-run the same command: finished inputs are
 answered from the checkpoint (not re-run, not re-paid) and the output file is
-rewritten with every input exactly once.  Output to stdout is resumable only
-with --checkpoint DIR.  --fresh deletes the checkpoint and starts over.
+rewritten with every input exactly once.  After an edit of the pipeline's file
+(its prompts in __init__ included, or a file of yours it imports), other
+key=value arguments or another --parameters file, the same command runs every
+input again on the new version, paying only for the calls whose requests
+changed.  Another model or endpoint behind an alias, or another --seed, is
+refused.  Output to stdout is resumable only with --checkpoint DIR.  --fresh
+deletes the checkpoint and starts over (and pays for every call again).
 
 Exit status: 0 every input succeeded, 1 some failed, 2 usage or configuration
 error, 130 interrupted.
@@ -272,8 +275,9 @@ class _Command:
     def _checkpoint(self, module: Module, resources: ResourceManager) -> Checkpoint | None:
         """Open (or start) the checkpoint before the output file is touched.
 
-        A checkpoint that belongs to another pipeline, or to this one with other
-        arguments, would answer inputs with someone else's outputs: refuse it.
+        A checkpoint that belongs to another pipeline, or whose calls were answered by
+        other endpoints, would answer inputs with someone else's outputs: refuse it.
+        Another version of this pipeline (an edit, other arguments) reruns its inputs.
         """
         directory = self._checkpoint_dir()
         if directory is None:
@@ -286,37 +290,17 @@ class _Command:
                     "which it will bill and whose results no run will collect; cancel them "
                     f"there if you do not want them: {', '.join(pending)}"
                 )
-        command = {"arguments": sorted(self.ns.assignments)}
-        noted = directory / COMMAND_FILE
-        if noted.exists():
-            try:
-                before = json.loads(noted.read_text(encoding="utf-8"))
-            except (OSError, ValueError):
-                before = None
-            if isinstance(before, dict) and before.get("arguments") is not None:
-                recorded = {k: before.get(k) for k in command}
-                if recorded != command:
-                    raise UsageError(
-                        f"the checkpoint {directory} was written with arguments "
-                        f"{_show(recorded)}, this command has {_show(command)}; finished inputs "
-                        "would keep their old outputs. Re-run with the original arguments, or "
-                        "add --fresh to delete the checkpoint and start over"
-                    )
         try:
-            checkpoint = Checkpoint.of_run(directory, module, resources, self.seed).open()
+            checkpoint = Checkpoint.of_run(
+                directory, module, resources, self.seed, self.ns.assignments
+            ).open()
         except CheckpointError as exc:
-            if not exc.fresh_helps:
-                raise UsageError(str(exc)) from None
-            raise UsageError(f"{exc} (or add --fresh to delete it and start over)") from None
-        try:
-            write_atomic(noted, json.dumps(command))
-        except OSError as exc:
-            checkpoint.close()
-            raise UsageError(f"cannot write to the checkpoint {directory}: {exc}") from None
+            raise UsageError(_with_fresh(exc, "delete it")) from None
         if checkpoint.code_changed:
             self.say(
-                f"the pipeline's code changed since {directory} was written: its inputs run "
-                "again, and only calls whose requests changed are paid for"
+                f"the pipeline changed since {directory} was written "
+                f"({'; '.join(checkpoint.changes)}): its inputs run again, and only calls "
+                "whose requests changed are paid for"
             )
         if checkpoint.outputs:
             self.say(
@@ -412,7 +396,7 @@ class _Command:
         except CheckpointError as exc:
             display.stop()
             writer.discard()
-            raise UsageError(f"{exc} (or add --fresh to delete the checkpoint)") from None
+            raise UsageError(_with_fresh(exc, "delete the checkpoint")) from None
         except TracingError as exc:  # the first input traced failed: the code is wrong
             display.stop()
             writer.discard()
@@ -629,8 +613,13 @@ def _remove_checkpoint(directory: Path) -> list[str]:
     return pending
 
 
-def _show(command: dict[str, Any]) -> str:
-    return " ".join(command.get("arguments") or []) or "(none)"
+def _with_fresh(exc: CheckpointError, what: str) -> str:
+    """A checkpoint's refusal, with --fresh as the way out when starting over helps and
+    the message does not already say so."""
+    message = str(exc)
+    if not exc.fresh_helps or "--fresh" in message:
+        return message
+    return f"{message} (or add --fresh to {what} and start over)"
 
 
 def _clip(text: str, limit: int = 160) -> str:
