@@ -8,13 +8,15 @@ what was paid is counted at the server.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
+import sys
 from pathlib import Path
 
 from plait.testing import FakeOpenAIServer
 
-from .conftest import plait_cli
-from .pipelines import echo
+from .conftest import ROOT, plait_cli
+from .pipelines import echo, two_steps
 from .test_cli import write_resources
 
 TWO_STAGES = """
@@ -154,3 +156,49 @@ def test_what_a_rerun_cannot_reuse_is_still_refused(
     assert other_seed.returncode == 2
     assert "the run seed changed" in other_seed.stderr
     assert server.stats()["requests_total"] == 0
+
+
+# -- Ctrl-C ------------------------------------------------------------------------------
+def test_ctrl_c_on_a_fresh_run_says_what_was_kept_and_resumes_without_fresh(
+    server: FakeOpenAIServer, tmp_path: Path
+) -> None:
+    """The resume hint of a run started with --fresh must not say --fresh again: that
+    would delete the calls the interrupted run paid for."""
+    count = 12
+    resources = write_resources(tmp_path / "resources.toml", server.base_url)
+    inputs = tmp_path / "in.jsonl"
+    inputs.write_text("".join(json.dumps(f"hold {i}") + "\n" for i in range(count)))
+    out = tmp_path / "out.jsonl"
+    command = [
+        "run", "tests.pipelines:TwoSteps", "-i", str(inputs), "-o", str(out),
+        "--resources", str(resources),
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "plait.cli", *command, "--fresh"],
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        # Every input's first call has its reply (logged) once its second call waits.
+        server.wait_parked("hold", count)
+    finally:
+        proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert f"interrupted: 0 of {count} input(s) finished, 0 failed, {count} call(s) kept" in (
+        stderr
+    )
+    hint = next(line for line in stderr.splitlines() if "to resume" in line)
+    assert "without --fresh" in hint, hint
+    assert "Traceback" not in stderr
+
+    server.reset()
+    server.open_gate("hold")
+    done = plait_cli(*command)
+    assert done.returncode == 0, done.stderr
+    assert outputs_of(out) == [two_steps(f"hold {i}") for i in range(count)]
+    # Only the second calls are paid: the first ones are answered from the checkpoint.
+    assert [system for system, _ in sent(server)] == ["B"] * count

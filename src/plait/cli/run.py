@@ -434,14 +434,17 @@ class _Command:
 
     def _interrupted(self, tally: Tally, checkpoint: Checkpoint | None) -> int:
         total = f" of {tally.total}" if tally.total is not None else ""
+        kept = f", {_calls_kept(checkpoint)} call(s) kept" if checkpoint is not None else ""
         self.say(
-            f"interrupted: {tally.succeeded}{total} input(s) finished, {tally.failed} failed; "
-            f"outputs so far in {self._where()}"
+            f"interrupted: {tally.succeeded}{total} input(s) finished, {tally.failed} failed"
+            f"{kept}; outputs so far in {self._where()}"
         )
         if checkpoint is not None:
+            # --fresh again would delete what this run paid for.
+            same = "the same command without --fresh" if self.ns.fresh else "the same command"
             self.say(
-                f"to resume, re-run the same command: finished inputs are answered from "
-                f"{checkpoint.directory} and not run again"
+                f"to resume, re-run {same}: finished inputs and calls are answered from "
+                f"{checkpoint.directory} and not paid for again"
             )
         else:
             self.say("this run had no checkpoint, so a re-run starts over (see --checkpoint)")
@@ -611,6 +614,13 @@ def _remove_checkpoint(directory: Path) -> list[str]:
         pending = [b.batch_id for b in ledger.unfinished() if b.batch_id is not None]
     shutil.rmtree(directory)
     return pending
+
+
+def _calls_kept(checkpoint: Checkpoint) -> int:
+    """The completed calls a checkpoint holds, those its Ray workers logged included."""
+    with contextlib.suppress(CheckpointError, OSError):
+        checkpoint.refresh()
+    return len(checkpoint.calls)
 
 
 def _with_fresh(exc: CheckpointError, what: str) -> str:
