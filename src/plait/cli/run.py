@@ -292,7 +292,7 @@ class _Command:
                 )
         try:
             checkpoint = Checkpoint.of_run(
-                directory, module, resources, self.seed, self.ns.assignments
+                directory, module, resources, self.seed, self.ns.assignments, self.ns.target
             ).open()
         except CheckpointError as exc:
             raise UsageError(_with_fresh(exc, "delete it")) from None

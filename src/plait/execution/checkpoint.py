@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -72,6 +73,21 @@ class CheckpointBusy(CheckpointError):
 def pipeline_name(module: Any) -> str:
     """The name a checkpoint records for the pipeline ``module`` is an instance of."""
     return f"{type(module).__module__}.{type(module).__qualname__}"
+
+
+#: The module a pipeline file (``file.py:Name``) is loaded as, with the class's name
+#: after it (`plait.blueprint`'s loader names it after the file's stem and path).
+_FILE_PIPELINE = re.compile(r"_plait_blueprint_(?P<stem>\w+)_[0-9a-f]{10}\.(?P<name>.+)")
+
+
+def shown_pipeline(name: str, target: str | None = None) -> str:
+    """A checkpoint's pipeline as its user wrote it: the command's TARGET when it was
+    recorded, else ``file.py:Name`` for a class loaded from a file (not the internal
+    module the file was loaded as), else the class's dotted path."""
+    if target:
+        return target
+    found = _FILE_PIPELINE.fullmatch(name)
+    return f"{found['stem']}.py:{found['name']}" if found else name
 
 
 def producer_identity(module: Any, resources: Any, seed: int | None = None) -> dict[str, Any]:
@@ -395,9 +411,13 @@ class Checkpoint:
         directory: str | os.PathLike[str],
         pipeline: str,
         producer: dict[str, Any] | None = None,
+        target: str | None = None,
     ) -> None:
         self.directory = Path(directory)
         self.pipeline = pipeline
+        #: How the command that made the pipeline named it (``review.py:Review``), if
+        #: one did: what `plait status` and refusals call it (`shown_pipeline`).
+        self.target = target
         #: What produced the outputs (see `producer_identity`); resuming under another is refused.
         self.producer = producer
         #: Set when a run with no resources resumes a checkpoint made on endpoints.
@@ -441,17 +461,19 @@ class Checkpoint:
         resources: Any,
         seed: int | None,
         arguments: Iterable[str] = (),
+        target: str | None = None,
     ) -> Checkpoint:
         """The checkpoint of a run of ``module`` on ``resources`` with run seed ``seed``
         (not opened yet): named by the pipeline's class, keyed by `producer_identity`
-        and the command-line ``key=value`` ``arguments`` the module was built with.
+        and the command-line ``key=value`` ``arguments`` the module was built with
+        (from the command line's ``target``, which names it to the user).
         Every place a run starts (one process, Ray workers, ``plait run``) opens its
         checkpoint through this, so a resume means the same thing everywhere."""
         producer = producer_identity(module, resources, seed)
         given = arguments_of(arguments)
         if given:
             producer["arguments"] = given
-        return cls(directory, pipeline_name(module), producer)
+        return cls(directory, pipeline_name(module), producer, target)
 
     @property
     def code_changed(self) -> bool:
@@ -516,6 +538,7 @@ class Checkpoint:
                 "pipeline": self.pipeline,
                 "producer": self.producer,
                 "created": time.time(),
+                **({"target": self.target} if self.target else {}),
             }
             write_atomic(self.manifest_path, json.dumps(manifest))
             self._log_version = self._first_version = self._version
@@ -629,9 +652,13 @@ class Checkpoint:
                 f"{manifest.get('version')!r}; this plait reads version {VERSION}"
             )
         if manifest.get("pipeline") != self.pipeline:
+            theirs = manifest.get("pipeline")
+            if isinstance(theirs, str):
+                theirs = shown_pipeline(theirs, manifest.get("target"))
             raise CheckpointError(
-                f"{self.directory} belongs to pipeline {manifest.get('pipeline')!r}, not "
-                f"{self.pipeline!r}; use a different checkpoint_dir for this pipeline"
+                f"{self.directory} belongs to pipeline {theirs!r}, not "
+                f"{shown_pipeline(self.pipeline, self.target)!r}; use a different "
+                "checkpoint_dir for this pipeline"
             )
         recorded = manifest.get("producer")
         if not isinstance(recorded, dict):

@@ -153,36 +153,52 @@ class BatchLedger:
         if sync:
             os.fsync(self._fd)
 
-    def _apply(self, record: dict[str, Any]) -> None:
-        kind = record["t"]
+    def _apply(self, record: Any) -> None:
+        """Take one record into the ledger; a record of the wrong shape (a hand edit, a
+        damaged disk) is a ValueError or TypeError saying what is wrong with it."""
+        if not isinstance(record, dict):
+            raise TypeError(f"a record is a JSON object, not a {type(record).__name__}")
+        kind = record.get("t")
         if kind == "intent":
-            token = record["b"]
-            ids = [str(i) for i, _ in record["calls"]]
-            self.batches[token] = _Batch(token, record["alias"], float(record["at"]), ids)
-            for custom_id, fingerprint in record["calls"]:
+            token, alias = _field(record, "b", str), _field(record, "alias", str)
+            at = _field(record, "at", (int, float))
+            calls = _field(record, "calls", list)
+            if not all(_is_pair(call) for call in calls):
+                raise TypeError("its 'calls' are not [custom id, fingerprint] pairs")
+            self.batches[token] = _Batch(token, alias, float(at), [i for i, _ in calls])
+            for custom_id, fingerprint in calls:
                 self.entries[custom_id] = _Entry(fingerprint, token)
                 self.by_fingerprint.setdefault(fingerprint, []).append(custom_id)
         elif kind == "submitted":
-            self.batches[record["b"]].batch_id = str(record["id"])
+            self._batch(record).batch_id = _field(record, "id", str)
         elif kind == "result":
-            entry = self.entries.get(record["id"])
+            outcome = _field(record, "o", dict)
+            _outcome_of(outcome)  # a reply or an error that can be read back, else it raises
+            entry = self.entries.get(_field(record, "id", str))
             if entry is not None:
-                entry.outcome = record["o"]
+                entry.outcome = outcome
         elif kind == "ended":
-            self.batches[record["b"]].ended = True
+            self._batch(record).ended = True
         elif kind == "abandoned":
-            batch = self.batches[record["b"]]
+            batch = self._batch(record)
             batch.abandoned = True
             for custom_id in batch.ids:
                 entry = self.entries.get(custom_id)
                 if entry is not None and entry.outcome is None:
                     entry.outcome = {"e": {"m": "never submitted", "retry": True}}
         elif kind == "delivered":
-            entry = self.entries.get(record["id"])
+            entry = self.entries.get(_field(record, "id", str))
             if entry is not None:
                 entry.delivered = True
         else:
             raise ValueError(f"unknown record type {kind!r}")
+
+    def _batch(self, record: dict[str, Any]) -> _Batch:
+        token = _field(record, "b", str)
+        batch = self.batches.get(token)
+        if batch is None:
+            raise ValueError(f"no batch {token!r} was recorded before it")
+        return batch
 
     def new_id(self, fingerprint: str) -> str:
         """A custom id for another occurrence of the request ``fingerprint``."""
@@ -246,6 +262,21 @@ class BatchLedger:
         if entry.outcome is None and not batch.abandoned and not batch.ended:
             return 1
         return 3  # failed, or its batch ended without it: a new request is needed
+
+
+def _field(record: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
+    """``record[name]``, which must be of ``kind`` (a bool is no number here)."""
+    if name not in record:
+        raise ValueError(f"its {name!r} is missing")
+    value = record[name]
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        raise TypeError(f"its {name!r} is a {type(value).__name__}")
+    return value
+
+
+def _is_pair(call: Any) -> bool:
+    """Whether a batch's call is (custom id, fingerprint): a list read back, a tuple made."""
+    return isinstance(call, list | tuple) and len(call) == 2 and all(type(x) is str for x in call)
 
 
 def _outcome_json(outcome: LLMResponse | ProviderError) -> dict[str, Any]:
