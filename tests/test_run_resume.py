@@ -202,3 +202,88 @@ def test_ctrl_c_on_a_fresh_run_says_what_was_kept_and_resumes_without_fresh(
     assert outputs_of(out) == [two_steps(f"hold {i}") for i in range(count)]
     # Only the second calls are paid: the first ones are answered from the checkpoint.
     assert [system for system, _ in sent(server)] == ["B"] * count
+
+
+# -- --profile on a rerun -----------------------------------------------------------------
+def test_a_rerun_restoring_every_output_draws_the_calls_that_made_them_in_its_trace(
+    server: FakeOpenAIServer, tmp_path: Path
+) -> None:
+    """A full trace is never replaced by one saying only "restored, 0 calls": the new
+    trace draws, beside each restored output, the calls the checkpoint logged for it,
+    marked restored, with the tokens and model each reply had."""
+    from .test_profile import validate_trace
+
+    run = TwoStageRun(server, tmp_path)
+    trace = tmp_path / "trace.json"
+    write_two_stages(run.source, "Summarize.", "Judge.")
+    assert run("--profile", str(trace)).returncode == 0
+    first = validate_trace(json.loads(trace.read_text()))
+    made = sorted(
+        (e["args"]["input_index"], e["args"]["node_id"])
+        for e in first
+        if e.get("cat") == "llm" and e.get("ph") == "X"
+    )
+    assert len(made) == 6
+
+    server.reset()
+    again = run("--profile", str(trace))
+    assert again.returncode == 0, again.stderr
+    assert server.stats()["requests_total"] == 0
+    second = validate_trace(json.loads(trace.read_text()))
+    assert not [e for e in second if e.get("cat") == "llm"]  # nothing was sent
+    drawn = [e for e in second if e.get("cat") == "checkpoint" and e.get("ph") == "X"]
+    assert sorted((e["args"]["input_index"], e["args"]["node_id"]) for e in drawn) == made
+    assert all(
+        e["args"]["outcome"] == "restored" and e["name"].endswith("(restored)") for e in drawn
+    )
+    assert all(e["args"]["model"] == "m" and len(e["args"]["tokens"]) == 2 for e in drawn)
+    assert all("made_at" in e["args"] for e in drawn)
+    assert "checkpoint: 3 output(s) restored, 0 calls sent; the 6 earlier call(s)" in json.dumps(
+        second
+    )
+
+
+def test_a_restored_output_draws_the_calls_of_its_own_version_after_an_edit(
+    server: FakeOpenAIServer, tmp_path: Path
+) -> None:
+    """After an edit and a return to the first prompt, the outputs restored are the
+    first version's: their trace draws that version's calls, not the edited ones."""
+    from .test_profile import validate_trace
+
+    run = TwoStageRun(server, tmp_path)
+    trace = tmp_path / "trace.json"
+    write_two_stages(run.source, "Summarize.", "Judge.")
+    assert run().returncode == 0
+    write_two_stages(run.source, "Summarize.", "Judge strictly.")
+    assert run().returncode == 0
+    write_two_stages(run.source, "Summarize.", "Judge.")
+    server.reset()
+    assert run("--profile", str(trace)).returncode == 0
+    assert server.stats()["requests_total"] == 0
+    drawn = [
+        e
+        for e in validate_trace(json.loads(trace.read_text()))
+        if e.get("cat") == "checkpoint" and e.get("ph") == "X"
+    ]
+    assert len(drawn) == 6  # two calls per input, not the edited stage's third
+    # The drawn verdict calls are the first version's, which the log holds first.
+    log = [json.loads(line) for line in (tmp_path / "out.jsonl.checkpoint" / "log.jsonl").open()]
+    verdicts = [r for r in log if r["t"] == "call" and r["n"].endswith("verdict")]
+    assert len(verdicts) == 6
+    first, edited = verdicts[:3], verdicts[3:]
+    assert {r["h"] for r in first}.isdisjoint(r["h"] for r in edited)
+    assert sorted(
+        (e["args"]["input_index"], e["args"]["made_at"])
+        for e in drawn
+        if e["args"]["node_id"].endswith("verdict")
+    ) == sorted((r["i"], _local_time(r["at"])) for r in first)
+    assert [r["v"]["usage"] for r in first] != [r["v"]["usage"] for r in edited]
+    assert sorted(
+        e["args"]["tokens"] for e in drawn if e["args"]["node_id"].endswith("verdict")
+    ) == sorted(r["v"]["usage"] for r in first)
+
+
+def _local_time(at: int) -> str:
+    import time
+
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at / 1e6))

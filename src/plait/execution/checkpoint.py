@@ -25,7 +25,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -129,6 +129,9 @@ def producer_identity(module: Any, resources: Any, seed: int | None = None) -> d
         "code": code_of(module),
     }
 
+
+#: Hex digits of a request hash an output record keeps per call (`output_calls`).
+_SHORT_HASH = 8
 
 #: The parts of a producer that make the pipeline's version (`version_of`), besides its code.
 SETTINGS = ("parameters", "calls", "arguments")
@@ -450,6 +453,11 @@ class Checkpoint:
         self._pending: list[bytes] = []
         #: Per input still running: the text of its latest logged reply (see `record_output`).
         self._last_reply: dict[int, tuple[str, str, str]] = {}
+        #: Per input still running: (node, request hash) of each call it made or was
+        #: answered from the log, which its output record keeps (`output_calls`).
+        self._used: dict[int, dict[tuple[str, str], None]] = {}
+        #: The logged calls' keys by input, made when first asked (`output_calls`).
+        self._by_input: dict[int, list[tuple[int, str, str]]] | None = None
         self._flush_scheduled = False
         self._lock: int | None = None
 
@@ -800,21 +808,47 @@ class Checkpoint:
         where = self.calls.get(key)
         return None if where is None else self._read(*where)["v"]
 
-    def record_call(self, index: int, node: str, request_hash: str, value: Any) -> None:
-        """Log a finished call's answer: an LLM reply's JSON form, or ``{"value": ...}``."""
+    def record_call(
+        self,
+        index: int,
+        node: str,
+        request_hash: str,
+        value: Any,
+        timing: tuple[int, int] | None = None,
+    ) -> None:
+        """Log a finished call's answer: an LLM reply's JSON form, or ``{"value": ...}``;
+        ``timing``: when it started (microseconds since the epoch) and how long it took
+        (microseconds), which a profile of a rerun draws it with (`output_calls`)."""
         record = {"t": "call", "i": index, "n": node, "h": request_hash, "v": value}
+        if timing is not None:
+            record["at"], record["us"] = timing
         text = value.get("text")
         # A reply holds text, integers and None only: the fast writer is exact for it.
         data = text_line(record) if isinstance(text, str) else json_line(record)
-        self.calls[(index, node, request_hash)] = (0, *self._append(data))
+        key = (index, node, request_hash)
+        self.calls[key] = (0, *self._append(data))
+        if self._by_input is not None:
+            self._by_input.setdefault(index, []).append(key)
+        self.note_call(key)
         if isinstance(text, str):
             self._last_reply[index] = (text, node, request_hash)
 
+    def note_call(self, key: tuple[int, str, str]) -> None:
+        """A call of a running input was made, or answered from the log: its output
+        record names it (`output_calls`)."""
+        if not self._worker:  # a worker records no outputs
+            self._used.setdefault(key[0], {})[key[1:]] = None
+
     def record_output(self, index: int, input_hash: str, payload: Any) -> None:
         last = self._last_reply.pop(index, None)
+        used = self._used.pop(index, None)
         if self._worker:
             return  # the driver records outputs
         record: dict[str, Any] = {"t": "out", "i": index, "h": input_hash}
+        if used:
+            # Which calls made it (a prefix of each request hash tells an input's calls
+            # apart), for a profile of a rerun that restores it (`output_calls`).
+            record["k"] = [[node, request_hash[:_SHORT_HASH]] for node, request_hash in used]
         if last is not None and type(payload) is str and (last[0] is payload or last[0] == payload):
             # The output is the text of a reply logged just before: point at that record
             # instead of writing the same text again (half the log of a one-call pipeline).
@@ -835,6 +869,50 @@ class Checkpoint:
     def forget(self, index: int) -> None:
         """An input has ended (finished or failed): drop what was kept for its output."""
         self._last_reply.pop(index, None)
+        self._used.pop(index, None)
+
+    def output_calls(self, index: int) -> list[dict[str, Any]]:
+        """The calls that made input ``index``'s finished output, as the log has them:
+        ``{"node", "at", "us", "usage", "model"}`` each (``at``/``us``: when it started,
+        microseconds since the epoch, and how long it took; None when not logged).  A
+        profile of a rerun that restores the output draws them (`restored_output`).
+
+        An output logged without naming its calls (by an earlier plait, or by a Ray
+        run, whose workers log the calls) gets every call logged for its input before
+        it, and those of the workers' logs.
+        """
+        found = self.outputs.get(index)
+        if found is None:
+            return []
+        if self._by_input is None:
+            self._by_input = {}
+            for key in self.calls:
+                self._by_input.setdefault(key[0], []).append(key)
+        mine = self._by_input.get(index, [])
+        named = self._read(0, found[1], found[2]).get("k")
+        if isinstance(named, list):
+            chosen = [
+                key
+                for node, short in named
+                for key in mine
+                if key[1] == node and key[2].startswith(short)
+            ]
+        else:
+            chosen = [key for key in mine if self.calls[key][0] or self.calls[key][1] < found[1]]
+        calls = []
+        for key in dict.fromkeys(chosen):
+            record = self._read(*self.calls[key])
+            reply = record.get("v") if isinstance(record.get("v"), dict) else {}
+            calls.append(
+                {
+                    "node": key[1],
+                    "at": record.get("at"),
+                    "us": record.get("us"),
+                    "usage": reply.get("usage"),
+                    "model": reply.get("model"),
+                }
+            )
+        return calls
 
     def finished_output(self, index: int, input_hash: str) -> tuple[bool, Any]:
         found = self.outputs.get(index)
@@ -879,8 +957,11 @@ class CheckpointHandler(Handler):
             msg.value = _restore(stored, request)
             msg.done = True
             msg.meta["checkpoint"] = "hit"
+            self.checkpoint.note_call(key)
         elif not msg.done and self.checkpoint.mismatch is not None:
             raise CheckpointError(self.checkpoint.mismatch)
+        else:
+            msg.meta["checkpoint_started"] = (time.time(), time.monotonic())
 
     def key(self, msg: Message, request: LLMRequest) -> tuple[int, str, str]:
         """Where the call's reply is logged: (input, graph node, request hash)."""
@@ -901,21 +982,32 @@ class CheckpointHandler(Handler):
                 return  # a handler's answer with no JSON form: asked again on resume
 
         index, node, request_hash = key
-        self.checkpoint.record_call(index, node, request_hash, stored)
+        timing = None
+        started = msg.meta.get("checkpoint_started")
+        if started is not None:
+            wall, mono = started
+            timing = (round(wall * 1e6), round((time.monotonic() - mono) * 1e6))
+        self.checkpoint.record_call(index, node, request_hash, stored, timing)
 
 
-def restored_output(index: int, payload: Any) -> Value:
-    """Input ``index``'s output, answered from the checkpoint instead of being run.
+def restored_output(index: int, payload: Any, checkpoint: Checkpoint | None = None) -> Value:
+    """Input ``index``'s output, answered from ``checkpoint`` instead of being run.
 
-    The active handlers that keep an account of a run (a profiler) are told, so a
-    rerun of a finished run leaves a trace that says where its outputs came from.
+    The active handlers that keep an account of a run (a profiler) are told, with the
+    calls that made it (`Checkpoint.output_calls`), so a rerun of a finished run
+    leaves a trace that says where its outputs came from and what they took.
     """
     from plait.values import Value, kind_of
 
+    notes: list[Callable[..., Any]] = []
     for handler in current_stack():
         note = getattr(handler, "note_restored", None)
         if callable(note):
-            note(index)
+            notes.append(note)
+    if notes:
+        calls = checkpoint.output_calls(index) if checkpoint is not None else []
+        for note in notes:
+            note(index, calls)
     return Value(kind_of(payload), payload, meta={"checkpoint": "hit"})
 
 
