@@ -25,6 +25,7 @@ __all__ = [
     "PlainDisplay",
     "RichDisplay",
     "Tally",
+    "call_sites",
     "console",
     "is_terminal",
     "make_display",
@@ -50,6 +51,9 @@ class Tally:
         self.in_flight = 0
         self.started = time.monotonic()
         self.failures: list[tuple[int, dict[str, Any]]] = []
+        #: The LLM calls one input makes, as the pipeline's modules say (`call_sites`),
+        #: so a display shows how far the calls are before any input has finished.
+        self.calls_per_input: int | None = None
 
     @property
     def finished(self) -> int:
@@ -88,6 +92,26 @@ class Tally:
             sending += row["requests"] - row["succeeded"] - row["failed"] - row["retries"]
         return done, max(0, sending)
 
+    def expected_calls(self) -> int | None:
+        """The calls this run should make: those of each input it runs (not of those
+        answered from the checkpoint); None when unknown, or once the calls made exceed
+        it (a call site run in a loop, more than once per input)."""
+        if self.total is None or not self.calls_per_input:
+            return None
+        expected = self.calls_per_input * max(0, self.total - self.resumed)
+        done, sending = self.calls()
+        return expected if expected > 0 and done + sending <= expected else None
+
+    def completed(self) -> float:
+        """How many inputs' worth of work is done, for a bar: the inputs finished, or
+        (while a few long inputs run) the share of the calls done, if that is more."""
+        expected = self.expected_calls()
+        if expected is None or self.total is None or self.finished >= self.total:
+            return float(self.finished)
+        done, _ = self.calls()
+        by_calls = self.resumed + (self.total - self.resumed) * done / expected
+        return max(float(self.finished), min(by_calls, self.total - 0.5))
+
     @staticmethod
     def spend() -> tuple[int, float | None]:
         tokens, cost = 0, None
@@ -105,7 +129,10 @@ class Tally:
         else:
             parts = [f"{self.finished} inputs"]
         done, sending = self.calls()
-        if done or sending:
+        expected = self.expected_calls()
+        if expected is not None and self.finished < (self.total or 0):
+            parts.append(f"calls: {done} of ~{expected} done, {sending} sending")
+        elif done or sending:
             parts.append(f"calls: {done} done, {sending} sending")
         rate = self.rate()
         if rate is not None:
@@ -129,6 +156,14 @@ class Tally:
 
     def status(self) -> str:
         return f"{self.headline()} · {self.details()}"
+
+
+def call_sites(module: Any) -> int:
+    """The LLM calls one input of ``module`` makes when each call site in its tree runs
+    once (``n`` samples counting ``n``): what a display expects before any input ends."""
+    return sum(
+        getattr(part, "n", 1) for part in module.modules() if getattr(part, "_calls_llm", False)
+    )
 
 
 def duration(seconds: float) -> str:
@@ -181,7 +216,7 @@ class RichDisplay(Display):
         grid = Table.grid(padding=(0, 1))
         grid.add_column(no_wrap=True)
         grid.add_column()
-        bar = ProgressBar(total=tally.total, completed=tally.finished, width=30)
+        bar = ProgressBar(total=tally.total, completed=tally.completed(), width=30)
         grid.add_row(bar, Text(tally.headline(), style="bold"))
         grid.add_row("", Text(tally.details(), style="dim"))
         return grid

@@ -47,7 +47,7 @@ from plait.cli.options import (
 )
 from plait.cli.outputs import OutputWriter, error_record, silence_stdout
 from plait.cli.parameters import ParametersError, load_parameters
-from plait.cli.progress import Tally, console, duration, make_display
+from plait.cli.progress import Tally, call_sites, console, duration, make_display
 from plait.execution.backends import RowBackend, backend
 from plait.execution.checkpoint import FORMAT as CHECKPOINT_FORMAT
 from plait.execution.checkpoint import Checkpoint, CheckpointError
@@ -318,6 +318,7 @@ class _Command:
     ) -> int:
         ns = self.ns
         tally = Tally()
+        tally.calls_per_input = call_sites(module)
         if ns.limit is not None:
             tally.total = ns.limit
 
