@@ -92,3 +92,25 @@ def test_the_bar_moves_with_the_calls_before_an_input_finishes(
     assert halfway == 0.5
     tally.in_flight, tally.succeeded = 0, 1
     assert tally.completed() == 1.0 and "of ~" not in tally.headline()
+
+
+# -- --batch-api ------------------------------------------------------------------------
+def test_batch_api_without_resources_says_what_to_pass_on_the_command_line(
+    server: FakeOpenAIServer, tmp_path: Path
+) -> None:
+    inputs = tmp_path / "in.jsonl"
+    inputs.write_text('"a"\n')
+    out = tmp_path / "out.jsonl"
+    out.write_text("rows of an earlier run\n")
+    done = subprocess.run(
+        [
+            sys.executable, "-m", "plait.cli", "run", "tests.pipelines:FanOutFanIn",
+            "-i", str(inputs), "-o", str(out), "--batch-api",
+        ],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "pass --resources FILE" in done.stderr
+    assert "resources=" not in done.stderr and "ResourceConfig" not in done.stderr
+    assert "Traceback" not in done.stderr
+    assert out.read_text() == "rows of an earlier run\n"  # refused before it was opened

@@ -226,6 +226,15 @@ class _Command:
             # may still be no Ray head, which only joining tells.
             ensure_ray(ns.ray_address)
         module = Target(ns.target, ns.assignments).make()
+        if ns.batch_api and ns.resources is None and not module._bound_resources:
+            from plait.providers.base import BATCH_APIS
+
+            raise UsageError(
+                "--batch-api sends every call to its provider's batch API, and without "
+                "resources every alias runs on the embedded local model, which has none: "
+                "pass --resources FILE naming endpoints whose provider has a batch API "
+                f"({', '.join(BATCH_APIS)})"
+            )
         if ns.parameters is not None:
             # Before the checkpoint is opened: its producer hashes the loaded values.
             load_parameters(module, ns.parameters, "run", self.err)
@@ -343,6 +352,10 @@ class _Command:
                 "--batch-api sends the calls to the provider's batch API from this process; "
                 "--workers/--ray-address would spread them over Ray: drop one of them"
             )
+        if ns.batch_api:  # an alias whose provider has no batch API: before the output opens
+            from plait.execution.batch_api import check_batch_apis
+
+            check_batch_apis(module, resources)
         named = "batch" if ns.batch_api else None
         opts.update(workers=ns.workers, ray_address=ns.ray_address, backend=named)
         where = _row_backend(backend_name(opts))
