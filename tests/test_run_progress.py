@@ -114,3 +114,48 @@ def test_batch_api_without_resources_says_what_to_pass_on_the_command_line(
     assert "resources=" not in done.stderr and "ResourceConfig" not in done.stderr
     assert "Traceback" not in done.stderr
     assert out.read_text() == "rows of an earlier run\n"  # refused before it was opened
+
+
+QUICK = {"batch_idle_s": 0.05, "batch_poll_s": 0.05, "batch_poll_max_s": 0.2}
+
+
+def test_a_batch_run_names_its_pending_batches_and_ctrl_c_says_how_to_collect_them(
+    server: FakeOpenAIServer, tmp_path: Path
+) -> None:
+    """The fake's batches are held in processing: the progress names the batch at the
+    provider; Ctrl-C says it is still pending there and gives the command that collects
+    it, which, run as printed, finishes the run without submitting it again."""
+    import shlex
+
+    server.close_gate("held")
+    server.configure(batch_gate="held")
+    resources = write_resources(tmp_path / "resources.toml", server.base_url, **QUICK)
+    inputs = tmp_path / "in.jsonl"
+    inputs.write_text("".join(json.dumps(f"doc {i}") + "\n" for i in range(3)))
+    out = tmp_path / "out.jsonl"
+    run = _start(
+        "tests/pipelines.py:FanOutFanIn", "-i", str(inputs), "-o", str(out),
+        "--resources", str(resources), "--batch-api", "--fresh",
+    )  # fmt: skip
+    assert run.stderr is not None
+    try:
+        line = _line_with(run.stderr, "batch(es) pending at the provider: batch_")
+    finally:
+        run.send_signal(signal.SIGINT)
+    _, stderr = run.communicate(timeout=60)
+    assert run.returncode == 130, stderr
+    (batch,) = server.batches()["batches"]
+    assert f"1 batch(es) pending at the provider: {batch['id']} (fast, 6 calls)" in line
+    told = next(x for x in stderr.splitlines() if "still pending at the provider" in x)
+    assert batch["id"] in told and "billed" in told
+    command = shlex.split(told.split("run: ", 2)[2])
+    assert command[:2] == ["plait", "run"] and "--fresh" not in command
+
+    server.open_gate("held")
+    collected = subprocess.run(
+        [sys.executable, "-m", "plait.cli", *command[1:]],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert collected.returncode == 0, collected.stderr
+    assert len(out.read_text().splitlines()) == 3
+    assert max(server.batches()["custom_ids"].values()) == 1  # nothing submitted twice

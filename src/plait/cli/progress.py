@@ -9,6 +9,7 @@ process-wide usage counters, which the run resets when it starts.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from typing import IO, Any
@@ -37,6 +38,8 @@ PLAIN_INTERVAL_S = 2.0
 PLAIN_STEPS = 10
 #: No ETA before this many inputs finished in this run (see `Tally.eta`).
 MIN_ETA_INPUTS = 5
+#: Pending batches named by id on a progress line; the rest are counted.
+BATCHES_SHOWN = 3
 
 
 class Tally:
@@ -142,6 +145,30 @@ class Tally:
             parts.append(f"ETA {duration(eta)}")
         return " · ".join(parts)
 
+    @staticmethod
+    def batches() -> str | None:
+        """Where a batch-API run's calls are: the batches pending at the provider, by
+        id (what to look up there), and the calls gathering for the next; None when no
+        batch run is going on."""
+        if "plait.resources.batching" not in sys.modules:  # no batch run was ever made
+            return None
+        from plait.resources.batching import batches_in_flight
+
+        found = batches_in_flight()
+        if found is None:
+            return None
+        shown = [f"{batch_id} ({alias}, {calls} calls)" for alias, batch_id, calls in found.pending]
+        more = f", +{len(shown) - BATCHES_SHOWN} more" if len(shown) > BATCHES_SHOWN else ""
+        parts = [
+            f"{len(shown)} batch(es) pending at the provider"
+            + (f": {', '.join(shown[:BATCHES_SHOWN])}{more}" if shown else "")
+        ]
+        if found.submitting:
+            parts.append(f"{found.submitting} being submitted")
+        if found.waiting:
+            parts.append(f"{found.waiting} call(s) gathering for the next batch")
+        return " · ".join(parts)
+
     def details(self) -> str:
         """How it goes: failures, work in flight, resumed inputs, spend, time so far."""
         parts = [f"{self.failed} failed", f"{self.in_flight} in flight"]
@@ -155,7 +182,8 @@ class Tally:
         return " · ".join(parts)
 
     def status(self) -> str:
-        return f"{self.headline()} · {self.details()}"
+        batches = self.batches()
+        return f"{self.headline()} · {self.details()}" + (f" · {batches}" if batches else "")
 
 
 def call_sites(module: Any) -> int:
@@ -219,6 +247,9 @@ class RichDisplay(Display):
         bar = ProgressBar(total=tally.total, completed=tally.completed(), width=30)
         grid.add_row(bar, Text(tally.headline(), style="bold"))
         grid.add_row("", Text(tally.details(), style="dim"))
+        batches = tally.batches()
+        if batches:
+            grid.add_row("", Text(batches))
         return grid
 
     def start(self) -> None:

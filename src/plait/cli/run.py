@@ -23,6 +23,7 @@ import contextlib
 import itertools
 import json
 import os
+import shlex
 import shutil
 import sys
 import time
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from plait._locks import Busy, hold
+from plait._secrets import scrub
 from plait.cli.options import (
     UsageError,
     add_otel_argument,
@@ -187,7 +189,7 @@ def main(argv: list[str]) -> int:
     if isinstance(ns, int):
         return ns
     try:
-        return _Command(ns).run()
+        return _Command(ns, argv).run()
     except (
         UsageError,
         TargetError,
@@ -201,8 +203,10 @@ def main(argv: list[str]) -> int:
 
 # -- the command -------------------------------------------------------------------------------
 class _Command:
-    def __init__(self, ns: argparse.Namespace) -> None:
+    def __init__(self, ns: argparse.Namespace, argv: list[str] | None = None) -> None:
         self.ns = ns
+        #: The command line after ``plait run``, to tell the user how to run it again.
+        self.argv = list(argv or [])
         self.err: IO[str] = sys.stderr
         self.seed: int | None = None
         self.items: Iterator[Item] = iter(())
@@ -460,9 +464,34 @@ class _Command:
                 f"to resume, re-run {same}: finished inputs and calls are answered from "
                 f"{checkpoint.directory} and not paid for again"
             )
+            self._pending_batches(checkpoint)
         else:
             self.say("this run had no checkpoint, so a re-run starts over (see --checkpoint)")
         return 130
+
+    def _pending_batches(self, checkpoint: Checkpoint) -> None:
+        """After Ctrl-C on a batch-API run: the batches it leaves at the provider, which
+        go on (and are billed) there, and the command that collects their results."""
+        from plait.execution.batch_api import LEDGER_NAME
+        from plait.providers.base import ProviderError
+        from plait.resources.batching import BatchLedger
+
+        path = checkpoint.directory / LEDGER_NAME
+        if not self.ns.batch_api or not path.is_file():
+            return
+        try:
+            unfinished = BatchLedger(path).load().unfinished()
+        except (OSError, ProviderError):
+            return
+        ids = [batch.batch_id for batch in unfinished if batch.batch_id is not None]
+        if not ids:
+            return
+        again = scrub(shlex.join(["plait", "run", *(a for a in self.argv if a != "--fresh")]))
+        self.say(
+            f"{len(ids)} batch(es) still pending at the provider ({', '.join(ids)}): they "
+            "run there, and are billed, whether or not a run waits for them. To collect "
+            f"their results (nothing is submitted twice), run: {again}"
+        )
 
     def _where_things_are(self, checkpoint: Checkpoint | None) -> None:
         self.say(f"outputs: {self._where()}")

@@ -55,7 +55,14 @@ from plait.resources.manager import ResourceManager
 from plait.resources.rate import RateGovernor
 from plait.resources.usage import AliasUsage
 
-__all__ = ["BatchLedger", "BatchProvider", "BatchQueue", "BatchResources"]
+__all__ = [
+    "BatchLedger",
+    "BatchProvider",
+    "BatchQueue",
+    "BatchResources",
+    "BatchesInFlight",
+    "batches_in_flight",
+]
 
 _log = logging.getLogger("plait")
 
@@ -614,6 +621,55 @@ class BatchProvider:
 _UNBOUNDED = 1 << 30
 
 
+@dataclass(frozen=True, slots=True)
+class BatchesInFlight:
+    """Where the calls of this process's batch runs are (`batches_in_flight`)."""
+
+    #: (alias, batch id, calls) of each batch submitted and not ended: at the provider.
+    pending: list[tuple[str, str, int]]
+    #: Batches being submitted (recorded, no id yet).
+    submitting: int
+    #: Calls gathered for a batch not submitted yet.
+    waiting: int
+
+
+#: The batch runs going on in this process, for `batches_in_flight`.
+_RUNNING: set[BatchResources] = set()
+
+
+def batches_in_flight() -> BatchesInFlight | None:
+    """The batches this process's batch runs have pending at their providers, and the
+    calls still gathering for one; None when no batch run is going on.  Safe to call
+    from another thread than the runs' (a progress display): it only reads."""
+    runs = list(_RUNNING)
+    if not runs:
+        return None
+    pending: list[tuple[str, str, int]] = []
+    submitting = waiting = 0
+    ledgers = {id(run.ledger): run.ledger for run in runs}
+    for ledger in ledgers.values():
+        for batch in _snapshot(ledger.batches):
+            if batch.ended or batch.abandoned:
+                continue
+            if batch.batch_id is None:
+                submitting += 1
+            else:
+                pending.append((batch.alias, batch.batch_id, len(batch.ids)))
+    for run in runs:
+        waiting += sum(len(queue._pending) for queue in list(run.queues))
+    return BatchesInFlight(pending, submitting, waiting)
+
+
+def _snapshot(batches: dict[str, _Batch]) -> list[_Batch]:
+    """The values of a dict the run's loop thread may be adding to meanwhile."""
+    for _ in range(8):
+        try:
+            return list(batches.values())
+        except RuntimeError:  # it changed size while being copied: copy again
+            continue
+    return []
+
+
 class BatchResources(ResourceManager):
     """The aliases of ``resources``, each sending through its provider's batch API.
 
@@ -628,6 +684,7 @@ class BatchResources(ResourceManager):
         self.queues: list[BatchQueue] = []
         #: The live endpoints that embedding requests go to, by alias.
         self._online: dict[str, Endpoint] = {}
+        _RUNNING.add(self)
 
     def endpoint_for(self, request: LLMRequest) -> Endpoint:
         """A chat call's place in its alias's next batch; an embedding request (a pool's
@@ -653,5 +710,6 @@ class BatchResources(ResourceManager):
         return Endpoint(alias, config, limiter, governor, BatchProvider(queue), usage, tier="batch")
 
     async def aclose(self) -> None:
+        _RUNNING.discard(self)
         for queue in self.queues:
             await queue.aclose()
