@@ -684,7 +684,7 @@ def test_run_help_lists_built_submodules_knobs_with_values_and_provenance() -> N
     compare = rows["compare.temperature"].split()
     assert compare[-4:] == ["0", "built", "by", "__init__"]
     assert "'smart'" in rows["compare.alias"]
-    assert "32" in rows["max_tokens"] and "default" in rows["max_tokens"]
+    assert "64" in rows["max_tokens"] and "default" in rows["max_tokens"]
 
 
 def test_a_knob_typo_is_refused_with_a_suggestion(tmp_path: Path) -> None:
