@@ -284,29 +284,57 @@ def test_two_runs_never_write_one_output_file(server: FakeOpenAIServer, tmp_path
 
 
 # -- a checkpoint knows what its outputs were made with ---------------------------------------
-def test_resuming_with_a_changed_parameter_is_refused_naming_it(
+def requests_of(server: FakeOpenAIServer) -> list[dict[str, Any]]:
+    requests: list[dict[str, Any]] = server.stats(bodies=True)["requests"]
+    return requests
+
+
+def test_a_rerun_with_a_changed_parameter_recomputes_outputs_paying_only_changed_calls(
     server: FakeOpenAIServer, tmp_path: Path
 ) -> None:
     pipeline = FanOutFanIn().bind(resources=make_resources(server), checkpoint_dir=tmp_path / "c")
     pipeline.run_sync(["a", "b"])
     assert pipeline.left.system_prompt is not None
-    pipeline.left.system_prompt.value = "a new prompt"
-    with pytest.raises(plait.CheckpointError, match=r"parameter 'left.system_prompt' changed"):
-        pipeline.run_sync(["a", "b"])
+    pipeline.left.system_prompt.value = "N"
+
+    server.reset()
+    outputs = pipeline.run_sync(["a", "b"])
+    assert outputs == [echo("C", f"{echo('N', t)} | {echo('R', t)}") for t in ("a", "b")]
+    # The right calls' requests did not change; the left and combining ones did.
+    sent = sorted(r["body"]["messages"][0]["content"] for r in requests_of(server))
+    assert sent == ["C", "C", "N", "N"]
+
+    server.reset()
+    pipeline.left.system_prompt.value = "L"  # back: its outputs are served again
+    assert pipeline.run_sync(["a", "b"]) == [expected("a"), expected("b")]
+    assert server.stats()["requests_total"] == 0
 
 
 @pytest.mark.parametrize(
     ("setting", "value"), [("temperature", 0.9), ("max_tokens", 7), ("alias", "smart")]
 )
-def test_resuming_with_a_changed_llm_setting_is_refused_naming_the_call(
+def test_a_rerun_with_a_changed_llm_setting_pays_for_that_calls_requests_only(
     server: FakeOpenAIServer, tmp_path: Path, setting: str, value: Any
 ) -> None:
     resources = make_resources(server, ("fast", "smart"))
     pipeline = FanOutFanIn().bind(resources=resources, checkpoint_dir=tmp_path / "c")
     pipeline.run_sync(["a", "b"])
     setattr(pipeline.right, setting, value)
-    with pytest.raises(plait.CheckpointError, match=r"the LLM call 'right' changed"):
-        pipeline.run_sync(["a", "b"])
+    server.reset()
+    assert pipeline.run_sync(["a", "b"]) == [expected("a"), expected("b")]
+    # Only the changed call's requests are new (the combining call's prompt is the same
+    # text: the fake server's reply does not depend on these settings).
+    sent = sorted(r["body"]["messages"][0]["content"] for r in requests_of(server))
+    assert sent == ["R", "R"]
+
+
+def test_resuming_with_another_seed_is_refused_naming_it(
+    server: FakeOpenAIServer, tmp_path: Path
+) -> None:
+    pipeline = FanOutFanIn().bind(resources=make_resources(server), checkpoint_dir=tmp_path / "c")
+    pipeline.run_sync(["a", "b"], seed=1)
+    with pytest.raises(plait.CheckpointError, match=r"the run seed changed \(1 -> 2"):
+        pipeline.run_sync(["a", "b"], seed=2)
 
 
 def test_plait_run_with_other_resources_names_the_change_and_offers_fresh(
@@ -529,7 +557,7 @@ def test_plait_run_resumed_after_editing_the_pipeline_file_reflects_the_new_code
     outputs, stderr = run("Briefly: ")
     assert outputs == ["Briefly: alpha", "Briefly: beta", "Briefly: gamma"]
     assert sent_prompts(server) == outputs
-    assert "code changed" in stderr
+    assert "the pipeline changed since" in stderr
 
 
 HELPED_PIPELINE = """
@@ -603,7 +631,7 @@ def test_plait_run_resumed_after_editing_an_imported_helper_reflects_the_new_cod
     unrelated.write_text("NOTE = 2\n", encoding="utf-8")
     outputs, stderr = run()
     assert outputs == ["P:alpha!", "P:beta!", "P:gamma!"]
-    assert "code changed" not in stderr
+    assert "the pipeline changed since" not in stderr
     assert server.stats()["requests_total"] == 0
 
     # The helper's helper post-processes differently: new outputs, the same requests.
@@ -611,7 +639,7 @@ def test_plait_run_resumed_after_editing_an_imported_helper_reflects_the_new_cod
     write_helpers(code, "P:", "?")
     outputs, stderr = run()
     assert outputs == ["P:alpha?", "P:beta?", "P:gamma?"]
-    assert "code changed" in stderr
+    assert "the pipeline changed since" in stderr
     assert server.stats()["requests_total"] == 0
 
     # The imported helper builds other prompts: those calls, and only those, are paid.

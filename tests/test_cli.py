@@ -334,7 +334,7 @@ def test_key_value_arguments_reach_the_module(
     )
     assert records(out.read_text())[0]["output"] == echo("Q", "hello")
 
-    # resuming with other arguments would keep outputs made with the old ones: refused
+    # other arguments make another version of the pipeline: its inputs run again, with them
     status = main(
         [
             "run",
@@ -349,8 +349,9 @@ def test_key_value_arguments_reach_the_module(
             "-q",
         ]
     )
-    assert status == 2
-    assert "--fresh" in capsys.readouterr().err
+    assert status == 0
+    assert records(out.read_text())[0]["output"] == echo("R", "hello")
+    assert "the command-line arguments (tag)" in capsys.readouterr().err
 
 
 def test_run_help_lists_the_blueprint_arguments_with_their_layers() -> None:
@@ -683,7 +684,7 @@ def test_run_help_lists_built_submodules_knobs_with_values_and_provenance() -> N
     compare = rows["compare.temperature"].split()
     assert compare[-4:] == ["0", "built", "by", "__init__"]
     assert "'smart'" in rows["compare.alias"]
-    assert "32" in rows["max_tokens"] and "default" in rows["max_tokens"]
+    assert "64" in rows["max_tokens"] and "default" in rows["max_tokens"]
 
 
 def test_a_knob_typo_is_refused_with_a_suggestion(tmp_path: Path) -> None:

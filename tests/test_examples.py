@@ -165,10 +165,10 @@ def check_extract_and_compare(out: str) -> None:
     reader = "You read product reviews. Answer in one short phrase."
     advisor = "You are a concise shopping advisor. Answer in one sentence."
     for review, output in zip(reviews, outputs, strict=True):
-        praise = reply(reader, f"Review: {review}\n\nWhat does the reviewer like?", 32)
-        complaints = reply(reader, f"Review: {review}\n\nWhat does the reviewer dislike?", 32)
+        praise = reply(reader, f"Review: {review}\n\nWhat does the reviewer like?", 64)
+        complaints = reply(reader, f"Review: {review}\n\nWhat does the reviewer dislike?", 64)
         question = f"Likes: {praise}\nDislikes: {complaints}\n\nIs the product worth buying?"
-        verdict = reply(advisor, question, 32)
+        verdict = reply(advisor, question, 64)
         assert output == {"praise": praise, "complaints": complaints, "verdict": verdict}
 
 

@@ -461,7 +461,10 @@ def test_a_rerun_from_the_checkpoint_draws_the_outputs_it_restored(
     track = {e["pid"] for e in restored}
     (label,) = [e["args"]["name"] for e in events if e["name"] == "process_name"
                 and e["pid"] in track]  # fmt: skip
-    assert label == "checkpoint: 3 output(s) restored, 0 calls"
+    assert label == (
+        "checkpoint: 3 output(s) restored, 0 calls sent; the 9 earlier call(s) that made "
+        "them drawn from its log"
+    )
     calls = [e for e in events if e.get("ph") == "X" and e.get("cat") == "llm"]
     assert {e["args"]["input_index"] for e in calls} == {3, 4} and prof.restored == 3
 
@@ -494,4 +497,4 @@ def test_rerunning_a_finished_plait_run_keeps_a_trace_of_where_its_outputs_came_
     assert second  # never an empty trace in place of a full one
     restored = [e for e in second if e.get("ph") == "i"]
     assert sorted(e["args"]["input_index"] for e in restored) == [0, 1, 2, 3]
-    assert "checkpoint: 4 output(s) restored, 0 calls" in json.dumps(second)
+    assert "checkpoint: 4 output(s) restored, 0 calls sent; the 12 earlier" in json.dumps(second)

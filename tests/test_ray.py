@@ -320,8 +320,11 @@ def test_a_rerun_on_workers_draws_the_outputs_the_checkpoint_restored(
     assert out == [echo("fast", t) for t in inputs]
     assert server.stats()["requests_total"] == 2
     events = json.loads(path.read_text())["traceEvents"]
-    restored = [e for e in events if e.get("cat") == "checkpoint"]
+    restored = [e for e in events if e.get("cat") == "checkpoint" and e.get("ph") == "i"]
     assert sorted(e["args"]["input_index"] for e in restored) == [0, 1, 2, 3]
+    # The calls the workers made for them, from the workers' logs, drawn beside them.
+    drawn = [e for e in events if e.get("cat") == "checkpoint" and e.get("ph") == "X"]
+    assert sorted(e["args"]["input_index"] for e in drawn) == [0, 1, 2, 3]
     calls = [e for e in events if e.get("ph") == "X" and e.get("cat") == "llm"]
     assert sorted(e["args"]["input_index"] for e in calls) == [4, 5]
 

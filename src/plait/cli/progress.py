@@ -9,6 +9,7 @@ process-wide usage counters, which the run resets when it starts.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from typing import IO, Any
@@ -25,6 +26,7 @@ __all__ = [
     "PlainDisplay",
     "RichDisplay",
     "Tally",
+    "call_sites",
     "console",
     "is_terminal",
     "make_display",
@@ -36,6 +38,8 @@ PLAIN_INTERVAL_S = 2.0
 PLAIN_STEPS = 10
 #: No ETA before this many inputs finished in this run (see `Tally.eta`).
 MIN_ETA_INPUTS = 5
+#: Pending batches named by id on a progress line; the rest are counted.
+BATCHES_SHOWN = 3
 
 
 class Tally:
@@ -50,6 +54,9 @@ class Tally:
         self.in_flight = 0
         self.started = time.monotonic()
         self.failures: list[tuple[int, dict[str, Any]]] = []
+        #: The LLM calls one input makes, as the pipeline's modules say (`call_sites`),
+        #: so a display shows how far the calls are before any input has finished.
+        self.calls_per_input: int | None = None
 
     @property
     def finished(self) -> int:
@@ -88,6 +95,26 @@ class Tally:
             sending += row["requests"] - row["succeeded"] - row["failed"] - row["retries"]
         return done, max(0, sending)
 
+    def expected_calls(self) -> int | None:
+        """The calls this run should make: those of each input it runs (not of those
+        answered from the checkpoint); None when unknown, or once the calls made exceed
+        it (a call site run in a loop, more than once per input)."""
+        if self.total is None or not self.calls_per_input:
+            return None
+        expected = self.calls_per_input * max(0, self.total - self.resumed)
+        done, sending = self.calls()
+        return expected if expected > 0 and done + sending <= expected else None
+
+    def completed(self) -> float:
+        """How many inputs' worth of work is done, for a bar: the inputs finished, or
+        (while a few long inputs run) the share of the calls done, if that is more."""
+        expected = self.expected_calls()
+        if expected is None or self.total is None or self.finished >= self.total:
+            return float(self.finished)
+        done, _ = self.calls()
+        by_calls = self.resumed + (self.total - self.resumed) * done / expected
+        return max(float(self.finished), min(by_calls, self.total - 0.5))
+
     @staticmethod
     def spend() -> tuple[int, float | None]:
         tokens, cost = 0, None
@@ -105,7 +132,10 @@ class Tally:
         else:
             parts = [f"{self.finished} inputs"]
         done, sending = self.calls()
-        if done or sending:
+        expected = self.expected_calls()
+        if expected is not None and self.finished < (self.total or 0):
+            parts.append(f"calls: {done} of ~{expected} done, {sending} sending")
+        elif done or sending:
             parts.append(f"calls: {done} done, {sending} sending")
         rate = self.rate()
         if rate is not None:
@@ -113,6 +143,30 @@ class Tally:
         eta = self.eta()
         if eta is not None and self.finished < (self.total or 0):
             parts.append(f"ETA {duration(eta)}")
+        return " · ".join(parts)
+
+    @staticmethod
+    def batches() -> str | None:
+        """Where a batch-API run's calls are: the batches pending at the provider, by
+        id (what to look up there), and the calls gathering for the next; None when no
+        batch run is going on."""
+        if "plait.resources.batching" not in sys.modules:  # no batch run was ever made
+            return None
+        from plait.resources.batching import batches_in_flight
+
+        found = batches_in_flight()
+        if found is None:
+            return None
+        shown = [f"{batch_id} ({alias}, {calls} calls)" for alias, batch_id, calls in found.pending]
+        more = f", +{len(shown) - BATCHES_SHOWN} more" if len(shown) > BATCHES_SHOWN else ""
+        parts = [
+            f"{len(shown)} batch(es) pending at the provider"
+            + (f": {', '.join(shown[:BATCHES_SHOWN])}{more}" if shown else "")
+        ]
+        if found.submitting:
+            parts.append(f"{found.submitting} being submitted")
+        if found.waiting:
+            parts.append(f"{found.waiting} call(s) gathering for the next batch")
         return " · ".join(parts)
 
     def details(self) -> str:
@@ -128,7 +182,16 @@ class Tally:
         return " · ".join(parts)
 
     def status(self) -> str:
-        return f"{self.headline()} · {self.details()}"
+        batches = self.batches()
+        return f"{self.headline()} · {self.details()}" + (f" · {batches}" if batches else "")
+
+
+def call_sites(module: Any) -> int:
+    """The LLM calls one input of ``module`` makes when each call site in its tree runs
+    once (``n`` samples counting ``n``): what a display expects before any input ends."""
+    return sum(
+        getattr(part, "n", 1) for part in module.modules() if getattr(part, "_calls_llm", False)
+    )
 
 
 def duration(seconds: float) -> str:
@@ -181,9 +244,12 @@ class RichDisplay(Display):
         grid = Table.grid(padding=(0, 1))
         grid.add_column(no_wrap=True)
         grid.add_column()
-        bar = ProgressBar(total=tally.total, completed=tally.finished, width=30)
+        bar = ProgressBar(total=tally.total, completed=tally.completed(), width=30)
         grid.add_row(bar, Text(tally.headline(), style="bold"))
         grid.add_row("", Text(tally.details(), style="dim"))
+        batches = tally.batches()
+        if batches:
+            grid.add_row("", Text(batches))
         return grid
 
     def start(self) -> None:

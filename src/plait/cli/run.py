@@ -23,6 +23,7 @@ import contextlib
 import itertools
 import json
 import os
+import shlex
 import shutil
 import sys
 import time
@@ -30,8 +31,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from plait._files import write_atomic
 from plait._locks import Busy, hold
+from plait._secrets import scrub
 from plait.cli.options import (
     UsageError,
     add_otel_argument,
@@ -48,7 +49,7 @@ from plait.cli.options import (
 )
 from plait.cli.outputs import OutputWriter, error_record, silence_stdout
 from plait.cli.parameters import ParametersError, load_parameters
-from plait.cli.progress import Tally, console, duration, make_display, show
+from plait.cli.progress import Tally, call_sites, console, duration, make_display, show
 from plait.execution.backends import RowBackend, backend
 from plait.execution.checkpoint import FORMAT as CHECKPOINT_FORMAT
 from plait.execution.checkpoint import Checkpoint, CheckpointError
@@ -67,8 +68,6 @@ from plait.values import Value, error_value
 
 __all__ = ["build_parser", "check_writable", "main", "refuse_to_clobber"]
 
-#: Where the CLI notes the command that wrote a checkpoint, beside the runtime's files.
-COMMAND_FILE = "cli.json"
 #: Failed inputs quoted in the end-of-run summary.
 FAILURES_SHOWN = 3
 
@@ -100,14 +99,20 @@ value is the one argument.  A CSV file whose quoting is broken is refused,
 naming the line where the unclosed quoted field starts.
 
 --parameters FILE loads the values `plait train` learned (its parameters.json)
-before the run; names the file does not set keep their defaults.  The values
-are part of the checkpoint's identity: a different file refuses a resume.
+before the run; names the file does not set keep their defaults.  With another
+file, a rerun over the same checkpoint runs every input again, paying only for
+the calls whose requests changed.
 
 Resume: the checkpoint defaults to OUTPUT.checkpoint/ beside the output file.
 Stop with Ctrl-C at any time, then re-run the same command: finished inputs are
 answered from the checkpoint (not re-run, not re-paid) and the output file is
-rewritten with every input exactly once.  Output to stdout is resumable only
-with --checkpoint DIR.  --fresh deletes the checkpoint and starts over.
+rewritten with every input exactly once.  After an edit of the pipeline's file
+(its prompts in __init__ included, or a file of yours it imports), other
+key=value arguments or another --parameters file, the same command runs every
+input again on the new version, paying only for the calls whose requests
+changed.  Another model or endpoint behind an alias, or another --seed, is
+refused.  Output to stdout is resumable only with --checkpoint DIR.  --fresh
+deletes the checkpoint and starts over (and pays for every call again).
 
 Exit status: 0 every input succeeded, 1 some failed, 2 usage or configuration
 error, 130 interrupted.
@@ -184,7 +189,7 @@ def main(argv: list[str]) -> int:
     if isinstance(ns, int):
         return ns
     try:
-        return _Command(ns).run()
+        return _Command(ns, argv).run()
     except (
         UsageError,
         TargetError,
@@ -198,8 +203,10 @@ def main(argv: list[str]) -> int:
 
 # -- the command -------------------------------------------------------------------------------
 class _Command:
-    def __init__(self, ns: argparse.Namespace) -> None:
+    def __init__(self, ns: argparse.Namespace, argv: list[str] | None = None) -> None:
         self.ns = ns
+        #: The command line after ``plait run``, to tell the user how to run it again.
+        self.argv = list(argv or [])
         self.err: IO[str] = sys.stderr
         self.seed: int | None = None
         self.items: Iterator[Item] = iter(())
@@ -223,6 +230,15 @@ class _Command:
             # may still be no Ray head, which only joining tells.
             ensure_ray(ns.ray_address)
         module = Target(ns.target, ns.assignments).make()
+        if ns.batch_api and ns.resources is None and not module._bound_resources:
+            from plait.providers.base import BATCH_APIS
+
+            raise UsageError(
+                "--batch-api sends every call to its provider's batch API, and without "
+                "resources every alias runs on the embedded local model, which has none: "
+                "pass --resources FILE naming endpoints whose provider has a batch API "
+                f"({', '.join(BATCH_APIS)})"
+            )
         if ns.parameters is not None:
             # Before the checkpoint is opened: its producer hashes the loaded values.
             load_parameters(module, ns.parameters, "run", self.err)
@@ -272,8 +288,9 @@ class _Command:
     def _checkpoint(self, module: Module, resources: ResourceManager) -> Checkpoint | None:
         """Open (or start) the checkpoint before the output file is touched.
 
-        A checkpoint that belongs to another pipeline, or to this one with other
-        arguments, would answer inputs with someone else's outputs: refuse it.
+        A checkpoint that belongs to another pipeline, or whose calls were answered by
+        other endpoints, would answer inputs with someone else's outputs: refuse it.
+        Another version of this pipeline (an edit, other arguments) reruns its inputs.
         """
         directory = self._checkpoint_dir()
         if directory is None:
@@ -286,37 +303,17 @@ class _Command:
                     "which it will bill and whose results no run will collect; cancel them "
                     f"there if you do not want them: {', '.join(pending)}"
                 )
-        command = {"arguments": sorted(self.ns.assignments)}
-        noted = directory / COMMAND_FILE
-        if noted.exists():
-            try:
-                before = json.loads(noted.read_text(encoding="utf-8"))
-            except (OSError, ValueError):
-                before = None
-            if isinstance(before, dict) and before.get("arguments") is not None:
-                recorded = {k: before.get(k) for k in command}
-                if recorded != command:
-                    raise UsageError(
-                        f"the checkpoint {directory} was written with arguments "
-                        f"{_show(recorded)}, this command has {_show(command)}; finished inputs "
-                        "would keep their old outputs. Re-run with the original arguments, or "
-                        "add --fresh to delete the checkpoint and start over"
-                    )
         try:
-            checkpoint = Checkpoint.of_run(directory, module, resources, self.seed).open()
+            checkpoint = Checkpoint.of_run(
+                directory, module, resources, self.seed, self.ns.assignments, self.ns.target
+            ).open()
         except CheckpointError as exc:
-            if not exc.fresh_helps:
-                raise UsageError(str(exc)) from None
-            raise UsageError(f"{exc} (or add --fresh to delete it and start over)") from None
-        try:
-            write_atomic(noted, json.dumps(command))
-        except OSError as exc:
-            checkpoint.close()
-            raise UsageError(f"cannot write to the checkpoint {directory}: {exc}") from None
+            raise UsageError(_with_fresh(exc, "delete it")) from None
         if checkpoint.code_changed:
             self.say(
-                f"the pipeline's code changed since {directory} was written: its inputs run "
-                "again, and only calls whose requests changed are paid for"
+                f"the pipeline changed since {directory} was written "
+                f"({'; '.join(checkpoint.changes)}): its inputs run again, and only calls "
+                "whose requests changed are paid for"
             )
         if checkpoint.outputs:
             self.say(
@@ -334,6 +331,7 @@ class _Command:
     ) -> int:
         ns = self.ns
         tally = Tally()
+        tally.calls_per_input = call_sites(module)
         if ns.limit is not None:
             tally.total = ns.limit
 
@@ -358,6 +356,10 @@ class _Command:
                 "--batch-api sends the calls to the provider's batch API from this process; "
                 "--workers/--ray-address would spread them over Ray: drop one of them"
             )
+        if ns.batch_api:  # an alias whose provider has no batch API: before the output opens
+            from plait.execution.batch_api import check_batch_apis
+
+            check_batch_apis(module, resources)
         named = "batch" if ns.batch_api else None
         opts.update(workers=ns.workers, ray_address=ns.ray_address, backend=named)
         where = _row_backend(backend_name(opts))
@@ -412,7 +414,7 @@ class _Command:
         except CheckpointError as exc:
             display.stop()
             writer.discard()
-            raise UsageError(f"{exc} (or add --fresh to delete the checkpoint)") from None
+            raise UsageError(_with_fresh(exc, "delete the checkpoint")) from None
         except TracingError as exc:  # the first input traced failed: the code is wrong
             display.stop()
             writer.discard()
@@ -450,18 +452,46 @@ class _Command:
 
     def _interrupted(self, tally: Tally, checkpoint: Checkpoint | None) -> int:
         total = f" of {tally.total}" if tally.total is not None else ""
+        kept = f", {_calls_kept(checkpoint)} call(s) kept" if checkpoint is not None else ""
         self.say(
-            f"interrupted: {tally.succeeded}{total} input(s) finished, {tally.failed} failed; "
-            f"outputs so far in {self._where()}"
+            f"interrupted: {tally.succeeded}{total} input(s) finished, {tally.failed} failed"
+            f"{kept}; outputs so far in {self._where()}"
         )
         if checkpoint is not None:
+            # --fresh again would delete what this run paid for.
+            same = "the same command without --fresh" if self.ns.fresh else "the same command"
             self.say(
-                f"to resume, re-run the same command: finished inputs are answered from "
-                f"{checkpoint.directory} and not run again"
+                f"to resume, re-run {same}: finished inputs and calls are answered from "
+                f"{checkpoint.directory} and not paid for again"
             )
+            self._pending_batches(checkpoint)
         else:
             self.say("this run had no checkpoint, so a re-run starts over (see --checkpoint)")
         return 130
+
+    def _pending_batches(self, checkpoint: Checkpoint) -> None:
+        """After Ctrl-C on a batch-API run: the batches it leaves at the provider, which
+        go on (and are billed) there, and the command that collects their results."""
+        from plait.execution.batch_api import LEDGER_NAME
+        from plait.providers.base import ProviderError
+        from plait.resources.batching import BatchLedger
+
+        path = checkpoint.directory / LEDGER_NAME
+        if not self.ns.batch_api or not path.is_file():
+            return
+        try:
+            unfinished = BatchLedger(path).load().unfinished()
+        except (OSError, ProviderError):
+            return
+        ids = [batch.batch_id for batch in unfinished if batch.batch_id is not None]
+        if not ids:
+            return
+        again = scrub(shlex.join(["plait", "run", *(a for a in self.argv if a != "--fresh")]))
+        self.say(
+            f"{len(ids)} batch(es) still pending at the provider ({', '.join(ids)}): they "
+            "run there, and are billed, whether or not a run waits for them. To collect "
+            f"their results (nothing is submitted twice), run: {again}"
+        )
 
     def _where_things_are(self, checkpoint: Checkpoint | None) -> None:
         self.say(f"outputs: {self._where()}")
@@ -629,8 +659,20 @@ def _remove_checkpoint(directory: Path) -> list[str]:
     return pending
 
 
-def _show(command: dict[str, Any]) -> str:
-    return " ".join(command.get("arguments") or []) or "(none)"
+def _calls_kept(checkpoint: Checkpoint) -> int:
+    """The completed calls a checkpoint holds, those its Ray workers logged included."""
+    with contextlib.suppress(CheckpointError, OSError):
+        checkpoint.refresh()
+    return len(checkpoint.calls)
+
+
+def _with_fresh(exc: CheckpointError, what: str) -> str:
+    """A checkpoint's refusal, with --fresh as the way out when starting over helps and
+    the message does not already say so."""
+    message = str(exc)
+    if not exc.fresh_helps or "--fresh" in message:
+        return message
+    return f"{message} (or add --fresh to {what} and start over)"
 
 
 def _clip(text: str, limit: int = 160) -> str:

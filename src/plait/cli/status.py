@@ -1,9 +1,11 @@
 """``plait status CHECKPOINT``: what a run's checkpoint holds, without running anything.
 
-For any run: the pipeline, the inputs finished and the calls kept.  For a batch-API
-run (``plait run --batch-api``) also its batches from ``batches.jsonl``: submitted
-and still pending (with their ids, to look up at the provider), ended, and the calls
-in them by outcome.  It only reads: a run may be going on in the checkpoint.
+For any run: the pipeline (as the command named it, ``review.py:Review``), the
+inputs finished and the calls kept (its Ray workers' too).  For a batch-API run
+(``plait run --batch-api``) also its batches from ``batches.jsonl``: submitted and
+still pending (with their ids, to look up at the provider), ended, and the calls in
+them by outcome.  It only reads: a run may be going on in the checkpoint.  A damaged
+file is one line naming the file and the line, and exit status 2.
 """
 
 from __future__ import annotations
@@ -11,50 +13,95 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from plait._jsonl import loads
+from plait.execution.checkpoint import shown_pipeline
 
 __all__ = ["main", "status_of"]
 
 
+class StatusError(ValueError):
+    """A checkpoint file that cannot be read; the message names the file (and line)."""
+
+
 def status_of(directory: Path) -> dict[str, Any]:
-    """What ``directory`` (a run's checkpoint) records, as data."""
+    """What ``directory`` (a run's checkpoint) records, as data.
+
+    Raises:
+        FileNotFoundError: ``directory`` is no checkpoint.
+        StatusError: one of its files is damaged (the message names it, and the line).
+    """
     from plait.execution.batch_api import LEDGER_NAME
+    from plait.providers.base import ProviderError
     from plait.resources.batching import BatchLedger
 
-    manifest_path = directory / "manifest.json"
-    if not manifest_path.is_file():
-        raise FileNotFoundError(
-            f"{directory} is not a plait checkpoint (it has no manifest.json); give the "
-            "directory a run was started with (plait run's --checkpoint, by default "
-            "OUTPUT.checkpoint)"
-        )
-    manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    manifest = _manifest(directory / "manifest.json", directory)
     finished: set[int] = set()
     calls = 0
-    log = directory / "log.jsonl"
-    if log.is_file():
-        # Read without cutting a torn last line: a run may be writing it.
-        raw = log.read_bytes()
-        for line in raw[: raw.rfind(b"\n") + 1].splitlines():
-            record = loads(line)
-            if record.get("t") == "out":
-                finished.add(int(record["i"]))
-            elif record.get("t") == "call":
+    for path in [directory / "log.jsonl", *sorted((directory / "workers").glob("*.jsonl"))]:
+        for kind, index in _log_records(path):
+            if kind == "out" and index is not None and path.parent == directory:
+                finished.add(index)
+            elif kind == "call":
                 calls += 1
     status: dict[str, Any] = {
         "checkpoint": str(directory),
-        "pipeline": manifest.get("pipeline"),
+        "pipeline": shown_pipeline(manifest["pipeline"], manifest.get("target")),
         "finished_inputs": len(finished),
         "calls_kept": calls,
     }
     ledger_path = directory / LEDGER_NAME
     if ledger_path.is_file():
-        status["batch_api"] = BatchLedger(ledger_path).load().summary()
+        try:
+            status["batch_api"] = BatchLedger(ledger_path).load().summary()
+        except ProviderError as exc:  # a damaged line: the message names the file and line
+            raise StatusError(str(exc)) from None
     return status
+
+
+def _manifest(path: Path, directory: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{directory} is not a plait checkpoint (it has no manifest.json); give the "
+            "directory a run was started with (plait run's --checkpoint, by default "
+            "OUTPUT.checkpoint)"
+        )
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise StatusError(f"{path} is not valid JSON ({exc}): the checkpoint is damaged") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("pipeline"), str):
+        raise StatusError(
+            f"{path} is not a checkpoint's manifest (a JSON object naming its pipeline): "
+            "the checkpoint is damaged"
+        )
+    return manifest
+
+
+def _log_records(path: Path) -> Iterator[tuple[str, int | None]]:
+    """(type, input index: None for a ``code`` record) of each whole record of a
+    checkpoint log, checked as a resume checks it; a torn last line is skipped (a
+    run may be writing it)."""
+    if not path.is_file():
+        return
+    raw = path.read_bytes()
+    for number, line in enumerate(raw[: raw.rfind(b"\n") + 1].splitlines(), start=1):
+        try:
+            record = loads(line)
+            if not isinstance(record, dict):
+                raise TypeError(f"a record is a JSON object, not a {type(record).__name__}")
+            kind = record.get("t")
+            if kind not in ("call", "out", "code"):
+                raise ValueError(f"unknown record type {kind!r}")
+            index = record.get("i")
+            if kind != "code" and (not isinstance(index, int) or isinstance(index, bool)):
+                raise TypeError(f"its input index is {index!r}, not a whole number")
+        except (ValueError, TypeError) as exc:
+            raise StatusError(f"{path} line {number} is corrupt ({exc})") from None
+        yield kind, index
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -9,9 +9,12 @@ a different pipeline at the directory is an error instead of a silent mix-up.
 Completed calls are replayed by a handler on the stack: a resumed run answers
 them from the log and pays for none of them again.  Failed inputs are not
 recorded as finished, so a resumed run retries them.  Finished outputs are
-served only to a run of the same pipeline code (`code_of`): after an edit, a
-``code`` record in the log marks where the new code's outputs begin, and the
-inputs run again, paying only for the calls whose requests changed.
+served only to a run of the same version of the pipeline: its code (`code_of`),
+parameter values, LLM call settings and command-line arguments (`version_of`).
+After a change to any of these, a ``code`` record in the log marks where the new
+version's outputs begin, and the inputs run again, paying only for the calls whose
+requests changed (a call is keyed by its request).  What the request does not say
+is refused instead: another endpoint or model behind an alias, another run seed.
 """
 
 from __future__ import annotations
@@ -19,9 +22,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -71,13 +75,33 @@ def pipeline_name(module: Any) -> str:
     return f"{type(module).__module__}.{type(module).__qualname__}"
 
 
+#: The module a pipeline file (``file.py:Name``) is loaded as, with the class's name
+#: after it (`plait.blueprint`'s loader names it after the file's stem and path).
+_FILE_PIPELINE = re.compile(r"_plait_blueprint_(?P<stem>\w+)_[0-9a-f]{10}\.(?P<name>.+)")
+
+
+def shown_pipeline(name: str, target: str | None = None) -> str:
+    """A checkpoint's pipeline as its user wrote it: the command's TARGET when it was
+    recorded, else ``file.py:Name`` for a class loaded from a file (not the internal
+    module the file was loaded as), else the class's dotted path."""
+    if target:
+        return target
+    found = _FILE_PIPELINE.fullmatch(name)
+    return f"{found['stem']}.py:{found['name']}" if found else name
+
+
 def producer_identity(module: Any, resources: Any, seed: int | None = None) -> dict[str, Any]:
     """What a run's outputs depend on besides its inputs: each alias's endpoint
     (provider, model, and a hash of its URL, which may hold credentials), each
-    parameter's value (hashed) and the run seed (`plait.sampling`; an `Rng`'s own
-    parameters are that seed).  A checkpoint refuses to resume under another, except
-    for the pipeline's code (`code_of`): when only that changed, finished outputs are
-    recomputed and the logged calls still answer the requests that did not change."""
+    parameter's value (hashed), each LLM call's settings, the run seed
+    (`plait.sampling`; an `Rng`'s own parameters are that seed) and the pipeline's
+    code (`code_of`).
+
+    A checkpoint refuses to resume under other endpoints or another seed: a logged
+    call is keyed by its request, which names neither the model that answered it
+    nor (for a seed) anything a rerun could reuse.  The rest is the pipeline's
+    version (`version_of`): when it changed, finished outputs are recomputed and the
+    logged calls still answer the requests that did not change."""
 
     aliases = sorted(llm_aliases(module))
     endpoints = {}
@@ -104,6 +128,55 @@ def producer_identity(module: Any, resources: Any, seed: int | None = None) -> d
         "configured": bool(resources.config),
         "code": code_of(module),
     }
+
+
+#: Hex digits of a request hash an output record keeps per call (`output_calls`).
+_SHORT_HASH = 8
+
+#: The parts of a producer that make the pipeline's version (`version_of`), besides its code.
+SETTINGS = ("parameters", "calls", "arguments")
+
+
+def arguments_of(assignments: Iterable[str]) -> dict[str, str]:
+    """Command-line ``key=value`` arguments as a producer keeps them: each value hashed
+    (a value may be a secret), by key, so a change can be named without showing it."""
+    found: dict[str, str] = {}
+    for assignment in assignments:
+        key, _, value = assignment.partition("=")
+        found[key] = json_digest(value, size=8)
+    return dict(sorted(found.items()))
+
+
+def version_of(producer: dict[str, Any]) -> dict[str, Any]:
+    """The version of the pipeline that a producer (`producer_identity`) ran: its code
+    and the settings that shape its requests and outputs (parameter values, LLM call
+    settings, command-line arguments). Finished outputs are served only to a run of
+    the same version; the calls it logged serve any version that sends their requests."""
+    return {"code": producer.get("code"), **{key: producer.get(key) or {} for key in SETTINGS}}
+
+
+def version_changes(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """What differs between two versions (`version_of`), in words for the user."""
+    found: list[str] = []
+    if before.get("code") != now.get("code"):
+        found.append("the pipeline's code")
+    old, new = before.get("parameters") or {}, now.get("parameters") or {}
+    found += [
+        f"parameter {name!r}"
+        for name in sorted(set(old) | set(new))
+        if old.get(name) != new.get(name)
+    ]
+    old, new = before.get("calls") or {}, now.get("calls") or {}
+    found += [
+        f"the settings of the LLM call {path!r}"
+        for path in sorted(set(old) | set(new))
+        if old.get(path) != new.get(path)
+    ]
+    old, new = before.get("arguments") or {}, now.get("arguments") or {}
+    keys = [key for key in sorted(set(old) | set(new)) if old.get(key) != new.get(key)]
+    if keys:
+        found.append(f"the command-line arguments ({', '.join(keys)})")
+    return found
 
 
 def call_settings_of(module: Any) -> dict[str, str]:
@@ -327,40 +400,32 @@ def _user_file(name: str, installed: tuple[str, ...]) -> Path | None:
     return Path(origin)
 
 
-def _differences(before: dict[str, Any], now: dict[str, Any]) -> tuple[list[str], list[str]]:
-    """What changed: (in the endpoints, in the parameters)."""
+def _differences(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """What changed in the endpoints of the aliases both producers use: a call's key
+    names its alias, not the model behind it, so its logged reply must not answer for
+    another. An alias only one of them uses has no calls the other could be answered
+    with (an edit that moves a call to a new alias changes that call's requests)."""
     found: list[str] = []
     old_ends, new_ends = before.get("endpoints", {}), now.get("endpoints", {})
-    for alias in sorted(set(old_ends) | set(new_ends)):
-        was, is_ = old_ends.get(alias), new_ends.get(alias)
+    for alias in sorted(set(old_ends) & set(new_ends)):
+        was, is_ = old_ends[alias], new_ends[alias]
         if was == is_:
-            continue
-        if was is None or is_ is None:
-            found.append(f"alias {alias!r} {'added' if was is None else 'removed'}")
             continue
         for key in ("provider", "model", "url"):
             if was.get(key) != is_.get(key):
                 what = "base_url" if key == "url" else key
                 shown = "" if key == "url" else f" {was.get(key)!r} -> {is_.get(key)!r}"
                 found.append(f"alias {alias!r}: {what} changed{shown}")
-    params: list[str] = []
-    old_params, new_params = before.get("parameters", {}), now.get("parameters", {})
-    for name in sorted(set(old_params) | set(new_params)):
-        if old_params.get(name) != new_params.get(name):
-            params.append(f"parameter {name!r} changed")
-    old_calls, new_calls = before.get("calls", {}), now.get("calls", {})
-    for path in sorted(set(old_calls) | set(new_calls)):
-        if old_calls.get(path) != new_calls.get(path):
-            params.append(
-                f"the LLM call {path!r} changed (alias, temperature, max_tokens, "
-                "response_format or n)"
-            )
-    if before.get("seed") != now.get("seed"):
-        params.append(
-            f"the run seed changed ({before.get('seed')!r} -> {now.get('seed')!r}; an Rng "
-            "draws a new one for each run: restore its counter, or pass the same seed=)"
-        )
-    return found, params
+    return found
+
+
+def _seed_changed(before: dict[str, Any], now: dict[str, Any]) -> str | None:
+    if before.get("seed") == now.get("seed"):
+        return None
+    return (
+        f"the run seed changed ({before.get('seed')!r} -> {now.get('seed')!r}; an Rng "
+        "draws a new one for each run: restore its counter, or pass the same seed=)"
+    )
 
 
 class Checkpoint:
@@ -369,9 +434,13 @@ class Checkpoint:
         directory: str | os.PathLike[str],
         pipeline: str,
         producer: dict[str, Any] | None = None,
+        target: str | None = None,
     ) -> None:
         self.directory = Path(directory)
         self.pipeline = pipeline
+        #: How the command that made the pipeline named it (``review.py:Review``), if
+        #: one did: what `plait status` and refusals call it (`shown_pipeline`).
+        self.target = target
         #: What produced the outputs (see `producer_identity`); resuming under another is refused.
         self.producer = producer
         #: Set when a run with no resources resumes a checkpoint made on endpoints.
@@ -382,12 +451,16 @@ class Checkpoint:
         self.calls: dict[tuple[int, str, str], tuple[int, int, int]] = {}
         #: Per finished input: (input hash, offset, length) of its output record.
         self.outputs: dict[int, tuple[str, int, int]] = {}
-        #: The pipeline code (`code_of`) the log's next output records were made by: the
-        #: manifest's, then that of the latest ``code`` record. Outputs of other code are
-        #: not served (their calls are: a call is keyed by its request).
-        self._log_code: Any = None
-        #: Set when the pipeline's code changed since the checkpoint's outputs were made.
-        self.code_changed = False
+        #: The version of the pipeline (`version_of`) the log's next output records were
+        #: made by: the manifest's, then that of the latest ``code`` record. Outputs of
+        #: another version are not served (their calls are: a call is keyed by its request).
+        self._log_version: Any = None
+        #: The manifest's version, which a ``code`` record without settings of its own
+        #: (written before they were recorded) shares.
+        self._first_version: dict[str, Any] = {}
+        #: What changed in the pipeline (`version_changes`) since the checkpoint's latest
+        #: outputs were made; empty when they are current.
+        self.changes: list[str] = []
         self._fd: int | None = None
         #: The logs read, the first being the one written: ``log.jsonl``, or for a worker
         #: of a multi-process run (`open_for_worker`) a file of its own under ``workers/``.
@@ -400,18 +473,41 @@ class Checkpoint:
         self._pending: list[bytes] = []
         #: Per input still running: the text of its latest logged reply (see `record_output`).
         self._last_reply: dict[int, tuple[str, str, str]] = {}
+        #: Per input still running: (node, request hash) of each call it made or was
+        #: answered from the log, which its output record keeps (`output_calls`).
+        self._used: dict[int, dict[tuple[str, str], None]] = {}
+        #: The logged calls' keys by input, made when first asked (`output_calls`).
+        self._by_input: dict[int, list[tuple[int, str, str]]] | None = None
         self._flush_scheduled = False
         self._lock: int | None = None
 
     @classmethod
     def of_run(
-        cls, directory: str | os.PathLike[str], module: Any, resources: Any, seed: int | None
+        cls,
+        directory: str | os.PathLike[str],
+        module: Any,
+        resources: Any,
+        seed: int | None,
+        arguments: Iterable[str] = (),
+        target: str | None = None,
     ) -> Checkpoint:
         """The checkpoint of a run of ``module`` on ``resources`` with run seed ``seed``
-        (not opened yet): named by the pipeline's class, keyed by `producer_identity`.
+        (not opened yet): named by the pipeline's class, keyed by `producer_identity`
+        and the command-line ``key=value`` ``arguments`` the module was built with
+        (from the command line's ``target``, which names it to the user).
         Every place a run starts (one process, Ray workers, ``plait run``) opens its
         checkpoint through this, so a resume means the same thing everywhere."""
-        return cls(directory, pipeline_name(module), producer_identity(module, resources, seed))
+        producer = producer_identity(module, resources, seed)
+        given = arguments_of(arguments)
+        if given:
+            producer["arguments"] = given
+        return cls(directory, pipeline_name(module), producer, target)
+
+    @property
+    def code_changed(self) -> bool:
+        """Whether the pipeline changed since the checkpoint's latest outputs were made
+        (`changes` says how): its inputs run again, reusing the calls that did not."""
+        return bool(self.changes)
 
     @property
     def log_path(self) -> Path:
@@ -455,7 +551,9 @@ class Checkpoint:
 
     def _open_locked(self) -> Checkpoint:
         if self.manifest_path.exists():
-            self._log_code = self._check_manifest().get("code")
+            self._first_version = version_of(self._check_manifest())
+            self._log_version = self._first_version
+            self._note_new_aliases()
         else:
             if self.log_path.exists():
                 raise CheckpointError(
@@ -468,27 +566,49 @@ class Checkpoint:
                 "pipeline": self.pipeline,
                 "producer": self.producer,
                 "created": time.time(),
+                **({"target": self.target} if self.target else {}),
             }
             write_atomic(self.manifest_path, json.dumps(manifest))
-            self._log_code = self._code
+            self._log_version = self._first_version = self._version
         self._load_log()
         self._fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self._size = os.fstat(self._fd).st_size
         if not self._outputs_current():
-            # Outputs recorded from here on are the current code's; earlier ones are not
-            # served (and come back into use if the code returns to what made them).
-            self.code_changed = True
-            self._log_code = self._code
-            self._append(json_line({"t": "code", "c": self._code}))
+            # Outputs recorded from here on are this version's; earlier ones are not
+            # served (and come back into use if the pipeline returns to what made them).
+            self.changes = version_changes(self._log_version, self._version) or [
+                "the pipeline's code"
+            ]
+            self._log_version = self._version
+            settings = {key: self._version[key] for key in SETTINGS}
+            self._append(json_line({"t": "code", "c": self._version["code"], "s": settings}))
         return self
 
+    def _note_new_aliases(self) -> None:
+        """Add the endpoints of aliases this run uses and the manifest does not name yet
+        (an edit moved a call to one): a later run on another model behind them is then
+        refused as for the first aliases."""
+        manifest = json.loads(self.manifest_path.read_text())
+        recorded = manifest.get("producer")
+        if self.producer is None or not isinstance(recorded, dict):
+            return
+        endpoints = recorded.setdefault("endpoints", {})
+        added = {
+            alias: endpoint
+            for alias, endpoint in (self.producer.get("endpoints") or {}).items()
+            if alias not in endpoints
+        }
+        if added:
+            endpoints.update(added)
+            write_atomic(self.manifest_path, json.dumps(manifest))
+
     @property
-    def _code(self) -> Any:
-        return None if self.producer is None else self.producer.get("code")
+    def _version(self) -> dict[str, Any]:
+        return version_of(self.producer or {})
 
     def _outputs_current(self) -> bool:
-        """Whether the output records being indexed were made by this run's code."""
-        return self.producer is None or self._log_code == self._code
+        """Whether the output records being indexed were made by this run's version."""
+        return self.producer is None or self._log_version == self._version
 
     def open_for_worker(self, name: str) -> Checkpoint:
         """Open as one worker process of a multi-process run (`plait.ray`).
@@ -560,24 +680,34 @@ class Checkpoint:
                 f"{manifest.get('version')!r}; this plait reads version {VERSION}"
             )
         if manifest.get("pipeline") != self.pipeline:
+            theirs = manifest.get("pipeline")
+            if isinstance(theirs, str):
+                theirs = shown_pipeline(theirs, manifest.get("target"))
             raise CheckpointError(
-                f"{self.directory} belongs to pipeline {manifest.get('pipeline')!r}, not "
-                f"{self.pipeline!r}; use a different checkpoint_dir for this pipeline"
+                f"{self.directory} belongs to pipeline {theirs!r}, not "
+                f"{shown_pipeline(self.pipeline, self.target)!r}; use a different "
+                "checkpoint_dir for this pipeline"
             )
         recorded = manifest.get("producer")
         if not isinstance(recorded, dict):
             return {}
         if self.producer is None:
             return recorded
-        endpoints, params = _differences(recorded, self.producer)
-        if not endpoints and not params:
+        endpoints = _differences(recorded, self.producer)
+        seed = _seed_changed(recorded, self.producer)
+        if not endpoints and seed is None:
             return recorded
-        message = (
-            f"{self.directory} holds outputs made with other settings "
-            f"({'; '.join(endpoints + params)}); resuming would mix them with new ones. Run "
-            "with the original settings, or start over (--fresh, or a new checkpoint_dir)"
+        why = (
+            "a logged reply would answer for an endpoint that did not make it"
+            if endpoints
+            else "every request carries the seed, so a rerun would reuse none of its calls"
         )
-        if params or self.producer.get("configured"):
+        message = (
+            f"{self.directory} holds calls made with other settings "
+            f"({'; '.join([*endpoints, *([seed] if seed else [])])}): {why}. Run with the "
+            "original settings, or start over (--fresh, or a new checkpoint_dir)"
+        )
+        if seed is not None or self.producer.get("configured"):
             raise CheckpointError(message)
         # No resources at all (an offline resume): what the checkpoint answers is fine;
         # the first call it cannot answer, which would go to another endpoint, fails.
@@ -627,7 +757,7 @@ class Checkpoint:
                             self.outputs[record["i"]] = (record["h"], offset, len(line))
                     elif kind == "code":
                         if file == 0 and not self._worker:
-                            self._log_code = record["c"]
+                            self._log_version = self._recorded_version(record)
                     else:
                         raise ValueError(f"unknown record type {kind!r}")
                 except (ValueError, KeyError, TypeError) as exc:
@@ -640,6 +770,16 @@ class Checkpoint:
         if file == 0 and offset < path.stat().st_size:
             with open(path, "r+b") as log:
                 log.truncate(offset)
+
+    def _recorded_version(self, record: dict[str, Any]) -> dict[str, Any]:
+        """The version a ``code`` record starts; one with no settings (written before
+        they were recorded, when a change of them was refused) kept the manifest's."""
+        settings = record.get("s")
+        if settings is None:
+            settings = {key: self._first_version.get(key) or {} for key in SETTINGS}
+        elif not isinstance(settings, dict):
+            raise TypeError(f"its settings are a {type(settings).__name__}, not an object")
+        return {"code": record["c"], **{key: settings.get(key) or {} for key in SETTINGS}}
 
     def _append(self, data: bytes) -> tuple[int, int]:
         """Queue one record; it reaches the log at the start of the loop's next turn.
@@ -688,21 +828,47 @@ class Checkpoint:
         where = self.calls.get(key)
         return None if where is None else self._read(*where)["v"]
 
-    def record_call(self, index: int, node: str, request_hash: str, value: Any) -> None:
-        """Log a finished call's answer: an LLM reply's JSON form, or ``{"value": ...}``."""
+    def record_call(
+        self,
+        index: int,
+        node: str,
+        request_hash: str,
+        value: Any,
+        timing: tuple[int, int] | None = None,
+    ) -> None:
+        """Log a finished call's answer: an LLM reply's JSON form, or ``{"value": ...}``;
+        ``timing``: when it started (microseconds since the epoch) and how long it took
+        (microseconds), which a profile of a rerun draws it with (`output_calls`)."""
         record = {"t": "call", "i": index, "n": node, "h": request_hash, "v": value}
+        if timing is not None:
+            record["at"], record["us"] = timing
         text = value.get("text")
         # A reply holds text, integers and None only: the fast writer is exact for it.
         data = text_line(record) if isinstance(text, str) else json_line(record)
-        self.calls[(index, node, request_hash)] = (0, *self._append(data))
+        key = (index, node, request_hash)
+        self.calls[key] = (0, *self._append(data))
+        if self._by_input is not None:
+            self._by_input.setdefault(index, []).append(key)
+        self.note_call(key)
         if isinstance(text, str):
             self._last_reply[index] = (text, node, request_hash)
 
+    def note_call(self, key: tuple[int, str, str]) -> None:
+        """A call of a running input was made, or answered from the log: its output
+        record names it (`output_calls`)."""
+        if not self._worker:  # a worker records no outputs
+            self._used.setdefault(key[0], {})[key[1:]] = None
+
     def record_output(self, index: int, input_hash: str, payload: Any) -> None:
         last = self._last_reply.pop(index, None)
+        used = self._used.pop(index, None)
         if self._worker:
             return  # the driver records outputs
         record: dict[str, Any] = {"t": "out", "i": index, "h": input_hash}
+        if used:
+            # Which calls made it (a prefix of each request hash tells an input's calls
+            # apart), for a profile of a rerun that restores it (`output_calls`).
+            record["k"] = [[node, request_hash[:_SHORT_HASH]] for node, request_hash in used]
         if last is not None and type(payload) is str and (last[0] is payload or last[0] == payload):
             # The output is the text of a reply logged just before: point at that record
             # instead of writing the same text again (half the log of a one-call pipeline).
@@ -723,6 +889,50 @@ class Checkpoint:
     def forget(self, index: int) -> None:
         """An input has ended (finished or failed): drop what was kept for its output."""
         self._last_reply.pop(index, None)
+        self._used.pop(index, None)
+
+    def output_calls(self, index: int) -> list[dict[str, Any]]:
+        """The calls that made input ``index``'s finished output, as the log has them:
+        ``{"node", "at", "us", "usage", "model"}`` each (``at``/``us``: when it started,
+        microseconds since the epoch, and how long it took; None when not logged).  A
+        profile of a rerun that restores the output draws them (`restored_output`).
+
+        An output logged without naming its calls (by an earlier plait, or by a Ray
+        run, whose workers log the calls) gets every call logged for its input before
+        it, and those of the workers' logs.
+        """
+        found = self.outputs.get(index)
+        if found is None:
+            return []
+        if self._by_input is None:
+            self._by_input = {}
+            for key in self.calls:
+                self._by_input.setdefault(key[0], []).append(key)
+        mine = self._by_input.get(index, [])
+        named = self._read(0, found[1], found[2]).get("k")
+        if isinstance(named, list):
+            chosen = [
+                key
+                for node, short in named
+                for key in mine
+                if key[1] == node and key[2].startswith(short)
+            ]
+        else:
+            chosen = [key for key in mine if self.calls[key][0] or self.calls[key][1] < found[1]]
+        calls = []
+        for key in dict.fromkeys(chosen):
+            record = self._read(*self.calls[key])
+            reply = record.get("v") if isinstance(record.get("v"), dict) else {}
+            calls.append(
+                {
+                    "node": key[1],
+                    "at": record.get("at"),
+                    "us": record.get("us"),
+                    "usage": reply.get("usage"),
+                    "model": reply.get("model"),
+                }
+            )
+        return calls
 
     def finished_output(self, index: int, input_hash: str) -> tuple[bool, Any]:
         found = self.outputs.get(index)
@@ -767,8 +977,11 @@ class CheckpointHandler(Handler):
             msg.value = _restore(stored, request)
             msg.done = True
             msg.meta["checkpoint"] = "hit"
+            self.checkpoint.note_call(key)
         elif not msg.done and self.checkpoint.mismatch is not None:
             raise CheckpointError(self.checkpoint.mismatch)
+        else:
+            msg.meta["checkpoint_started"] = (time.time(), time.monotonic())
 
     def key(self, msg: Message, request: LLMRequest) -> tuple[int, str, str]:
         """Where the call's reply is logged: (input, graph node, request hash)."""
@@ -789,21 +1002,32 @@ class CheckpointHandler(Handler):
                 return  # a handler's answer with no JSON form: asked again on resume
 
         index, node, request_hash = key
-        self.checkpoint.record_call(index, node, request_hash, stored)
+        timing = None
+        started = msg.meta.get("checkpoint_started")
+        if started is not None:
+            wall, mono = started
+            timing = (round(wall * 1e6), round((time.monotonic() - mono) * 1e6))
+        self.checkpoint.record_call(index, node, request_hash, stored, timing)
 
 
-def restored_output(index: int, payload: Any) -> Value:
-    """Input ``index``'s output, answered from the checkpoint instead of being run.
+def restored_output(index: int, payload: Any, checkpoint: Checkpoint | None = None) -> Value:
+    """Input ``index``'s output, answered from ``checkpoint`` instead of being run.
 
-    The active handlers that keep an account of a run (a profiler) are told, so a
-    rerun of a finished run leaves a trace that says where its outputs came from.
+    The active handlers that keep an account of a run (a profiler) are told, with the
+    calls that made it (`Checkpoint.output_calls`), so a rerun of a finished run
+    leaves a trace that says where its outputs came from and what they took.
     """
     from plait.values import Value, kind_of
 
+    notes: list[Callable[..., Any]] = []
     for handler in current_stack():
         note = getattr(handler, "note_restored", None)
         if callable(note):
-            note(index)
+            notes.append(note)
+    if notes:
+        calls = checkpoint.output_calls(index) if checkpoint is not None else []
+        for note in notes:
+            note(index, calls)
     return Value(kind_of(payload), payload, meta={"checkpoint": "hit"})
 
 

@@ -273,7 +273,7 @@ class Run:
             key = fingerprint([list(args), kwargs])
             found, payload = self.checkpoint.finished_output(index, key)
             if found and not observes_every_call(current_stack()):
-                return restored_output(index, payload)
+                return restored_output(index, payload, self.checkpoint)
         try:
             value, graph, results = await self.engine.run_input(index, args, kwargs, order)
         except BaseException:

@@ -10,9 +10,11 @@ questions without a viewer: how busy each endpoint was, which calls were slowest
 and which chain of calls decided the wall time.
 
 An input whose output a checkpoint already holds makes no call: a rerun of a
-finished run is told each one (`Profiler.note_restored`) and draws it as an instant
-on a "checkpoint" track, so its trace says where the outputs came from instead of
-being empty.
+finished run is told each one (`Profiler.note_restored`), with the calls the log
+says made it, and draws it as an instant on a "checkpoint" track, its calls beside
+it as spans marked restored (as long as they took when they were made, laid out as
+they ran), so its trace says where the outputs came from and what they took
+instead of being empty.
 
 The hooks run on plait's runtime loop thread while the ``with`` block is left on
 the caller's, so every read and write of the records holds one lock.
@@ -208,8 +210,9 @@ class Profiler(Handler):
         self.path = path
         self._lock = threading.Lock()
         self._records: list[_Record] = []
-        # Inputs answered from a checkpoint (index, when): outputs that made no call.
-        self._restored: list[tuple[int | None, float]] = []
+        # Inputs answered from a checkpoint (index, when, the logged calls that made it):
+        # outputs that made no call now.
+        self._restored: list[tuple[int | None, float, list[dict[str, Any]]]] = []
         # Keyed by id(msg): the message is alive (in flight) for as long as it is here.
         self._open: dict[int, _Record] = {}
         # Per call site: its calls, and the prompts of the first few (`cache_advice`).
@@ -324,10 +327,12 @@ class Profiler(Handler):
         with self._lock:
             return [_copy(r) for r in self._records]
 
-    def note_restored(self, index: int | None) -> None:
-        """Input ``index`` was answered with its output from a checkpoint (no call)."""
+    def note_restored(self, index: int | None, calls: list[dict[str, Any]] | None = None) -> None:
+        """Input ``index`` was answered with its output from a checkpoint (no call);
+        ``calls``: the calls an earlier run made for it, as the checkpoint logged them
+        (`plait.execution.checkpoint.Checkpoint.output_calls`)."""
         with self._lock:
-            self._restored.append((index, time.monotonic()))
+            self._restored.append((index, time.monotonic(), list(calls or ())))
 
     @property
     def restored(self) -> int:
@@ -346,7 +351,7 @@ class Profiler(Handler):
         with self._lock:
             restored = list(self._restored)
         origin = min([_origin(records)] if records else [], default=0.0)
-        origin = min([origin] + [t for _, t in restored]) if restored else origin
+        origin = min([origin] + [t for _, t, _ in restored]) if restored else origin
         events: list[dict[str, Any]] = []
         groups = _groups(records)
         for pid, (group, members) in enumerate(groups, start=1):
@@ -386,11 +391,15 @@ class Profiler(Handler):
                 )
         if restored:
             pid += 1
+            made = sum(len(calls) for _, _, calls in restored)
             label = f"checkpoint: {len(restored)} output(s) restored, 0 calls"
+            if made:
+                label += f" sent; the {made} earlier call(s) that made them drawn from its log"
             events.append(_meta("process_name", pid, None, {"name": label}))
             events.append(_meta("process_sort_index", pid, None, {"sort_index": pid}))
             events.append(_meta("thread_name", pid, 1, {"name": "outputs from the checkpoint"}))
-            for index, at in restored:
+            events.extend(_restored_calls(restored, pid, origin))
+            for index, at, _ in restored:
                 events.append(
                     {
                         "name": f"input {index}: output from the checkpoint",
@@ -671,6 +680,65 @@ def _call_events(record: _Record, pid: int, tid: int, origin: float) -> list[dic
         else:
             event["name"] = _PHASE_NAMES.get(span.kind, span.kind)
         events.append(event)
+    return events
+
+
+def _restored_calls(
+    restored: list[tuple[int | None, float, list[dict[str, Any]]]], pid: int, origin: float
+) -> list[dict[str, Any]]:
+    """The logged calls behind restored outputs, as spans on the checkpoint track (lanes
+    from 2): each as long as it took when it was made, laid out as the earlier run ran
+    them, its first call drawn where the first output was restored."""
+    first = min(at for _, at, _ in restored)
+    starts = [c["at"] for _, _, calls in restored for c in calls if isinstance(c.get("at"), int)]
+    earliest = min(starts, default=0)
+    records: list[_Record] = []
+    made: dict[int, dict[str, Any]] = {}
+    for index, at, calls in restored:
+        for call in calls:
+            logged = call.get("at")
+            start = first + (logged - earliest) / 1e6 if isinstance(logged, int) else at
+            took = call.get("us")
+            end = start + (took / 1e6 if isinstance(took, int) and took > 0 else 0.0)
+            node = str(call.get("node"))
+            record = _Record(
+                "llm", node.partition(":")[2] or node, node, index, None, (), start, end,
+                outcome="restored",
+            )  # fmt: skip
+            records.append(record)
+            made[id(record)] = call
+    lanes = _assign_lanes(records, origin)
+    events: list[dict[str, Any]] = []
+    for lane in sorted(set(lanes.values())):
+        name = f"calls that made them, lane {lane + 1}"
+        events.append(_meta("thread_name", pid, lane + 2, {"name": name}))
+    for record in records:
+        call = made[id(record)]
+        ts = _us(record.start, origin)
+        args: dict[str, Any] = {
+            "node_id": record.node_id,
+            "input_index": record.input_index,
+            "outcome": "restored",
+            "restored": "from the checkpoint: made by an earlier run, not sent again",
+        }
+        if isinstance(call.get("at"), int):
+            args["made_at"] = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(call["at"] / 1e6))
+        if isinstance(call.get("usage"), list):
+            args["tokens"] = call["usage"]
+        if call.get("model"):
+            args["model"] = call["model"]
+        events.append(
+            {
+                "name": f"{record.name} (restored)",
+                "cat": "checkpoint",
+                "ph": "X",
+                "ts": ts,
+                "dur": _us(record.finish_time(), origin) - ts,
+                "pid": pid,
+                "tid": lanes[id(record)] + 2,
+                "args": args,
+            }
+        )
     return events
 
 

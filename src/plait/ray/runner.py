@@ -285,7 +285,7 @@ def run_distributed(
                 if found and not observed:
                     from plait.execution.checkpoint import restored_output
 
-                    finish(index, restored_output(index, payload))
+                    finish(index, restored_output(index, payload, checkpoint))
                     continue
             batch.append((index, args, kwargs))
         return batch

@@ -55,7 +55,14 @@ from plait.resources.manager import ResourceManager
 from plait.resources.rate import RateGovernor
 from plait.resources.usage import AliasUsage
 
-__all__ = ["BatchLedger", "BatchProvider", "BatchQueue", "BatchResources"]
+__all__ = [
+    "BatchLedger",
+    "BatchProvider",
+    "BatchQueue",
+    "BatchResources",
+    "BatchesInFlight",
+    "batches_in_flight",
+]
 
 _log = logging.getLogger("plait")
 
@@ -153,36 +160,52 @@ class BatchLedger:
         if sync:
             os.fsync(self._fd)
 
-    def _apply(self, record: dict[str, Any]) -> None:
-        kind = record["t"]
+    def _apply(self, record: Any) -> None:
+        """Take one record into the ledger; a record of the wrong shape (a hand edit, a
+        damaged disk) is a ValueError or TypeError saying what is wrong with it."""
+        if not isinstance(record, dict):
+            raise TypeError(f"a record is a JSON object, not a {type(record).__name__}")
+        kind = record.get("t")
         if kind == "intent":
-            token = record["b"]
-            ids = [str(i) for i, _ in record["calls"]]
-            self.batches[token] = _Batch(token, record["alias"], float(record["at"]), ids)
-            for custom_id, fingerprint in record["calls"]:
+            token, alias = _field(record, "b", str), _field(record, "alias", str)
+            at = _field(record, "at", (int, float))
+            calls = _field(record, "calls", list)
+            if not all(_is_pair(call) for call in calls):
+                raise TypeError("its 'calls' are not [custom id, fingerprint] pairs")
+            self.batches[token] = _Batch(token, alias, float(at), [i for i, _ in calls])
+            for custom_id, fingerprint in calls:
                 self.entries[custom_id] = _Entry(fingerprint, token)
                 self.by_fingerprint.setdefault(fingerprint, []).append(custom_id)
         elif kind == "submitted":
-            self.batches[record["b"]].batch_id = str(record["id"])
+            self._batch(record).batch_id = _field(record, "id", str)
         elif kind == "result":
-            entry = self.entries.get(record["id"])
+            outcome = _field(record, "o", dict)
+            _outcome_of(outcome)  # a reply or an error that can be read back, else it raises
+            entry = self.entries.get(_field(record, "id", str))
             if entry is not None:
-                entry.outcome = record["o"]
+                entry.outcome = outcome
         elif kind == "ended":
-            self.batches[record["b"]].ended = True
+            self._batch(record).ended = True
         elif kind == "abandoned":
-            batch = self.batches[record["b"]]
+            batch = self._batch(record)
             batch.abandoned = True
             for custom_id in batch.ids:
                 entry = self.entries.get(custom_id)
                 if entry is not None and entry.outcome is None:
                     entry.outcome = {"e": {"m": "never submitted", "retry": True}}
         elif kind == "delivered":
-            entry = self.entries.get(record["id"])
+            entry = self.entries.get(_field(record, "id", str))
             if entry is not None:
                 entry.delivered = True
         else:
             raise ValueError(f"unknown record type {kind!r}")
+
+    def _batch(self, record: dict[str, Any]) -> _Batch:
+        token = _field(record, "b", str)
+        batch = self.batches.get(token)
+        if batch is None:
+            raise ValueError(f"no batch {token!r} was recorded before it")
+        return batch
 
     def new_id(self, fingerprint: str) -> str:
         """A custom id for another occurrence of the request ``fingerprint``."""
@@ -246,6 +269,21 @@ class BatchLedger:
         if entry.outcome is None and not batch.abandoned and not batch.ended:
             return 1
         return 3  # failed, or its batch ended without it: a new request is needed
+
+
+def _field(record: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
+    """``record[name]``, which must be of ``kind`` (a bool is no number here)."""
+    if name not in record:
+        raise ValueError(f"its {name!r} is missing")
+    value = record[name]
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        raise TypeError(f"its {name!r} is a {type(value).__name__}")
+    return value
+
+
+def _is_pair(call: Any) -> bool:
+    """Whether a batch's call is (custom id, fingerprint): a list read back, a tuple made."""
+    return isinstance(call, list | tuple) and len(call) == 2 and all(type(x) is str for x in call)
 
 
 def _outcome_json(outcome: LLMResponse | ProviderError) -> dict[str, Any]:
@@ -583,6 +621,55 @@ class BatchProvider:
 _UNBOUNDED = 1 << 30
 
 
+@dataclass(frozen=True, slots=True)
+class BatchesInFlight:
+    """Where the calls of this process's batch runs are (`batches_in_flight`)."""
+
+    #: (alias, batch id, calls) of each batch submitted and not ended: at the provider.
+    pending: list[tuple[str, str, int]]
+    #: Batches being submitted (recorded, no id yet).
+    submitting: int
+    #: Calls gathered for a batch not submitted yet.
+    waiting: int
+
+
+#: The batch runs going on in this process, for `batches_in_flight`.
+_RUNNING: set[BatchResources] = set()
+
+
+def batches_in_flight() -> BatchesInFlight | None:
+    """The batches this process's batch runs have pending at their providers, and the
+    calls still gathering for one; None when no batch run is going on.  Safe to call
+    from another thread than the runs' (a progress display): it only reads."""
+    runs = list(_RUNNING)
+    if not runs:
+        return None
+    pending: list[tuple[str, str, int]] = []
+    submitting = waiting = 0
+    ledgers = {id(run.ledger): run.ledger for run in runs}
+    for ledger in ledgers.values():
+        for batch in _snapshot(ledger.batches):
+            if batch.ended or batch.abandoned:
+                continue
+            if batch.batch_id is None:
+                submitting += 1
+            else:
+                pending.append((batch.alias, batch.batch_id, len(batch.ids)))
+    for run in runs:
+        waiting += sum(len(queue._pending) for queue in list(run.queues))
+    return BatchesInFlight(pending, submitting, waiting)
+
+
+def _snapshot(batches: dict[str, _Batch]) -> list[_Batch]:
+    """The values of a dict the run's loop thread may be adding to meanwhile."""
+    for _ in range(8):
+        try:
+            return list(batches.values())
+        except RuntimeError:  # it changed size while being copied: copy again
+            continue
+    return []
+
+
 class BatchResources(ResourceManager):
     """The aliases of ``resources``, each sending through its provider's batch API.
 
@@ -597,6 +684,7 @@ class BatchResources(ResourceManager):
         self.queues: list[BatchQueue] = []
         #: The live endpoints that embedding requests go to, by alias.
         self._online: dict[str, Endpoint] = {}
+        _RUNNING.add(self)
 
     def endpoint_for(self, request: LLMRequest) -> Endpoint:
         """A chat call's place in its alias's next batch; an embedding request (a pool's
@@ -622,5 +710,6 @@ class BatchResources(ResourceManager):
         return Endpoint(alias, config, limiter, governor, BatchProvider(queue), usage, tier="batch")
 
     async def aclose(self) -> None:
+        _RUNNING.discard(self)
         for queue in self.queues:
             await queue.aclose()
