@@ -157,14 +157,25 @@ def test_the_cache_key_sees_the_demos(
     assert server.stats()["requests_total"] == 2
 
 
-def test_a_checkpoint_refuses_to_resume_with_other_demos(
-    resources: plait.ResourceConfig, tmp_path: Path
+def test_a_checkpoint_reruns_with_other_demos_and_keeps_each_versions_outputs(
+    server: FakeOpenAIServer, resources: plait.ResourceConfig, tmp_path: Path
 ) -> None:
+    """Other demonstrations are another version of the pipeline: its inputs run again
+    with them (never answered with outputs the old demonstrations made), and going
+    back to the old ones is answered from the checkpoint."""
     module = Extract(DEMOS).bind(resources=resources, checkpoint_dir=tmp_path)
-    module.run_sync(["Order 1", "Order 2"])
+    first = module.run_sync(["Order 1", "Order 2"])
+    assert server.stats()["requests_total"] == 2
     module.llm.demos.value = [("Order 8 late", "8")]
-    with pytest.raises(plait.CheckpointError):
-        module.run_sync(["Order 1", "Order 2"])
+    server.reset()
+    module.run_sync(["Order 1", "Order 2"])
+    shown = [[m["content"] for m in sent] for sent in sent_messages(server)]
+    assert len(shown) == 2  # both inputs asked anew, with the new demonstration only
+    assert all("Order 8 late" in texts and "Order 12 arrived late" not in texts for texts in shown)
+    module.llm.demos.value = list(DEMOS)
+    server.reset()
+    assert module.run_sync(["Order 1", "Order 2"]) == first
+    assert server.stats()["requests_total"] == 0
 
 
 def test_a_call_log_sees_each_stage_input_and_output(

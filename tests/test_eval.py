@@ -168,17 +168,29 @@ def test_parameters_for_run_reach_the_server_and_the_checkpoint(server: Any, pro
         "[Learned] b",
     ]
     assert system_prompts(server) == ["Learned", "Learned"]
-    # The same values resume (nothing re-sent); other values refuse the checkpoint.
+    # The same values resume (nothing re-sent); other values are another version of
+    # the pipeline: its inputs run again with them, and each version keeps its outputs.
     server.reset()
     again = plait_cli(*base, "--parameters", params)
     assert again.returncode == 0, again.stderr
     assert system_prompts(server) == []
     params.write_text(json.dumps({"llm.system_prompt": "Other"}), encoding="utf-8")
-    refused = plait_cli(*base, "--parameters", params)
-    assert refused.returncode == 2
-    assert "--fresh" in refused.stderr
-    without = plait_cli(*base)
-    assert without.returncode == 2
+    other = plait_cli(*base, "--parameters", params)
+    assert other.returncode == 0, other.stderr
+    assert sorted(json.loads(line)["output"] for line in out.read_text().splitlines()) == [
+        "[Other] a",
+        "[Other] b",
+    ]
+    assert system_prompts(server) == ["Other", "Other"]
+    server.reset()
+    params.write_text(json.dumps({"llm.system_prompt": "Learned"}), encoding="utf-8")
+    back = plait_cli(*base, "--parameters", params)
+    assert back.returncode == 0, back.stderr
+    assert system_prompts(server) == []  # the first version's outputs, kept
+    assert sorted(json.loads(line)["output"] for line in out.read_text().splitlines()) == [
+        "[Learned] a",
+        "[Learned] b",
+    ]
 
 
 @pytest.mark.parametrize(
