@@ -22,7 +22,7 @@ from plait.providers.base import LLMRequest
 from plait.testing import FakeOpenAIServer
 from plait.testing.fake_openai import fake_embedding
 
-from .conftest import plait_cli
+from .conftest import make_resources, plait_cli
 
 POOL = [
     ("my card was charged twice", "billing"),
@@ -267,3 +267,32 @@ def test_plait_train_demos_knn_embed_from_the_shell(
     assert value["embed"] == "embedder" and value["k"] == 2 and len(value["pool"]) == 6
     asked = [r for r in server.stats(bodies=True)["requests"] if "input" in r["body"]]
     assert asked and all(r["model"] == "e" for r in asked)
+
+
+def test_an_embedding_alias_the_resources_lack_is_refused_before_any_call(
+    server: FakeOpenAIServer, tmp_path: Path
+) -> None:
+    """A pool ranked by an alias nobody configured: the run is refused up front, naming
+    the alias, as for an LLM call's alias (it failed every input at its first call)."""
+    from plait.resources.config import ConfigurationError
+
+    from .test_bootstrap import write_target
+
+    only_fast = make_resources(server, ("fast",), max_concurrent=4)
+    module = Classify(knn_demos(k=1, pool=POOL, embed="embedder")).bind(resources=only_fast)
+    with pytest.raises(ConfigurationError, match="'embedder'"):
+        module.run_sync(["package late", "app crash"])
+    assert server.stats()["requests_total"] == 0
+
+    target, resources = write_target(tmp_path, server)  # configures fast, not embedder
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"input": f"w{n}", "target": f"w{n}"}) + "\n"
+                            for n in range(4)))  # fmt: skip
+    train = plait_cli(
+        *("train", target, "--data", data, "--val", data, "--resources", resources, "-q"),
+        *("--optimizer", "bootstrap", "--demos", "knn", "--embed", "embedder"),
+        *("--out", tmp_path / "out"),
+    )
+    assert train.returncode == 2 and "'embedder'" in train.stderr, train.stderr
+    assert "Traceback" not in train.stderr
+    assert server.stats()["requests_total"] == 0

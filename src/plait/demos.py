@@ -44,6 +44,7 @@ __all__ = [
     "needs_ranking",
     "normalize_demo_value",
     "normalize_demos",
+    "required_aliases",
 ]
 
 DEMOS_DESCRIPTION = (
@@ -175,6 +176,23 @@ def embedding_alias(value: Any) -> str | None:
         return None
     embed = value.get("embed")
     return embed if isinstance(embed, str) else None
+
+
+def required_aliases(module: Any) -> set[str]:
+    """Every alias a run of ``module`` calls: those its LLM calls name, and those whose
+    embeddings rank a demonstration pool of theirs. What its resources must configure,
+    checked before anything is paid for (an embedding alias found missing at the first
+    call would fail every input)."""
+    from plait.module import llm_aliases
+    from plait.parameter import Parameter
+
+    found = llm_aliases(module)
+    for part in module.modules():
+        demos = getattr(part, "demos", None)
+        alias = embedding_alias(demos.value if isinstance(demos, Parameter) else demos)
+        if alias is not None:
+            found.add(alias)
+    return found
 
 
 def needs_ranking(value: Any) -> bool:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from plait._digest import hex_digest
-from plait.demos import embedding_alias, needs_ranking
+from plait.demos import embedding_alias, needs_ranking, required_aliases
 from plait.effects import (
     Handler,
     Message,
@@ -32,7 +32,6 @@ from plait.effects import (
 )
 from plait.execution.calls import CallSite, NodeScope
 from plait.execution.embeddings import PoolEmbeddings
-from plait.module import llm_aliases
 from plait.parameter import release_snapshot, snapshot_values, use_snapshot
 from plait.providers.base import LLMRequest
 from plait.resources.limits import Priority, PriorityLimiter
@@ -134,7 +133,7 @@ class Engine:
         #: which a batch reports once, before anything is paid for (see `run_input`).
         self.traced = False
         self.code_error: TracingError | None = None
-        resources.check_aliases(llm_aliases(root))
+        resources.check_aliases(required_aliases(root))
         #: Each call site's prompt-cache key (`LLMRequest.cache_key`), by module path.
         self.cache_keys: dict[str, str] = {}
         #: Pool inputs embedded for demonstrations an embedding alias ranks.

@@ -342,11 +342,12 @@ class Trainer:
         resources do not configure: the pipeline's, the loss's (a judge), each
         optimizer's (its rewriter, bootstrap's teacher).  Found mid-run, it would stop
         the run after the minibatch and validation calls were paid for."""
+        from plait.demos import required_aliases
         from plait.module import llm_aliases as aliases
         from plait.resources.manager import ResourceManager
 
         needed: list[tuple[str, set[str], Any]] = [
-            ("the pipeline", aliases(self.model), manager),
+            ("the pipeline", required_aliases(self.model), manager),
             (f"the loss {type(self.loss_fn).__name__}", aliases(self.loss_fn), manager),
         ]
         for optimizer in self.optimizers:
@@ -372,7 +373,7 @@ class Trainer:
                     f"{who} calls the alias(es) {', '.join(map(repr, missing))}, which the "
                     f"resources do not configure (they configure: {', '.join(sorted(config))}); "
                     "add it to the resources file, or name a configured alias (plait train: "
-                    "--optimizer-alias, --judge-alias, --teacher-alias)"
+                    "--optimizer-alias, --judge-alias, --teacher-alias, --embed)"
                 )
 
     @contextlib.contextmanager

@@ -27,6 +27,7 @@ from pydantic import BaseModel
 from pydantic_core import to_jsonable_python
 
 from plait.cli.outputs import error_record, json_default
+from plait.demos import required_aliases
 from plait.effects import Handler, current_run, run_scope
 from plait.execution.engine import as_input_failure
 from plait.execution.runtime import Run, count_row
@@ -68,7 +69,7 @@ class Service:
         self.resources = ResourceManager.coerce(
             resources if resources is not None else bound_resources
         )
-        self.resources.check_aliases(llm_aliases(module))
+        self.resources.check_aliases(required_aliases(module))
         self.handlers = tuple(handlers)
         options = {"resources": self.resources, "max_concurrent": max_concurrent, "seed": seed}
         self.opts = resolve_options(options, bound_config, None)
