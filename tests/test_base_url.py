@@ -116,3 +116,25 @@ def test_plait_run_refuses_credentials_beside_a_key_in_one_line(
     assert "base_url holds credentials" in result.stderr and "Traceback" not in result.stderr
     assert "cret-pw" not in result.stderr + result.stdout
     assert open_server.stats()["requests_total"] == 0
+
+
+def test_an_alias_without_base_url_takes_the_sdk_variable(
+    server: FakeOpenAIServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``OPENAI_BASE_URL`` (``ANTHROPIC_BASE_URL``), as the providers' own SDKs read it,
+    sends an alias with no ``base_url`` to a proxy or gateway; a base_url given wins."""
+    monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", "http://127.0.0.1:9/anthropic")
+    resources = plait.ResourceConfig(
+        {
+            "fast": {"provider": "openai", "model": "m", "api_key": "sk-test"},
+            "claude": {"provider": "anthropic", "model": "c", "api_key": "sk-test"},
+            "pinned": {"model": "m", "base_url": "http://127.0.0.1:9/v1", "api_key": "k"},
+        }
+    )
+    assert resources["fast"].base_url == server.base_url
+    assert resources["claude"].base_url == "http://127.0.0.1:9/anthropic"
+    assert resources["pinned"].base_url == "http://127.0.0.1:9/v1"
+    reply = plait.LLMInference("fast", system_prompt="S").run_sync("x", resources=resources)
+    assert reply == "[S] x"
+    assert server.stats()["requests_total"] == 1

@@ -12,6 +12,10 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, m
 __all__ = ["ConfigurationError", "EndpointConfig", "ResourceConfig", "read_resource_file"]
 
 
+#: The variable each provider's own SDK reads for its base URL when none is given.
+_BASE_URL_VARIABLES = {"openai": "OPENAI_BASE_URL", "anthropic": "ANTHROPIC_BASE_URL"}
+
+
 class ConfigurationError(ValueError):
     """A resource configuration that cannot work; the message says how to fix it."""
 
@@ -88,6 +92,19 @@ class EndpointConfig(BaseModel):
     model_path: str | None = None
     #: The local provider: context window in tokens.
     context_length: int = Field(default=2048, ge=256)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _base_url_from_environment(cls, data: Any) -> Any:
+        """An alias with no ``base_url`` takes its provider SDK's variable, as that SDK
+        would (``OPENAI_BASE_URL``, ``ANTHROPIC_BASE_URL``): a proxy or a gateway set
+        once for every tool. Read here, when the configuration is made, so the URL is
+        part of the endpoint's identity (its shared limits, a checkpoint's record)."""
+        if not isinstance(data, Mapping) or data.get("base_url") is not None:
+            return data
+        variable = _BASE_URL_VARIABLES.get(str(data.get("provider", "openai")))
+        found = os.environ.get(variable, "").strip() if variable else ""
+        return {**data, "base_url": found} if found else data
 
     @model_validator(mode="after")
     def _check_provider(self) -> EndpointConfig:
