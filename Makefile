@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 RUNTIME := $(VENV)/.runtime
 STAMP   := $(VENV)/.installed
 
-.PHONY: setup demo test lint typecheck bench dspy-venv clean
+.PHONY: setup demo test lint typecheck docs docs-serve bench dspy-venv clean
 
 # The embedded local model (plait.providers.local) runs on xllamacpp, llama.cpp's server
 # as a prebuilt wheel (no compiler, no CMake).  The default local model
@@ -55,6 +55,15 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
+## docs: build the documentation site into site/, offline, failing on any warning
+## (a broken link, a page missing from the navigation, a docstring mkdocstrings cannot read).
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+## docs-serve: preview the site at http://127.0.0.1:8000, rebuilt as pages change.
+docs-serve: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --strict
+
 ## bench: run the benchmarks against the loopback fake server.
 bench: $(STAMP)
 	$(PY) benchmarks/run.py
@@ -73,4 +82,4 @@ $(DSPY_VENV)/.installed: benchmarks/dspy/requirements.txt
 dspy-venv: $(DSPY_VENV)/.installed
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache runs
+	rm -rf $(VENV) site build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache runs
