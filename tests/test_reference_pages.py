@@ -144,8 +144,8 @@ def test_a_key_without_a_description_fails_the_build() -> None:
 
     hook = _hook()
     table = hook.resources_reference(Described)
-    assert '| `model` | string | `""` | the model |' in table
-    assert "| `slots` | integer, ≥ 1 | unset | how many |" in table
+    assert '| `model` | string; `""` | the model |' in table
+    assert "| `slots` | integer ≥ 1; unset | how many |" in table
     with pytest.raises(ValueError, match="secret_knob has no description"):
         hook.resources_reference(Undescribed)
 

@@ -184,7 +184,7 @@ def _constraints(metadata: list[Any]) -> str:
             bound = getattr(item, attribute, None)
             if bound is not None:
                 bounds.append(f"{sign} {bound}")
-    return ", ".join(bounds)
+    return " and ".join(bounds)
 
 
 def _toml_value(value: Any) -> str:
@@ -211,7 +211,7 @@ def resources_reference(model: type[BaseModel] | None = None) -> str:
         from plait.resources.config import EndpointConfig
 
         model = EndpointConfig
-    lines = ["| key | type | default | what it means |", "|---|---|---|---|"]
+    lines = ["| key | type; default | what it means |", "|---|---|---|"]
     for name, field in model.model_fields.items():
         if not field.description:
             raise ValueError(
@@ -221,9 +221,9 @@ def resources_reference(model: type[BaseModel] | None = None) -> str:
         kind = _type_text(field.annotation)
         bounds = _constraints(field.metadata)
         if bounds:
-            kind += f", {bounds}"
+            kind += f" {bounds}"
         default = "unset" if field.default is None else _toml_value(field.default)
-        lines.append(f"| {_code(name)} | {kind} | {default} | {_description(field.description)} |")
+        lines.append(f"| {_code(name)} | {kind}; {default} | {_description(field.description)} |")
     return "\n".join(lines) + "\n"
 
 
