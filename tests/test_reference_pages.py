@@ -611,3 +611,20 @@ def test_every_exported_name_is_found_by_the_api_reference() -> None:
             if member is None or (member.is_alias and not member.resolved):
                 missing.append(f"{module_name}.{name}")
     assert not missing, f"not rendered on their API pages: {missing}"
+
+
+# -- benchmarks ----------------------------------------------------------------------------------
+def test_every_figure_on_the_benchmarks_page_is_in_the_measured_results() -> None:
+    """docs/benchmarks.md copies its tables from benchmarks/RESULTS.md (the record the
+    benchmark scripts write): a figure there that is not in the record was not measured."""
+    page = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    results = (ROOT / "benchmarks" / "RESULTS.md").read_text(encoding="utf-8")
+    rows = [line for line in page.splitlines() if line.startswith("| ") and "---" not in line]
+    assert len(rows) > 60
+    figures = {
+        figure
+        for row in rows
+        for figure in re.findall(r"(?<![\w.])\$?\d[\d,]*(?:\.\d+)?%?", row)
+        if len(figure.strip("$%")) > 1
+    }
+    assert not sorted(f for f in figures if f not in results)
