@@ -25,6 +25,8 @@ from typing import Any, Final
 
 import aiohttp
 
+from tests.page_runner import stop_group
+
 CHROMIUM: Final = Path("/usr/bin/chromium")
 """Debian's Chromium (``apt-get install chromium``); nothing is downloaded at run time."""
 
@@ -267,8 +269,6 @@ async def open_tab(origin: str, profile: Path, log: Path) -> AsyncIterator[Tab]:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    from tests.page_runner import stop_group
-
     try:
         url = await asyncio.to_thread(_devtools_url, profile, proc, log)
         async with (
