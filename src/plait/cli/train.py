@@ -36,7 +36,7 @@ from plait.cli.options import (
 )
 from plait.cli.progress import Display, RichDisplay, Tally, is_terminal
 from plait.module import Module
-from plait.ray.cluster import ClusterUnreachable, ensure_ray
+from plait.ray.cluster import ClusterUnreachable, cluster_address, ensure_ray
 from plait.resources.config import ConfigurationError, ResourceConfig
 from plait.target import Target, TargetError, code_files
 
@@ -303,7 +303,7 @@ def _train(ns: argparse.Namespace, err: IO[str]) -> int:
 
     telemetry = otel_handler(ns)  # before anything runs: a missing extra is said at once
 
-    if ns.ray_address is not None:
+    if ns.ray_address is not None or (ns.workers and cluster_address(None)):
         # Joined now, before anything is built or written: a port that answers may
         # still be no Ray head, which only joining tells.
         ensure_ray(ns.ray_address)
