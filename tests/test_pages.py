@@ -32,7 +32,8 @@ from tests.page_runner import (
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
-PAGES = sorted(path.relative_to(ROOT).as_posix() for path in DOCS.rglob("*.md"))
+#: Every page of the site, and the README (the landing page a new user reads first).
+PAGES = ["README.md", *sorted(path.relative_to(ROOT).as_posix() for path in DOCS.rglob("*.md"))]
 API_MODULES = api_modules(DOCS / "reference" / "api")
 
 SKIP_CAP = 10
