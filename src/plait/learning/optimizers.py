@@ -188,8 +188,8 @@ class Optimizer:
         `Trainer`'s, or an `ExecutionSettings` around the call).
 
         Args:
-            resources: A `ResourceConfig`, a `ResourceManager`, or what
-                ``ResourceManager.coerce`` accepts (a resource file's path).
+            resources: A `ResourceConfig`, a `ResourceManager`, or a mapping of
+                aliases to endpoint settings.
 
         Returns:
             The optimizer itself, for chaining.

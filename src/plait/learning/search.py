@@ -237,7 +237,7 @@ class DemoSearch(BootstrapFewShot):
         Without a binding, the `Trainer`'s resources serve them.
 
         Args:
-            resources: A `ResourceConfig`, a `ResourceManager`, or a resource file's path.
+            resources: A `ResourceConfig`, a `ResourceManager`, or a mapping of aliases.
 
         Returns:
             The optimizer itself, for chaining.
