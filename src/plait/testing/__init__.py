@@ -50,12 +50,14 @@ __all__ = [
 ]
 
 READY_PREFIX: Final = "PLAIT_FAKE_OPENAI_READY"
-"""Start of the single stdout line the fake OpenAI server prints once it accepts
-connections (``PLAIT_FAKE_OPENAI_READY port=8000``): wait for it before sending."""
+"""The start of the line the fake OpenAI server prints on stdout once it accepts connections.
+
+The whole line is ``PLAIT_FAKE_OPENAI_READY port=8000``: wait for it before sending."""
 
 API_KEY_ENV: Final = "PLAIT_FAKE_OPENAI_API_KEY"
-"""Environment variable the fake OpenAI server reads its API key from (unset: any key
-is accepted); keeps the key out of ``ps`` output."""
+"""The environment variable the fake OpenAI server reads the API key it requires from.
+
+Unset, any key is accepted.  An environment variable keeps the key out of ``ps`` output."""
 
 ANTHROPIC_READY_PREFIX: Final = "PLAIT_FAKE_ANTHROPIC_READY"
 """The fake Anthropic server's counterpart of `READY_PREFIX`."""
@@ -78,8 +80,10 @@ BATCH_CONFIG_DEFAULTS: Final[Mapping[str, Any]] = MappingProxyType(
         "batch_validate_on_upload": True,
     }
 )
-"""The fake OpenAI server's batch settings as it starts (``configure(**BATCH_CONFIG_DEFAULTS)``
-puts them back); ``plait.testing.fake_batches`` says what each one does."""
+"""The fake OpenAI server's batch settings as it starts.
+
+``configure(**BATCH_CONFIG_DEFAULTS)`` puts them back; ``plait.testing.fake_batches``
+says what each one does."""
 
 _STARTUP_TIMEOUT_S: Final = 30.0
 _STOP_TIMEOUT_S: Final = 10.0
@@ -101,8 +105,10 @@ PLACEHOLDER_PATTERN: Final = re.compile(
     r"|\\u[eE]00[01]"  # ... or as the escape text json.dumps / repr() leave behind
     r"|(?:<|\\u003[cC])traced output of "  # what older tracers rendered
 )
-"""Text that only a tracing placeholder produces: a request containing it was sent with a
-not-yet-computed output standing in for real text, which is always a bug in the client."""
+"""Text that only a tracing placeholder produces, to catch requests sent too early.
+
+A request containing it was sent with a not-yet-computed output standing in for
+real text, which is always a bug in the client."""
 
 _EXCERPT_CHARS: Final = 80
 
