@@ -269,8 +269,8 @@ class BootstrapFewShot:
         ```
     """
 
-    #: The Trainer skips the backward pass when no optimizer of a step needs feedback.
     needs_feedback = False
+    """The Trainer skips the backward pass when no optimizer of a step needs feedback."""
 
     def __init__(
         self,
@@ -320,12 +320,12 @@ class BootstrapFewShot:
         self.teacher_alias = teacher_alias
         self.seed = seed
         self.steps = 0
-        #: Per stage (module path): bootstrapped pairs, input -> output, oldest first.
         self.passed: dict[str, dict[str, Any]] = {}
-        #: Per stage: labelled pairs (the stage's input -> the example's target).
+        """Per stage (module path): bootstrapped pairs, input -> output, oldest first."""
         self.labelled: dict[str, dict[str, Any]] = {}
-        #: The validation score of each candidate tried at the last step.
+        """Per stage: labelled pairs (the stage's input -> the example's target)."""
         self.candidate_scores: list[float] = []
+        """The validation score of each candidate tried at the last step."""
         self.rejected: list[Any] = []
         self._evaluate: Callable[[], Awaitable[float]] | None = None
 

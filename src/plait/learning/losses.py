@@ -364,8 +364,8 @@ class MetricLoss(Loss):
         1.0
     """
 
-    #: `TrainingStep` passes the example's input too (`loss_call`).
     reads_input: ClassVar[bool] = True
+    """`TrainingStep` passes the example's input too (`loss_call`)."""
 
     def __init__(
         self,
@@ -911,8 +911,8 @@ class RubricJudge(Loss):
         ```
     """
 
-    #: How many criteria below full marks the feedback text names.
     weakest: ClassVar[int] = 3
+    """How many criteria below full marks the feedback text names."""
 
     def __init__(
         self,

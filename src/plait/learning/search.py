@@ -208,8 +208,8 @@ class DemoSearch(BootstrapFewShot):
             raise TypeError(f"rewriter must be an alias (a string), got {type(rewriter).__name__}")
         self.rewriter = rewriter
         self.instructions = instructions
-        #: The learnable instructions searched with a rewriter, by stage path.
         self.instruction_params: dict[str, Parameter] = {}
+        """The learnable instructions searched with a rewriter, by stage path."""
         self._instruction_call: _Call | None = None
         if rewriter is not None:
             assert not isinstance(params, Module | Parameter)
@@ -227,8 +227,8 @@ class DemoSearch(BootstrapFewShot):
                 rewriter_temperature,
                 Rewrite,
             )
-        #: The last step's account: rungs, every candidate's scores, the comparison.
         self.search_report: dict[str, Any] = {}
+        """The last step's account: rungs, every candidate's scores, the comparison."""
         self._batch: TrainingBatch | None = None
 
     def bind(self, resources: ResourceConfig | ResourceManager | Any) -> Self:

@@ -302,8 +302,8 @@ class Trainer:
                 raise ValueError(f"{name} must be a positive integer or None, got {limit!r}")
         self.model = model
         self.loss_fn = loss_fn
-        #: The optimizers, in the order each step applies (and judges) their updates.
         self.optimizers: list[Any] = _optimizer_list(optimizer)
+        """The optimizers, in the order each step applies (and judges) their updates."""
         self.optimizer = self.optimizers[0]
         self.train_data = load_examples(
             train_data, input_field, target_field, forward=model.forward
@@ -328,10 +328,10 @@ class Trainer:
             raise TypeError(f"refit must be True or False, got {refit!r}")
         if refit:
             _check_refit(model, self.optimizers, self.val_data)
-        #: Grow the demonstration pools by every labelled example once training ends.
         self.refit = refit
-        #: How much validation must improve for an update to be kept (0: strictly better).
+        """Grow the demonstration pools by every labelled example once training ends."""
         self.min_delta = float(min_delta)
+        """How much validation must improve for an update to be kept (0: strictly better)."""
         self.batch_size = batch_size
         self.epochs = epochs
         self.patience = patience
@@ -344,19 +344,24 @@ class Trainer:
         self.workers = workers
         self.ray_address = ray_address
         self.step_module = TrainingStep(model, loss_fn)
+        """The pipeline and its loss as one module, as each pass runs them."""
         self.history = TrainingHistory()
-        #: Where the run is: the next batch to train on, and optimizer steps taken.
+        """The run's history so far (loaded with the checkpoint when resuming)."""
         self.epoch = 0
+        """The epoch of the next batch to train on, from 0."""
         self.batch_index = 0
+        """The next batch's position in its epoch."""
         self.global_step = 0
-        #: Steps since validation last improved (for ``patience``).
+        """Optimizer steps taken so far, across resumes."""
         self.stale_steps = 0
+        """Steps since validation last improved (for ``patience``)."""
         #: The resources of the `fit` under way (None outside one).
         self._manager: Any = None
         #: The handler answering calls from the current position's call log, in a `fit`
         #: with a ``checkpoint_dir`` (see `_call_log`).
         self._calls: Any = None
         self.resumed = self._load_checkpoint()
+        """Whether a checkpoint in ``checkpoint_dir`` was loaded, to continue its run."""
 
     # -- sizes ---------------------------------------------------------------------------
     @property
