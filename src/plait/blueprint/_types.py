@@ -63,7 +63,17 @@ class Castable(str):
     """A string to be converted by the annotation of the parameter it lands on.
 
     Plain strings are values like any other; wrapping marks text that came from a
-    command line or a file, where ``"0.2"`` means a float if the parameter wants one.
+    command line or a file, where ``"0.2"`` means a float if the parameter wants
+    one (bools from true/false/yes/no/1/0, ``None``/``null`` for optionals, lists
+    from ``a,b`` or JSON, dicts from JSON, enums by name or value, classes from
+    ``module:Name``).
+
+    Examples:
+        >>> from plait.blueprint import Blueprint, Castable
+        >>> def scaled(factor: float = 1.0) -> float:
+        ...     return factor * 2
+        >>> Blueprint(scaled).apply({"factor": Castable("0.5")}).make()
+        1.0
     """
 
     __slots__ = ()
@@ -595,7 +605,25 @@ def _cast_class(text: str, base: Any, lookup: Lookup) -> Any:
 
 
 def load_object(spec: str) -> Any:
-    """Import ``module:Name`` or ``path/to/file.py:Name`` (dotted names reach attributes)."""
+    """Import what a ``module:Name`` or ``path/to/file.py:Name`` string names, as targets are named.
+
+    Args:
+        spec: ``module:Name`` or ``path/to/file.py:Name``; a dotted name reaches
+            attributes (``module:Class.method``).  A file is loaded once, however
+            often it is named.
+
+    Returns:
+        The object.
+
+    Raises:
+        ValueError: ``spec`` is not of that form, the module or file cannot be
+            imported, or it has no such attribute.
+
+    Examples:
+        >>> from plait.blueprint import load_object
+        >>> load_object("json:dumps")([1, 2])
+        '[1, 2]'
+    """
     where, sep, name = spec.rpartition(":")
     if not sep or not where or not name:
         raise CastError(f"{spec!r} is not of the form 'module:Name' or 'file.py:Name'")

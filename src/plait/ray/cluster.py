@@ -45,7 +45,15 @@ _started_here = False
 
 
 class ClusterUnreachable(ConnectionError):
-    """The Ray cluster at the address given cannot be joined (its form, or nobody answers)."""
+    """The Ray cluster at the address given cannot be joined: its form is wrong, or nobody answers.
+
+    Raised before anything runs or is written (``plait run`` exits with status 2);
+    the wait is ``PLAIT_RAY_CONNECT_TIMEOUT`` seconds (15 by default).
+
+    Args:
+        address: The address given (``ray_address=``, ``--ray-address``).
+        why: What went wrong with it.
+    """
 
     def __init__(self, address: str, why: str) -> None:
         self.address = address

@@ -21,11 +21,35 @@ class ConfigurationError(ValueError):
 
 
 class EndpointConfig(BaseModel):
-    """One alias: provider, model, where it lives, credentials and limits.
+    """One alias's endpoint: provider, model, where it lives, credentials and limits.
 
-    ``api_key`` may be given literally (kept as a secret, never printed) or, better,
-    by reference with ``api_key_env``; a referenced variable that is missing is an
-    error when the configuration is created, not at the first call.
+    A `ResourceConfig` maps aliases to these; in a ``resources.toml`` each table
+    holds these fields.  ``api_key`` may be given literally (kept as a secret,
+    never printed) or, better, by reference with ``api_key_env``.  An alias with
+    no ``base_url`` takes its provider SDK's variable (``OPENAI_BASE_URL``,
+    ``ANTHROPIC_BASE_URL``) when the configuration is made, as the SDKs do.
+    Unknown fields are refused; the object is immutable.
+
+    Raises:
+        ValueError: An unknown provider or field, a missing model name, or a value
+            out of range (pydantic's ``ValidationError``; a `ResourceConfig` turns
+            it into a `ConfigurationError` naming the alias).
+
+    Examples:
+        ```python
+        import plait
+
+        fast = plait.EndpointConfig(
+            provider="openai",
+            model="gpt-4o-mini",
+            api_key_env="OPENAI_API_KEY",
+            max_concurrent=8,
+            requests_per_minute=500,
+        )
+        resources = plait.ResourceConfig({"fast": fast})
+        llm = plait.LLMInference("fast", "Answer in one sentence.").bind(resources=resources)
+        print(llm.run_sync("What is a parcel?"))
+        ```
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -247,7 +271,11 @@ class EndpointConfig(BaseModel):
         return self
 
     def resolved_api_key(self) -> str | None:
-        """The key to send: the literal one, or the referenced environment variable."""
+        """The key to send, read when it is needed so a rotated variable is picked up.
+
+        Returns:
+            The literal key, else the referenced environment variable's value, else None.
+        """
         if self.api_key is not None:
             return self.api_key.get_secret_value()
         if self.api_key_env is not None:
@@ -255,7 +283,11 @@ class EndpointConfig(BaseModel):
         return None
 
     def endpoint_key(self) -> tuple[str, str, str]:
-        """Identity of the remote endpoint: runs that share it share its limits."""
+        """The remote endpoint's identity: aliases and runs that share it share its limits.
+
+        Returns:
+            ``(provider, base_url, model)``.
+        """
         return (self.provider, self.base_url or "", self.model)
 
 
@@ -371,7 +403,35 @@ def read_resource_file(file: Path) -> Mapping[str, Any]:
 
 
 class ResourceConfig(Mapping[str, EndpointConfig]):
-    """Aliases to endpoints, as seed 000 shows: ``ResourceConfig({"fast": {...}})``."""
+    """Which endpoint each alias means: pipelines name aliases, the configuration names models.
+
+    A pipeline's `LLMInference` calls name an alias (``"fast"``, ``"judge"``); a
+    resource configuration maps each to an `EndpointConfig`, so the same pipeline
+    runs against another provider, a test server or the embedded model by
+    changing the configuration alone.  Pass it to ``bind(resources=...)``,
+    ``run_sync(..., resources=...)``, ``ExecutionSettings`` or ``plait run
+    --resources``.  A read-only mapping of alias to `EndpointConfig`.
+
+    Args:
+        aliases: Alias -> an `EndpointConfig`, or a mapping of its fields.
+
+    Raises:
+        ConfigurationError: ``aliases`` is not a mapping, an alias is not a
+            non-empty string, or an alias's settings are invalid (an unknown
+            field, a missing model, an ``api_key_env`` that is not set); the
+            message names the alias and what to fix.
+
+    Examples:
+        ```python
+        import plait
+
+        openai = {"provider": "openai", "api_key_env": "OPENAI_API_KEY"}
+        resources = plait.ResourceConfig(
+            {"fast": {**openai, "model": "gpt-4o-mini"}, "judge": {**openai, "model": "gpt-4o"}}
+        )
+        print(list(resources), resources["judge"].model)
+        ```
+    """
 
     def __init__(self, aliases: Mapping[str, EndpointConfig | Mapping[str, Any]]) -> None:
         if not isinstance(aliases, Mapping):
@@ -401,8 +461,34 @@ class ResourceConfig(Mapping[str, EndpointConfig]):
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> ResourceConfig:
-        """Read aliases from a TOML (``.toml``) or YAML (``.yaml``/``.yml``) file
-        (see `read_resource_file` for its layout)."""
+        """Read aliases from a TOML or YAML file, the ``resources.toml`` ``plait run`` takes.
+
+        The aliases sit at the file's top level, or under a ``resources`` table.
+
+        Args:
+            path: A ``.toml``, ``.yaml`` or ``.yml`` file.
+
+        Returns:
+            The configuration.
+
+        Raises:
+            ConfigurationError: The file cannot be read or parsed, has another
+                suffix, or holds invalid settings; the message names the file.
+
+        Examples:
+            ```python
+            from pathlib import Path
+
+            import plait
+
+            Path("resources.toml").write_text(
+                '[fast]\\nprovider = "openai"\\nmodel = "gpt-4o-mini"\\n'
+                'api_key_env = "OPENAI_API_KEY"\\nmax_concurrent = 8\\n'
+            )
+            resources = plait.ResourceConfig.load("resources.toml")
+            print(resources["fast"].max_concurrent)
+            ```
+        """
         file = Path(path)
         data = read_resource_file(file)
         try:
