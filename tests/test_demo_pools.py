@@ -79,6 +79,16 @@ def test_every_label_is_covered_when_asked_and_k_allows() -> None:
     ) == 2
 
 
+def test_a_pair_whose_answer_is_the_replys_json_covers_its_label_and_shows_it_bare() -> None:
+    """A pool set from an older parameters file may hold a bootstrapped answer as the
+    reply's JSON: it is still that label's pair, and it is shown as the label."""
+    raw = [(text, json.dumps({"value": label})) for text, label in POOL]
+    value = {"pool": raw, "k": 4, "cover_labels": True}
+    labels = ("billing", "shipping", "technical", "account")
+    chosen = choose_demos(value, "double charge on my card", labels)
+    assert sorted(pair["output"] for pair in chosen) == sorted(labels)
+
+
 def test_without_label_coverage_the_nearest_are_shown() -> None:
     value = knn_demos(k=4, pool=POOL)
     labels = ("billing", "shipping", "technical", "account")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -133,6 +133,26 @@ def test_functional_complete_with_demos_sends_what_the_module_sends(
     asyncio.run(call())
     first, second = sent_messages(server)
     assert first == second
+
+
+def test_functional_complete_shows_a_label_calls_demo_answers_as_its_labels(
+    server: FakeOpenAIServer, resources: plait.ResourceConfig
+) -> None:
+    """A label call's demonstrations answer with the label itself on every path, a
+    functional call's included (not the reply's JSON an older parameters file held)."""
+
+    async def call() -> Any:
+        return await complete(
+            "fast",
+            "Order 5 never came",
+            demos=[("Charged twice", '{"value": "billing"}'), ("Parcel late", "Shipping")],
+            response_format=Literal["billing", "shipping"],
+            resources=resources,
+        )
+
+    asyncio.run(call())
+    (messages,) = sent_messages(server)
+    assert [m["content"] for m in messages if m["role"] == "assistant"] == ["billing", "shipping"]
 
 
 def test_demos_changed_to_garbage_fail_the_call_with_a_clear_error(

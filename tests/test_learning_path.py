@@ -317,3 +317,173 @@ def test_plait_train_refuses_a_value_it_could_not_save_before_any_call(
     assert train.returncode == 2
     assert "'tags' holds a set" in train.stderr.strip().splitlines()[-1]
     assert server.stats()["requests_total"] == 0
+
+
+# -- answers that are labels ----------------------------------------------------------------
+
+#: The pipeline as a classifier: its answers are labels.  Without demonstrations the
+#: fake server answers the JSON schema plait sends for labels with its first label
+#: (``{"value": "billing"}``), so the billing examples pass and bootstrap keeps that
+#: raw reply beside the other examples' targets.
+LABEL_PIPELINE = """
+from typing import Literal
+
+import plait
+
+
+class Triage(plait.Module):
+    def __init__(self):
+        super().__init__()
+        self.classify = plait.LLMInference(
+            "fast",
+            "Classify the message.",
+            response_format=Literal["billing", "shipping", "technical"],
+            demos=[],
+            temperature=0,
+        )
+
+    def forward(self, message):
+        return self.classify(message)
+"""
+LABELS = ("billing", "shipping", "technical")
+
+
+def shown_answers(server: Any) -> list[list[str]]:
+    """Per chat request the server received, the assistant turns it showed the model."""
+    bodies = [record["body"] for record in server.stats(bodies=True)["requests"]]
+    return [
+        [message["content"] for message in body["messages"] if message["role"] == "assistant"]
+        for body in bodies
+        if "messages" in body
+    ]
+
+
+def demo_outputs(value: Any) -> list[Any]:
+    """The answers of a demonstrations value (a list or a pool) as it is saved."""
+    pairs = value["pool"] if is_pool(value) else value
+    return [pair["output"] for pair in pairs]
+
+
+LABEL_CASES = [
+    ("list", ["bootstrap"], []),
+    ("knn", ["bootstrap"], []),
+    ("knn", ["bootstrap"], ["--refit"]),
+    ("knn", ["search"], []),
+]
+
+
+@pytest.mark.parametrize(
+    ("demos", "optimizers", "extra"),
+    LABEL_CASES,
+    ids=["-".join([d, *o, *(a.lstrip("-") for a in e)]) for d, o, e in LABEL_CASES],
+)
+def test_a_label_calls_demonstrations_are_its_labels_on_the_wire_and_in_the_file(
+    project: Path, server: Any, demos: str, optimizers: list[str], extra: list[str]
+) -> None:
+    """Was: bootstrap kept a run's raw reply as its demonstration's answer
+    (``{"value": "billing"}``, the JSON the label schema asks an endpoint for) beside
+    labelled examples' bare labels (``shipping``): parameters.json mixed both, and one
+    request showed the model both forms after "Answer with exactly one of: ...".  Now
+    every demonstration answers with the label itself, whatever made it."""
+    (project / "triage.py").write_text(LABEL_PIPELINE, encoding="utf-8")
+    # A dataset's targets as people type them (the loss ignores case): the saved
+    # demonstrations still answer with the labels as the call spells them.
+    write_jsonl(project / "train.jsonl", examples([(m, t.title()) for m, t in TRAIN]))
+    chosen = [arg for name in optimizers for arg in ("--optimizer", name)]
+    train = plait_in(
+        project,
+        *("train", "triage.py:Triage", "--data", "train.jsonl", "--val", "val.jsonl"),
+        *(*chosen, "--demos", demos, "--k", "2", *extra),
+        *("--loss", "exact", "--out", "runs/triage", "-q"),
+    )
+    assert train.returncode == 0, train.stderr
+    during = shown_answers(server)
+    assert any(during), "no request of the training run showed demonstrations"
+    assert {answer for answers in during for answer in answers} <= set(LABELS)
+
+    parameters = json.loads((project / "runs/triage/parameters.json").read_text())
+    history = json.loads((project / "runs/triage/history.json").read_text())
+    tried = [t["tried"]["classify.demos"] for s in history["steps"] for t in s["trials"]]
+    saved = [parameters["classify.demos"], *tried]
+    assert any(demo_outputs(value) for value in saved), "training made no demonstration"
+    assert all(set(demo_outputs(value)) <= set(LABELS) for value in saved), saved
+
+    server.reset()
+    evaluated = plait_in(
+        project,
+        *("eval", "triage.py:Triage", "--data", "test.jsonl", "--loss", "exact"),
+        *("--parameters", "runs/triage/parameters.json", "-q"),
+    )
+    assert evaluated.returncode == 0, evaluated.stderr
+    shown = shown_answers(server)
+    assert len(shown) == len(TEST)
+    if demo_outputs(parameters["classify.demos"]):
+        assert all(shown)
+    assert {answer for answers in shown for answer in answers} <= set(LABELS)
+
+
+#: A parameters.json an earlier plait wrote for the label pipeline: bootstrapped
+#: answers kept as the raw JSON reply, labelled ones as labels.
+OLD_DEMOS = [
+    {"input": "I was charged twice this month.", "output": '{"value": "billing"}'},
+    {"input": "My parcel has not arrived yet.", "output": "shipping"},
+    {"input": "The app crashes when I log in.", "output": '{"value": "technical"}'},
+]
+
+
+@pytest.mark.parametrize("form", ["list", "pool"])
+def test_an_older_parameters_file_with_raw_replies_loads_as_labels(
+    project: Path, server: Any, form: str
+) -> None:
+    (project / "triage.py").write_text(LABEL_PIPELINE, encoding="utf-8")
+    value: Any = OLD_DEMOS if form == "list" else {"pool": OLD_DEMOS, "k": 2}
+    old = {"classify.system_prompt": "Classify the message.", "classify.demos": value}
+    (project / "old.json").write_text(json.dumps(old), encoding="utf-8")
+    model = Target(f"{project / 'triage.py'}:Triage").make()
+    assert load_parameters(model, project / "old.json") == []
+    assert demo_outputs(model.classify.demos.value) == ["billing", "shipping", "technical"]
+
+    for command in (
+        ("eval", "triage.py:Triage", "--data", "test.jsonl", "--loss", "exact", "-q"),
+        ("run", "triage.py:Triage", "--input", "messages.jsonl", "--output", "answers.jsonl"),
+    ):
+        server.reset()
+        result = plait_in(project, *command, "--parameters", "old.json")
+        assert result.returncode == 0, result.stderr
+        shown = shown_answers(server)
+        assert len(shown) == len(TEST) and all(shown)
+        assert {answer for answers in shown for answer in answers} <= set(LABELS)
+
+
+def test_a_label_calls_own_demonstrations_read_as_its_labels(server: Any) -> None:
+    """A user's list (or an older file) may spell an answer as the reply's JSON, in
+    another case, or as an Enum member: the call holds, saves and shows the label."""
+    import enum
+
+    class Topic(enum.Enum):
+        BILLING = "billing"
+        SHIPPING = "shipping"
+
+    call = plait.LLMInference(
+        "fast",
+        "Classify.",
+        response_format=Topic,
+        demos=[
+            ("Charged twice", Topic.BILLING),
+            ("Parcel late", '{"value": "shipping"}'),
+            ("Refund?", " Billing. "),
+            ("Hello", "not a label"),  # states no label: kept as written
+        ],
+    )
+    held = ["billing", "shipping", "billing", "not a label"]
+    assert demo_outputs(call.demos.value) == held
+    assistant = [m["content"] for m in call.messages("Where is it?") if m["role"] == "assistant"]
+    assert assistant == held
+    call.load_state_dict({"demos": [("Parcel late", '"SHIPPING"')]})
+    assert call.demos.value == [{"input": "Parcel late", "output": "shipping"}]
+    # Set directly (not loaded), the value is still shown as the call's labels.
+    call.demos.value = [("Parcel late", '{"value": "shipping"}')]
+    assert call.messages("Where is it?")[2] == {"role": "assistant", "content": "shipping"}
+    # A call without labels keeps its answers as written.
+    plain = plait.LLMInference("fast", demos=[("Parcel late", '{"value": "shipping"}')])
+    assert demo_outputs(plain.demos.value) == ['{"value": "shipping"}']

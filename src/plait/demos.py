@@ -32,6 +32,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from plait.labels import stated_label
+
 __all__ = [
     "DEMOS_DESCRIPTION",
     "DemoError",
@@ -58,13 +60,21 @@ class DemoError(ValueError):
     """A demonstrations value that is not a list of input/output pairs."""
 
 
-def normalize_demos(value: Any, where: str = "demos") -> list[dict[str, Any]]:
+def normalize_demos(
+    value: Any, where: str = "demos", labels: Sequence[str] | None = None
+) -> list[dict[str, Any]]:
     """``value`` as a list of ``{"input": ..., "output": ...}`` dicts, or `DemoError`.
 
     Accepted: a list (or tuple) whose items are ``(input, output)`` pairs or
     mappings with exactly the keys ``input`` and ``output``.  Both sides must be
     JSON data (text, numbers, lists, dicts), since demonstrations are saved in
     ``state_dict()``, parameter files and checkpoints.
+
+    ``labels``: the labels of a call that answers with labels (`plait.labels`).  An
+    output that states one (`label_of`: any case, or the reply's JSON as the wire
+    carries it, ``{"value": "billing"}``, or an `Enum` member) becomes that label's
+    text, the one form the call asks the model to answer in and a user writes, so
+    that a demonstration reads the same whether a user, a file or training made it.
     """
     if isinstance(value, str | bytes | Mapping) or not isinstance(value, Sequence):
         raise DemoError(
@@ -89,6 +99,7 @@ def normalize_demos(value: Any, where: str = "demos") -> list[dict[str, Any]]:
                 f"{where}[{index}] must be an (input, output) pair or "
                 f'{{"input": ..., "output": ...}}, got {_short(item)}'
             )
+        pair = (pair[0], demo_answer(pair[1], labels))
         for side, part in zip(("input", "output"), pair, strict=True):
             if part is None or (isinstance(part, str) and not part.strip()):
                 raise DemoError(f"{where}[{index}] has an empty {side}: a demonstration needs both")
@@ -134,12 +145,15 @@ def is_pool(value: Any) -> bool:
     return isinstance(value, Mapping) and "pool" in value
 
 
-def normalize_demo_value(value: Any, where: str = "demos") -> Any:
+def normalize_demo_value(
+    value: Any, where: str = "demos", labels: Sequence[str] | None = None
+) -> Any:
     """A demonstrations value, checked: a list of pairs (`normalize_demos`) or a pool
     ``{"pool": [pairs...], "k": k, "cover_labels": false, "embed": "alias"}`` (the
-    last two optional: false and absent, BM25) with its pairs normalized."""
+    last two optional: false and absent, BM25) with its pairs normalized (answers
+    that state one of ``labels`` as that label)."""
     if not isinstance(value, Mapping):
-        return normalize_demos(value, where)
+        return normalize_demos(value, where, labels)
     keys = set(value)
     if not {"pool", "k"} <= keys <= {"pool", "k", "cover_labels", "embed"}:
         raise DemoError(
@@ -155,7 +169,7 @@ def normalize_demo_value(value: Any, where: str = "demos") -> Any:
     if not isinstance(cover, bool):
         raise DemoError(f"{where}'s cover_labels must be true or false, got {cover!r}")
     checked = {
-        "pool": normalize_demos(value["pool"], f"{where}'s pool"),
+        "pool": normalize_demos(value["pool"], f"{where}'s pool", labels),
         "k": k,
         "cover_labels": cover,
     }
@@ -210,12 +224,13 @@ def choose_demos(
     """The pairs a call with input ``prompt`` is shown, checked (`DemoError` naming
     ``where`` otherwise): a list as it is; for a pool, its ``k`` pairs most like
     ``prompt`` (covering ``labels`` when ``k`` allows and the pool says so), least
-    similar first.  ``similarity``: each pair's similarity to ``prompt`` as the pool's
-    ``embed`` alias measured it (a pool ranked by embeddings needs it; BM25 is used
-    without)."""
+    similar first.  A call that answers with ``labels`` is shown each answer that
+    states a label as the label (`normalize_demos`), however the value was set.
+    ``similarity``: each pair's similarity to ``prompt`` as the pool's ``embed``
+    alias measured it (a pool ranked by embeddings needs it; BM25 is used without)."""
     if not is_pool(value):
-        return normalize_demos(value, where)
-    checked, index = _pool_index(value, where)
+        return normalize_demos(value, where, labels)
+    checked, index = _pool_index(value, where, labels)
     pool: list[dict[str, Any]] = checked["pool"]
     k: int = checked["k"]
     if len(pool) <= k:
@@ -259,16 +274,20 @@ _POOLS: dict[int, tuple[Any, tuple[Any, ...], dict[str, Any], Any]] = {}
 _MAX_POOLS = 64
 
 
-def _pool_index(value: Any, where: str) -> tuple[dict[str, Any], Any]:
-    """The checked pool ``value`` and a BM25 index of its pairs' inputs."""
+def _pool_index(
+    value: Any, where: str, labels: Sequence[str] | None = None
+) -> tuple[dict[str, Any], Any]:
+    """The checked pool ``value`` (answers that state one of ``labels`` as that label)
+    and a BM25 index of its pairs' inputs."""
     from plait.retrieval import BM25
 
     raw = value["pool"]
-    shape = (len(raw) if isinstance(raw, Sequence) else -1, value["k"], value.get("cover_labels"))
+    size = len(raw) if isinstance(raw, Sequence) else -1
+    shape = (size, value["k"], value.get("cover_labels"), tuple(labels or ()))
     found = _POOLS.get(id(value))
     if found is not None and found[0] is value and found[1] == shape:
         return found[2], found[3]
-    checked = normalize_demo_value(value, where)
+    checked = normalize_demo_value(value, where, labels)
     index = BM25([demo_text(pair["input"]) for pair in checked["pool"]])
     if len(_POOLS) >= _MAX_POOLS:
         _POOLS.pop(next(iter(_POOLS)))
@@ -276,11 +295,22 @@ def _pool_index(value: Any, where: str) -> tuple[dict[str, Any], Any]:
     return checked, index
 
 
+def demo_answer(output: Any, labels: Sequence[str] | None) -> Any:
+    """A demonstration's ``output`` as a call answering with ``labels`` shows it: the
+    label it states (`label_of`) as the label's text; anything else (and every output
+    of a call without labels) as it is."""
+    if not labels:
+        return output
+    label = label_of(output, labels)
+    return output if label is None else label
+
+
 def label_of(output: Any, labels: Sequence[str]) -> str | None:
-    """The label of ``labels`` a demonstration's ``output`` is (case and surrounding
-    space aside), or None: how pools and searches tell which label a pair shows."""
-    text = demo_text(output).strip().casefold()
-    return next((label for label in labels if label.casefold() == text), None)
+    """The label of ``labels`` a demonstration's ``output`` states, or None
+    (`plait.labels.stated_label`: any case, quotes and punctuation around it, the
+    reply's JSON ``{"value": "billing"}``, an `Enum` member): how demonstrations are
+    normalized, and how pools and searches tell which label a pair shows."""
+    return stated_label(output, labels)
 
 
 def demo_text(part: Any) -> str:

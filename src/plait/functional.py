@@ -214,8 +214,10 @@ async def complete(
         messages.append({"role": "system", "content": _prompt_content(system, "system")})
     if demos is not None:
         from plait.demos import demo_messages, normalize_demos
+        from plait.labels import label_choices
 
-        messages.extend(demo_messages(normalize_demos(demos, "complete(demos=...)")))
+        labels = label_choices(response_format)  # answers shown as the labels asked for
+        messages.extend(demo_messages(normalize_demos(demos, "complete(demos=...)", labels)))
     messages.append({"role": "user", "content": _prompt_content(prompt, "prompt")})
     site = CallSite.here(resources, name, "complete")
     return await _send_messages(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from typing import Any, ClassVar
 
 from plait._text import prompt_text
@@ -44,7 +45,9 @@ class LLMInference(Module):
     ``"logprob"`` (each label scored by its log-probability) or ``"calibrated"``
     (scored, less the label prior of a content-free input); None is the endpoint's
     best (`plait.labels.DEFAULT_LOCAL_METHOD` on the embedded model, a schema with an
-    ``enum`` elsewhere).
+    ``enum`` elsewhere).  Its demonstrations answer with the label itself: an answer
+    that states a label (in any case, as the reply's JSON ``{"value": "billing"}``, or
+    an `Enum` member) is kept, saved and shown to the model as that label's text.
 
     ``n`` asks for that many samples of the same request: the call returns a list
     of ``n`` outputs, each a request of its own with its own seed (`plait.sampling`),
@@ -90,8 +93,8 @@ class LLMInference(Module):
         self.alias = alias
         self.temperature = temperature
         self.max_tokens = max_tokens
+        labels = label_choices(response_format)  # bad labels: an error now, too
         if response_format is not None:
-            labels = label_choices(response_format)  # bad labels: an error now, too
             schema_for(response_format)  # a bad type is an error now, not at the first call
         if label_method is not None:
             if label_method not in LABEL_METHODS:
@@ -99,7 +102,7 @@ class LLMInference(Module):
                     f"label_method must be one of {', '.join(LABEL_METHODS)} (or None for the "
                     f"endpoint's best), got {label_method!r}"
                 )
-            if response_format is None or labels is None:
+            if labels is None:
                 raise ValueError(
                     "label_method is only for a response_format of labels (a Literal of "
                     'texts or a text Enum, e.g. response_format=Literal["yes", "no"]), got '
@@ -117,16 +120,19 @@ class LLMInference(Module):
             raise TypeError(
                 f"system_prompt must be a str or a Parameter, got {type(system_prompt).__name__}"
             )
+        # A label call's demonstrations answer with the label itself, whoever wrote them
+        # (a user, a parameters file, training): the check normalizes loaded values too.
+        check = partial(normalize_demo_value, labels=labels) if labels else normalize_demo_value
         if isinstance(demos, Parameter):
-            normalize_demo_value(demos.value, "LLMInference(demos=Parameter(...)).value")
+            normalize_demo_value(demos.value, "LLMInference(demos=Parameter(...)).value", labels)
             if demos.check is None:  # a saved list or pool loads back into it, checked
-                demos.check = normalize_demo_value
+                demos.check = check
             self.demos = demos
         elif demos is not None:
             self.demos = Parameter(
-                normalize_demo_value(demos, "LLMInference(demos=...)"),
+                normalize_demo_value(demos, "LLMInference(demos=...)", labels),
                 description=DEMOS_DESCRIPTION,
-                check=normalize_demo_value,
+                check=check,
             )
         else:
             self.demos = None

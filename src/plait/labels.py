@@ -146,7 +146,7 @@ def match_label(tp: Any, text: str) -> Any:
         raise TypeError(f"response_format={tp!r} is not a set of labels")
     candidate = _json_value(text)
     by_fold = {c.casefold(): c for c in choices}
-    bare = candidate.strip().strip("\"'`*.,;:!?()[]{} \n\t").casefold()
+    bare = _bare(candidate)
     if bare in by_fold:
         return label_output(tp, by_fold[bare])
     named = {
@@ -162,6 +162,31 @@ def match_label(tp: Any, text: str) -> Any:
     shown = text if len(text) <= 80 else text[:77] + "..."
     why = "names several of them" if len(named) > 1 else "is none of them"
     raise ValueError(f"reply {shown!r} {why}; answer with exactly one of: {', '.join(choices)}")
+
+
+def stated_label(answer: Any, choices: Sequence[str]) -> str | None:
+    """The label of ``choices`` that ``answer`` states, as it is spelled there, or None.
+
+    What a demonstration's answer is read as: the label in any case, with quotes,
+    spaces and punctuation around it, or as the wire carries it (``{"value": "x"}``
+    as JSON text or data, a JSON string), or an `Enum` member whose value is a label.
+    Unlike `match_label` (for replies), a sentence that names a label, or a near
+    spelling, states none: a demonstration is data a user or training wrote, and
+    only what is unmistakably a label is rewritten as one.
+    """
+    if isinstance(answer, enum.Enum):
+        answer = answer.value
+    if isinstance(answer, Mapping) and len(answer) == 1:
+        answer = next(iter(answer.values()))
+    if not isinstance(answer, str):
+        return None
+    bare = _bare(_json_value(answer))
+    return next((c for c in choices if c.casefold() == bare), None)
+
+
+def _bare(text: str) -> str:
+    """``text`` without surrounding quotes, spaces and punctuation, case folded."""
+    return text.strip().strip("\"'`*.,;:!?()[]{} \n\t").casefold()
 
 
 def _json_value(text: str) -> str:

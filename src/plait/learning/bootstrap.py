@@ -30,13 +30,12 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import enum
 import random
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from plait.demos import is_pool, normalize_demos
+from plait.demos import demo_answer, is_pool, normalize_demos
 from plait.effects import Message
 from plait.handlers.calls import CallLog, CallRecord
 from plait.inference import LLMInference
@@ -421,7 +420,18 @@ class BootstrapFewShot:
             for path, call in mine:
                 if path in self.stage_targets:
                     labelled.setdefault(path, {})[call.input] = self._stage_target(path, target)
-        return passed, labelled
+        return self._answers(passed), self._answers(labelled)
+
+    def _answers(self, gathered: Mapping[str, Mapping[Any, Any]]) -> dict[str, dict[Any, Any]]:
+        """``gathered`` (per stage, input -> output) with each output as the stage's
+        demonstrations show it: a label call's outputs as its labels (`demo_answer`),
+        a run's reply and an example's target alike, so that every candidate, pool and
+        saved value holds one form of answer, the one a user writes."""
+        labels = {path: labels_of(param.owner) for param, path in self._paths().items()}
+        return {
+            path: {inp: demo_answer(out, labels.get(path)) for inp, out in pairs.items()}
+            for path, pairs in gathered.items()
+        }
 
     async def step(self) -> dict[str, Any]:
         """Install the best of ``candidates`` demonstration sets.
@@ -549,10 +559,13 @@ class BootstrapFewShot:
         if kind != type(self).__name__:
             raise ValueError(f"state_dict of a {kind} cannot be loaded into {type(self).__name__}")
         self.steps = int(state.get("steps", 0))
-        self.passed = {p: dict(map(tuple, pairs)) for p, pairs in state.get("passed", {}).items()}
-        self.labelled = {
-            p: dict(map(tuple, pairs)) for p, pairs in state.get("labelled", {}).items()
-        }
+        # A checkpoint written before label answers were normalized holds raw replies.
+        self.passed = self._answers(
+            {p: dict(map(tuple, pairs)) for p, pairs in state.get("passed", {}).items()}
+        )
+        self.labelled = self._answers(
+            {p: dict(map(tuple, pairs)) for p, pairs in state.get("labelled", {}).items()}
+        )
 
     def __repr__(self) -> str:
         return (
@@ -591,14 +604,20 @@ def _path(call: CallRecord) -> str:
 
 
 def _output_of(call: CallRecord) -> Any:
-    """A call's reply as a demonstration shows it: the text the assistant wrote, or for
-    a call that answers with labels the label itself, as a labelled pair shows it (an
-    endpoint with structured outputs writes ``{"value": "billing"}``)."""
-    module = call.module
-    if isinstance(module, LLMInference) and label_choices(module.response_format) is not None:
-        payload = call.payload
-        return payload.value if isinstance(payload, enum.Enum) else payload
+    """A call's reply as a demonstration shows it: the text the assistant wrote, or
+    for a call that answers with labels, the label its reply was read as (the reply
+    may be the schema's JSON, ``{"value": "billing"}``, or a sentence naming it)."""
+    if labels_of(call.module) is not None and call.payload is not None:
+        return call.payload
     return call.text
+
+
+def labels_of(module: Any) -> tuple[str, ...] | None:
+    """The labels ``module`` answers with, if it is an `LLMInference` that does (None
+    for any other stage)."""
+    if isinstance(module, LLMInference) and module.response_format is not None:
+        return label_choices(module.response_format)
+    return None
 
 
 def _final_call(

@@ -45,8 +45,13 @@ from typing import TYPE_CHECKING, Any, Self
 
 from plait.demos import is_pool, label_of, normalize_demos
 from plait.inference import LLMInference
-from plait.labels import label_choices
-from plait.learning.bootstrap import BootstrapFewShot, TrainingBatch, check_positive, install
+from plait.learning.bootstrap import (
+    BootstrapFewShot,
+    TrainingBatch,
+    check_positive,
+    install,
+    labels_of,
+)
 from plait.learning.optimizers import (
     Rejection,
     Rewrite,
@@ -431,12 +436,7 @@ class DemoSearch(BootstrapFewShot):
         if is_pool(param.value):
             pool = normalize_demos(pairs, where)
             return [{**param.value, "pool": pool, "k": k} for k in self.k_choices]
-        owner = param.owner
-        labels = (
-            label_choices(owner.response_format)
-            if isinstance(owner, LLMInference) and owner.response_format is not None
-            else None
-        )
+        labels = labels_of(param.owner)
         options: list[Any] = []
         for draw in range(self.candidates * 2):
             shuffled = list(pairs)
