@@ -45,6 +45,7 @@ griffe = pytest.importorskip("griffe", reason="griffe comes with the dev extra (
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "src"
 API_PAGES = ROOT / "docs" / "reference" / "api"
+SOURCE_FILES = sorted((SRC / "plait").rglob("*.py"))
 
 
 def documented_modules() -> list[str]:
@@ -77,26 +78,30 @@ class _Collect(logging.Handler):
 
 
 @contextmanager
-def griffe_messages() -> Iterator[list[str]]:
+def griffe_messages(level: int = logging.DEBUG) -> Iterator[list[str]]:
+    """What griffe logs in the block, at ``level`` and above, kept from other handlers
+    (formatting griffe's many debug lines for pytest's capture would cost minutes)."""
     logger = logging.getLogger("griffe")
     handler = _Collect()
-    old_level = logger.level
+    old_level, old_propagate = logger.level, logger.propagate
     logger.addHandler(handler)
-    logger.setLevel(logging.DEBUG)
+    logger.setLevel(level)
+    logger.propagate = False
     try:
         yield handler.messages
     finally:
         logger.removeHandler(handler)
         logger.setLevel(old_level)
+        logger.propagate = old_propagate
 
 
 @pytest.fixture(scope="module")
 def loaded() -> Any:
     """Every documented module, loaded and its aliases resolved as mkdocstrings does."""
     loader = griffe.GriffeLoader(search_paths=[str(SRC)], docstring_parser=griffe.Parser("google"))
-    with griffe_messages() as messages:
-        for name in MODULES:
-            loader.load(name, try_relative_path=False)
+    with griffe_messages(logging.WARNING) as messages:
+        for package in sorted({name.split(".")[0] for name in MODULES}):
+            loader.load(package, try_relative_path=False)  # its submodules too
         loader.resolve_aliases(implicit=False, external=None)
     assert messages == [], f"griffe warned while loading plait: {messages}"
     return loader.modules_collection
@@ -292,6 +297,125 @@ def test_every_public_name_is_documented(loaded: Any, module_name: str) -> None:
     assert problems == [], f"{len(problems)} problem(s):\n" + "\n".join(problems)
 
 
+# -- docstring examples run -----------------------------------------------------------------
+def _docstrings(path: Path) -> Iterator[tuple[int, str]]:
+    """Each docstring of a source file (module, class, function, and the string after an
+    assignment, as griffe reads it) with its line."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if not isinstance(body, list):
+            continue
+        for first, second in zip([None, *body], body, strict=False):
+            is_doc = isinstance(second, ast.Expr) and isinstance(second.value, ast.Constant)
+            if not is_doc or not isinstance(second.value.value, str):
+                continue
+            if first is None or isinstance(first, ast.Assign | ast.AnnAssign):
+                yield second.lineno, second.value.value
+
+
+def _example_scripts() -> list[Any]:
+    """Every fenced ```python block in a docstring of ``src/plait``: a complete script."""
+    found = []
+    for path in SOURCE_FILES:
+        for line, doc in _docstrings(path):
+            cleaned = textwrap.dedent(doc.expandtabs())
+            for i, block in enumerate(
+                re.findall(r"^ *```python\n(.*?)^ *```", cleaned, re.M | re.S)
+            ):
+                name = f"{path.relative_to(SRC)}:{line}[{i}]"
+                found.append(pytest.param(textwrap.dedent(block), id=name))
+    return found
+
+
+@pytest.mark.parametrize("script", _example_scripts())
+def test_docstring_examples_run(script: str, server: Any, tmp_path: Path) -> None:
+    """Each as a user would run it: its own file and process, in an empty directory, with
+    ``OPENAI_BASE_URL`` pointing at the fake OpenAI server (which answers a chat request
+    with ``[SYSTEM PROMPT] USER TEXT``)."""
+    (tmp_path / "example.py").write_text(script, encoding="utf-8")
+    env = {**os.environ, "OPENAI_BASE_URL": server.base_url, "OPENAI_API_KEY": "sk-test"}
+    result = subprocess.run(
+        [sys.executable, "example.py"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip(), "an example shows what it does: it prints something"
+    assert "Value(ERROR" not in result.stdout, result.stdout
+
+
+DOCTEST_MODULES = sorted(
+    ".".join(path.relative_to(SRC).with_suffix("").parts).removesuffix(".__init__")
+    for path in SOURCE_FILES
+    if ">>> " in path.read_text(encoding="utf-8")
+)
+
+
+@pytest.mark.parametrize("module_name", DOCTEST_MODULES)
+def test_docstring_doctests_pass(module_name: str) -> None:
+    import doctest
+    import importlib
+
+    module = importlib.import_module(module_name)
+    finder = doctest.DocTestFinder(exclude_empty=True)
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+    tests = [test for test in finder.find(module) if test.examples]
+    assert tests, f"{module_name} has '>>> ' but no doctest was found"
+    for test in tests:
+        runner.run(test)
+    assert runner.summarize(verbose=False).failed == 0
+
+
+# -- names are imported from where the reference documents them ---------------------------
+def _python_blocks(text: str) -> list[str]:
+    return re.findall(r"^```python[^\n]*\n(.*?)^```", text, re.MULTILINE | re.DOTALL)
+
+
+def _imports(code: str) -> list[tuple[str, tuple[str, ...]]]:
+    """``(module, names)`` for each plait import of ``code`` (``names`` empty for
+    ``import plait.x``); top-level ``await`` allowed, as pages show it."""
+    flags = ast.PyCF_ONLY_AST | ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
+    tree = compile(textwrap.dedent(code), "<block>", "exec", flags=flags)
+    found: list[tuple[str, tuple[str, ...]]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "plait":
+            found.append((str(node.module), tuple(alias.name for alias in node.names)))
+        elif isinstance(node, ast.Import):
+            found += [(a.name, ()) for a in node.names if a.name.split(".")[0] == "plait"]
+    return found
+
+
+READ_BY_USERS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+@pytest.mark.parametrize(
+    "page", READ_BY_USERS, ids=[str(p.relative_to(ROOT)) for p in READ_BY_USERS]
+)
+def test_pages_import_from_the_public_modules(loaded: Any, page: Path) -> None:
+    """What a page imports, it imports from a module the reference documents, and each
+    name it takes is in that module's ``__all__``: a user copies what pages show."""
+    wrong: list[str] = []
+    for block in _python_blocks(page.read_text(encoding="utf-8")):
+        for module, names in _imports(block):
+            if module not in MODULES:
+                wrong.append(f"{module} is not a documented module")
+                continue
+            exports = set(loaded[module].exports or ())
+            wrong += [f"{module} does not export {name}" for name in names if name not in exports]
+    assert wrong == []
+
+
+def test_the_trainer_is_exported_where_users_look() -> None:
+    from plait.learning import Trainer, TrainingEvent
+    from plait.learning.trainer import Trainer as Defined
+
+    assert Trainer is Defined and TrainingEvent.__name__ == "TrainingEvent"
+
+
 # -- the checker itself catches what it must ----------------------------------------------
 def test_the_checker_finds_each_kind_of_gap(tmp_path: Path) -> None:
     """An undocumented parameter, a missing Returns/Raises, a two-line summary, a reST
@@ -415,9 +539,6 @@ def _string_literals(tree: ast.AST) -> Iterator[tuple[int, str]]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant) and isinstance(node.value, str):
             yield node.lineno, node.value
-
-
-SOURCE_FILES = sorted((SRC / "plait").rglob("*.py"))
 
 
 @pytest.mark.parametrize("path", SOURCE_FILES, ids=[str(p.relative_to(SRC)) for p in SOURCE_FILES])

@@ -32,6 +32,7 @@ from plait.learning.optimizers import (
 from plait.learning.search import DemoSearch
 from plait.learning.state import ParameterState, StructureLockedError, lock, merge, snapshot
 from plait.learning.step import TrainingStep
+from plait.learning.trainer import Trainer, TrainingEvent
 
 __all__ = [
     "BootstrapFewShot",
@@ -50,6 +51,8 @@ __all__ = [
     "SFAOptimizer",
     "StructureLockedError",
     "TextGradOptimizer",
+    "Trainer",
+    "TrainingEvent",
     "TrainingStep",
     "VerifierLoss",
     "aggregate",
