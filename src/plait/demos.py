@@ -398,8 +398,17 @@ def _pool_index(value: Any, where: str) -> tuple[dict[str, Any], Any]:
 
 
 def label_of(output: Any, labels: Sequence[str]) -> str | None:
-    """The label of ``labels`` a demonstration's ``output`` is (case and surrounding
-    space aside), or None: how pools and searches tell which label a pair shows."""
+    """Which of ``labels`` a demonstration's ``output`` is (case and surrounding space aside).
+
+    Pools and searches tell which label a pair shows this way.
+
+    Args:
+        output: The demonstration's output.
+        labels: The call's labels.
+
+    Returns:
+        The label, or None when the output is none of them.
+    """
     text = demo_text(output).strip().casefold()
     return next((label for label in labels if label.casefold() == text), None)
 

@@ -213,7 +213,14 @@ def rng_parameter_names(module: Module) -> set[str]:
 
 
 def fold(*parts: Any) -> int:
-    """A seed below `SEED_LIMIT` from ``parts`` (JAX's ``fold_in``, by hashing)."""
+    """Fold ``parts`` into one seed below `SEED_LIMIT` (JAX's ``fold_in``, by hashing).
+
+    Args:
+        *parts: Anything with a stable digest (numbers, text, lists).
+
+    Returns:
+        The seed: the same parts always give the same one.
+    """
     return int(digest(list(parts), fallback=repr, size=8), 16) % SEED_LIMIT
 
 

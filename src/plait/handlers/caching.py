@@ -443,16 +443,13 @@ cache = _CacheFactory()
 """Pay for each distinct LLM call once: answer repeated calls from a SQLite file.
 
 ``cache(path, namespace="")`` returns a `Cache` handler; enter it with ``with``.
+``path`` is the SQLite file (created if missing, its folder too); a ``namespace``
+keeps separate caches in one file (a call cached under one misses under another).
 The key is the request as the endpoint would receive it (model, messages,
 sampling settings, schema, provider fields), never the alias or the key, so a
 changed prompt or temperature misses and a renamed alias still hits.  Only
 successful replies the endpoint itself produced are stored.  ``cache.bypass()``
 makes the calls inside its block skip every cache.
-
-Args:
-    path (str | os.PathLike[str]): The SQLite file (created if missing, its folder too).
-    namespace (str): Keeps separate caches in one file: a call cached under one
-        namespace misses under another.
 
 Examples:
     ```python
