@@ -74,8 +74,9 @@ class LLMInference(Module):
             positive integer, ``temperature`` is not a number, the demonstrations
             are not input/output pairs, or ``label_method`` is unknown or given
             without a label type.
-        TypeError: When ``system_prompt`` is neither text nor a `Parameter`, or
-            ``response_format`` is a type with no JSON schema.
+        TypeError: When ``system_prompt`` is neither text nor a `Parameter`,
+            ``response_format`` is a type with no JSON schema, or its labels are
+            empty or differ only in case.
 
     Examples:
         ```python

@@ -93,7 +93,12 @@ class Value:
         the feedback the parameters collected into new values.
 
         Args:
-            feedback: The feedback; None sends the one a loss attached to this value.
+            feedback: The feedback; None sends the value's own payload (a loss's
+                feedback).
+
+        Raises:
+            RuntimeError: When the value has no record of how it was computed (it
+                is not an output of a module in ``train()`` mode), or is an ERROR.
         """
         await runtime().backward(self, feedback)
 
