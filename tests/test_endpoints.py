@@ -296,16 +296,20 @@ def test_max_retry_after_must_be_positive() -> None:
         plait.ResourceConfig({"a": {"model": "m", "max_retry_after_s": 0}})
 
 
-def test_the_readmes_resources_file_loads_as_written(
+def test_the_endpoints_pages_resources_file_loads_as_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    block = readme.split("```toml\n", 1)[1].split("```", 1)[0]
-    monkeypatch.setenv("OPENAI_API_KEY", "sk-readme")
-    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-readme")
+    """The resources.toml the endpoints guide has a reader write loads, each alias with
+    the provider and model it shows."""
+    from tests.page_runner import load_page
+
+    root = Path(__file__).resolve().parent.parent
+    page = load_page(root / "docs" / "how-to" / "endpoints-and-keys.md", root)
+    block = next(b.body for b in page.blocks if b.title == "resources.toml")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-page")
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-page")
     config = plait.ResourceConfig.load(_write(tmp_path, block))
-    fast = config["fast"]
-    assert (fast.max_retries, fast.max_retry_after_s, fast.max_concurrent) == (5, 20, 32)
+    assert (config["fast"].provider, config["fast"].model) == ("openai", "gpt-4o-mini")
     assert config["claude"].provider == "anthropic"
 
 

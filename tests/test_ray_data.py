@@ -13,7 +13,7 @@ import pytest
 import plait
 from plait.testing import FakeOpenAIServer
 
-from .conftest import ROOT, make_resources
+from .conftest import make_resources
 from .pipelines import Echo, FanOutFanIn, echo
 
 pytest.importorskip("ray.data")
@@ -142,23 +142,3 @@ def test_jsonl_to_parquet_round_trip(ray: Any, server: FakeOpenAIServer, tmp_pat
         assert (rows[text]["output"], rows[text]["error"]) == (expected_fan(text), None)
     for text in texts[:2]:
         assert rows[text]["output"] is None and "HTTP 400" in rows[text]["error"]
-
-
-def test_the_readme_ray_data_example_runs(
-    ray: Any, server: FakeOpenAIServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    readme = (ROOT / "README.md").read_text()
-    block = readme.split("### Ray Data", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "resources.toml").write_text(
-        f'[resources.fast]\nprovider = "openai"\nmodel = "m"\n'
-        f'base_url = "{server.base_url}"\napi_key = "sk-test"\n'
-    )
-    texts = [f"review {i}" for i in range(5)]
-    _write_jsonl(tmp_path / "docs.jsonl", texts)
-    exec(compile(block, "README.md (Ray Data)", "exec"), {"__name__": "readme_ray_data"})
-    rows = _by_text(pq.read_table(tmp_path / "reviews").to_pylist())
-    assert set(rows) == set(texts)
-    for text in texts:
-        assert rows[text]["error"] is None
-        assert rows[text]["output"] == echo("Review this text.", text)

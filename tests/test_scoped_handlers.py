@@ -572,19 +572,23 @@ def test_on_ray_workers_a_budget_in_forward_is_refused_before_any_call(
     assert server.stats()["requests_total"] == 0
 
 
-def test_the_readme_example_of_a_handler_in_forward_does_what_it_says(
+def test_the_handlers_page_example_of_a_handler_in_forward_does_what_it_says(
     server: FakeOpenAIServer,
 ) -> None:
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
-    section = readme.split("\n## Handlers\n", 1)[1].split("\n## ", 1)[0]
-    block = section.split("```python\n")[2].split("```", 1)[0]
-    assert "with override(temperature=0)" in block
+    from tests.page_runner import load_page
+
+    root = Path(__file__).resolve().parent.parent
+    page = load_page(root / "docs" / "concepts" / "handlers.md", root)
+    block = next(b.body for b in page.blocks if "class Review" in b.body and "override(" in b.body)
+    definitions = block.split("\nreview = Review()", 1)[0]  # the page's own run aside
     space: dict[str, Any] = {}
-    exec(compile(block, "README.md", "exec"), space)
+    exec(compile(definitions, "docs/concepts/handlers.md", "exec"), space)
     resources = make_resources(server, ("fast",))
-    space["Review"]().bind(resources=resources).run_sync("a doc")
+    review = space["Review"]().bind(resources=resources)
+    review.run_sync("a doc")
     assert sent(server) == [
-        ("Judge the document.", DEFAULT),
         ("List the facts.", 0),
         ("List the risks.", 0),
+        ("Weigh them.", DEFAULT),
     ]
+    assert review.counts.by_module == {"facts": 1, "risks": 1}

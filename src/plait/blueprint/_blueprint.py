@@ -29,10 +29,27 @@ COMMAND_LINE = "command line"
 
 
 def parse_cli_args(argv: list[str]) -> dict[str, Castable]:
-    """``key=value`` tokens to a layer of castable strings (``--key=value`` also reads).
+    """Read ``key=value`` command-line tokens as a layer for `Blueprint.apply`.
 
-    Only the shape of the tokens is checked here; whether the keys exist is
-    ``make()``'s business, once every layer is known.
+    Each value becomes a `Castable`, converted by the annotation of the parameter
+    it lands on (``"0.2"`` is a float where a float is wanted).  Only the shape
+    of the tokens is checked here; whether the keys exist is ``make()``'s
+    business, once every layer is known.
+
+    Args:
+        argv: Tokens such as ``summarizer.temperature=0.2``; ``--key=value``
+            reads too.
+
+    Returns:
+        Key -> castable value.
+
+    Raises:
+        BlueprintError: A token is not ``key=value``; every such token is listed.
+
+    Examples:
+        >>> from plait.blueprint import parse_cli_args
+        >>> parse_cli_args(["summarizer.temperature=0.2", "--words=20"])
+        {'summarizer.temperature': Castable('0.2'), 'words': Castable('20')}
     """
     args: dict[str, Castable] = {}
     bad: list[str] = []
@@ -60,12 +77,49 @@ def _builds_module(target: Any) -> bool:
 
 
 class Blueprint(Generic[T]):
-    """Arguments for ``target``, layered and lazy: nothing is checked or built before ``make()``.
+    """Build a pipeline, or any callable, from layers of arguments: presets, files, a command line.
 
-    ``target`` is a class or callable, or a ``"module:Name"`` / ``"path/file.py:Name"``
-    string (imported now: a target that does not exist is not a configuration).
-    A target that is an object rather than a class or function (a module instance)
-    is returned by ``make()`` as it is and takes no arguments.
+    Layers are collected as given and nothing is checked or built before
+    ``make()``, so they can arrive in any order; the latest layer wins, and in
+    one layer the most specific key.  ``make()`` calls the constructors from the
+    leaves up and raises one `BlueprintError` listing every problem, each naming
+    its dotted path and the layer that set it.  For a plait `Module` target, the
+    settings of the `LLMInference` calls its ``__init__`` builds are arguments
+    too (``llm.temperature``, ``...max_tokens``).  The package's page describes
+    how keys match (wildcards ``...``, conversions, building subclasses by name).
+
+    Args:
+        target: A class or function, or a ``"module:Name"`` /
+            ``"path/file.py:Name"`` string (imported now: a target that does not
+            exist is not a configuration).  An object that is neither (a module
+            instance) is returned by ``make()`` as it is and takes no arguments.
+
+    Raises:
+        BlueprintError: ``target`` cannot be imported, or is not callable.
+
+    Examples:
+        ```python
+        import plait
+        from plait.blueprint import Blueprint, parse_cli_args
+
+
+        class Summarize(plait.Module):
+            def __init__(self, words: int = 50, style: str = "plain") -> None:
+                super().__init__()
+                self.llm = plait.LLMInference("fast", f"Summarize in {words} words, {style} style.")
+
+            def forward(self, text: str) -> str:
+                return self.llm(text)
+
+
+        blueprint = Blueprint(Summarize).preset("short", {"words": 20})
+        blueprint.apply({"style": "bullet points"}, layer="team defaults")
+        blueprint.apply_preset("short")
+        blueprint.apply(parse_cli_args(["llm.temperature=0"]))
+        summarize = blueprint.make()
+        print(summarize.llm.system_prompt.value, summarize.llm.temperature)
+        print(blueprint.help())
+        ```
     """
 
     @overload
@@ -87,28 +141,66 @@ class Blueprint(Generic[T]):
 
     @property
     def target(self) -> Callable[..., T]:
+        """What ``make()`` calls (the class or function, imported)."""
         return self._target
 
     @property
     def presets(self) -> tuple[str, ...]:
+        """The names of the registered presets, in the order they were registered."""
         return tuple(self._presets)
 
     def apply(self, args: Mapping[str, Any], layer: str = COMMAND_LINE) -> Blueprint[T]:
-        """Add a layer on top; later layers win.  The mapping is copied, nothing is checked."""
+        """Add a layer of arguments on top of the others; later layers win.
+
+        The mapping is copied and nothing is checked until ``make()``.
+
+        Args:
+            args: Dotted key -> value (``{"summarizer.temperature": 0.2}``, a
+                wildcard ``"...temperature"``); strings wrapped in `Castable` are
+                converted by the annotation they land on.
+            layer: The layer's name, shown by ``help()`` and in error messages.
+
+        Returns:
+            The blueprint itself, for chaining.
+
+        Raises:
+            TypeError: ``args`` is not a mapping.
+        """
         if not isinstance(args, Mapping):
             raise TypeError(f"Blueprint.apply() takes a mapping, got {type(args).__name__}")
         self._layers.append(Layer.of(layer, args))
         return self
 
     def preset(self, name: str, args: Mapping[str, Any]) -> Blueprint[T]:
-        """Register a named layer, applied later with `apply_preset` (and listed by ``help()``)."""
+        """Register a named set of arguments, applied later with `apply_preset`.
+
+        Args:
+            name: The preset's name (listed by ``help()``).
+            args: Its arguments, as `apply` takes them.
+
+        Returns:
+            The blueprint itself, for chaining.
+
+        Raises:
+            TypeError: ``args`` is not a mapping.
+        """
         if not isinstance(args, Mapping):
             raise TypeError(f"Blueprint.preset() takes a mapping, got {type(args).__name__}")
         self._presets[name] = dict(args)
         return self
 
     def apply_preset(self, name: str) -> Blueprint[T]:
-        """Apply a registered preset as a layer named after it; an unknown name fails in make()."""
+        """Apply a registered preset as a layer named after it.
+
+        An unknown name is reported by ``make()`` with the other problems (with
+        the closest registered name).
+
+        Args:
+            name: The preset's name.
+
+        Returns:
+            The blueprint itself, for chaining.
+        """
         if name in self._presets:
             return self.apply(self._presets[name], layer=name)
         close = difflib.get_close_matches(name, self._presets, n=1)
@@ -118,6 +210,11 @@ class Blueprint(Generic[T]):
         return self
 
     def clone(self) -> Blueprint[T]:
+        """A copy with the same target, layers and presets, to vary without changing this one.
+
+        Returns:
+            The copy.
+        """
         twin: Blueprint[T] = Blueprint(self._target)
         twin._layers = [Layer.of(layer.name, layer.values) for layer in self._layers]
         twin._presets = {k: dict(v) for k, v in self._presets.items()}
@@ -151,17 +248,34 @@ class Blueprint(Generic[T]):
         return plan
 
     def make(self) -> T:
-        """Build the target; every problem found is raised together as a `BlueprintError`."""
+        """Build the target from the layers, calling constructors from the leaves up.
+
+        Returns:
+            What the target returns (the built pipeline).
+
+        Raises:
+            BlueprintError: Every problem found at once: unknown keys, values
+                that do not convert, missing required arguments, constructors
+                that raised, each under its dotted path.
+        """
         value: T = evaluate_plan(self._plan(), object_text(self._target))
         return value
 
     def make_from_argv(self, argv: Sequence[str] | None = None) -> T:
-        """Build from ``key=value`` command-line arguments (default ``sys.argv[1:]``).
+        """Build from a script's ``key=value`` command-line arguments, with ``--help``.
 
-        They are applied as the ``"command line"`` layer, on top of this blueprint's
-        layers, to a copy (this blueprint is left as it was).  ``--help`` or ``-h``
-        prints every argument with its value and the layer it came from, then
-        exits with status 0; any problem exits with status 2 and every message.
+        The arguments are applied as the ``"command line"`` layer, on top of this
+        blueprint's layers, to a copy (this blueprint is left as it was).
+
+        Args:
+            argv: The arguments (default ``sys.argv[1:]``).
+
+        Returns:
+            What the target returns.
+
+        Raises:
+            SystemExit: With status 0 after printing ``help()`` for ``--help`` or
+                ``-h``; with status 2 after printing every problem to stderr.
         """
         args = list(sys.argv[1:] if argv is None else argv)
         wants_help = any(a in ("--help", "-h") for a in args)
@@ -184,11 +298,20 @@ class Blueprint(Generic[T]):
             raise SystemExit(2) from None
 
     def describe(self) -> list[ArgInfo]:
-        """Every argument ``make()`` would pass or leave at its default, in signature order."""
+        """Every argument ``make()`` would use, for tools that show or check a configuration.
+
+        Returns:
+            One `ArgInfo` per argument passed or left at its default, in signature order.
+        """
         return self._plan().infos
 
     def help(self) -> str:
-        """The ``--help`` text: each argument's type, value and the layer it came from."""
+        """The ``--help`` text, to see where every value came from.
+
+        Returns:
+            The target's summary, the presets, any problem ``make()`` would
+                raise, and a table of each argument's type, value and layer.
+        """
         plan = self._plan()
         target = self._target
         lines = [f"{object_text(target)}  ({object_text(target, qualified=True)})"]
@@ -225,9 +348,44 @@ class Blueprint(Generic[T]):
 
 
 def make_from_argv(target: Callable[..., T] | str, argv: Sequence[str] | None = None) -> T:
-    """``Blueprint(target).make_from_argv(argv)``: a script's whole command line in one call.
+    """Build ``target`` from a script's ``key=value`` arguments: its whole command line in one call.
 
-    ``python train.py judge=StrictJudge ...temperature=0 --help``
+    ``Blueprint(target).make_from_argv(argv)``, so that
+    ``python summarize.py words=20 ...temperature=0`` configures the pipeline
+    and ``--help`` lists every argument.
+
+    Args:
+        target: A class or function, or a ``"module:Name"`` / ``"file.py:Name"`` string.
+        argv: The arguments (default ``sys.argv[1:]``).
+
+    Returns:
+        What the target returns.
+
+    Raises:
+        BlueprintError: ``target`` cannot be imported or is not callable.
+        SystemExit: With status 0 after printing the help for ``--help``; with
+            status 2 after printing every problem to stderr.
+
+    Examples:
+        ```python
+        import plait
+        from plait.blueprint import make_from_argv
+
+
+        class Summarize(plait.Module):
+            def __init__(self, words: int = 50) -> None:
+                super().__init__()
+                self.llm = plait.LLMInference("fast", f"Summarize in {words} words.")
+
+            def forward(self, text: str) -> str:
+                return self.llm(text)
+
+
+        if __name__ == "__main__":
+            # python summarize.py words=20 ...temperature=0
+            summarize = make_from_argv(Summarize, ["words=20", "...temperature=0"])
+            print(summarize.llm.system_prompt.value, summarize.llm.temperature)
+        ```
     """
     blueprint: Blueprint[T] = Blueprint(target)
     return blueprint.make_from_argv(argv)

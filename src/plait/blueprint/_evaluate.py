@@ -19,7 +19,12 @@ __all__ = ["BlueprintError", "evaluate", "evaluate_plan"]
 
 
 class BlueprintError(ValueError):
-    """Everything wrong with a blueprint at once, so one run shows every fix to make."""
+    """Everything wrong with a blueprint at once, so one run shows every fix to make.
+
+    Args:
+        problems: One message per problem, each naming its dotted path and layer.
+        what: What could not be built, for the heading.
+    """
 
     def __init__(self, problems: list[str], what: str = "the blueprint") -> None:
         self.problems = list(problems)

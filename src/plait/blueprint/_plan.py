@@ -45,15 +45,25 @@ __all__ = ["ArgInfo", "CallNode", "ConstNode", "DictNode", "Failure", "Node", "P
 
 @dataclass(frozen=True, slots=True)
 class ArgInfo:
-    """One argument as ``make()`` would use it, for ``--help`` and for tools."""
+    """One argument as ``make()`` would use it, for ``--help`` and for tools.
+
+    Args:
+        path: The argument's dotted path (``summarizer.temperature``).
+        type: Its annotation, as text.
+        value: Its value, as text.
+        layer: Where the value came from: ``"default"``, a preset's name,
+            ``"command line"``, another layer's name, or "" when nothing set it.
+        required: Whether the signature gives it no default.
+        doc: Its description, from the owner's docstring.
+        key: The key that set it, when that was not the path itself (a wildcard).
+    """
 
     path: str
     type: str
     value: str
-    layer: str  # "default", a preset's name, "command line", another layer's name; "" if unset
+    layer: str
     required: bool
     doc: str = ""
-    #: The key that set it when that was not the path itself (a wildcard, say).
     key: str | None = None
 
 

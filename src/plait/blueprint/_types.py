@@ -63,7 +63,17 @@ class Castable(str):
     """A string to be converted by the annotation of the parameter it lands on.
 
     Plain strings are values like any other; wrapping marks text that came from a
-    command line or a file, where ``"0.2"`` means a float if the parameter wants one.
+    command line or a file, where ``"0.2"`` means a float if the parameter wants
+    one (bools from true/false/yes/no/1/0, ``None``/``null`` for optionals, lists
+    from ``a,b`` or JSON, dicts from JSON, enums by name or value, classes from
+    ``module:Name``).
+
+    Examples:
+        >>> from plait.blueprint import Blueprint, Castable
+        >>> def scaled(factor: float = 1.0) -> float:
+        ...     return factor * 2
+        >>> Blueprint(scaled).apply({"factor": Castable("0.5")}).make()
+        1.0
     """
 
     __slots__ = ()
@@ -595,7 +605,25 @@ def _cast_class(text: str, base: Any, lookup: Lookup) -> Any:
 
 
 def load_object(spec: str) -> Any:
-    """Import ``module:Name`` or ``path/to/file.py:Name`` (dotted names reach attributes)."""
+    """Import what a ``module:Name`` or ``path/to/file.py:Name`` string names, as targets are named.
+
+    Args:
+        spec: ``module:Name`` or ``path/to/file.py:Name``; a dotted name reaches
+            attributes (``module:Class.method``).  A file is loaded once, however
+            often it is named.
+
+    Returns:
+        The object.
+
+    Raises:
+        ValueError: ``spec`` is not of that form, the module or file cannot be
+            imported, or it has no such attribute.
+
+    Examples:
+        >>> from plait.blueprint import load_object
+        >>> load_object("json:dumps")([1, 2])
+        '[1, 2]'
+    """
     where, sep, name = spec.rpartition(":")
     if not sep or not where or not name:
         raise CastError(f"{spec!r} is not of the form 'module:Name' or 'file.py:Name'")
@@ -615,6 +643,10 @@ def load_object(spec: str) -> Any:
     return value
 
 
+#: What the modules of files loaded by path are named with (`_load_file`).
+_FILE_MODULE_PREFIX = "_plait_blueprint_"
+
+
 def _load_file(location: str) -> types.ModuleType:
     path = pathlib.Path(location).expanduser().resolve()
     if not path.is_file():
@@ -624,7 +656,7 @@ def _load_file(location: str) -> types.ModuleType:
     # its hash stays the SHA-1 it has always been.
     digest = hex_digest(str(path), size=5, algorithm="sha1")
     stem = re.sub(r"\W", "_", path.stem)
-    name = f"_plait_blueprint_{stem}_{digest}"
+    name = f"{_FILE_MODULE_PREFIX}{stem}_{digest}"
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, path)
@@ -736,5 +768,19 @@ def object_text(value: Any, *, qualified: bool = False) -> str:
     if name is None:
         return repr(value)
     if qualified:
-        return f"{getattr(target, '__module__', '?')}:{name}"
+        return f"{_module_text(getattr(target, '__module__', '?'))}:{name}"
     return str(name)
+
+
+def _module_text(module_name: str) -> str:
+    """How a user names a module: a file loaded as ``file.py:Name`` by its path (relative
+    to the working directory when it is under it), not by the name `_load_file` gave it."""
+    module = sys.modules.get(module_name)
+    file = getattr(module, "__file__", None)
+    if not module_name.startswith(_FILE_MODULE_PREFIX) or not file:
+        return module_name
+    path = pathlib.Path(file)
+    try:
+        return str(path.relative_to(pathlib.Path.cwd()))
+    except ValueError:
+        return str(path)

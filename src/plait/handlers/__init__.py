@@ -68,7 +68,7 @@ from plait.effects import (
     current_stack,
 )
 
-if TYPE_CHECKING:  # what type checkers and the API reference see of the lazy catalogue
+if TYPE_CHECKING:  # what _CATALOGUE loads, for type checkers and the API reference
     from plait.handlers.budgeting import Budget, BudgetExceeded, budget
     from plait.handlers.caching import Cache, CacheError, cache
     from plait.handlers.calls import CallLog, CallRecord, log_calls

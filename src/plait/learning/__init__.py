@@ -1,12 +1,21 @@
-"""Learning: prompts as Parameters that improve from feedback (seeds 000, 001 and 002).
+"""Learning: prompts and demonstrations as `Parameter`s that improve from feedback.
 
-``TrainingStep(model, loss)`` in ``train()`` mode returns the loss as a `Value`;
-``await loss.backward()`` walks the recorded graph back into every learnable
-`Parameter`; an optimizer's ``await step()`` rewrites each parameter from the
-feedback it accumulated; ``snapshot(module)`` freezes every value so a step can
-be kept or rolled back.  `BootstrapFewShot` learns demonstrations
-(``LLMInference(..., demos=[])``) from the runs that passed instead of from feedback;
-`DemoSearch` searches many demonstration sets by successive halving on validation.
+A loss grades an output and says in words what to improve (a `Feedback`);
+``await value.backward()`` sends that text back through the recorded graph to
+every learnable `Parameter` that shaped the output; an optimizer's
+``await step()`` rewrites each parameter from the feedback it accumulated.
+`Trainer` runs that loop over minibatches and keeps an update only when the
+validation score improves.
+
+* Losses: `ExactMatch`, `Contains`, `FunctionLoss`, `VerifierLoss`, `MetricLoss`
+  (an evaluation metric written as DSPy writes them), `LLMJudge`, `RubricJudge`,
+  `CompositeLoss`; subclass `Loss` for your own.
+* Optimizers: `SFAOptimizer` and `TextGradOptimizer` rewrite prompts from
+  feedback; `BootstrapFewShot` learns demonstrations from the runs that passed;
+  `DemoSearch` searches many demonstration sets (and instructions) on validation.
+* State: `snapshot` freezes every value as a `ParameterState` so a step can be
+  kept or rolled back; `save_parameters` and `load_parameters` write and read the
+  ``parameters.json`` that ``plait train`` produces.
 """
 
 from plait.learning.backward import backward
@@ -19,6 +28,7 @@ from plait.learning.losses import (
     FunctionLoss,
     LLMJudge,
     Loss,
+    MetricLoss,
     RubricJudge,
     VerifierLoss,
     aggregate,
@@ -30,9 +40,17 @@ from plait.learning.optimizers import (
     TextGradOptimizer,
 )
 from plait.learning.search import DemoSearch
-from plait.learning.state import ParameterState, StructureLockedError, lock, merge, snapshot
+from plait.learning.state import (
+    ParameterState,
+    StructureLockedError,
+    load_parameters,
+    lock,
+    merge,
+    save_parameters,
+    snapshot,
+)
 from plait.learning.step import TrainingStep
-from plait.learning.trainer import Trainer, TrainingEvent
+from plait.learning.trainer import Trainer, TrainerError, TrainingEvent, TrainingHistory
 
 __all__ = [
     "BootstrapFewShot",
@@ -44,6 +62,7 @@ __all__ = [
     "FunctionLoss",
     "LLMJudge",
     "Loss",
+    "MetricLoss",
     "Optimizer",
     "OptimizerStepError",
     "ParameterState",
@@ -52,12 +71,16 @@ __all__ = [
     "StructureLockedError",
     "TextGradOptimizer",
     "Trainer",
+    "TrainerError",
     "TrainingEvent",
+    "TrainingHistory",
     "TrainingStep",
     "VerifierLoss",
     "aggregate",
     "backward",
+    "load_parameters",
     "lock",
     "merge",
+    "save_parameters",
     "snapshot",
 ]

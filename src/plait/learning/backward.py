@@ -77,10 +77,23 @@ class Received:
 
 
 async def backward(value: Value, feedback: Any = None) -> None:
-    """Send ``feedback`` (default: the value's own, e.g. a loss's Feedback) upstream.
+    """Send feedback from an output back to every learnable `Parameter` that shaped it.
 
-    ``value`` must come from a module in ``train()`` mode; every learnable
-    Parameter that shaped it accumulates feedback for the optimizer.
+    What ``await value.backward()`` does.  The walk goes through the recorded
+    graph in reverse; each module's ``backward`` decides what its inputs and
+    parameters hear (a module's own ``backward`` may make LLM calls).  Each
+    parameter reached accumulates the text for the optimizer's next ``step()``;
+    a frozen parameter ignores it.
+
+    Args:
+        value: An output of a module called in ``train()`` mode (typically a
+            `TrainingStep`'s loss).
+        feedback: What to send: a `Feedback`, or text (default: the value's
+            own, a loss's `Feedback`).
+
+    Raises:
+        RuntimeError: ``value`` has no record of how it was computed (its module
+            was not in ``train()`` mode), or is the error of a failed call.
     """
     receive(await collect_feedback(value, feedback))
 

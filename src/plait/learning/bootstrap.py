@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import enum
 import random
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ from plait.demos import is_pool, normalize_demos
 from plait.effects import Message
 from plait.handlers.calls import CallLog, CallRecord
 from plait.inference import LLMInference
+from plait.labels import label_choices
 from plait.module import Module
 from plait.parameter import Parameter
 from plait.values import Value
@@ -197,25 +199,80 @@ def trace_from_rows(rows: dict[str, Any], model: Module, example: Example, score
 
 
 class BootstrapFewShot:
-    """Sets each `LLMInference`'s demonstrations from runs that passed (see the module doc).
+    """Learns demonstrations from the runs that passed, for models that learn best by example.
 
-    ``params``: the pipeline's parameters (``model.parameters()``); the optimizer
-    holds those that are demonstrations and refuses a set without any.
-    ``max_demos``: pairs per stage.  ``threshold``: the loss score a run needs to
-    count as passed.  ``candidates``: demonstration sets tried per step (scored on
-    validation when there is one).  ``teacher``: a module of the same structure
-    whose runs supply the traces; ``teacher_alias``: run a copy of the pipeline
-    with every call on this alias instead (a stronger model).  Without either,
-    the Trainer's own minibatch runs are used.  ``seed`` fixes the sampling.
-    ``stage_targets`` gives inner stages labelled pairs too: a stage's module path
-    (``"extract"``) -> a function of an example's target returning what that stage
-    should answer (``lambda target: target.split()[1]``); each run then pairs the
-    stage's recorded input with it, as the last stage's input is paired with the
-    target itself.
+    It sets the demonstrations of every `LLMInference` built with ``demos=[]``
+    (or ``demos=knn_demos(...)``): from each run whose loss passed it takes the
+    input and output *each stage* saw, so every stage of a multi-stage pipeline
+    gets its own.  While no run has passed yet it falls back to labelled pairs
+    (the last stage's input with the example's target).  Each step it proposes
+    ``candidates`` sets, scores them on validation when there is one, and
+    installs the best; the `Trainer`'s gate then keeps it only if validation
+    improves.  Give the `Trainer` a list, ``[BootstrapFewShot(...),
+    SFAOptimizer(...)]``, to rewrite the instructions in the same run.
+
+    Args:
+        params: The pipeline's parameters (``model.parameters()``); the optimizer
+            holds those that are demonstrations.
+        max_demos: Pairs per stage in a demonstration set.
+        threshold: The loss score a run needs to count as passed.
+        candidates: Demonstration sets tried per step.
+        teacher: A module of the same structure whose runs supply the pairs.
+        teacher_alias: Run a copy of the pipeline with every call on this alias
+            instead (a stronger model).  Without a teacher, the Trainer's own
+            minibatch runs are used.
+        seed: Fixes the sampling of the sets.
+        stage_targets: Labelled pairs for inner stages too: a stage's module path
+            (``"extract"``) -> a function of an example's target returning what
+            that stage should answer (``lambda target: target.split()[1]``).
+
+    Raises:
+        TypeError: ``params`` is a module (pass ``module.parameters()``),
+            ``teacher`` is not a `Module`, or a ``stage_targets`` value is not a
+            function.
+        ValueError: No parameter is a demonstration, ``max_demos`` or
+            ``candidates`` is not a positive integer, both ``teacher`` and
+            ``teacher_alias`` are given, or ``stage_targets`` names no stage.
+
+    Examples:
+        ```python
+        import plait
+        from plait.handlers import mock
+        from plait.learning import BootstrapFewShot, ExactMatch, Trainer
+        from plait.providers import LLMRequest
+
+
+        class Triage(plait.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.classify = plait.LLMInference(
+                    "fast", "Is the message about billing or shipping?", demos=[]
+                )
+
+            def forward(self, message: str) -> str:
+                return self.classify(message)
+
+
+        def model(request: LLMRequest) -> str:
+            # A stand-in model that answers as the last demonstration it was shown.
+            answers = [m["content"] for m in request.messages if m["role"] == "assistant"]
+            return answers[-1] if answers else "unsure"
+
+
+        train = [("I was charged twice.", "billing"), ("My parcel is late.", "shipping")]
+        val = [("Where is my parcel?", "shipping")]
+        pipeline = Triage()
+        optimizer = BootstrapFewShot(pipeline.parameters(), max_demos=2)
+        trainer = Trainer(pipeline, ExactMatch(), optimizer, train, val)
+        with mock({"fast": model}):
+            history = trainer.fit_sync()
+        print(history.initial_val_score, "->", history.best_val_score)
+        print(pipeline.classify.demos.value)
+        ```
     """
 
-    #: The Trainer skips the backward pass when no optimizer of a step needs feedback.
     needs_feedback = False
+    """The Trainer skips the backward pass when no optimizer of a step needs feedback."""
 
     def __init__(
         self,
@@ -265,21 +322,29 @@ class BootstrapFewShot:
         self.teacher_alias = teacher_alias
         self.seed = seed
         self.steps = 0
-        #: Per stage (module path): bootstrapped pairs, input -> output, oldest first.
         self.passed: dict[str, dict[str, Any]] = {}
-        #: Per stage: labelled pairs (the stage's input -> the example's target).
+        """Per stage (module path): bootstrapped pairs, input -> output, oldest first."""
         self.labelled: dict[str, dict[str, Any]] = {}
-        #: The validation score of each candidate tried at the last step.
+        """Per stage: labelled pairs (the stage's input -> the example's target)."""
         self.candidate_scores: list[float] = []
+        """The validation score of each candidate tried at the last step."""
         self.rejected: list[Any] = []
         self._evaluate: Callable[[], Awaitable[float]] | None = None
 
     # -- the Trainer's protocol ------------------------------------------------------
     def zero_feedback(self) -> None:
-        """Nothing to clear: demonstrations are learned from traces, not feedback."""
+        """Nothing to clear: demonstrations are learned from runs, not feedback."""
 
     async def observe(self, batch: TrainingBatch) -> None:
-        """File the stages' pairs of the batch's runs that passed (see the module doc)."""
+        """Gather the stages' pairs from the minibatch's runs, before the step.
+
+        The `Trainer` calls it with each minibatch.  Runs that passed give each
+        stage's (input, output) pair; every run with a target gives labelled pairs.
+
+        Args:
+            batch: The minibatch, its runs (or None, to run them here, on the
+                teacher when there is one) and the validation scorer.
+        """
         self._evaluate = batch.evaluate
         passed, labelled = await self._gather(batch)
         for mine, gathered in ((self.passed, passed), (self.labelled, labelled)):
@@ -287,15 +352,21 @@ class BootstrapFewShot:
                 mine.setdefault(path, {}).update(pairs)
 
     async def refit(self, batch: TrainingBatch) -> dict[str, Any]:
-        """Grow every pool chosen from per input (`knn_demos`) by the pairs of
-        ``batch``'s runs, gathered as training gathers them; fixed lists stay as
-        validation chose them.  New values by name.
+        """Grow every demonstration pool by the pairs of ``batch``, once training has ended.
 
-        The `Trainer` calls this once training has ended, with every training and
-        validation example (``Trainer(refit=True)``), so the final pipeline draws on
-        every labelled example it was given.  The pairs are not filed with the ones
-        training gathered: a run continued afterwards must never propose candidates
-        built from the examples that judge them.
+        The `Trainer` calls this with every training and validation example
+        (``Trainer(refit=True)``), so the final pipeline picks its demonstrations
+        among every labelled example it was given.  Only pools chosen from per
+        input (`knn_demos`) grow; fixed lists stay as validation chose them.  The
+        pairs are not filed with the ones training gathered: a run continued
+        afterwards must never propose candidates built from the examples that
+        judge them.
+
+        Args:
+            batch: The examples to run and take pairs from.
+
+        Returns:
+            The grown pools, by qualified parameter name.
         """
         passed, labelled = await self._gather(batch)
         stages = {path: param for param, path in self._paths().items()}
@@ -353,7 +424,14 @@ class BootstrapFewShot:
         return passed, labelled
 
     async def step(self) -> dict[str, Any]:
-        """Install the best of ``candidates`` demonstration sets; new values by name."""
+        """Install the best of ``candidates`` demonstration sets.
+
+        With a validation set each candidate is scored on it and the best one
+        installed; without one, the first.
+
+        Returns:
+            The new values, by qualified parameter name (empty when nothing changed).
+        """
         rng = random.Random(f"{self.seed}:{self.steps}")
         stages = {path: param for param, path in self._paths().items()}
         sets = [self._candidate(stages, rng) for _ in range(self.candidates)]
@@ -446,6 +524,11 @@ class BootstrapFewShot:
 
     # -- persistence ---------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
+        """The optimizer's own state, for a checkpoint.
+
+        Returns:
+            JSON-ready data: its type, step count and the pairs gathered so far.
+        """
         return {
             "type": type(self).__name__,
             "steps": self.steps,
@@ -454,6 +537,14 @@ class BootstrapFewShot:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what `state_dict` returned, to resume a run.
+
+        Args:
+            state: The saved state.
+
+        Raises:
+            ValueError: ``state`` comes from another type of optimizer.
+        """
         kind = state.get("type")
         if kind != type(self).__name__:
             raise ValueError(f"state_dict of a {kind} cannot be loaded into {type(self).__name__}")
@@ -500,7 +591,13 @@ def _path(call: CallRecord) -> str:
 
 
 def _output_of(call: CallRecord) -> Any:
-    """A call's reply as a demonstration shows it: the text the assistant wrote."""
+    """A call's reply as a demonstration shows it: the text the assistant wrote, or for
+    a call that answers with labels the label itself, as a labelled pair shows it (an
+    endpoint with structured outputs writes ``{"value": "billing"}``)."""
+    module = call.module
+    if isinstance(module, LLMInference) and label_choices(module.response_format) is not None:
+        payload = call.payload
+        return payload.value if isinstance(payload, enum.Enum) else payload
     return call.text
 
 

@@ -24,7 +24,11 @@ __all__ = [
 
 
 class TrainerError(Exception):
-    """Training cannot start or continue; the message says what to change."""
+    """Training cannot start or continue; the message says what to change.
+
+    Raised for bad data (an empty set, a record with no input), an alias the
+    resources lack, a checkpoint of another run, and a loss that returns no score.
+    """
 
 
 class TrainingCallFailed(TrainerError):

@@ -1,10 +1,9 @@
 """What a loss says about one output: a score to track and text to learn from.
 
-Seed 000's losses return a `Value`; plait's carry a `Feedback` payload so the
-trainer can average scores while `backward()` sends the text upstream.  The
-text should name what went wrong ("the answer omits the date"), because every
-parameter that shaped the output receives it and an optimizer rewrites prompts
-from it.
+A loss's result carries a `Feedback` so the trainer can average scores while
+`backward()` sends the text upstream.  The text should name what went wrong
+("the answer omits the date"), because every parameter that shaped the output
+receives it and an optimizer rewrites prompts from it.
 """
 
 from __future__ import annotations
@@ -19,7 +18,26 @@ __all__ = ["Feedback", "feedback_text"]
 
 @dataclass(slots=True)
 class Feedback:
-    """``score`` in [0, 1], higher is better; ``text`` is what to improve."""
+    """What a loss says about one output: a score to track and a text to learn from.
+
+    The trainer averages the scores; the backward pass sends the text to every
+    parameter that shaped the output, and an optimizer rewrites prompts from it,
+    so the text should name what went wrong ("the answer omits the date").
+
+    Args:
+        score: In [0, 1], higher is better.
+        text: What to improve (or what was right).
+        details: Anything else the loss keeps for reports (a judge's raw score,
+            the strings that were missing); not sent upstream.
+
+    Raises:
+        ValueError: ``score`` lies outside [0, 1].
+
+    Examples:
+        >>> from plait.learning import Feedback
+        >>> print(Feedback(0.5, "the answer omits the date"))
+        score 0.50: the answer omits the date
+    """
 
     score: float
     text: str

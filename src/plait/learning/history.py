@@ -73,12 +73,34 @@ class Trial:
     search: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
+        """The trial as plain data, as the history stores it.
+
+        Returns:
+            Its fields, by name.
+        """
         return asdict(self)
 
 
 @dataclass(slots=True)
 class TrainingHistory:
-    """Every step's scores, and how the run ended; saved as JSON, plotted to PNG."""
+    """What a training run did: every step's scores and decisions, and how the run ended.
+
+    `Trainer.fit` returns it and saves it beside its checkpoint as
+    ``history.json`` after every step, so a run can be inspected while it goes;
+    ``plait train`` prints it and `plot` draws it.
+
+    Args:
+        initial_val_score: The validation score before any update.
+        best_val_score: The best validation score so far: that of the values the
+            pipeline holds.
+        steps: One `StepRecord` per optimizer step.
+        initial_test_score: The held-out test score before training.
+        final_test_score: The held-out test score with the final values.
+        stopped: "" while running; then ``"completed"``, ``"early_stopping"`` or
+            ``"max_steps"``.
+        refit: What ``Trainer(refit=True)`` did once training had ended: the
+            examples it ran and, per pool it grew, its size before and after.
+    """
 
     initial_val_score: float | None = None
     best_val_score: float | None = None
@@ -100,6 +122,11 @@ class TrainingHistory:
         return self.best_val_score
 
     def to_json(self) -> dict[str, Any]:
+        """The history as plain data, as ``history.json`` holds it.
+
+        Returns:
+            JSON-ready data; `from_json` reads it back.
+        """
         return {
             "initial_val_score": self.initial_val_score,
             "best_val_score": self.best_val_score,
@@ -112,6 +139,14 @@ class TrainingHistory:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> TrainingHistory:
+        """Read what `to_json` wrote (``json.load`` of a ``history.json``).
+
+        Args:
+            data: The history as plain data.
+
+        Returns:
+            The history.
+        """
         return cls(
             initial_val_score=data.get("initial_val_score"),
             best_val_score=data.get("best_val_score"),
@@ -123,7 +158,19 @@ class TrainingHistory:
         )
 
     def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write the history as JSON (atomically: a reader never sees half a file)."""
+        """Write the history as JSON, atomically: a reader never sees half a file.
+
+        Credentials that appear in quoted model text are scrubbed.
+
+        Args:
+            path: Where to write.
+
+        Returns:
+            The path written.
+
+        Raises:
+            ValueError: A score is not finite (JSON cannot hold it).
+        """
         target = Path(path)
         # Rejections and tried values quote model text: no credential is written with them.
         # allow_nan=False: a NaN would be written as a bare token no strict parser reads.
@@ -132,5 +179,12 @@ class TrainingHistory:
         return target
 
     def plot(self, path: str | os.PathLike[str]) -> Path:
-        """Draw the curves to a PNG; see `plot_history`."""
+        """Draw the validation and minibatch scores to a PNG (needs matplotlib).
+
+        Args:
+            path: Where to write the image.
+
+        Returns:
+            The path written.
+        """
         return plot_history(self, path)

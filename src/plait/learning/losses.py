@@ -1,6 +1,6 @@
 """Losses: modules that grade an output and say, in words, what to improve.
 
-Seed 000 trains prompts from textual feedback, so a loss here is a `Module` whose
+plait trains prompts from textual feedback, so a loss here is a `Module` whose
 ``forward(output, target=None)`` returns a `Feedback`: a score in [0, 1] the
 trainer can average, and a text naming what went wrong, which ``backward()``
 sends upstream to every parameter that shaped the output.
@@ -87,10 +87,20 @@ def _render(obj: Any) -> str:
 
 
 def as_feedback(obj: Any) -> Feedback:
-    """The `Feedback` in ``obj``: a Feedback, or a `Value` (as train mode returns) holding one.
+    """The `Feedback` in ``obj``, so code can read a loss's result however it came back.
 
-    Raises ValueError for a failed call's error Value, TypeError for anything else,
-    so a trainer averaging a minibatch fails on the item at fault, not later.
+    A trainer averaging a minibatch fails here on the item at fault, not later.
+
+    Args:
+        obj: A `Feedback`, or a `Value` holding one (what a loss returns in
+            ``train()`` mode).
+
+    Returns:
+        The feedback itself.
+
+    Raises:
+        ValueError: ``obj`` is the error `Value` of a failed call.
+        TypeError: ``obj`` holds anything but a `Feedback`.
     """
     if isinstance(obj, Value) and obj.kind is ValueKind.ERROR:
         raise ValueError(
@@ -142,17 +152,44 @@ def _fmt(x: float) -> str:
 
 # -- the base class --------------------------------------------------------------------
 class Loss(Module):
-    """Base class of losses: subclass it and implement ``forward(output, target=None)``.
+    """Base class of losses: a module that grades an output and says what to improve.
 
-    ``forward`` returns a `Feedback`; make it ``async def`` when it calls an LLM or
-    other modules (``await self.judge(prompt)``).  Subclassing `Loss` rather than
-    `Module` gives the backward pass its rule for losses: the feedback text goes
-    to the graded output and nothing goes to the target, which is data, not
-    something training should change.
+    Subclass it and implement ``forward(output, target=None)`` returning a
+    `Feedback`; make it ``async def`` when it calls an LLM or other modules
+    (``await self.judge(prompt)``).  Subclassing `Loss` rather than `Module` gives
+    the backward pass its rule for losses: the feedback text goes to the graded
+    output and nothing goes to the target, which is data, not something training
+    should change.
+
+    Examples:
+        ```python
+        from plait.learning import Feedback, Loss
+
+
+        class ShortAnswer(Loss):
+            # Full marks for an answer of at most five words.
+            def forward(self, output: str, target: str | None = None) -> Feedback:
+                words = len(output.split())
+                if words <= 5:
+                    return Feedback(1.0, "the answer is short enough")
+                return Feedback(0.0, f"the answer has {words} words; use at most five")
+
+
+        print(ShortAnswer()("The meeting is on Monday at ten in room four."))
+        ```
     """
 
     def backward(self, feedback: Value, ctx: BackwardContext) -> BackwardResult:
-        """Send the feedback text to the ``output`` input (or the first input, if renamed)."""
+        """Send the feedback text to the graded output, and nothing to the target.
+
+        Args:
+            feedback: The loss's output: its `Feedback`, or a `Value` holding it.
+            ctx: The loss call's inputs, as the backward pass recorded them.
+
+        Returns:
+            The feedback text for the ``output`` input (or for the first input,
+                when the loss names it differently).
+        """
         name = "output"
         if ctx.inputs and name not in ctx.inputs:
             name = next(iter(ctx.inputs))
@@ -175,15 +212,31 @@ def _takes_target(fn: Callable[..., Any]) -> bool:
 
 
 class FunctionLoss(Loss):
-    """A loss from a plain function ``fn(output, target)`` returning a score and why.
+    """A loss from a plain function, for checks code can decide.
 
-    ``fn`` returns a `Feedback`, a float in [0, 1], a bool, or ``(score, text)``.
+    Use it for valid JSON, length limits, a unit test on generated code.  The
+    function returns a `Feedback`, a float in [0, 1], a bool, or
+    ``(score, text)``.  A bool becomes 1.0 or 0.0 with a default text; a bare
+    float gets a text naming the function and its score, so prefer returning
+    ``(score, "what is wrong")``: the text is all an optimizer learns from.
 
-    Use it for checks code can decide (valid JSON, length limits, a unit test on
-    generated code).  A bool becomes 1.0 or 0.0 with a default text; a bare float
-    gets a text naming the function and its score, so prefer returning
-    ``(score, "what is wrong")``: the text is all an optimizer learns from.  A
-    function taking one argument is called with the output alone.
+    Args:
+        fn: ``fn(output, target)``, or ``fn(output)`` for a function of one
+            argument (it is then called with the output alone).  Synchronous.
+        name: How feedback texts name the check (default: the function's name).
+
+    Raises:
+        TypeError: ``fn`` is not callable, or is an ``async`` function (subclass
+            `Loss` with ``async def forward`` for that).
+
+    Examples:
+        >>> from plait.learning import FunctionLoss
+        >>> def brief(output: str) -> tuple[float, str]:
+        ...     if len(output) <= 20:
+        ...         return 1.0, "brief enough"
+        ...     return 0.0, "keep the answer under 20 characters"
+        >>> print(FunctionLoss(brief)("An answer that goes on and on."))
+        score 0.00: keep the answer under 20 characters
     """
 
     def __init__(self, fn: Callable[..., Any], name: str | None = None) -> None:
@@ -200,6 +253,21 @@ class FunctionLoss(Loss):
         self._pass_target = _takes_target(fn)
 
     def forward(self, output: Any, target: Any = None) -> Feedback:
+        """Score ``output`` with the function.
+
+        Args:
+            output: The pipeline's output.
+            target: The expected answer; passed on when the function takes two
+                arguments.
+
+        Returns:
+            The function's verdict as a `Feedback`.
+
+        Raises:
+            TypeError: The function returned something other than a Feedback, a
+                number, a bool or a ``(score, text)`` pair.
+            ValueError: The function's score lies outside [0, 1].
+        """
         result = self.fn(output, target) if self._pass_target else self.fn(output)
         return self._to_feedback(result)
 
@@ -233,6 +301,11 @@ class FunctionLoss(Loss):
         return value
 
     def extra_repr(self) -> str:
+        """What the module's repr shows inside its parentheses.
+
+        Returns:
+            The check's name.
+        """
         return self.name
 
 
@@ -257,21 +330,42 @@ class MetricExample(dict[str, Any]):
 class MetricLoss(Loss):
     """A loss from an evaluation metric, ``metric(example, prediction)``, as DSPy writes them.
 
-    ``example`` is a `MetricExample`: the example's input (under ``input_field``;
-    several fields passed by name, or a record passed whole, keep their own names)
-    and its target (under ``target_field``, when it has one); ``prediction`` is what
-    the pipeline returned.  A metric with a third parameter (DSPy's ``trace``) is
+    So a metric you already have scores plait's pipelines unchanged.  ``example``
+    is a `MetricExample`: the example's input (under ``input_field``; several
+    fields passed by name, or a record passed whole, keep their own names) and its
+    target (under ``target_field``, when it has one); ``prediction`` is what the
+    pipeline returned.  A metric with a third parameter (DSPy's ``trace``) is
     given None for it.  It returns a bool (1.0 or 0.0), a number in [0, 1], a
     ``(score, text)`` pair or a `Feedback`; the score is the example's.
 
     A metric that raises, or returns anything else, raises `MetricError` naming it:
     that example fails (``plait eval`` reports it as an error row) while the others
-    are scored.  A metric that cannot be called so is a TypeError at construction,
-    before anything runs.
+    are scored.
+
+    Args:
+        metric: A synchronous function ``metric(example, prediction)`` or
+            ``metric(example, prediction, trace=None)``.
+        name: How feedback texts name the metric (default: the function's name).
+        target_field: The name the example's target has in ``example``.
+        input_field: The name a single input has in ``example`` (None: a record
+            given whole keeps its own field names).
+
+    Raises:
+        TypeError: ``metric`` is a class, not callable, ``async``, or takes
+            arguments a metric is not given; raised at construction, before
+            anything runs.
+
+    Examples:
+        >>> from plait.learning import MetricLoss
+        >>> def answer_match(example, prediction, trace=None):
+        ...     return example.answer.lower() == prediction.lower()
+        >>> metric = MetricLoss(answer_match, target_field="answer", input_field="question")
+        >>> metric("Paris", "paris", "What is the capital of France?").score
+        1.0
     """
 
-    #: `TrainingStep` passes the example's input too (`loss_call`).
     reads_input: ClassVar[bool] = True
+    """`TrainingStep` passes the example's input too (`loss_call`)."""
 
     def __init__(
         self,
@@ -288,6 +382,19 @@ class MetricLoss(Loss):
         self.input_field = input_field
 
     def forward(self, output: Any, target: Any = None, input: Any = None) -> Feedback:
+        """Score one example's output with the metric.
+
+        Args:
+            output: What the pipeline returned (the metric's ``prediction``).
+            target: The example's target, put in ``example`` under ``target_field``.
+            input: The example's input, put in ``example`` under ``input_field``.
+
+        Returns:
+            The metric's score and a text naming it, or the metric's own text.
+
+        Raises:
+            MetricError: The metric raised, or returned something that is no score.
+        """
         example = MetricExample(self._input_fields(_payload(input)))
         target = _payload(target)
         if target is not None:
@@ -324,6 +431,11 @@ class MetricLoss(Loss):
         return Feedback(score, text)
 
     def extra_repr(self) -> str:
+        """What the module's repr shows inside its parentheses.
+
+        Returns:
+            The metric's name.
+        """
         return self.name
 
 
@@ -364,13 +476,35 @@ def _metric_arity(metric: Any, name: str) -> int:
 
 
 class VerifierLoss(FunctionLoss):
-    """A pass/fail loss from a checker ``fn(output, target) -> bool | (bool, reason)``.
+    """A pass/fail loss from a checker, for tasks whose answer can be verified.
 
-    Use it for verifiable tasks (the answer parses, the code compiles, the number
-    matches).  ``failure_text`` says what a failed check means ("the reply is not
-    valid JSON"); a reason returned by the checker takes precedence, because it
-    can name the particular problem.  Anything but a bool is a TypeError: a
-    verifier that starts returning scores should be a `FunctionLoss`.
+    Use it when the answer parses, the code compiles or the number matches, or
+    does not.  The checker returns a bool or ``(bool, reason)``; a reason takes
+    precedence over ``failure_text``, because it can name the particular
+    problem.  Anything but a bool is a TypeError when the loss runs: a verifier
+    that starts returning scores should be a `FunctionLoss`.
+
+    Args:
+        fn: ``fn(output, target)``, or ``fn(output)``, returning a bool or a
+            ``(bool, reason)`` pair.
+        failure_text: What a failed check means ("the reply is not valid JSON"),
+            for a checker that gives no reason.
+        name: How feedback texts name the check (default: the function's name).
+
+    Raises:
+        TypeError: ``fn`` is not callable, or is an ``async`` function.
+
+    Examples:
+        >>> import json
+        >>> from plait.learning import VerifierLoss
+        >>> def parses(output: str) -> bool:
+        ...     try:
+        ...         json.loads(output)
+        ...     except ValueError:
+        ...         return False
+        ...     return True
+        >>> print(VerifierLoss(parses, failure_text="the reply is not valid JSON")("{oops"))
+        score 0.00: the reply is not valid JSON
     """
 
     def __init__(
@@ -423,22 +557,42 @@ def _fold(text: str, normalize: bool) -> str:
 
 
 def exact_text(obj: Any, normalize: bool = True) -> str:
-    """The text `ExactMatch` compares for ``obj`` (an output or a target).
+    """The text `ExactMatch` compares for ``obj``, so other counts agree with the loss.
 
-    Kept here, next to the loss, so that anything counting matches (the confusion
-    table of ``plait eval``) counts exactly what the loss scores.
+    Kept next to the loss, so that anything counting matches (the confusion table
+    of ``plait eval``) counts exactly what the loss scores.
+
+    Args:
+        obj: An output or a target (an Enum counts as its value; structures as JSON).
+        normalize: Trim, lower-case and collapse runs of whitespace, as
+            ``ExactMatch(normalize=True)`` does.
+
+    Returns:
+        The text compared.
+
+    Raises:
+        TypeError: ``obj`` is code (a function, a class) rather than text or data.
     """
     return _fold(_match_text(obj), normalize)
 
 
 class ExactMatch(Loss):
-    """Score 1.0 when the output equals the target, else 0.0.
+    """Score 1.0 when the output equals the target, else 0.0: for answers with one right form.
 
-    Use it for short answers with one right form (a label, a number, a name).
-    With ``normalize`` (the default) both sides are trimmed, lower-cased and have
-    runs of whitespace collapsed first, so formatting noise is not punished.  An
-    Enum counts as its value (`exact_text` is the text compared).
-    The failure text quotes both, so an optimizer sees the gap.
+    Use it for a label, a number, a name.  An Enum counts as its value
+    (`exact_text` is the text compared).  The failure text quotes both sides, so
+    an optimizer sees the gap.
+
+    Args:
+        normalize: Trim, lower-case and collapse runs of whitespace on both sides
+            first, so formatting noise is not punished.
+
+    Examples:
+        >>> from plait.learning import ExactMatch
+        >>> print(ExactMatch()("  Paris ", "paris"))
+        score 1.00: the output matches the expected answer
+        >>> ExactMatch()("Lyon", "Paris").score
+        0.0
     """
 
     def __init__(self, normalize: bool = True) -> None:
@@ -446,6 +600,18 @@ class ExactMatch(Loss):
         self.normalize = normalize
 
     def forward(self, output: Any, target: Any = None) -> Feedback:
+        """Compare ``output`` with ``target``.
+
+        Args:
+            output: The pipeline's output.
+            target: The expected answer.
+
+        Returns:
+            1.0 with a short text on a match; else 0.0 with a text quoting both sides.
+
+        Raises:
+            ValueError: ``target`` is None.
+        """
         _need_target(self, target)
         expected = _match_text(target)
         actual = _match_text(output)
@@ -459,6 +625,11 @@ class ExactMatch(Loss):
         )
 
     def extra_repr(self) -> str:
+        """What the module's repr shows inside its parentheses.
+
+        Returns:
+            The ``normalize`` setting.
+        """
         return f"normalize={self.normalize}"
 
 
@@ -466,8 +637,16 @@ class Contains(Loss):
     """Score the fraction of required strings the output contains.
 
     Use it when an answer must mention something (a fact, a keyword, a citation)
-    but may say more.  ``target`` is one string or a list of them; the failure
+    but may say more.  The target is one string or a list of them; the failure
     text names each missing one and quotes the output.
+
+    Args:
+        case_sensitive: Match case exactly (by default case is ignored).
+
+    Examples:
+        >>> from plait.learning import Contains
+        >>> print(Contains()("Monday at 10.", ["monday", "10", "room"]))
+        score 0.67: the output does not contain "room"; the output was "Monday at 10."
     """
 
     def __init__(self, case_sensitive: bool = False) -> None:
@@ -475,6 +654,18 @@ class Contains(Loss):
         self.case_sensitive = case_sensitive
 
     def forward(self, output: Any, target: Any = None) -> Feedback:
+        """Check ``output`` for each required string.
+
+        Args:
+            output: The pipeline's output.
+            target: The required string, or a list of them.
+
+        Returns:
+            The fraction found, with a text naming the missing ones.
+
+        Raises:
+            ValueError: ``target`` is None or an empty list.
+        """
         raw = _payload(target)
         if isinstance(raw, list | tuple):
             if not raw:
@@ -500,6 +691,11 @@ class Contains(Loss):
         )
 
     def extra_repr(self) -> str:
+        """What the module's repr shows inside its parentheses.
+
+        Returns:
+            The ``case_sensitive`` setting.
+        """
         return f"case_sensitive={self.case_sensitive}"
 
 
@@ -522,14 +718,40 @@ def _criteria_list(criteria: str | Sequence[str]) -> list[str]:
 
 
 class LLMJudge(Loss):
-    """An LLM grades the output against criteria (and the target, as a reference, if given).
+    """An LLM grades the output against criteria, for quality no function can decide.
 
-    Use it when quality is a matter of judgement (helpfulness, tone, faithfulness)
-    and no function can decide it.  One call with a typed reply: feedback first,
-    so the model reasons before it scores, then a score on ``scale`` (default 1
-    to 10, which models use more consistently than fractions), normalized to
-    [0, 1].  The judge's prompt is fixed, not a learnable parameter: training
-    should improve the pipeline, not the grader.
+    Use it when quality is a matter of judgement (helpfulness, tone,
+    faithfulness).  One call with a typed reply: feedback first, so the model
+    reasons before it scores, then a score on ``scale``, normalized to [0, 1].
+    The target, when given, is shown as a reference answer.  The judge's prompt
+    is fixed, not a learnable parameter: training should improve the pipeline,
+    not the grader.  Its call goes through plait's runtime, so limits, caches,
+    budgets and mocks apply to it as to the pipeline it grades.
+
+    Args:
+        alias: The resource alias the judge's calls go to.
+        criteria: What a good output does: one criterion or a list of them.
+        scale: The judge's score range ``(low, high)``; 1 to 10 by default, which
+            models use more consistently than fractions.
+        temperature: The judge call's temperature.
+        max_tokens: The judge call's reply limit (None: the endpoint's default).
+        system_prompt: The judge's instructions (a strict, fair grader by default).
+
+    Raises:
+        ValueError: ``criteria`` is empty or holds an empty string, or ``scale``
+            is not a pair ``(low, high)`` with ``low < high``.
+
+    Examples:
+        ```python
+        from plait import EndpointConfig, ResourceConfig
+        from plait.learning import LLMJudge
+
+        endpoint = EndpointConfig(model="gpt-4o-mini", api_key_env="OPENAI_API_KEY")
+        resources = ResourceConfig({"judge": endpoint})
+        judge = LLMJudge("judge", criteria="names the day of the meeting").bind(resources=resources)
+        feedback = judge.run_sync("The meeting is on Monday.")
+        print(feedback.score, feedback.text)
+        ```
     """
 
     _reply_types: ClassVar[dict[tuple[float, float], type[BaseModel]]] = {}
@@ -575,7 +797,15 @@ class LLMJudge(Loss):
         return found
 
     def prompt(self, output: Any, target: Any = None) -> str:
-        """The judge's user message (a method so a subclass can reword it)."""
+        """The judge's user message; a method so that a subclass can reword it.
+
+        Args:
+            output: The output to grade.
+            target: A reference answer to show the judge, or None.
+
+        Returns:
+            The message: the criteria, the reference (if any), the output and the scale.
+        """
         low, high = self.scale
         lines = ["Grade the output against these criteria:"]
         lines += [f"- {c}" for c in self.criteria]
@@ -596,6 +826,16 @@ class LLMJudge(Loss):
         return "\n".join(lines)
 
     async def forward(self, output: Any, target: Any = None) -> Feedback:
+        """Ask the judge to grade ``output``.
+
+        Args:
+            output: The output to grade.
+            target: A reference answer, or None.
+
+        Returns:
+            The normalized score and the judge's feedback; ``details`` holds the
+                raw score, the scale and the criteria.
+        """
         reply = await self.judge(self.prompt(output, target))
         raw = float(_field(reply, "score"))
         text = str(_field(reply, "feedback")).strip() or "the judge gave no feedback"
@@ -606,6 +846,11 @@ class LLMJudge(Loss):
         )
 
     def extra_repr(self) -> str:
+        """What the module's repr shows inside its parentheses.
+
+        Returns:
+            The criteria and the scale.
+        """
         return f"criteria={self.criteria!r}, scale={self.scale}"
 
 
@@ -629,17 +874,45 @@ def _rubric_items(rubric: Any) -> list[tuple[str, str]]:
 
 
 class RubricJudge(Loss):
-    """An LLM scores the output on each criterion of a rubric, in one structured call.
+    """An LLM scores the output on each criterion of a rubric, to show which part fails.
 
     Use it when quality has several separable parts (accuracy, completeness,
-    clarity) and you want to see which one fails.  The reply holds a feedback and
-    a score (on ``scale``, default 1 to 5) per criterion; the loss's score is the
-    mean of the normalized scores, ``details["criteria"]`` keeps each one, and the
-    text leads with the weakest criteria so an optimizer fixes those first.
+    clarity).  One structured call: the reply holds a feedback and a score per
+    criterion; the loss's score is the mean of the normalized scores,
+    ``details["criteria"]`` keeps each one, and the text leads with the weakest
+    criteria so an optimizer fixes those first.
+
+    Args:
+        alias: The resource alias the judge's calls go to.
+        rubric: ``{criterion: description}``, or a list of ``(criterion,
+            description)`` pairs.
+        scale: The score range ``(low, high)`` of each criterion (1 to 5 by default).
+        temperature: The judge call's temperature.
+        max_tokens: The judge call's reply limit (None: the endpoint's default).
+        system_prompt: The judge's instructions (a strict, fair grader by default).
+
+    Raises:
+        ValueError: The rubric is empty, repeats a criterion or holds an empty
+            string, or ``scale`` is not a pair ``(low, high)`` with ``low < high``.
+
+    Examples:
+        ```python
+        from plait import EndpointConfig, ResourceConfig
+        from plait.learning import RubricJudge
+
+        endpoint = EndpointConfig(model="gpt-4o-mini", api_key_env="OPENAI_API_KEY")
+        resources = ResourceConfig({"judge": endpoint})
+        judge = RubricJudge(
+            "judge",
+            {"accuracy": "agrees with the reference", "brevity": "one sentence at most"},
+        ).bind(resources=resources)
+        feedback = judge.run_sync("The meeting is on Monday.", "Monday at 10")
+        print(feedback.score, feedback.details["criteria"]["accuracy"]["score"])
+        ```
     """
 
-    #: How many criteria below full marks the feedback text names.
     weakest: ClassVar[int] = 3
+    """How many criteria below full marks the feedback text names."""
 
     def __init__(
         self,
@@ -681,7 +954,15 @@ class RubricJudge(Loss):
         return model
 
     def prompt(self, output: Any, target: Any = None) -> str:
-        """The judge's user message (a method so a subclass can reword it)."""
+        """The judge's user message; a method so that a subclass can reword it.
+
+        Args:
+            output: The output to grade.
+            target: A reference answer to show the judge, or None.
+
+        Returns:
+            The message: the rubric, the reference (if any), the output and the scale.
+        """
         low, high = self.scale
         lines = ["Grade the output on each criterion of this rubric:"]
         lines += [f"- {name}: {text}" for name, text in self.rubric]
@@ -703,6 +984,16 @@ class RubricJudge(Loss):
         return "\n".join(lines)
 
     async def forward(self, output: Any, target: Any = None) -> Feedback:
+        """Ask the judge to grade ``output`` on every criterion.
+
+        Args:
+            output: The output to grade.
+            target: A reference answer, or None.
+
+        Returns:
+            The mean normalized score and a text naming the weakest criteria;
+                ``details["criteria"]`` holds each criterion's score and feedback.
+        """
         reply = await self.judge(self.prompt(output, target))
         low, high = self.scale
         grades: dict[str, dict[str, Any]] = {}
@@ -728,18 +1019,45 @@ class RubricJudge(Loss):
         return Feedback(total, text, {"criteria": grades, "scale": (low, high)})
 
     def extra_repr(self) -> str:
+        """What the module's repr shows inside its parentheses.
+
+        Returns:
+            The criteria's names and the scale.
+        """
         return f"criteria={[name for name, _ in self.rubric]!r}, scale={self.scale}"
 
 
 # -- combining losses ------------------------------------------------------------------
 class CompositeLoss(Loss):
-    """A weighted average of several losses: ``CompositeLoss({ExactMatch(): 2, judge: 1})``.
+    """A weighted average of several losses, for an output that must do several things at once.
 
-    Use it when an output must satisfy several things at once (right answer and
-    good explanation).  The children run concurrently through plait's runtime;
-    the score is ``sum(weight * score) / sum(weight)`` and the text gives each
-    child's feedback labelled by its name (``exact_match``, ``llm_judge`` ...), so
-    an optimizer can tell which requirement failed.
+    Use it for "the right answer and a good explanation".  The children run
+    concurrently through plait's runtime; the score is
+    ``sum(weight * score) / sum(weight)`` and the text gives each child's
+    feedback labelled by its name (``exact_match``, ``llm_judge`` ...), so an
+    optimizer can tell which requirement failed.
+
+    Args:
+        losses: ``{loss: weight}``, or a list of ``(loss, weight)`` pairs; each
+            loss a `Loss` module, each weight a positive number.
+
+    Raises:
+        ValueError: No loss is given, or a weight is not a positive number.
+        TypeError: An entry is not a ``(loss, weight)`` pair, or a loss is not a
+            `Loss` (wrap a function with `FunctionLoss`).
+
+    Examples:
+        ```python
+        from plait import EndpointConfig, ResourceConfig
+        from plait.learning import CompositeLoss, ExactMatch, LLMJudge
+
+        endpoint = EndpointConfig(model="gpt-4o-mini", api_key_env="OPENAI_API_KEY")
+        resources = ResourceConfig({"judge": endpoint})
+        judge = LLMJudge("judge", criteria="answers politely")
+        loss = CompositeLoss({ExactMatch(): 2, judge: 1}).bind(resources=resources)
+        feedback = loss.run_sync("Monday", "monday")
+        print(feedback.details["components"]["exact_match"]["score"])
+        ```
     """
 
     def __init__(self, losses: Mapping[Loss, float] | Sequence[tuple[Loss, float]]) -> None:
@@ -778,6 +1096,19 @@ class CompositeLoss(Loss):
             self.weights[name] = float(weight)
 
     async def forward(self, output: Any, target: Any = None) -> Feedback:
+        """Run every child loss on ``output`` and combine their scores.
+
+        Args:
+            output: The output to grade.
+            target: The target, passed to every child.
+
+        Returns:
+            The weighted mean score and each child's labelled feedback;
+                ``details["components"]`` holds each child's score, weight and text.
+
+        Raises:
+            TypeError: A child returned something other than a `Feedback`.
+        """
         names = list(self.weights)
 
         async def one(name: str) -> Feedback:
@@ -815,16 +1146,42 @@ class CompositeLoss(Loss):
         return Feedback(min(1.0, score / total), "\n".join(parts), details)
 
     def extra_repr(self) -> str:
+        """What the module's repr shows inside its parentheses.
+
+        Returns:
+            Each child's name and weight.
+        """
         return ", ".join(f"{n}={_fmt(w)}" for n, w in self.weights.items())
 
 
 # -- batches -----------------------------------------------------------------------------
 def aggregate(feedbacks: Sequence[Feedback | Value], k: int = 3) -> Feedback:
-    """One `Feedback` for a minibatch: the mean score, and the ``k`` worst items' texts.
+    """One `Feedback` for a minibatch, so one summary shows the failures that matter most.
 
     A trainer reports the mean; an optimizer reading one summary should see the
-    failures that matter most, so the text lists the lowest-scoring items (below
-    1.0) with their scores, worst first, instead of every item's feedback.
+    worst failures, so the text lists the lowest-scoring items (below 1.0) with
+    their scores, worst first, instead of every item's feedback.
+
+    Args:
+        feedbacks: The minibatch's feedback, each a `Feedback` or a `Value` holding one.
+        k: How many of the lowest-scoring items the text quotes.
+
+    Returns:
+        The mean score and the ``k`` worst items' texts; ``details`` holds every
+            score, the count and the worst items' positions.
+
+    Raises:
+        TypeError: ``feedbacks`` is a single Feedback or Value rather than a
+            sequence, or an item holds no Feedback.
+        ValueError: ``feedbacks`` is empty, ``k`` is below 1, or an item is a
+            failed call's error Value.
+
+    Examples:
+        >>> from plait.learning import Feedback, aggregate
+        >>> batch = [Feedback(1.0, "fine"), Feedback(0.0, "no date"), Feedback(0.5, "vague")]
+        >>> print(aggregate(batch, k=1))
+        score 0.50: mean score 0.50 over 3 outputs; the 1 lowest:
+        - (score 0.00) no date
     """
     if isinstance(feedbacks, Feedback | Value | str):
         raise TypeError("aggregate() takes a sequence of Feedback (or Values holding them)")

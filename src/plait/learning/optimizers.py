@@ -1,4 +1,4 @@
-"""Optimizers: turn the feedback parameters accumulated into better values (seeds 000, 002).
+"""Optimizers: turn the feedback parameters accumulated into better values.
 
 The lifecycle is torch's: ``backward()`` calls ``param.accumulate_feedback(text)``
 on every parameter that shaped an output; ``await optimizer.step()`` rewrites each
@@ -104,11 +104,15 @@ class Rejection:
 
 
 class OptimizerStepError(RuntimeError):
-    """Some rewrites of a step failed.
+    """Some rewrites of a step failed; those that succeeded stay, so a retry redoes the rest.
 
     Updates that succeeded before the failure stay applied (``applied``); failed
     parameters keep their old value and their feedback, so the next ``step()``
     retries them.  Later stages of the step were not attempted.
+
+    Args:
+        failures: Qualified parameter name -> the exception its rewrite raised.
+        applied: Qualified parameter name -> the new value installed before the failure.
     """
 
     def __init__(self, failures: dict[str, Exception], applied: dict[str, Any]) -> None:
@@ -123,12 +127,27 @@ class OptimizerStepError(RuntimeError):
 
 
 class Optimizer:
-    """Base class: holds parameters, orders their updates, applies proposals.
+    """Base class of optimizers that rewrite parameters from their feedback.
 
-    Subclasses implement `_propose` (the new value for one parameter).  Only
-    parameters with ``requires_grad`` are ever updated, checked at each step so
-    freezing a parameter after building the optimizer takes effect; a parameter
-    given twice (shared between modules) is held once.
+    It holds the parameters, orders their updates (upstream first, see the module
+    doc) and applies each proposal; subclasses implement ``_propose``, the new
+    value for one parameter.  Only parameters with ``requires_grad`` are ever
+    updated, checked at each step so freezing a parameter after building the
+    optimizer takes effect; a parameter given twice (shared between modules) is
+    held once.
+
+    Args:
+        params: The parameters to optimize (``model.parameters()``).
+        order: The order of updates by qualified name; an entry that is a list of
+            names is a group rewritten concurrently.  Parameters not named come
+            after, upstream first.
+        concurrent: Rewrite every parameter ``order`` does not name at once, as
+            independent.
+
+    Raises:
+        TypeError: ``params`` is a module or a single parameter rather than an
+            iterable of parameters, or ``order`` is malformed.
+        ValueError: No parameters were given, or ``order`` names one twice.
     """
 
     def __init__(
@@ -163,8 +182,18 @@ class Optimizer:
 
     # -- configuration -------------------------------------------------------------
     def bind(self, resources: ResourceConfig | ResourceManager | Any) -> Self:
-        """Resources for the optimizer's own LLM calls; without them, `ExecutionSettings` must
-        provide them when `step` runs."""
+        """Send the optimizer's own LLM calls to ``resources``.
+
+        Without a binding, the resources active when `step` runs serve them (the
+        `Trainer`'s, or an `ExecutionSettings` around the call).
+
+        Args:
+            resources: A `ResourceConfig`, a `ResourceManager`, or a mapping of
+                aliases to endpoint settings.
+
+        Returns:
+            The optimizer itself, for chaining.
+        """
         self.resources = resources
         for module in self._modules():
             module.bind(resources=resources)
@@ -176,15 +205,26 @@ class Optimizer:
 
     # -- the loop ------------------------------------------------------------------
     def zero_feedback(self) -> None:
-        """Clear every held parameter's feedback (``zero_grad``)."""
+        """Clear every held parameter's feedback, to start the next batch clean (``zero_grad``)."""
         for param in self.params:
             param.zero_feedback()
 
     async def step(self) -> dict[str, Any]:
-        """Rewrite every trainable parameter that has feedback; new values by qualified name.
+        """Rewrite every trainable parameter that has feedback.
 
         Parameters without feedback, and frozen ones, are left exactly as they are
-        (their module state version does not move).
+        (their module state version does not move).  A proposal that
+        `check_rewrite` refuses leaves its parameter (and its feedback) as it was
+        and is recorded in ``rejected``.
+
+        Returns:
+            The new values, by qualified parameter name.
+
+        Raises:
+            OptimizerStepError: Some rewrites failed; those applied before stay.
+            KeyError: ``order`` names a parameter the optimizer does not hold.
+            ValueError: Two held parameters share a qualified name (run the
+                pipeline first, so names are full paths).
         """
         names = self._names()
         pending = [p for p in self.params if p.requires_grad and p.get_accumulated_feedback()]
@@ -276,11 +316,22 @@ class Optimizer:
 
     # -- persistence ---------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """The optimizer's own state as JSON-ready data (parameter values live in the module)."""
+        """The optimizer's own state, for a checkpoint; parameter values live in the module.
+
+        Returns:
+            JSON-ready data: its type and step count.
+        """
         return {"type": type(self).__name__, "steps": self.steps}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what `state_dict` returned, from an optimizer of the same type."""
+        """Restore what `state_dict` returned, to resume a run.
+
+        Args:
+            state: The saved state, from an optimizer of the same type.
+
+        Raises:
+            ValueError: ``state`` comes from another type of optimizer.
+        """
         kind = state.get("type")
         if kind != type(self).__name__:
             raise ValueError(f"state_dict of a {kind} cannot be loaded into {type(self).__name__}")
@@ -477,29 +528,78 @@ async def ask_rewrite(
 
 
 class SFAOptimizer(Optimizer):
-    """Rewrites each parameter from its aggregated feedback with one LLM call (seed 000).
+    """Rewrites each prompt from the feedback it received, with one LLM call per parameter.
 
     For each parameter the feedback is de-duplicated and, beyond
     ``max_feedback_chars``, condensed by a second LLM call; then an LLM on
-    ``alias`` (default ``"optimizer"``) is shown the parameter's description,
-    its current value, that feedback and the updates made earlier in this step,
-    and asked for only the new value.  The two calls run as root modules with
-    paths ``"rewriter"`` and ``"summarizer"``, so ``mock({"rewriter": ...})`` or
-    ``mock({"optimizer": ...})`` (the alias) answers them in tests.
-
-    A structured (non-string) parameter is shown and requested as JSON.
+    ``alias`` is shown the parameter's description, its current value, that
+    feedback and the updates made earlier in this step, and asked for only the
+    new value.  The two calls run as root modules with paths ``"rewriter"`` and
+    ``"summarizer"``, so ``mock({"rewriter": ...})`` or ``mock({"optimizer":
+    ...})`` (the alias) answers them in tests.  A structured (non-string)
+    parameter is shown and requested as JSON.
 
     Each proposal is checked by `check_rewrite` (not empty, no echo of this
     prompt's headings or ``<<<``/``>>>`` fences, at most `rewrite_budget`
     characters); a refused one leaves the parameter and its feedback as they were
-    and is recorded in ``rejected``.  ``check=False`` applies every proposal (for
-    a test server that echoes its prompt).  The rewriter answers through
-    structured output, `Rewrite` (``{"new_value": ...}``), so the value comes back
-    as one field rather than mixed with talk; ``structured=False`` asks for plain
-    text instead (for an endpoint without structured output).  A handler that
-    answers the rewriter with plain text anyway is taken as the value.  Unless
-    ``rewriter.max_tokens`` is set, each rewrite asks for at most
-    `rewrite_max_tokens` of the current value.
+    and is recorded in ``rejected``.  Unless ``rewriter.max_tokens`` is set, each
+    rewrite asks for at most `rewrite_max_tokens` of the current value.
+
+    Args:
+        params: The parameters to optimize (``model.parameters()``).
+        alias: The resource alias of the rewriting model (it may be stronger than
+            the pipeline's).
+        temperature: The rewrite calls' temperature.
+        max_feedback_chars: Beyond this many characters a parameter's feedback is
+            condensed by an LLM call before the rewrite.
+        order: The order of updates (see `Optimizer`).
+        concurrent: Rewrite the parameters ``order`` does not name at once.
+        check: Check each proposal with `check_rewrite`; False applies every
+            proposal (for a test server that echoes its prompt).
+        structured: Ask for the new value through structured output, `Rewrite`
+            (``{"new_value": ...}``), so it comes back as one field rather than
+            mixed with talk; False asks for plain text (for an endpoint without
+            structured output).
+
+    Raises:
+        ValueError: ``max_feedback_chars`` is below 1, or as `Optimizer`.
+        TypeError: As `Optimizer`.
+
+    Examples:
+        ```python
+        import plait
+        from plait.handlers import mock
+        from plait.learning import Contains, SFAOptimizer, Trainer
+        from plait.providers import LLMRequest
+
+
+        class Reply(plait.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.llm = plait.LLMInference(
+                    "fast", plait.Parameter("Answer the customer.", description="how to answer")
+                )
+
+            def forward(self, message: str) -> str:
+                return self.llm(message)
+
+
+        def model(request: LLMRequest) -> str:
+            # A stand-in model: it gives the tracking link once its instructions ask for it.
+            instructions = request.messages[0]["content"]
+            return "Here is your tracking link." if "tracking" in instructions else "Sorry."
+
+
+        pipeline = Reply()
+        optimizer = SFAOptimizer(pipeline.parameters())  # rewrites through the "optimizer" alias
+        train = [("Where is my parcel?", "tracking"), ("Has my order shipped?", "tracking")]
+        val = [("When will my parcel arrive?", "tracking")]
+        trainer = Trainer(pipeline, Contains(), optimizer, train, val)
+        with mock({"fast": model, "optimizer": "Answer, and give the tracking link."}):
+            history = trainer.fit_sync()
+        print(history.initial_val_score, "->", history.best_val_score)
+        print(pipeline.llm.system_prompt.value)
+        ```
     """
 
     def __init__(
@@ -532,7 +632,7 @@ class SFAOptimizer(Optimizer):
 
     @property
     def rewriter(self) -> LLMInference:
-        """The LLM call that proposes new values (adjust ``temperature``/``max_tokens`` here)."""
+        """The LLM call that proposes new values: set its ``temperature`` or ``max_tokens`` here."""
         return self._rewriter.llm
 
     def _modules(self) -> list[Module]:
@@ -566,7 +666,20 @@ class SFAOptimizer(Optimizer):
     def rewrite_prompt(
         self, param: Parameter, name: str, feedback: str, earlier: tuple[Update, ...] = ()
     ) -> str:
-        """The prompt that asks for a new value; subclasses add sections via `_context`."""
+        """The prompt that asks for a new value; subclasses add sections through ``_context``.
+
+        Args:
+            param: The parameter to rewrite.
+            name: Its qualified name.
+            feedback: Its feedback, as one block of text.
+            earlier: Updates already made in this step, shown as context.
+
+        Returns:
+            The rewrite prompt.
+
+        Raises:
+            TypeError: A value the prompt shows cannot be written as JSON.
+        """
         structured = not isinstance(param.value, str)
         sections = [
             f"Rewrite the parameter `{name}` of an LLM pipeline.",
@@ -604,16 +717,74 @@ class SFAOptimizer(Optimizer):
         return []
 
     def state_dict(self) -> dict[str, Any]:
+        """The optimizer's own state, for a checkpoint.
+
+        Returns:
+            JSON-ready data: its type, step count and alias.
+        """
         return {**super().state_dict(), "alias": self.alias}
 
 
 class TextGradOptimizer(SFAOptimizer):
-    """`SFAOptimizer` with momentum: remembers the last ``momentum`` rewrites per parameter.
+    """`SFAOptimizer` with momentum, so a rewrite does not undo what an earlier step fixed.
 
     Feedback from one batch says what to fix now; a rewrite that forgets earlier
     feedback tends to reintroduce what an earlier step fixed.  So each rewrite
-    also sees the parameter's previous values with the feedback that led away
-    from each ("past feedback that still applies"), as TextGrad's momentum does.
+    also sees the parameter's last ``momentum`` values with the feedback that led
+    away from each ("past feedback that still applies"), as TextGrad's momentum
+    does.
+
+    Args:
+        params: The parameters to optimize (``model.parameters()``).
+        momentum: How many earlier values (and their feedback) each rewrite sees.
+        alias: The resource alias of the rewriting model.
+        temperature: The rewrite calls' temperature.
+        max_feedback_chars: Beyond this many characters a parameter's feedback is
+            condensed by an LLM call before the rewrite.
+        order: The order of updates (see `Optimizer`).
+        concurrent: Rewrite the parameters ``order`` does not name at once.
+        check: Check each proposal with `check_rewrite`.
+        structured: Ask for the new value through structured output.
+
+    Raises:
+        ValueError: ``momentum`` is not a non-negative integer, or as `SFAOptimizer`.
+        TypeError: As `Optimizer`.
+
+    Examples:
+        ```python
+        import plait
+        from plait.handlers import mock
+        from plait.learning import Contains, TextGradOptimizer, Trainer
+        from plait.providers import LLMRequest
+
+
+        class Reply(plait.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.llm = plait.LLMInference(
+                    "fast", plait.Parameter("Answer the customer.", description="how to answer")
+                )
+
+            def forward(self, message: str) -> str:
+                return self.llm(message)
+
+
+        def model(request: LLMRequest) -> str:
+            # A stand-in model: it gives the tracking link once its instructions ask for it.
+            instructions = request.messages[0]["content"]
+            return "Here is your tracking link." if "tracking" in instructions else "Sorry."
+
+
+        pipeline = Reply()
+        optimizer = TextGradOptimizer(pipeline.parameters(), momentum=3)
+        train = [("Where is my parcel?", "tracking"), ("Has my order shipped?", "tracking")]
+        val = [("When will my parcel arrive?", "tracking")]
+        trainer = Trainer(pipeline, Contains(), optimizer, train, val)
+        with mock({"fast": model, "optimizer": "Answer, and give the tracking link."}):
+            history = trainer.fit_sync()
+        print(history.initial_val_score, "->", history.best_val_score)
+        print(pipeline.llm.system_prompt.value)
+        ```
     """
 
     def __init__(
@@ -645,7 +816,15 @@ class TextGradOptimizer(SFAOptimizer):
         self._history: dict[int, deque[dict[str, Any]]] = {}
 
     def history(self, param: Parameter) -> list[dict[str, Any]]:
-        """``[{"value": old value, "feedback": feedback that replaced it}, ...]``, oldest first."""
+        """The earlier values of ``param`` that its rewrites remember.
+
+        Args:
+            param: A parameter the optimizer holds.
+
+        Returns:
+            ``[{"value": old value, "feedback": feedback that replaced it}, ...]``,
+                oldest first.
+        """
         return [dict(entry) for entry in self._history.get(id(param), ())]
 
     def _updated(self, param: Parameter, name: str, old_value: Any, proposal: Proposal) -> None:
@@ -671,6 +850,12 @@ class TextGradOptimizer(SFAOptimizer):
         ]
 
     def state_dict(self) -> dict[str, Any]:
+        """The optimizer's own state, its memory included, for a checkpoint.
+
+        Returns:
+            JSON-ready data: type, step count, alias, momentum and each
+                parameter's remembered values by qualified name.
+        """
         names = self._names()
         history = {
             names[id(p)]: [dict(e) for e in self._history[id(p)]]
@@ -680,7 +865,16 @@ class TextGradOptimizer(SFAOptimizer):
         return {**super().state_dict(), "momentum": self.momentum, "history": history}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore steps and history; a history entry for an unknown parameter is a KeyError."""
+        """Restore the step count and the remembered values, to resume a run.
+
+        Args:
+            state: What `state_dict` returned.
+
+        Raises:
+            ValueError: ``state`` comes from another type of optimizer.
+            KeyError: ``state`` remembers values of a parameter this optimizer
+                does not hold.
+        """
         super().load_state_dict(state)
         names = self._names()
         by_name = {names[id(p)]: p for p in self.params}

@@ -70,19 +70,95 @@ RESAMPLES = 2000
 
 
 class DemoSearch(BootstrapFewShot):
-    """Searches demonstration sets by successive halving (see the module doc).
+    """Tries many demonstration sets cheaply and installs one only when it scores better.
 
-    ``candidates``: values proposed per step (the incumbent comes on top).
-    ``max_demos``: pairs per stage in a proposed set.  ``eta``: the share of
-    candidates that go on at each rung is ``1/eta``.  ``min_examples``: the fewest
-    validation examples a rung scores.  ``k_choices``: the ``k`` tried for a pool
-    chosen from per input.  ``require_confidence``: install only a winner whose
-    95% interval of improvement is above 0.  ``rewriter``: an alias whose model
-    proposes ``instructions`` new instructions per learnable system prompt at each
-    step (none without it); its calls run as the root module ``"instructions"``, so
-    ``mock({"instructions": ...})`` answers them in tests, at ``rewriter_temperature``.
-    ``threshold``, ``teacher``, ``teacher_alias``, ``seed`` and ``stage_targets`` are
-    `BootstrapFewShot`'s.
+    On small models *which* examples are shown matters more than how the
+    instruction is worded, so it tries many more sets than `BootstrapFewShot`
+    without paying a full validation pass for each.  It gathers pairs as
+    `BootstrapFewShot` does and proposes ``candidates`` values per step (random
+    sets, sets with one pair per label for a call that answers with labels, each
+    ``k`` of ``k_choices`` for a pool chosen per input; the values in place are
+    always among them).  Successive halving scores every candidate on a few
+    validation examples, the best ``1/eta`` go on to more, and so on to all of
+    them.  The best finalist is compared with the values in place, example by
+    example, with a 95% paired-bootstrap interval of the gain, and installed only
+    when it scores better.  ``search_report`` (saved in the history as
+    ``trials[].search``) records every candidate's scores.  Without a validation
+    set it behaves as `BootstrapFewShot`.
+
+    Args:
+        params: The pipeline's parameters (``model.parameters()``).
+        candidates: Values proposed per step (the values in place come on top).
+        max_demos: Pairs per stage in a proposed set.
+        eta: ``1/eta`` of the candidates go on at each rung.
+        min_examples: The fewest validation examples a rung scores.
+        k_choices: The ``k`` tried for a pool chosen from per input.
+        require_confidence: Install only a winner whose 95% interval of
+            improvement lies above 0.
+        threshold: The loss score a run needs to count as passed.
+        teacher: A module of the same structure whose runs supply the pairs.
+        teacher_alias: Run a copy of the pipeline on this alias for the pairs.
+        seed: Fixes every random choice of the search.
+        stage_targets: Labelled pairs for inner stages (see `BootstrapFewShot`).
+        rewriter: An alias whose model also proposes new instructions for every
+            learnable system prompt (none without it); its calls run as the root
+            module ``"instructions"``, so ``mock({"instructions": ...})`` answers
+            them in tests.
+        instructions: New instructions proposed per learnable system prompt per step.
+        rewriter_temperature: The instruction proposals' temperature.
+
+    Raises:
+        ValueError: ``eta`` is below 2, ``min_examples`` or ``instructions`` is
+            not a positive integer, ``k_choices`` holds something other than
+            positive integers, ``rewriter`` is given and no system prompt is
+            learnable, or as `BootstrapFewShot`.
+        TypeError: ``rewriter`` is not a string, or as `BootstrapFewShot`.
+
+    Examples:
+        ```python
+        import plait
+        from plait.handlers import mock
+        from plait.learning import DemoSearch, ExactMatch, Trainer
+        from plait.providers import LLMRequest
+
+
+        class Triage(plait.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.classify = plait.LLMInference(
+                    "fast", "Is the message about billing or shipping?", demos=plait.knn_demos(k=2)
+                )
+
+            def forward(self, message: str) -> str:
+                return self.classify(message)
+
+
+        def model(request: LLMRequest) -> str:
+            # A stand-in model that answers as the demonstration next to the input.
+            answers = [m["content"] for m in request.messages if m["role"] == "assistant"]
+            return answers[-1] if answers else "unsure"
+
+
+        train = [
+            ("I was charged twice.", "billing"),
+            ("My parcel is late.", "shipping"),
+            ("Why is there a second payment on my card?", "billing"),
+            ("The tracking page has not changed.", "shipping"),
+        ]
+        val = [
+            ("My card was charged twice.", "billing"),
+            ("Where is my parcel?", "shipping"),
+            ("A second payment appeared.", "billing"),
+            ("Tracking has not changed in a week.", "shipping"),
+        ]
+        pipeline = Triage()
+        search = DemoSearch(pipeline.parameters(), candidates=8, k_choices=(1, 2))
+        trainer = Trainer(pipeline, ExactMatch(), search, train, val, batch_size=4)
+        with mock({"fast": model}):
+            history = trainer.fit_sync()
+        print(history.initial_val_score, "->", history.best_val_score)
+        print(history.steps[0].trials[0]["search"]["comparison"]["wins"])
+        ```
     """
 
     def __init__(
@@ -132,8 +208,8 @@ class DemoSearch(BootstrapFewShot):
             raise TypeError(f"rewriter must be an alias (a string), got {type(rewriter).__name__}")
         self.rewriter = rewriter
         self.instructions = instructions
-        #: The learnable instructions searched with a rewriter, by stage path.
         self.instruction_params: dict[str, Parameter] = {}
+        """The learnable instructions searched with a rewriter, by stage path."""
         self._instruction_call: _Call | None = None
         if rewriter is not None:
             assert not isinstance(params, Module | Parameter)
@@ -151,22 +227,41 @@ class DemoSearch(BootstrapFewShot):
                 rewriter_temperature,
                 Rewrite,
             )
-        #: The last step's account: rungs, every candidate's scores, the comparison.
         self.search_report: dict[str, Any] = {}
+        """The last step's account: rungs, every candidate's scores, the comparison."""
         self._batch: TrainingBatch | None = None
 
     def bind(self, resources: ResourceConfig | ResourceManager | Any) -> Self:
-        """Resources for the rewriter's calls (without them, the `Trainer`'s serve them)."""
+        """Send the instruction rewriter's calls to ``resources``.
+
+        Without a binding, the `Trainer`'s resources serve them.
+
+        Args:
+            resources: A `ResourceConfig`, a `ResourceManager`, or a mapping of aliases.
+
+        Returns:
+            The optimizer itself, for chaining.
+        """
         if self._instruction_call is not None:
             self._instruction_call.bind(resources=resources)
         return self
 
     async def observe(self, batch: TrainingBatch) -> None:
+        """Gather the minibatch's pairs and keep its validation scorer for `step`.
+
+        Args:
+            batch: The minibatch, its runs and the validation scorer.
+        """
         await super().observe(batch)
         self._batch = batch
 
     async def step(self) -> dict[str, Any]:
-        """Search this step's candidates and install the winner; new values by name."""
+        """Search this step's candidates and install the winner if it scores better.
+
+        Returns:
+            The new values, by qualified parameter name (empty when the values in
+                place won).
+        """
         batch = self._batch
         if batch is None or batch.score_examples is None or batch.val_size == 0:
             self.search_report = {}

@@ -1,16 +1,16 @@
-"""Parameter state kept apart from structure (seed 001).
+"""Parameter state kept apart from structure.
 
 A `Module` tree is structure: which parameters exist and where.  What training
-changes is state: the parameters' values.  Seed 001 keeps the two apart with an
-immutable container, and plait does the same with `ParameterState`: a frozen
-snapshot of every value by dotted name (plus each parameter's ``requires_grad``
-flag), which can be split into trainable and frozen halves, merged back, saved as
-JSON, and applied to any module of the same structure.  Because a snapshot never
-changes, "the state before this epoch" or "the best state so far" is just a value
-to keep, not a copy to remember to take.
+changes is state: the parameters' values.  plait keeps the two apart with an
+immutable container, `ParameterState`: a frozen snapshot of every value by
+dotted name (plus each parameter's ``requires_grad`` flag), which can be split
+into trainable and frozen halves, merged back, saved as JSON, and applied to any
+module of the same structure.  Because a snapshot never changes, "the state
+before this epoch" or "the best state so far" is just a value to keep, not a
+copy to remember to take.
 
-`lock()` is seed 001's ``locked()``: while the structure is locked, creating a
-`Parameter` raises, so a forward pass or training loop that accidentally builds new
+`lock()` fixes the structure: while it is locked, creating a `Parameter`
+raises, so a forward pass or training loop that accidentally builds new
 parameters (say an `LLMInference` constructed inside ``forward``) fails loudly
 instead of training state that no snapshot or optimizer knows about.
 """
@@ -47,11 +47,46 @@ _FORMAT_VERSION: Final = 1
 
 
 class ParameterState(Mapping[str, Any]):
-    """An immutable mapping of qualified parameter name to value, with trainable flags.
+    """A frozen snapshot of parameter values, so "the best state so far" is a value to keep.
 
-    Values are deep-copied in and out, so neither the module the snapshot came from
-    nor a caller holding a value it returned can change it.  Every operation that
-    "changes" a state returns a new one.
+    An immutable mapping of qualified parameter name to value, with each
+    parameter's trainable flag.  Values are deep-copied in and out, so neither the
+    module the snapshot came from nor a caller holding a value it returned can
+    change it.  Every operation that "changes" a state returns a new one.  Take
+    one with `snapshot`.
+
+    Args:
+        values: Qualified parameter name -> value.
+        requires_grad: Name -> trainable flag (default: every parameter trainable).
+
+    Raises:
+        TypeError: A name is not a non-empty string.
+        KeyError: ``requires_grad`` names a parameter ``values`` does not hold.
+
+    Examples:
+        ```python
+        import plait
+        from plait.learning import snapshot
+
+
+        class Greeter(plait.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.llm = plait.LLMInference(
+                    "fast", plait.Parameter("Greet the user.", description="the greeting's tone")
+                )
+
+            def forward(self, name: str) -> str:
+                return self.llm(name)
+
+
+        greeter = Greeter()
+        before = snapshot(greeter)
+        greeter.llm.system_prompt.value = "Greet the user warmly."
+        before.apply_to(greeter)  # roll back
+        print(greeter.llm.system_prompt.value)
+        print(before.to_json(indent=None))
+        ```
     """
 
     __slots__ = ("_requires_grad", "_values")
@@ -123,10 +158,16 @@ class ParameterState(Mapping[str, Any]):
     def split(
         self, predicate: Callable[[str], bool] | None = None
     ) -> tuple[ParameterState, ParameterState]:
-        """``(matching, rest)``: by default ``(trainable, frozen)``, else by name predicate.
+        """Split the state in two, so training's half can be checked apart from the rest.
 
         Training touches only the trainable half; keeping the frozen half aside makes
         it obvious (and checkable) that it came back unchanged.
+
+        Args:
+            predicate: Which names go in the first half (default: the trainable ones).
+
+        Returns:
+            ``(matching, rest)``; by default ``(trainable, frozen)``.
         """
         test = predicate if predicate is not None else self._requires_grad.__getitem__
         inside = [name for name in self._values if test(name)]
@@ -135,7 +176,18 @@ class ParameterState(Mapping[str, Any]):
         return self._subset(inside), self._subset(outside)
 
     def merge(self, other: ParameterState) -> ParameterState:
-        """Both states in one; a name present in both is an error, never a silent override."""
+        """Both states in one, such as the two halves `split` made.
+
+        Args:
+            other: A state holding none of this one's names.
+
+        Returns:
+            A new state with every value of both.
+
+        Raises:
+            TypeError: ``other`` is not a `ParameterState`.
+            ValueError: A name is in both (never a silent override).
+        """
         if not isinstance(other, ParameterState):
             raise TypeError(f"can only merge a ParameterState, got {type(other).__name__}")
         clash = [name for name in other._values if name in self._values]
@@ -150,7 +202,17 @@ class ParameterState(Mapping[str, Any]):
         )
 
     def updated(self, values: Mapping[str, Any]) -> ParameterState:
-        """A copy with some values replaced; unknown names raise (structure is fixed)."""
+        """A copy with some values replaced, the structure unchanged.
+
+        Args:
+            values: Name -> new value, for names this state holds.
+
+        Returns:
+            A new state.
+
+        Raises:
+            KeyError: A name this state does not hold (structure is fixed).
+        """
         unknown = [name for name in values if name not in self._values]
         if unknown:
             raise KeyError(
@@ -167,15 +229,22 @@ class ParameterState(Mapping[str, Any]):
 
     # -- modules ---------------------------------------------------------------------
     def apply_to(self, module: Module) -> None:
-        """Load these values into ``module`` (a partial state leaves other parameters alone).
+        """Load these values into ``module``, to restore or transplant a state.
 
-        Every name and value is checked before anything is written, as
-        `Module.load_state_dict` checks them (an unknown name is a KeyError, a value
-        its parameter cannot hold a `ParameterValueError`), so a state that does not
-        fit leaves the module untouched.
-        Only values that differ are written: a parameter's module state version
-        records real changes, not reloads of what it already holds.  Trainable
-        flags are recorded for `split`, not applied: freezing is the caller's choice.
+        A partial state leaves the module's other parameters alone.  Every name
+        and value is checked before anything is written, as
+        `Module.load_state_dict` checks them, so a state that does not fit leaves
+        the module untouched.  Only values that differ are written: a parameter's
+        module state version records real changes, not reloads of what it already
+        holds.  Trainable flags are recorded for `split`, not applied: freezing is
+        the caller's choice.
+
+        Args:
+            module: A module with parameters of these names.
+
+        Raises:
+            KeyError: A name the module has no parameter for.
+            ParameterValueError: A value its parameter cannot hold.
         """
         params = dict(module.named_parameters())
         unknown = [name for name in self._values if name not in params]
@@ -194,7 +263,17 @@ class ParameterState(Mapping[str, Any]):
 
     # -- persistence -----------------------------------------------------------------
     def to_json(self, *, indent: int | None = 2) -> str:
-        """The state as JSON text; a value JSON cannot hold is an error naming its parameter."""
+        """The state as JSON text, to keep it in a file or send it elsewhere.
+
+        Args:
+            indent: JSON indentation (None: one line).
+
+        Returns:
+            A JSON document `from_json` reads back.
+
+        Raises:
+            TypeError: A value JSON cannot hold; the message names its parameter.
+        """
         entries: dict[str, Any] = {}
         for name, value in self._values.items():
             try:
@@ -210,7 +289,18 @@ class ParameterState(Mapping[str, Any]):
 
     @classmethod
     def from_json(cls, text: str) -> ParameterState:
-        """Read what `to_json` wrote; anything else is a ValueError that says what is wrong."""
+        """Read what `to_json` wrote.
+
+        Args:
+            text: The JSON document.
+
+        Returns:
+            The state it holds.
+
+        Raises:
+            ValueError: The text is not JSON, not a plait parameter state, or of
+                an unsupported version; the message says what is wrong.
+        """
         try:
             document = json.loads(text)
         except ValueError as exc:
@@ -235,17 +325,55 @@ class ParameterState(Mapping[str, Any]):
         return cls(values, flags)
 
     def save(self, path: str | Path) -> Path:
-        """Write the JSON form to ``path`` (atomically: a crash never leaves half a file)."""
+        """Write the JSON form to a file, atomically: a crash never leaves half a file.
+
+        Args:
+            path: Where to write.
+
+        Returns:
+            The path written.
+
+        Raises:
+            TypeError: A value JSON cannot hold.
+        """
         return write_atomic(path, self.to_json() + "\n")
 
     @classmethod
     def load(cls, path: str | Path) -> ParameterState:
-        """Read a state written by `save`."""
+        """Read a state written by `save`.
+
+        Args:
+            path: The file.
+
+        Returns:
+            The state it holds.
+
+        Raises:
+            OSError: The file cannot be read.
+            ValueError: It holds no plait parameter state.
+        """
         return cls.from_json(Path(path).read_text(encoding="utf-8"))
 
 
 def snapshot(module: Module) -> ParameterState:
-    """The current value and trainable flag of every parameter of ``module``, by dotted name."""
+    """Freeze every parameter value of ``module``, so it can be kept or rolled back to.
+
+    Args:
+        module: The pipeline.
+
+    Returns:
+        Each parameter's current value and trainable flag, by dotted name.
+
+    Examples:
+        ```python
+        import plait
+        from plait.learning import snapshot
+
+        llm = plait.LLMInference("fast", plait.Parameter("Be brief.", description="reply style"))
+        state = snapshot(llm)
+        print(dict(state))
+        ```
+    """
     named = list(module.named_parameters())
     return ParameterState(
         {name: param.value for name, param in named},
@@ -254,17 +382,48 @@ def snapshot(module: Module) -> ParameterState:
 
 
 def merge(first: ParameterState, second: ParameterState) -> ParameterState:
-    """``first.merge(second)``: disjoint states combined; a shared name is a ValueError."""
+    """Two disjoint states combined into one (``first.merge(second)``).
+
+    Args:
+        first: One state.
+        second: A state holding none of ``first``'s names.
+
+    Returns:
+        A new state with every value of both.
+
+    Raises:
+        TypeError: ``second`` is not a `ParameterState`.
+        ValueError: A name is in both.
+    """
     return first.merge(second)
 
 
 @contextmanager
 def lock(reason: str = "plait.learning.state.lock()") -> Iterator[None]:
-    """Fix the parameter structure for the ``with`` block: creating a `Parameter` raises.
+    """Fix the parameter structure for a ``with`` block, so stray new parameters fail loudly.
 
-    The lock lives in a context variable, so it covers this task and the tasks it
-    starts (a pipeline run inside the block included) and nothing else; nested
-    locks are fine.  ``reason`` appears in the error to say who locked.
+    Creating a `Parameter` inside the block raises `StructureLockedError`: a
+    forward pass or training loop that builds new parameters by accident (an
+    `LLMInference` constructed inside ``forward``) fails instead of training state
+    no snapshot or optimizer knows about.  The lock lives in a context variable,
+    so it covers this task and the tasks it starts (a pipeline run inside the
+    block included) and nothing else; nested locks are fine.
+
+    Args:
+        reason: Who locked, quoted in the error.
+
+    Yields:
+        Nothing; the structure is locked until the block ends.
+
+    Examples:
+        >>> import plait
+        >>> from plait.learning import StructureLockedError, lock
+        >>> with lock("the training loop"):
+        ...     try:
+        ...         plait.Parameter("new prompt", requires_grad=False)
+        ...     except StructureLockedError:
+        ...         print("refused")
+        refused
     """
     token = _structure_lock.set(reason)
     try:
@@ -301,12 +460,36 @@ def json_state(module: Module) -> str:
 
 
 def save_parameters(module: Module, path: str | Path) -> Path:
-    """Write ``module.state_dict()`` to ``path`` as one JSON object, name -> value: the
-    ``parameters.json`` that ``plait train`` writes, that ``--parameters``,
-    `load_parameters` and ``module.load_state_dict(json.load(f))`` read back.
+    """Write a pipeline's parameter values to a file, to use them in another run.
 
-    Written atomically; a value JSON cannot hold is a TypeError naming its parameter
-    (`json_state`), before anything is written.
+    The file is the ``parameters.json`` that ``plait train`` writes: one JSON
+    object, name -> value, which ``--parameters``, `load_parameters` and
+    ``module.load_state_dict(json.load(f))`` read back.  Written atomically.
+
+    Args:
+        module: The pipeline.
+        path: Where to write.
+
+    Returns:
+        The path written.
+
+    Raises:
+        TypeError: A value JSON cannot hold; the message names its parameter, and
+            nothing is written.
+
+    Examples:
+        ```python
+        import plait
+        from plait.learning import load_parameters, save_parameters
+
+        prompt = plait.Parameter("Answer in one word.", description="how to answer")
+        trained = plait.LLMInference("fast", prompt)
+        save_parameters(trained, "parameters.json")
+
+        fresh = plait.LLMInference("fast", plait.Parameter("Answer.", description="how to answer"))
+        load_parameters(fresh, "parameters.json")
+        print(fresh.system_prompt.value)
+        ```
     """
     return write_atomic(path, json_state(module))
 
@@ -339,9 +522,19 @@ def read_parameters(path: str | Path) -> dict[str, Any]:
 
 
 def load_parameters(module: Module, path: str | Path) -> list[str]:
-    """Load the parameters file ``path`` into ``module``, checked as
-    `Module.load_state_dict` checks (every value is, before any is written); the names
-    of the module's parameters the file does not set, which keep their values.
+    """Load a parameters file into a pipeline, such as the one ``plait train`` wrote.
+
+    Every value is checked, as `Module.load_state_dict` checks, before any is
+    written.  The file is what `save_parameters` writes, or a `ParameterState`
+    saved with ``save``.
+
+    Args:
+        module: The pipeline.
+        path: The parameters file.
+
+    Returns:
+        The names of the module's parameters the file does not set, which keep
+            their values.
 
     Raises:
         ParameterFileError: the file cannot be read, or names a parameter the module

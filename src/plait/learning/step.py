@@ -1,8 +1,8 @@
 """`TrainingStep`: a model and its loss, traced as one graph so backward can reach both.
 
-Seed 000 composes the two so the loss's feedback starts at the end of the same
-graph that produced the output: ``loss.backward()`` then walks back through the
-loss node into the model's nodes and parameters.
+The two are composed so the loss's feedback starts at the end of the same graph
+that produced the output: ``loss.backward()`` then walks back through the loss
+node into the model's nodes and parameters.
 """
 
 from __future__ import annotations
@@ -39,12 +39,60 @@ def loss_call(loss_fn: Module, output: Any, target: Any, input: Any) -> Any:
 
 
 class TrainingStep(Module):
-    """``forward(input, target)`` is ``loss_fn(model(input), target)``.
+    """A pipeline and its loss as one module, so the loss's feedback can flow back into it.
 
-    ``loss_fn`` is a loss module (see `plait.learning.losses`), which receives the
-    model's real output and the target at run time.  Put the step in ``train()``
-    mode and each call returns a `Value` whose payload is the loss's `Feedback`;
-    ``await value.backward()`` sends it to every learnable parameter.
+    ``forward(input, target)`` is ``loss_fn(model(input), target)``.  Put the step
+    in ``train()`` mode and each call returns a `Value` whose payload is the
+    loss's `Feedback`; ``await value.backward()`` sends its text to every
+    learnable parameter that shaped the output, and an optimizer's ``step()``
+    rewrites them.  `Trainer` runs this loop for you; use the step directly to
+    write a loop of your own.
+
+    Args:
+        model: The pipeline to train.
+        loss_fn: A loss module (see `plait.learning.losses`); it receives the
+            model's real output and the target when the step runs.
+
+    Raises:
+        TypeError: ``model`` or ``loss_fn`` is not a plait `Module` (wrap a plain
+            function with `FunctionLoss`).
+
+    Examples:
+        ```python
+        import asyncio
+
+        import plait
+        from plait.handlers import mock
+        from plait.learning import Contains, SFAOptimizer, TrainingStep
+
+
+        class Reply(plait.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.llm = plait.LLMInference(
+                    "fast",
+                    plait.Parameter("Answer the customer.", description="how to answer"),
+                )
+
+            def forward(self, message: str) -> str:
+                return self.llm(message)
+
+
+        async def main() -> None:
+            pipeline = Reply()
+            step = TrainingStep(pipeline, Contains()).train()
+            optimizer = SFAOptimizer(pipeline.parameters())
+            optimizer.zero_feedback()
+            loss = await step("Where is my parcel?", target="tracking")
+            print(loss.payload)
+            await loss.backward()
+            print(await optimizer.step())
+
+
+        # Stand-ins for the models, so the example runs anywhere.
+        with mock({"fast": "Sorry.", "optimizer": "Answer and give the tracking link."}):
+            asyncio.run(main())
+        ```
     """
 
     #: The step wraps the user's pipeline without owning it: the pipeline's
@@ -72,4 +120,13 @@ class TrainingStep(Module):
         }
 
     def forward(self, input: Any, target: Any = None) -> Any:
+        """Run the pipeline on ``input`` and grade its output with the loss.
+
+        Args:
+            input: The example's input (`Inputs` are spread into keyword arguments).
+            target: The example's target, passed to the loss.
+
+        Returns:
+            The loss's result: a `Feedback` (a `Value` holding it in ``train()`` mode).
+        """
         return loss_call(self.loss_fn, model_call(self.model, input), target, input)

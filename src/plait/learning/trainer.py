@@ -131,60 +131,131 @@ class TrainingEvent:
 
 # -- the trainer -------------------------------------------------------------------------------
 class Trainer:
-    """Train ``model``'s learnable parameters on ``train_data`` with ``optimizer``.
+    """Trains a pipeline's prompts and demonstrations, keeping only updates validation agrees with.
 
-    ``loss_fn`` is a loss module (`plait.learning.losses`) returning `Feedback`;
-    ``optimizer`` was built over ``model.parameters()`` (and bound to the
-    resources its own LLM calls should use), or is a list of such optimizers,
-    applied in order at each step, each update judged on validation on its own.
-    ``resources`` are where the model's and the loss's calls go (default: what
-    ``model`` is bound to, else the embedded local model).  ``checkpoint_dir``
-    makes the run resumable: a new Trainer over the same directory continues from
-    its last finished step.
-    ``max_steps`` caps the total number of optimizer steps (across resumes).
-    ``on_event`` receives a `TrainingEvent` at each milestone, for progress bars.
-    ``refit=True``: once training has ended, the pairs of every labelled example
-    (training and validation) join the demonstration pools chosen per input
-    (``demos=knn_demos(...)``), so the final pipeline picks among all of them
-    (`BootstrapFewShot.refit`); no validation score can judge that step, so
-    ``history.refit`` records it and ``test_data`` measures it.
+    A textual update is a guess: a rewrite can as easily make the pipeline worse
+    as better, so the trainer measures before it commits.  Each step it runs a
+    minibatch through the pipeline and the loss in ``train()`` mode, sends the
+    feedback back into the parameters, lets the optimizer rewrite them, then
+    scores the validation set and keeps the update only if that score improved
+    (by at least ``min_delta``; a tie keeps the values already proven), restoring
+    the previous values otherwise.  So a run never ends with values validation
+    scored worse than where it started.  With a list of optimizers each one's
+    update is kept or rolled back on its own merit.  Without a validation set
+    every update is kept.  After each step it writes a checkpoint (with
+    ``checkpoint_dir``), so a killed run resumes where it was.
 
-    ``workers=N`` runs the minibatches and the validation passes on N Ray worker
-    processes (``ray_address`` joins a running cluster, ``"auto"`` for the local
-    one; without it a local Ray is started if none is running, and `fit` stops the
-    one it started when it ends).  What runs where:
+    Data is a list of ``(input, target)`` pairs, a list of mappings with an input
+    and a target field, or a path to a JSONL or CSV file of such mappings (read as
+    ``plait train`` reads it).
 
-    * On the workers, each minibatch (`PipelineWorker.train_batch`): for every
-      example, the ``TrainingStep`` in ``train()`` mode (the model's calls and the
-      loss), then the backward pass from the loss (module ``backward`` methods,
-      LLM calls they make included).  A worker returns, per example, the loss's
-      output and the feedback each parameter received, named by the step's
-      ``state_dict()`` names, in order, with where in the graph it came from, and
-      the run's LLM calls (each stage's input and reply), which `BootstrapFewShot`
-      learns from without running the example again here.
-    * On the workers, every validation pass (`evaluate`, the initial score and
-      the score after each update), in eval mode.
-    * Each pass pickles the step afresh, so the workers run with the parameter
-      values the model has at that moment (the update just made, or the values
-      restored after a roll-back), never those of an earlier pass; the passes of a
-      run share their worker processes (each pass loads its step into them), so
-      only the first pays for starting them.  The endpoints' limits are held
-      for the cluster as a whole.
-    * In this process (the driver): the minibatch score (``train_score``, the
-      mean of the losses the workers returned), putting the returned feedback into
-      the model's own parameters, the optimizer's rewrite (its LLM calls run
-      here), the keep-or-roll-back decision, early stopping and the checkpoint.
-      ``workers`` does not enter the checkpoint: a run may be resumed with or
-      without them.
+    Args:
+        model: The pipeline to train.
+        loss_fn: A loss module returning `Feedback` (see `plait.learning.losses`).
+        optimizer: An optimizer built over ``model.parameters()`` (and bound to
+            the resources its own LLM calls should use), or a list of them,
+            applied in order at each step.
+        train_data: The training examples.
+        val_data: The validation examples that judge each update (None: every
+            update is kept and there is no early stopping).
+        batch_size: Examples per minibatch (one optimizer step each).
+        epochs: Passes over the training data.
+        patience: Stop after this many steps without a kept update (None: never).
+        checkpoint_dir: Where to keep the checkpoint, ``history.json`` and the
+            log of completed calls; a new Trainer over the same directory
+            continues from its last finished step.
+        resources: Where the pipeline's and the loss's calls go (default: what
+            ``model`` is bound to, else the embedded local model).
+        seed: Fixes the minibatches' order, so a resumed run draws the same batches.
+        shuffle: Shuffle the training data each epoch.
+        max_steps: Cap on the total number of optimizer steps, across resumes.
+        input_field: The input field of mapping examples (default: the fields
+            named like ``forward``'s parameters, else ``input``).
+        target_field: The target field of mapping examples.
+        on_event: Called with a `TrainingEvent` at each milestone, for progress displays.
+        workers: Run the minibatches and validation passes on this many Ray
+            worker processes (see below).
+        ray_address: Join a running Ray cluster (``"auto"`` for the local one).
+        min_delta: How much validation must improve for an update to be kept
+            (0: strictly better).
+        test_data: Held-out examples scored before the first update and after
+            the last (``history.initial_test_score``, ``final_test_score``).
+        refit: Once training has ended, add the pairs of every labelled example
+            (training and validation) to the demonstration pools chosen per input
+            (``demos=knn_demos(...)``), so the final pipeline picks among all of
+            them; recorded in ``history.refit``, measured by ``test_data``.
 
-    The results are the same as in one process: the same calls, scored by the
-    same loss and averaged in input order, and the same feedback in the same
-    buffers in the same order (in one process, too, each example's backward pass
-    is collected on its own and given to the parameters in minibatch order), with
-    the same graph positions for the optimizer's upstream-first ordering
-    (`upstream_rank`).  One difference: a backward pass that fails on a worker
-    stops the run with a `TrainerError` naming the failure, where in one process
-    the exception itself propagates.
+    Raises:
+        ValueError: ``min_delta`` is not a number >= 0, or ``batch_size``,
+            ``epochs``, ``patience``, ``max_steps`` or ``workers`` is not a
+            positive integer.
+        TrainerError: A data set is empty, ``refit`` lacks what it needs
+            (validation data, a pool, an optimizer that gathers demonstrations),
+            or ``checkpoint_dir`` holds a checkpoint of another run or one that
+            cannot be read.
+        TypeError: ``refit`` is not a bool, or an optimizer has no ``step()`` or
+            ``zero_feedback()``.
+
+    With ``workers=N`` the minibatches and the validation passes run on N Ray
+    worker processes (``ray_address`` joins a running cluster; without it a local
+    Ray is started if none is running, and `fit` stops the one it started).  Each
+    worker runs the pipeline, the loss and the backward pass for its examples and
+    sends back the outputs, the feedback each parameter received and the calls
+    made; each pass ships the parameter values of that moment, and the
+    endpoints' limits hold for the cluster as a whole.  The optimizer's rewrites,
+    the keep-or-roll-back decision, early stopping and the checkpoint stay in
+    this process.  The results are the same as in one process (the same calls,
+    the same feedback in the same order); ``workers`` does not enter the
+    checkpoint, so a run may be resumed with or without them.  One difference: a
+    backward pass that fails on a worker stops the run with a `TrainerError`
+    naming the failure, where in one process the exception itself propagates.
+
+    Examples:
+        ```python
+        import asyncio
+
+        import plait
+        from plait.handlers import mock
+        from plait.learning import BootstrapFewShot, ExactMatch, Trainer
+        from plait.providers import LLMRequest
+
+
+        class Triage(plait.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.classify = plait.LLMInference(
+                    "fast", "Is the message about billing or shipping?", demos=plait.knn_demos(k=2)
+                )
+
+            def forward(self, message: str) -> str:
+                return self.classify(message)
+
+
+        def model(request: LLMRequest) -> str:
+            # A stand-in model that answers as the demonstration next to the input.
+            answers = [m["content"] for m in request.messages if m["role"] == "assistant"]
+            return answers[-1] if answers else "unsure"
+
+
+        train = [
+            ("I was charged twice this month.", "billing"),
+            ("My parcel has not arrived.", "shipping"),
+            ("Why is there a second payment on my card?", "billing"),
+            ("The tracking page has not changed in a week.", "shipping"),
+        ]
+        val = [("My card was charged twice.", "billing"), ("Where is my parcel?", "shipping")]
+        test = [("A second payment appeared on my card.", "billing")]
+
+        pipeline = Triage()
+        optimizer = BootstrapFewShot(pipeline.parameters())
+        trainer = Trainer(
+            pipeline, ExactMatch(), optimizer, train, val, batch_size=2, checkpoint_dir="runs/t"
+        )
+        with mock({"fast": model}):
+            history = trainer.fit_sync()
+            print(history.initial_val_score, "->", history.best_val_score, f"({history.stopped})")
+            print("test score:", asyncio.run(trainer.evaluate(test)))
+        ```
     """
 
     def __init__(
@@ -231,8 +302,8 @@ class Trainer:
                 raise ValueError(f"{name} must be a positive integer or None, got {limit!r}")
         self.model = model
         self.loss_fn = loss_fn
-        #: The optimizers, in the order each step applies (and judges) their updates.
         self.optimizers: list[Any] = _optimizer_list(optimizer)
+        """The optimizers, in the order each step applies (and judges) their updates."""
         self.optimizer = self.optimizers[0]
         self.train_data = load_examples(
             train_data, input_field, target_field, forward=model.forward
@@ -257,10 +328,10 @@ class Trainer:
             raise TypeError(f"refit must be True or False, got {refit!r}")
         if refit:
             _check_refit(model, self.optimizers, self.val_data)
-        #: Grow the demonstration pools by every labelled example once training ends.
         self.refit = refit
-        #: How much validation must improve for an update to be kept (0: strictly better).
+        """Grow the demonstration pools by every labelled example once training ends."""
         self.min_delta = float(min_delta)
+        """How much validation must improve for an update to be kept (0: strictly better)."""
         self.batch_size = batch_size
         self.epochs = epochs
         self.patience = patience
@@ -273,33 +344,46 @@ class Trainer:
         self.workers = workers
         self.ray_address = ray_address
         self.step_module = TrainingStep(model, loss_fn)
+        """The pipeline and its loss as one module, as each pass runs them."""
         self.history = TrainingHistory()
-        #: Where the run is: the next batch to train on, and optimizer steps taken.
+        """The run's history so far (loaded with the checkpoint when resuming)."""
         self.epoch = 0
+        """The epoch of the next batch to train on, from 0."""
         self.batch_index = 0
+        """The next batch's position in its epoch."""
         self.global_step = 0
-        #: Steps since validation last improved (for ``patience``).
+        """Optimizer steps taken so far, across resumes."""
         self.stale_steps = 0
+        """Steps since validation last improved (for ``patience``)."""
         #: The resources of the `fit` under way (None outside one).
         self._manager: Any = None
         #: The handler answering calls from the current position's call log, in a `fit`
         #: with a ``checkpoint_dir`` (see `_call_log`).
         self._calls: Any = None
         self.resumed = self._load_checkpoint()
+        """Whether a checkpoint in ``checkpoint_dir`` was loaded, to continue its run."""
 
     # -- sizes ---------------------------------------------------------------------------
     @property
     def batches_per_epoch(self) -> int:
+        """Minibatches in one pass over the training data."""
         return math.ceil(len(self.train_data) / self.batch_size)
 
     @property
     def total_steps(self) -> int:
-        """Steps a full run takes (fewer if it stops early)."""
+        """Steps a full run takes (fewer if it stops early), for progress displays."""
         total = self.epochs * self.batches_per_epoch
         return min(total, self.max_steps) if self.max_steps is not None else total
 
     def batches(self, epoch: int) -> list[list[Example]]:
-        """The epoch's minibatches: a permutation fixed by (seed, epoch), so resumes agree."""
+        """The epoch's minibatches, drawn so that a resumed run draws the same ones.
+
+        Args:
+            epoch: The epoch, from 0.
+
+        Returns:
+            The minibatches, from a permutation fixed by ``seed`` and ``epoch``.
+        """
         order = list(range(len(self.train_data)))
         if self.shuffle:
             random.Random(f"{self.seed}:{epoch}").shuffle(order)
@@ -311,13 +395,36 @@ class Trainer:
 
     # -- running -------------------------------------------------------------------------
     def fit_sync(self) -> TrainingHistory:
-        """`fit` from synchronous code (a script, a notebook cell)."""
+        """`fit` from synchronous code (a script, a notebook cell).
+
+        Returns:
+            The run's history.
+
+        Raises:
+            TrainerError: As `fit`.
+        """
         from plait.execution.loop import run_blocking
 
         return run_blocking(self.fit())
 
     async def fit(self) -> TrainingHistory:
-        """Train until the epochs are done, patience runs out, or ``max_steps`` is reached."""
+        """Train until the epochs are done, patience runs out, or ``max_steps`` is reached.
+
+        A trainer that loaded a checkpoint continues from its last finished step.
+        The pipeline ends with the values of the last kept update.
+
+        Returns:
+            The run's history: every step's scores, and how the run ended
+                (``history.stopped``).
+
+        Raises:
+            TrainerError: An alias the pipeline, the loss or an optimizer calls is
+                not configured (checked before any call is paid for), the loss
+                returned something other than a `Feedback` or a score that is not
+                finite, or the checkpoint cannot be written.
+            TrainingCallFailed: A call of the pipeline, the loss or an optimizer
+                failed (an endpoint down, a refused key); re-run to resume.
+        """
         from plait.execution.settings import ExecutionSettings
         from plait.resources.manager import ResourceManager
 
@@ -436,8 +543,7 @@ class Trainer:
 
     @property
     def on_workers(self) -> bool:
-        """Whether minibatches and validation run on Ray workers (``workers`` or
-        ``ray_address`` set)."""
+        """Whether minibatches and validation run on Ray workers (``workers``, ``ray_address``)."""
         return self.workers is not None or self.ray_address is not None
 
     async def _fit(self) -> TrainingHistory:
@@ -473,9 +579,20 @@ class Trainer:
         return await self._finish("completed")
 
     async def evaluate(self, data: Iterable[Any] | None = None) -> float:
-        """Mean loss score over ``data`` (default: the validation set), in eval mode.
+        """Score the pipeline as it is now: the mean loss score over some examples, in eval mode.
 
         The calls go to the trainer's ``resources``, inside `fit` or outside it.
+
+        Args:
+            data: ``(input, target)`` pairs, mappings or a data file (default: the
+                validation set).
+
+        Returns:
+            The mean score, 0 to 1.
+
+        Raises:
+            TrainerError: There is nothing to evaluate, or the loss failed or
+                returned no `Feedback`.
         """
         examples = self.val_data if data is None else load_examples(data)
         if not examples:
@@ -484,8 +601,17 @@ class Trainer:
         return sum(scores) / len(scores)
 
     async def score_examples(self, positions: Sequence[int]) -> list[float]:
-        """The loss score of each validation example at ``positions``, in that order,
-        with the values of the moment (what a search scores candidates with)."""
+        """Score some validation examples with the values of the moment, as a search does.
+
+        Args:
+            positions: Indexes into the validation set.
+
+        Returns:
+            Each example's loss score, in the order of ``positions``.
+
+        Raises:
+            TrainerError: There is no validation set.
+        """
         if not self.val_data:
             raise TrainerError("nothing to score: no validation set was given")
         return await self._scored([self.val_data[i] for i in positions]) if positions else []
@@ -780,7 +906,12 @@ class Trainer:
         )
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything a resumed run needs, as JSON-ready data."""
+        """Everything a resumed run needs: what the checkpoint holds.
+
+        Returns:
+            JSON-ready data: what makes the run the same run, the position, the
+                parameters, each optimizer's state and the history.
+        """
         states = [o.state_dict() if hasattr(o, "state_dict") else None for o in self.optimizers]
         return {
             "format": CHECKPOINT_FORMAT,

@@ -38,6 +38,18 @@ __all__ = [
 
 
 def make_provider(config: EndpointConfig) -> Provider:
+    """The wire protocol of ``config``'s endpoint, imported only now that an alias uses it.
+
+    Args:
+        config: The alias's configuration; its ``provider`` names the protocol.
+
+    Returns:
+        A provider that sends requests to the endpoint, one attempt per ``send``.
+
+    Raises:
+        KeyError: ``config.provider`` is not in `PROVIDERS` (an `EndpointConfig`
+            refuses such a name when it is made).
+    """
     module_name, _, class_name = PROVIDERS[config.provider].partition(":")
     cls = getattr(importlib.import_module(module_name), class_name)
     provider: Provider = cls(config)
@@ -45,7 +57,18 @@ def make_provider(config: EndpointConfig) -> Provider:
 
 
 def make_batch_api(config: EndpointConfig) -> BatchAPI:
-    """The batch API of ``config``'s endpoint; a clear error for a provider without one."""
+    """The batch API of ``config``'s endpoint, for runs at the batch price (``backend="batch"``).
+
+    Args:
+        config: The alias's configuration.
+
+    Returns:
+        The provider's batch API (submit, poll, read results, cancel).
+
+    Raises:
+        ConfigurationError: The provider sells no batches; the message names
+            those that do.
+    """
     target = BATCH_APIS.get(config.provider)
     if target is None:
         from plait.resources.config import ConfigurationError

@@ -14,13 +14,16 @@ from plait.structured import canonical_schema_json
 if TYPE_CHECKING:
     from plait.providers.ratelimits import ReportedLimits
 
-#: provider name -> "module:Class": the one list of wire protocols, which the resource
-#: config checks names against and `plait.providers.make_provider` imports from.
 PROVIDERS: dict[str, str] = {
     "openai": "plait.providers.openai:OpenAIProvider",
     "anthropic": "plait.providers.anthropic:AnthropicProvider",
     "local": "plait.providers.local:LocalProvider",
 }
+"""Provider name -> ``"module:Class"``: the one list of wire protocols.
+
+`EndpointConfig` checks ``provider`` names against it and `make_provider` imports
+from it: ``"openai"`` (every OpenAI-compatible server), ``"anthropic"`` and
+``"local"`` (the embedded model)."""
 #: provider name -> "module:Class" of its batch API (`BatchAPI`), for the providers
 #: that sell one.
 BATCH_APIS: dict[str, str] = {
@@ -50,10 +53,42 @@ RETRYABLE_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504, 529})
 
 @dataclass(slots=True)
 class LLMRequest:
-    """One chat request, before it is put on any particular wire.
+    """One chat request, before it is put on any particular wire: what handlers and mocks see.
 
-    Handlers may rewrite it (an override of temperature, a different alias) before
-    the default action sends it.
+    Every LLM call becomes one; handlers may rewrite it (an override of
+    temperature, a different alias) before the default action sends it, and a
+    `mock` reply function receives it.
+
+    Args:
+        alias: The resource alias it goes to.
+        messages: Chat messages, ``{"role": ..., "content": ...}``, in order.
+        temperature: Sampling temperature (None: the endpoint's default).
+        max_tokens: Reply limit (None: the endpoint's default).
+        response_format: The reply's type (a pydantic model, a ``Literal`` of
+            labels...), for structured output; None for text.
+        extra: Further request fields passed to the provider (``seed``,
+            ``logprobs``...).
+        prefix_messages: How many leading messages are the same for every call of
+            the call site (its system prompt and demonstrations): where a provider
+            may mark a prompt-cache breakpoint.  Not part of the fingerprint: it
+            changes the price, not the reply.
+        cache_key: The call site's name for prompt-cache routing (OpenAI's
+            ``prompt_cache_key``); not part of the fingerprint either.
+        label_method: For a ``response_format`` of labels, how the label is
+            chosen (``"grammar"``, ``"logprob"``, ``"calibrated"``; None: the
+            provider's default).
+        embed: An embedding request: each message's text is embedded, and the
+            reply's ``parsed`` is their vectors, in order.  Only endpoints whose
+            provider embeds take it.
+
+    Examples:
+        >>> from plait.providers import LLMRequest
+        >>> request = LLMRequest(
+        ...     "fast",
+        ...     [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+        ... )
+        >>> request.prompt_text
+        'Hi'
     """
 
     alias: str
@@ -62,19 +97,9 @@ class LLMRequest:
     max_tokens: int | None = None
     response_format: Any = None
     extra: dict[str, Any] = field(default_factory=dict)
-    #: How many leading messages are the same for every call of the call site (its
-    #: system prompt and demonstrations): where a provider may mark a prompt-cache
-    #: breakpoint.  Not part of the fingerprint: it changes the price, not the reply.
     prefix_messages: int = 0
-    #: The call site's name for prompt-cache routing (OpenAI's ``prompt_cache_key``);
-    #: not part of the fingerprint either.
     cache_key: str | None = None
-    #: For a ``response_format`` of labels: how the label is chosen ("grammar",
-    #: "logprob", "calibrated"; None: the provider's default), `plait.labels`.
     label_method: str | None = None
-    #: An embedding request: each message's text is embedded, and the reply's
-    #: ``parsed`` is their vectors, in order (`plait.embeddings`).  Only endpoints whose
-    #: provider ``embeds`` take it.
     embed: bool = False
 
     @property
@@ -86,7 +111,14 @@ class LLMRequest:
         return ""
 
     def fingerprint(self, model: str = "") -> str:
-        """A stable hash of everything that changes the reply."""
+        """A stable hash of everything that changes the reply: what caches and checkpoints key on.
+
+        Args:
+            model: The model that will answer, part of what changes the reply.
+
+        Returns:
+            A hex digest, the same in every process and run.
+        """
         schema = (
             canonical_schema_json(self.response_format) if self.response_format is not None else ""
         )
@@ -100,9 +132,15 @@ class LLMRequest:
 
 @dataclass(slots=True)
 class Usage:
-    """Tokens one reply used.  ``prompt_tokens`` counts the whole prompt; the cache
-    counts are the parts of it read from and written to the provider's prompt cache
-    (``cache_write_1h_tokens``: the writes kept an hour, a part of ``cache_write_tokens``)."""
+    """Tokens one reply used, for the usage report, budgets and prices.
+
+    Args:
+        prompt_tokens: The whole prompt.
+        completion_tokens: The reply.
+        cache_read_tokens: The part of the prompt read from the provider's prompt cache.
+        cache_write_tokens: The part of the prompt written to it.
+        cache_write_1h_tokens: The writes kept an hour, a part of ``cache_write_tokens``.
+    """
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -112,12 +150,36 @@ class Usage:
 
     @property
     def total_tokens(self) -> int:
+        """Prompt and completion tokens together."""
         return self.prompt_tokens + self.completion_tokens
 
 
 @dataclass(slots=True)
 class LLMResponse:
-    """A reply: its text, the validated object when a schema was asked for, and usage."""
+    """A reply: its text, the validated object when a schema was asked for, and usage.
+
+    What an endpoint returns for an `LLMRequest`, and what a `mock` reply function
+    may return whole (to set usage or a finish reason).
+
+    Args:
+        text: The reply's text.
+        parsed: The validated object, for a request with a ``response_format``.
+        usage: The tokens it used.
+        model: The model that answered.
+        finish_reason: Why generation stopped (``"stop"``, ``"length"``...).
+        attempts: How many attempts it took.
+        tier: How it was served, and so priced: ``"standard"``, ``"flex"`` or ``"batch"``.
+        batch: For a reply from a batch made in this process: the batch's id and
+            when it was submitted and seen ended (``time.monotonic``), which a
+            profile draws.
+        logprobs: The generated tokens' log-probabilities, when the request asked
+            for them (``extra={"logprobs": True, "top_logprobs": k}``): one
+            ``{"token", "logprob", "top"}`` per token.
+        label_scores: For a label chosen by its log-probability: each label's
+            probability.
+        limits: The rate limits the reply's headers stated, which the endpoint
+            adopts; None when it stated none.
+    """
 
     text: str
     parsed: Any = None
@@ -125,25 +187,15 @@ class LLMResponse:
     model: str = ""
     finish_reason: str | None = None
     attempts: int = 1
-    #: How the request was served: "standard", "flex" or "batch" (its price,
-    #: `plait.resources.pricing`).
     tier: str = "standard"
-    #: For a reply from a batch made in this process: the batch's id and when it was
-    #: submitted and seen ended (`time.monotonic`), which a profile draws.
     batch: tuple[str, float, float] | None = None
-    #: The generated tokens' log-probabilities, when the request asked for them
-    #: (``extra={"logprobs": True, "top_logprobs": k}``): one ``{"token", "logprob",
-    #: "top"}`` per token, ``top`` the k likeliest alternatives as ``{"token", "logprob"}``.
     logprobs: list[dict[str, Any]] | None = None
-    #: For a label chosen by its log-probability (`plait.labels`): each label's
-    #: probability, over the labels (calibrated ones when calibrating).
     label_scores: dict[str, float] | None = None
-    #: The rate limits the reply's headers stated (`plait.providers.ratelimits`), which
-    #: the endpoint adopts; None when it stated none.
     limits: ReportedLimits | None = None
 
     @property
     def payload(self) -> Any:
+        """What the call returns to the pipeline: the parsed object if any, else the text."""
         return self.parsed if self.parsed is not None else self.text
 
 
@@ -171,9 +223,21 @@ def logprobs_of(choice: Any) -> list[dict[str, Any]]:
 class ProviderError(RuntimeError):
     """An endpoint refused or failed a request; carries the HTTP status when there is one.
 
-    The message often quotes the server (some quote the API key they were sent, in a
-    401's body), and the exception itself travels far: into error values, tracebacks,
-    profiles.  So it is scrubbed here, once, where it is made.
+    A call that fails with it becomes that input's error `Value` (its message names
+    the alias and the cause).  The message often quotes the server (some quote the
+    API key they were sent, in a 401's body), and the exception itself travels far:
+    into error values, tracebacks, profiles.  So it is scrubbed of credentials
+    here, once, where it is made.
+
+    Args:
+        message: What went wrong, quoting the server where it said.
+        status: The HTTP status, if there was a reply.
+        retryable: Whether another attempt may succeed (a 429, a 5xx, a timeout).
+        retry_after: The seconds the server asked to wait before the next attempt.
+        unavailable: A 429 that says the tier asked for (OpenAI's flex) has no
+            capacity now: worth another attempt, but not a sign this client sends
+            too fast.
+        limits: The rate limits the refusal's headers stated.
     """
 
     def __init__(
@@ -190,10 +254,7 @@ class ProviderError(RuntimeError):
         self.status = status
         self.retryable = retryable
         self.retry_after = retry_after
-        #: A 429 that says the tier asked for (OpenAI's flex) has no capacity now: worth
-        #: another attempt, but not a sign this client sends too fast.
         self.unavailable = unavailable
-        #: The rate limits the refusal's headers stated (a 429's say when to come back).
         self.limits = limits
 
 
@@ -230,15 +291,32 @@ def status_error(
 
 
 class Provider(Protocol):
-    """One kind of endpoint.  ``send`` makes a single attempt.
+    """One kind of endpoint (a wire protocol); retries, limits and validation live above it.
 
-    It raises `ProviderError` (with ``status``, ``retryable`` and ``retry_after``) for
-    anything the endpoint refused or failed; for a request with ``response_format``
-    it sends `plait.structured.wire_schema` in the provider's own form and returns
-    the reply's JSON text unparsed (the endpoint layer validates and re-asks).
+    A provider makes a single attempt per `send`, so that retries, rate limits,
+    usage accounting and structured-output validation are the same for every
+    provider (`Endpoint` does them).  `make_provider` builds one from an
+    `EndpointConfig`.
     """
 
-    async def send(self, request: LLMRequest) -> LLMResponse: ...
+    async def send(self, request: LLMRequest) -> LLMResponse:
+        """Send ``request`` once.
+
+        For a request with a ``response_format`` it sends the schema in the
+        provider's own form and returns the reply's JSON text unparsed (the
+        endpoint validates it and re-asks).
+
+        Args:
+            request: The request.
+
+        Returns:
+            The reply, with its usage.
+
+        Raises:
+            ProviderError: The endpoint refused or failed the request (with
+                ``status``, ``retryable`` and ``retry_after``).
+        """
+        ...
 
 
 @dataclass(frozen=True, slots=True)

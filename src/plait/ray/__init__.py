@@ -17,9 +17,17 @@ from typing import TYPE_CHECKING
 from plait._lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from plait.ray.cluster import ClusterUnreachable
     from plait.ray.data import Pipeline
     from plait.ray.spec import make_spec
 
-__all__ = ["Pipeline", "make_spec"]
+__all__ = ["ClusterUnreachable", "Pipeline", "make_spec"]
 
-__getattr__ = lazy_exports(__name__, {"Pipeline": "plait.ray.data", "make_spec": "plait.ray.spec"})
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "ClusterUnreachable": "plait.ray.cluster",
+        "Pipeline": "plait.ray.data",
+        "make_spec": "plait.ray.spec",
+    },
+)

@@ -1,15 +1,17 @@
 """`Pipeline`: a plait pipeline as a callable class for Ray Data's ``map_batches``.
 
-    ds = ray.data.read_json("/data/docs.jsonl")   # paths Ray's workers can see
-    ds = ds.map_batches(
-        plait.ray.Pipeline,
-        fn_constructor_args=("review.py:Review",),
-        fn_constructor_kwargs={"resources": "resources.toml", "input_column": "text"},
-        concurrency=4,          # Ray Data's actors: each builds the pipeline once
-        num_cpus=0.5,           # they mostly wait on the network; reads and writes need CPUs
-        batch_size=64,
-    )
-    ds.write_parquet("/data/out")
+```python
+ds = ray.data.read_json("/data/docs.jsonl")  # paths Ray's workers can see
+ds = ds.map_batches(
+    plait.ray.Pipeline,
+    fn_constructor_args=("review.py:Review",),
+    fn_constructor_kwargs={"resources": "resources.toml", "input_column": "text"},
+    concurrency=4,  # Ray Data's actors: each builds the pipeline once
+    num_cpus=0.5,  # they mostly wait on the network; reads and writes need CPUs
+    batch_size=64,
+)
+ds.write_parquet("/data/out")
+```
 
 Each actor builds the pipeline once and runs every row of a batch concurrently,
 like ``run_sync`` on a list.  A row that fails gets its error in ``error_column``
@@ -79,25 +81,79 @@ def _jsonable(value: Any) -> Any:
 
 
 class Pipeline:
-    """Runs a plait pipeline over each batch of a Ray Dataset (see the module docstring).
+    """Runs a plait pipeline over a Ray Dataset: the class to give ``map_batches``.
 
-    ``target``: ``"file.py:Name"`` / ``"package.module:Name"`` (with ``arguments``,
-    the ``key=value`` settings of ``plait run``), a Module class or factory, or a
-    Module.  Relative paths (of a TARGET file or a resource file) are read on each
-    actor, from its working directory.  ``resources``: a `ResourceConfig`, a mapping,
-    or the path of a TOML/YAML resource file (read on each actor; keys come from the
-    actor's environment).  ``input_column`` is passed as the one argument of
-    ``forward``; with ``input_columns``, those columns are passed as keyword arguments
-    instead.
+    Each Ray Data actor builds the pipeline once and runs every row of a batch
+    concurrently, like ``run_sync`` on a list.  A row that fails gets its error in
+    ``error_column`` (type and message) and None in ``output_column``: a failed row
+    never fails the job.  Every actor's endpoints lease their capacity from the
+    cluster's broker, so ``max_concurrent``, ``requests_per_minute`` and
+    ``tokens_per_minute`` hold for the whole dataset, however many actors run.
 
     Each batch comes back as an Arrow table: the batch's columns, then
     ``output_column`` (structured outputs as plain dicts and lists) and
-    ``error_column`` (a string, null when the row succeeded).  The output column's
-    type is inferred from the batch, so a batch in which every row failed has a
-    null-typed one; give ``output_type`` (a ``pyarrow.DataType``, e.g.
-    ``pa.string()``) to have every batch written with the same type, which Parquet
-    files read together as one table need.  A row whose output does not fit
-    ``output_type`` gets that as its error.
+    ``error_column`` (a string, null when the row succeeded).  Needs
+    ``pip install 'plait[ray]'``.
+
+    Args:
+        target: ``"file.py:Name"`` or ``"package.module:Name"``, a Module class or
+            factory, or a Module.  Relative paths (of a target file or a resource
+            file) are read on each actor, from its working directory.
+        resources: A `ResourceConfig`, a mapping of aliases, or the path of a
+            TOML/YAML resource file (read on each actor; keys come from the
+            actor's environment).
+        input_column: The column passed as ``forward``'s one argument.
+        input_columns: Columns passed as keyword arguments of ``forward`` instead.
+        output_column: The column the outputs go to.
+        error_column: The column the errors go to.
+        output_type: A ``pyarrow.DataType`` (``pa.string()``) every batch's output
+            column is written with.  Without it the type is inferred per batch, so
+            a batch in which every row failed has a null-typed one; Parquet files
+            read together as one table need the same type.  A row whose output
+            does not fit it gets that as its error.
+        arguments: ``key=value`` settings for a target string, as ``plait run``
+            takes them.
+        max_concurrent: A cap on each actor's LLM calls in flight.
+
+    Raises:
+        ValueError: ``output_column`` and ``error_column`` are the same, or
+            ``arguments`` come with a target that is not a string.
+        TypeError: ``target`` is none of the accepted kinds, or a factory
+            returned no Module.
+        ConfigurationError: The resource file or mapping is invalid.
+
+    Examples:
+        ```python
+        import ray
+
+        import plait
+        import plait.ray
+
+
+        class Review(plait.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.llm = plait.LLMInference("fast", "Review this text.")
+
+            def forward(self, text: str) -> str:
+                return self.llm(text)
+
+
+        resources = {"fast": {"model": "gpt-4o-mini", "api_key_env": "OPENAI_API_KEY"}}
+
+        ray.init(include_dashboard=False)  # a local Ray, started for the example
+        ds = ray.data.from_items([{"text": "Fast shipping."}, {"text": "Broke in a week."}])
+        ds = ds.map_batches(
+            plait.ray.Pipeline,
+            fn_constructor_args=(Review,),
+            fn_constructor_kwargs={"resources": resources, "input_column": "text"},
+            concurrency=1,
+            batch_size=16,
+        )
+        for row in ds.take_all():
+            print(row["output"], row["error"])
+        ray.shutdown()
+        ```
     """
 
     def __init__(
@@ -152,7 +208,17 @@ class Pipeline:
         return [_plain(v) for v in rows[self.input_column]]
 
     def __call__(self, batch: Any) -> Any:
-        """One batch (a dict of numpy arrays or a pandas DataFrame) in, an Arrow table out."""
+        """Run the pipeline on every row of one batch, as ``map_batches`` calls it.
+
+        Args:
+            batch: A dict of numpy arrays or a pandas DataFrame.
+
+        Returns:
+            The batch as an Arrow table, with the output and error columns added.
+
+        Raises:
+            KeyError: The batch lacks an input column.
+        """
         import pandas as pd
 
         if isinstance(batch, pd.DataFrame):

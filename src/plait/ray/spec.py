@@ -86,11 +86,27 @@ def make_spec(
     options: dict[str, Any],
     checkpoint: Checkpoint | None = None,
 ) -> PipelineSpec:
-    """A `PipelineSpec` for ``module`` bound to ``resources`` (a config, not live endpoints).
+    """What a driver sends its Ray workers to run ``module``: the pipeline, resources and keys.
 
-    The module is pickled here, once, with cloudpickle; what cannot be pickled is a
-    clear error naming it.  Credentials are not shipped when they are references
-    (``api_key_env``): each worker reads them from its own environment.
+    The module is pickled here, once, with cloudpickle (the Python modules that
+    define its classes, when workers cannot import them by name, go by value);
+    the resources go as their configuration, not live endpoints.  Keys given by
+    reference (``api_key_env``) travel as secrets, never printed; each worker
+    exports them into its own environment.
+
+    Args:
+        module: The pipeline.
+        resources: What ``ResourceManager.coerce`` accepts.
+        options: The run's options; ``max_concurrent``, ``max_inputs_in_flight``
+            and ``seed`` are kept.
+        checkpoint: The run's checkpoint, which workers write their calls to.
+
+    Returns:
+        The spec a `PipelineWorker` is built from.
+
+    Raises:
+        TypeError: The pipeline cannot be pickled; the message says what to keep
+            out of its attributes.
     """
     from ray import cloudpickle
 

@@ -161,14 +161,31 @@ class UnseenTiming(CallTiming):
 
 @dataclass(slots=True)
 class Endpoint:
+    """One alias, live: the path every LLM call takes to its provider, the same for every provider.
+
+    A `ResourceManager` makes it (``manager.endpoint(alias)``); `complete` takes a
+    concurrency slot, passes the rate governor (requests and tokens per minute,
+    Retry-After, the limits replies state), makes one attempt by the provider and
+    retries failures with backoff, counting usage for the report.
+
+    Args:
+        alias: The alias it serves.
+        config: The alias's configuration.
+        limiter: The concurrency limit, shared by every endpoint of the same
+            remote endpoint in the process.
+        governor: The pacing by requests and tokens per minute.
+        provider: The wire protocol.
+        usage: Where its requests, tokens and errors are counted.
+        tier: How its requests are served, and so priced: ``"standard"``,
+            ``"flex"`` (the provider's flex tier) or ``"batch"`` (its batch API).
+    """
+
     alias: str
     config: EndpointConfig
     limiter: PriorityLimiter
     governor: RateGovernor
     provider: Provider
     usage: AliasUsage
-    #: How this endpoint's requests are served, and so priced: "standard", "flex" (the
-    #: provider's flex tier) or "batch" (through its batch API, `plait.resources.batching`).
     tier: str = "standard"
 
     def complete(
@@ -179,9 +196,25 @@ class Endpoint:
     ) -> Coroutine[Any, Any, LLMResponse]:
         """Send ``request`` with limits, retries and (for structured output) one re-ask.
 
-        Returns the coroutine to await: for a request without a schema, the sending
-        itself, so a plain call's await chain has no frame here (each frame of it is
-        stepped again at every suspension of the call).
+        For a request with a ``response_format`` the reply is validated (its
+        ``parsed``), and an invalid one is re-asked once with the error.
+
+        Args:
+            request: The request.
+            priority: Its place among the requests waiting for a slot (lower first).
+            timing: Where the call's spans (queue, rate wait, attempts) are kept.
+
+        Returns:
+            The coroutine to await for the reply; for a request without a schema it
+                is the sending itself, so a plain call's await chain has no frame here.
+
+        Raises:
+            ProviderError: When awaited: the endpoint refused or failed the request
+                after its retries.
+            ReplyFormatError: When awaited: the reply is not of the
+                ``response_format`` asked for, even after the re-ask.
+            ConfigurationError: When awaited: an embedding request to a provider
+                without embeddings.
         """
         timing = timing if timing is not None else CallTiming()
         if request.embed and not getattr(self.provider, "embeds", False):

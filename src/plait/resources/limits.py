@@ -33,7 +33,48 @@ class Priority:
 
 
 class PriorityLimiter:
-    """At most ``limit`` holders; waiters with the lowest priority go first (FIFO on ties)."""
+    """A concurrency limit whose waiters go in priority order, so the oldest inputs finish first.
+
+    At most ``limit`` holders at once; waiters with the lowest priority go first
+    (first come, first served on ties).  A released slot is handed directly to
+    the next waiter.  It works across event loops and threads: an endpoint's
+    limit is shared by the whole process.  ``async with limiter:`` holds a slot
+    for the block.
+
+    Args:
+        limit: The most holders at once, at least 1.
+
+    Raises:
+        ValueError: ``limit`` is below the minimum.
+
+    Examples:
+        ```python
+        import asyncio
+
+        from plait.resources import PriorityLimiter
+
+
+        async def main() -> None:
+            limiter = PriorityLimiter(1)
+            served: list[int] = []
+
+            async def job(priority: int) -> None:
+                await limiter.acquire(priority)
+                served.append(priority)
+                limiter.release()
+
+            await limiter.acquire()  # hold the only slot while three jobs queue up
+            jobs = [asyncio.create_task(job(priority)) for priority in (3, 1, 2)]
+            while limiter.waiting < 3:
+                await asyncio.sleep(0)
+            limiter.release()
+            await asyncio.gather(*jobs)
+            print(served)
+
+
+        asyncio.run(main())
+        ```
+    """
 
     #: The least limit allowed (a leased limiter starts with none: `plait.ray`).
     minimum = 1
@@ -58,18 +99,28 @@ class PriorityLimiter:
 
     @property
     def limit(self) -> int:
+        """The most holders at once."""
         return self._limit
 
     @property
     def held(self) -> int:
+        """The slots held now."""
         return self._held
 
     @property
     def waiting(self) -> int:
+        """The callers waiting for a slot now."""
         return len(self._waiters)
 
     def set_limit(self, limit: int) -> None:
-        """Change the limit; a raise admits waiters at once, a cut takes effect as holders leave."""
+        """Change the limit: a raise admits waiters at once, a cut takes effect as holders leave.
+
+        Args:
+            limit: The new limit, at least the minimum.
+
+        Raises:
+            ValueError: ``limit`` is below the minimum.
+        """
         if limit < self.minimum:
             raise ValueError(f"a concurrency limit must be at least {self.minimum}, got {limit}")
         with self._lock:
@@ -78,9 +129,14 @@ class PriorityLimiter:
         _wake(woken)
 
     def try_acquire(self) -> bool:
-        """Take a slot if one is free and nobody waits, as `acquire` would at once; False
-        when the caller must await `acquire`.  A plain call: the call path creates no
-        coroutine for a limit that is not full."""
+        """Take a slot without waiting, if one is free and nobody waits.
+
+        A plain call: the call path creates no coroutine for a limit that is not full.
+
+        Returns:
+            True when a slot was taken (release it later); False when the caller
+                must await `acquire`.
+        """
         if not self.takes_free_slots:
             return False
         with self._lock:
@@ -90,6 +146,15 @@ class PriorityLimiter:
         return False
 
     async def acquire(self, priority: float | Priority = 0.0) -> None:
+        """Wait for a slot; lower priorities are served first.
+
+        A caller cancelled while waiting gives up its place (or passes on a slot
+        handed to it at that moment).
+
+        Args:
+            priority: A number (lower goes first), or a `Priority` whose rank may
+                change while it waits.
+        """
         with self._lock:
             if self._held < self._limit and not self._waiters:
                 self._held += 1
@@ -128,6 +193,7 @@ class PriorityLimiter:
             heapq.heapify(self._waiters)
 
     def release(self) -> None:
+        """Give back a slot taken with `acquire` or `try_acquire`, waking the next waiter."""
         with self._lock:
             self._held -= 1
             if not self._waiters:

@@ -133,10 +133,40 @@ def shared_governor(config: EndpointConfig) -> RateGovernor:
 
 
 class ResourceManager:
-    """Turns a `ResourceConfig` into live endpoints (provider + shared limits) by alias.
+    """Turns a `ResourceConfig` into live endpoints (a provider under shared limits) by alias.
 
-    With no configuration at all, every alias resolves to the embedded local model,
-    so a new user's pipeline runs with no key and no server.
+    Runs create one from the resources they are given; create one yourself to
+    share its endpoints between runs, or to send requests without a pipeline.
+    Limits belong to the remote endpoint: every manager of the process that
+    names the same endpoint shares one limiter.  With no configuration at all,
+    every alias resolves to the embedded local model, so a new user's pipeline
+    runs with no key and no server.
+
+    Args:
+        config: A `ResourceConfig`, a mapping it accepts, or None (the embedded model).
+
+    Raises:
+        ConfigurationError: ``config`` is not a valid configuration.
+
+    Examples:
+        ```python
+        import asyncio
+
+        import plait
+        from plait.providers import LLMRequest
+
+
+        async def main() -> None:
+            manager = plait.ResourceManager(
+                {"fast": {"model": "gpt-4o-mini", "api_key_env": "OPENAI_API_KEY"}}
+            )
+            request = LLMRequest("fast", [{"role": "user", "content": "Hello"}])
+            response = await manager.endpoint_for(request).complete(request)
+            print(response.text, response.usage.total_tokens)
+
+
+        asyncio.run(main())
+        ```
     """
 
     def __init__(self, config: ResourceConfig | Mapping[str, Any] | None = None) -> None:
@@ -149,6 +179,18 @@ class ResourceManager:
 
     @classmethod
     def coerce(cls, resources: Any) -> ResourceManager:
+        """A manager for what a ``resources=`` argument may be, so every entry point takes the same.
+
+        Args:
+            resources: A `ResourceManager` (returned as it is), a `ResourceConfig`
+                or a mapping of aliases, or None (the embedded model).
+
+        Returns:
+            The manager.
+
+        Raises:
+            ConfigurationError: ``resources`` is none of these.
+        """
         if isinstance(resources, ResourceManager):
             return resources
         if resources is None or isinstance(resources, Mapping):
@@ -159,11 +201,33 @@ class ResourceManager:
         )
 
     def config_for(self, alias: str) -> EndpointConfig:
+        """The configuration ``alias`` means here.
+
+        Args:
+            alias: An alias a pipeline names.
+
+        Returns:
+            Its `EndpointConfig` (the embedded model's when nothing is configured).
+
+        Raises:
+            KeyError: The configuration has no such alias; the message lists those it has.
+        """
         if not self.config:
             return LOCAL_DEFAULT
         return self.config[alias]
 
     def endpoint(self, alias: str) -> Endpoint:
+        """The live endpoint of ``alias``, made at the first request for it.
+
+        Args:
+            alias: An alias a pipeline names.
+
+        Returns:
+            The endpoint, under the process-wide limits of its remote endpoint.
+
+        Raises:
+            KeyError: The configuration has no such alias.
+        """
         found = self._endpoints.get(alias)
         if found is not None:
             return found
@@ -179,7 +243,17 @@ class ResourceManager:
         return config, usage
 
     def endpoint_for(self, request: LLMRequest) -> Endpoint:
-        """The endpoint that serves ``request``: its alias's."""
+        """The endpoint that serves ``request``: its alias's.
+
+        Args:
+            request: The request.
+
+        Returns:
+            The endpoint of ``request.alias``.
+
+        Raises:
+            KeyError: The configuration has no such alias.
+        """
         return self.endpoint(request.alias)
 
     def _make_endpoint(self, alias: str, config: EndpointConfig, usage: AliasUsage) -> Endpoint:
@@ -191,7 +265,15 @@ class ResourceManager:
         return Endpoint(alias, config, governor.limiter, governor, make_provider(config), usage)
 
     def check_aliases(self, aliases: set[str]) -> None:
-        """Fail before any work starts if the pipeline names an alias nobody configured."""
+        """Fail before any work starts if the pipeline names an alias nobody configured.
+
+        Args:
+            aliases: The aliases a pipeline calls.
+
+        Raises:
+            ConfigurationError: Some are not configured; the message names them
+                and those that are.
+        """
         if not self.config:
             return
         missing = sorted(a for a in aliases if a not in self.config)

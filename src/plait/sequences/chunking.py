@@ -35,12 +35,37 @@ class Tokenizer(Protocol):
 
 
 class WordPieces:
-    """The default token counter: word pieces, so that ``decode(encode(t)) == t``."""
+    """The default token counter of `chunk_text`: word pieces, close to what BPE tokenizers count.
+
+    A piece is a run of letters or digits, or one other character, with the
+    spaces after it, so that ``decode(encode(t)) == t``.
+
+    Examples:
+        >>> from plait.sequences import WordPieces
+        >>> WordPieces().encode("Hello, world!")
+        ['Hello', ', ', 'world', '!']
+    """
 
     def encode(self, text: str) -> list[str]:
+        """Cut text into word pieces.
+
+        Args:
+            text: The text.
+
+        Returns:
+            Its pieces, in order; joined, they are the text.
+        """
         return _PIECE.findall(text)
 
     def decode(self, tokens: Sequence[Any]) -> str:
+        """Join pieces back into text.
+
+        Args:
+            tokens: Pieces from `encode`.
+
+        Returns:
+            The text.
+        """
         return "".join(tokens)
 
 
@@ -52,18 +77,20 @@ def chunk_text(
     unit: Literal["chars", "tokens"] = "chars",
     tokenizer: Tokenizer | None = None,
 ) -> list[str]:
-    """``text`` cut into chunks of at most ``size`` characters (or tokens), in order.
+    """Cut a text too long for one call into chunks a model can read, where the text pauses.
 
-    A chunk ends where the text pauses, if it can within reach (the last ``(size -
-    overlap) // 2`` units of its window): at the last paragraph break there, else the
-    last sentence end, else the last space; only a window with none of these is cut
+    Chunks hold at most ``size`` characters (or tokens), in order.  A chunk ends
+    where the text pauses, if it can within reach (the last ``(size - overlap) //
+    2`` units of its window): at the last paragraph break there, else the last
+    sentence end, else the last space; only a window with none of these is cut
     mid-word, at its end.  With an ``overlap``, the next chunk starts at the first
-    word within the last ``overlap`` units of the one before, so consecutive chunks
-    share at least one word and at most ``overlap`` units (a text without spaces, or
-    with words longer than the overlap, shares ``overlap`` units instead).  Each
-    chunk starts at least ``(size - overlap) // 2`` units after the one before, so a
-    text makes ``len / (size - overlap)`` to twice that many chunks.  Together the
-    chunks cover the whole text, in order; an empty or blank text gives none.
+    word within the last ``overlap`` units of the one before, so consecutive
+    chunks share at least one word and at most ``overlap`` units (a text without
+    spaces, or with words longer than the overlap, shares ``overlap`` units
+    instead).  Each chunk starts at least ``(size - overlap) // 2`` units after
+    the one before, so a text makes ``len / (size - overlap)`` to twice that many
+    chunks.  Together the chunks cover the whole text, in order; an empty or
+    blank text gives none.
 
     Args:
         text: The text to cut.
@@ -80,6 +107,17 @@ def chunk_text(
         ValueError: ``size`` or ``overlap`` is not a whole number in range (an
             ``overlap`` of ``size`` or more would not move forward), ``unit`` is
             neither, or a tokenizer is given with ``unit="chars"``.
+
+    Examples:
+        >>> from plait.sequences import chunk_text
+        >>> text = "The parcel left on Monday. It was late.\\n\\nIt arrived on Friday."
+        >>> chunk_text(text, size=45)
+        ['The parcel left on Monday. It was late.\\n\\n', 'It arrived on Friday.']
+        >>> for chunk in chunk_text(text, size=30, overlap=10):
+        ...     print(repr(chunk))
+        'The parcel left on Monday. '
+        'Monday. It was late.\\n\\n'
+        'late.\\n\\nIt arrived on Friday.'
     """
     if not isinstance(text, str):
         raise TypeError(f"chunk_text() takes text (str), got {type(text).__name__}")

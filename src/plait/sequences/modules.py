@@ -93,15 +93,43 @@ def _shown(value: Any) -> str:
 
 
 class Refine(Recurrence):
-    """A running answer over a document's chunks: ``forward(document) -> final answer``.
+    """Reads a long document chunk by chunk, carrying a running answer (a summary) along.
 
-    ``instruction`` (a str or `Parameter`; learnable by default) is the system
-    prompt of the one `LLMInference` every step calls, on alias ``alias``.
-    ``initial`` is the answer before the first chunk.  Chunks are
-    ``chunk_size`` characters with ``overlap`` (a list of chunks is used as it is);
-    an empty document is a ValueError, as for `MapReduce`.
-    ``static=False`` runs the steps one after the other on real values (see
-    `Recurrence`).
+    One call per chunk, each shown the answer so far and the next chunk:
+    ``forward(document)`` returns the final answer.  It is a `Recurrence`, so the
+    scan is unrolled into the graph and its instruction learns through every
+    step.  The document is a text (cut with `chunk_text`) or a list of chunks
+    (used as it is); an empty document is that input's ValueError, and a chunk
+    that is not text its TypeError.
+
+    Args:
+        alias: The resource alias every step's call goes to.
+        instruction: The system prompt of the step's call (a str, learnable by
+            default, or a `Parameter`).
+        initial: The answer before the first chunk (default "(nothing yet)").
+        chunk_size: Characters per chunk.
+        overlap: Characters consecutive chunks may share.
+        max_tokens: The step call's reply limit.
+        temperature: The step call's temperature.
+        static: Unroll the scan into the graph (True), or run the steps one after
+            the other on real values (see `Recurrence`).
+
+    Raises:
+        ValueError: ``chunk_size`` or ``overlap`` is out of range (see `chunk_text`).
+        TypeError: ``static`` is not a bool.
+
+    Examples:
+        ```python
+        import plait
+        from plait.sequences import Refine
+
+        resources = plait.ResourceConfig(
+            {"fast": plait.EndpointConfig(model="gpt-4o-mini", api_key_env="OPENAI_API_KEY")}
+        )
+        report = "The parcel left the depot on Monday. " * 30 + "It arrived on Friday. " * 30
+        summarize = Refine("fast", chunk_size=600, overlap=60).bind(resources=resources)
+        print(summarize.run_sync(report))
+        ```
     """
 
     def __init__(
@@ -132,13 +160,44 @@ class Refine(Recurrence):
         )
 
     def initial_state(self, items: Any) -> Any:
+        """The answer before the first chunk.
+
+        Args:
+            items: The chunks about to be read.
+
+        Returns:
+            ``initial``, or "(nothing yet)".
+        """
         return self.initial or "(nothing yet)"
 
     def step(self, item: Any, state: Any) -> tuple[Any, Any]:
+        """Update the answer from the next chunk.
+
+        Args:
+            item: The next chunk.
+            state: The answer so far.
+
+        Returns:
+            The updated answer, as both the step's output and the new state.
+        """
         updated = self.refine(f"Summary so far:\n{state}\n\nNext part:\n{item}")
         return updated, updated
 
     def forward(self, document: Any, state: Any = None, resets: Any = None) -> Any:
+        """Read ``document`` and return the final answer.
+
+        Args:
+            document: A text, or a list of text chunks.
+            state: An answer to start from instead of ``initial``.
+            resets: One flag per chunk, True where the answer starts over.
+
+        Returns:
+            The answer after the last chunk.
+
+        Raises:
+            ValueError: The document is empty.
+            TypeError: A chunk is not text.
+        """
         chunks = _chunks(document, self.chunk_size, self.overlap, "Refine")
         result = self.apply(chunks, state, resets)
         if self.static:
@@ -152,14 +211,46 @@ async def _final(result: Any) -> Any:
 
 
 class MapReduce(Module):
-    """Every chunk answered in parallel, then the answers combined in a tree.
+    """Reads every chunk of a long document at once, then combines the answers in a tree of calls.
 
-    ``map_instruction`` and ``combine_instruction`` (str or `Parameter`) are the
-    system prompts of the two `LLMInference` calls (``map_alias``, and
-    ``combine_alias`` defaulting to the same).  Each combine call reads at most
-    ``fan_in`` answers; with ``max_prompt_chars`` the fan-in is lowered so that
-    ``fan_in * (max_tokens * 4 + 16)`` stays within it (the map and combine calls
-    then need ``max_tokens``).  ``forward(document) -> the combined answer``.
+    One map call per chunk, all in parallel; then combine calls, each reading at
+    most ``fan_in`` answers, until one is left: ``forward(document)`` returns it.
+    Faster than `Refine` on a long document (the chunks do not wait for each
+    other).  The document is a text (cut with `chunk_text`) or a list of chunks;
+    an empty document is that input's ValueError.  Both instructions are
+    learnable `Parameter`s.
+
+    Args:
+        map_alias: The resource alias of the map calls.
+        map_instruction: The map call's system prompt (a str or `Parameter`).
+        combine_instruction: The combine call's system prompt.
+        combine_alias: The combine calls' alias (default: ``map_alias``).
+        fan_in: The most answers one combine call reads, at least 2.
+        max_prompt_chars: Lower the fan-in so that no combine prompt can exceed
+            this many characters (``fan_in * (max_tokens * 4 + 16)``); needs
+            ``max_tokens``.
+        chunk_size: Characters per chunk.
+        overlap: Characters consecutive chunks may share.
+        max_tokens: The map and combine calls' reply limit.
+        temperature: The map and combine calls' temperature.
+
+    Raises:
+        ValueError: ``fan_in`` is below 2, ``max_prompt_chars`` cannot hold two
+            answers or comes without ``max_tokens``, or ``chunk_size`` or
+            ``overlap`` is out of range.
+
+    Examples:
+        ```python
+        import plait
+        from plait.sequences import MapReduce
+
+        resources = plait.ResourceConfig(
+            {"fast": plait.EndpointConfig(model="gpt-4o-mini", api_key_env="OPENAI_API_KEY")}
+        )
+        report = "The parcel left the depot on Monday. " * 30 + "It arrived on Friday. " * 30
+        summarize = MapReduce("fast", chunk_size=600, fan_in=2).bind(resources=resources)
+        print(summarize.run_sync(report))
+        ```
     """
 
     def __init__(
@@ -218,10 +309,30 @@ class MapReduce(Module):
         return min(fan_in, fits)
 
     def levels(self, chunks: int) -> int:
-        """How many rounds of combine calls ``chunks`` answers take."""
+        """How many rounds of combine calls a document of ``chunks`` chunks takes.
+
+        Args:
+            chunks: The number of chunks (map answers).
+
+        Returns:
+            The depth of the combine tree (0 for one chunk).
+        """
         return 0 if chunks <= 1 else math.ceil(math.log(chunks, self.fan_in) - 1e-9)
 
     def forward(self, document: Any) -> Any:
+        """Answer every chunk, then combine the answers into one.
+
+        Args:
+            document: A text, or a list of text chunks.
+
+        Returns:
+            The combined answer.
+
+        Raises:
+            ValueError: The document is empty.
+            TypeError: The document is neither a text nor a list of chunks, or a
+                chunk is not text.
+        """
         chunks = _chunks(document, self.chunk_size, self.overlap, "MapReduce")
         if not isinstance(chunks, list | tuple):
             raise TypeError(
@@ -238,4 +349,9 @@ class MapReduce(Module):
         return self.combine(parts)
 
     def extra_repr(self) -> str:
+        """What the module's repr shows inside its parentheses.
+
+        Returns:
+            The fan-in.
+        """
         return f"fan_in={self.fan_in}"

@@ -1,13 +1,13 @@
-"""`Recurrence`: process a sequence step by step with an explicit state (seed 001).
+"""`Recurrence`: process a sequence step by step with an explicit state.
 
-Seed 001's ``RecurrenceBase`` scans a step function over a sequence: the subclass
-says what the state starts as (``initial_state``) and what one step does with an
+A recurrence scans a step function over a sequence: the subclass says what the
+state starts as (``initial_state``) and what one step does with an
 item and the state (``step``, returning the step's output and the new state);
 ``apply`` runs the scan.  For LLM pipelines the items are chunks of a long
 document, turns of a conversation or records of a stream, and a step is a few
 module calls (update a running summary, carry an answer forward).
 
-Two ways to run the scan, as in the seed:
+Two ways to run the scan:
 
 * static (the default): ``apply`` unrolls the loop while ``forward`` is traced, so
   every step's calls are nodes of the one graph.  Work a step does that does not
@@ -42,14 +42,60 @@ __all__ = ["Recurrence"]
 
 
 class Recurrence(Module):
-    """Base class of step-by-step sequence modules; subclass it (see the module doc).
+    """Base class of modules that process a sequence step by step, carrying a state.
 
+    For chunks of a long document, turns of a conversation, records of a stream.
     Implement ``initial_state(items)`` and ``step(item, state) -> (output,
     new_state)``, both synchronous and made of module calls and text operations
     like any ``forward``; optionally ``should_stop(output, state)`` (dynamic mode
     only).  ``forward(sequence, state=None, resets=None)`` is ``apply``: it returns
     ``(outputs, final_state)``; override ``forward`` to take other inputs (a whole
     document, chunked first) and call ``self.apply`` from it.
+
+    Static mode (the default) unrolls the scan while ``forward`` is traced, so
+    every step's calls are nodes of one graph: work that does not need the state
+    starts early, a batch of sequences runs step t of each concurrently, and
+    ``backward()`` reaches the step's parameters through every step; the length
+    must be known when ``forward`` runs.  Dynamic mode (``static=False``) runs the
+    steps one after the other on real values, so ``should_stop`` can end the scan
+    and the sequence may come from an earlier call; it cannot be trained.
+
+    A sequence given as one input is a tuple, or a list inside the batch
+    (``run_sync([chunks])``): a bare list is a batch of inputs.
+
+    Args:
+        static: Unroll the scan into the traced graph (True), or run it step by
+            step on real values (False).
+
+    Raises:
+        TypeError: ``static`` is not a bool.
+
+    Examples:
+        ```python
+        import plait
+        from plait.sequences import Recurrence
+
+
+        class Story(Recurrence):
+            def __init__(self) -> None:
+                super().__init__()
+                self.write = plait.LLMInference("fast", "Continue the story in one sentence.")
+
+            def initial_state(self, items: list[str]) -> str:
+                return "Once upon a time."
+
+            def step(self, item: str, state: str) -> tuple[str, str]:
+                sentence = self.write(f"Story so far: {state}\\nNow bring in: {item}")
+                return sentence, sentence
+
+
+        resources = plait.ResourceConfig(
+            {"fast": plait.EndpointConfig(model="gpt-4o-mini", api_key_env="OPENAI_API_KEY")}
+        )
+        story = Story().bind(resources=resources)
+        sentences, ending = story.run_sync(("a dragon", "a knight", "a castle"))
+        print(len(sentences), ending.splitlines()[-1])
+        ```
     """
 
     static: bool
@@ -64,27 +110,78 @@ class Recurrence(Module):
 
     # -- what a subclass writes ------------------------------------------------------
     def initial_state(self, items: Sequence[Any]) -> Any:
-        """The state before the first step (``items``: the segment about to be scanned)."""
+        """The state before the first step (and after each reset); a subclass writes it.
+
+        Args:
+            items: The segment about to be scanned (up to the next reset).
+
+        Returns:
+            The initial state.
+
+        Raises:
+            NotImplementedError: The subclass does not define it.
+        """
         raise NotImplementedError(f"{type(self).__name__} must implement initial_state()")
 
     def step(self, item: Any, state: Any) -> tuple[Any, Any]:
-        """One step: ``(output, new_state)`` from an item and the state before it."""
+        """One step of the scan; a subclass writes it, with module calls as in ``forward``.
+
+        Args:
+            item: The sequence's next item.
+            state: The state before it.
+
+        Returns:
+            ``(output, new_state)``.
+
+        Raises:
+            NotImplementedError: The subclass does not define it.
+        """
         raise NotImplementedError(f"{type(self).__name__} must implement step()")
 
     def should_stop(self, output: Any, state: Any) -> bool:
-        """Dynamic mode: end the scan after this step (real values; default: never)."""
+        """Whether to end the scan after this step, from real values (dynamic mode only).
+
+        Args:
+            output: The step's output.
+            state: The state after the step.
+
+        Returns:
+            True to stop (default: never).
+        """
         return False
 
     # -- running ---------------------------------------------------------------------
     def forward(self, sequence: Any, state: Any = None, resets: Any = None) -> Any:
+        """Scan the sequence (`apply`); override it to take other inputs.
+
+        Args:
+            sequence: A list or tuple of items.
+            state: A state to start from instead of ``initial_state``.
+            resets: One flag per item, True where the state starts over.
+
+        Returns:
+            ``(outputs, final_state)``.
+        """
         return self.apply(sequence, state, resets)
 
     def apply(self, sequence: Any, state: Any = None, resets: Any = None) -> Any:
-        """Scan ``step`` over ``sequence``: ``(outputs, final_state)``.
+        """Scan ``step`` over ``sequence``, carrying the state from each step to the next.
 
-        ``state`` replaces ``initial_state`` at the start; ``resets`` is one flag per
-        item, True where the state starts over.  In dynamic mode this returns an
-        awaitable (``forward`` is then run on real values by plait's runtime).
+        Args:
+            sequence: A list or tuple of items.
+            state: A state to start from instead of ``initial_state``.
+            resets: One flag per item, True where the state starts over
+                (several documents in one stream).
+
+        Returns:
+            ``(outputs, final_state)``; in dynamic mode an awaitable of it
+                (``forward`` is then run on real values by plait's runtime).
+
+        Raises:
+            TypeError: ``sequence`` is not a list or tuple, ``resets`` holds
+                anything but bools, ``step`` returned no pair, or a static scan
+                defines ``should_stop``.
+            ValueError: ``resets`` does not give one flag per item.
         """
         if not self.static:
             return self._apply_dynamic(sequence, state, resets)
@@ -159,6 +256,11 @@ class Recurrence(Module):
         return list(sequence)
 
     def extra_repr(self) -> str:
+        """What the module's repr shows inside its parentheses.
+
+        Returns:
+            The ``static`` setting.
+        """
         return f"static={self.static}"
 
 

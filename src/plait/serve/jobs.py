@@ -1,12 +1,14 @@
 """Background jobs: a batch submitted over HTTP, run in the background on a checkpoint.
 
-Each job is a directory under the jobs directory::
+Each job is a directory under the jobs directory:
 
-    <id>/job.json        what it is: inputs count, run seed, state, counts when it ended
-    <id>/inputs.jsonl    the inputs as the client sent them, one per line
-    <id>/checkpoint/     a plait checkpoint (`plait.execution.checkpoint`)
-    <id>/results.jsonl   once the job has ended: the row of each input that finished, in
-                         input order (every input's, for a job that is done)
+```text
+<id>/job.json        what it is: inputs count, run seed, state, counts when it ended
+<id>/inputs.jsonl    the inputs as the client sent them, one per line
+<id>/checkpoint/     a plait checkpoint (plait.execution.checkpoint)
+<id>/results.jsonl   once the job has ended: the row of each input that finished, in
+                     input order (every input's, for a job that is done)
+```
 
 A job runs as ``plait run`` runs a file: its inputs numbered from 0 on a run of its own
 with its checkpoint, so every LLM call and every finished output is logged as it

@@ -1,11 +1,18 @@
-"""Test helpers for plait.
+"""Fake OpenAI and Anthropic servers on 127.0.0.1, to test pipelines without a paid endpoint.
 
-The fake servers themselves live in :mod:`plait.testing.fake_openai` (OpenAI-compatible chat
-completions, with the Batch API's files and batches from :mod:`plait.testing.fake_batches`) and
-:mod:`plait.testing.fake_anthropic` (the Anthropic Messages API), and each runs in its own
-process. The controlling helpers are defined here, and deliberately use only the
-standard library, so that importing ``plait.testing`` stays cheap and so that running a server
-with ``python -m plait.testing.fake_...`` does not import the server module twice.
+plait's own test suite runs against them.  `FakeOpenAIServer` speaks the
+OpenAI Chat Completions API (and its Batch API and embeddings), `FakeAnthropicServer`
+the Anthropic Messages API (and its Message Batches and prompt cache).  Each
+runs in a child process; replies are a pure function of the request (a chat
+request is answered ``[SYSTEM PROMPT] USER TEXT``, a schema with a minimal
+instance of it), and faults, latency and rate limits are injected on demand
+(`FakeOpenAIServer.configure`, or directives in a message such as
+``[[status:429]]``).  From a shell, ``python -m plait.testing.fake_openai --port
+8000`` serves until interrupted (``python -m plait.testing.fake_anthropic``
+likewise).
+
+The controlling helpers defined here use only the standard library, so that
+importing ``plait.testing`` stays cheap.
 """
 
 from __future__ import annotations
@@ -43,16 +50,20 @@ __all__ = [
 ]
 
 READY_PREFIX: Final = "PLAIT_FAKE_OPENAI_READY"
-"""Start of the single stdout line the server prints once it accepts connections."""
+"""The start of the line the fake OpenAI server prints on stdout once it accepts connections.
+
+The whole line is ``PLAIT_FAKE_OPENAI_READY port=8000``: wait for it before sending."""
 
 API_KEY_ENV: Final = "PLAIT_FAKE_OPENAI_API_KEY"
-"""Environment variable the server reads its API key from; keeps the key out of ``ps`` output."""
+"""The environment variable the fake OpenAI server reads the API key it requires from.
+
+Unset, any key is accepted.  An environment variable keeps the key out of ``ps`` output."""
 
 ANTHROPIC_READY_PREFIX: Final = "PLAIT_FAKE_ANTHROPIC_READY"
-"""The fake Anthropic server's counterpart of :data:`READY_PREFIX`."""
+"""The fake Anthropic server's counterpart of `READY_PREFIX`."""
 
 ANTHROPIC_API_KEY_ENV: Final = "PLAIT_FAKE_ANTHROPIC_API_KEY"
-"""The fake Anthropic server's counterpart of :data:`API_KEY_ENV`."""
+"""The fake Anthropic server's counterpart of `API_KEY_ENV`."""
 
 BATCH_CONFIG_DEFAULTS: Final[Mapping[str, Any]] = MappingProxyType(
     {
@@ -69,8 +80,10 @@ BATCH_CONFIG_DEFAULTS: Final[Mapping[str, Any]] = MappingProxyType(
         "batch_validate_on_upload": True,
     }
 )
-"""The fake OpenAI server's batch settings as it starts (``configure(**BATCH_CONFIG_DEFAULTS)``
-puts them back); :mod:`plait.testing.fake_batches` says what each one does."""
+"""The fake OpenAI server's batch settings as it starts.
+
+``configure(**BATCH_CONFIG_DEFAULTS)`` puts them back; ``plait.testing.fake_batches``
+says what each one does."""
 
 _STARTUP_TIMEOUT_S: Final = 30.0
 _STOP_TIMEOUT_S: Final = 10.0
@@ -92,19 +105,35 @@ PLACEHOLDER_PATTERN: Final = re.compile(
     r"|\\u[eE]00[01]"  # ... or as the escape text json.dumps / repr() leave behind
     r"|(?:<|\\u003[cC])traced output of "  # what older tracers rendered
 )
-"""Text that only a tracing placeholder produces: a request containing it was sent with a
-not-yet-computed output standing in for real text, which is always a bug in the client."""
+"""Text that only a tracing placeholder produces, to catch requests sent too early.
+
+A request containing it was sent with a not-yet-computed output standing in for
+real text, which is always a bug in the client."""
 
 _EXCERPT_CHARS: Final = 80
 
 
 def find_placeholder(body: bytes | str) -> dict[str, str] | None:
-    """Where a tracing placeholder appears in a request body, or None if it has none.
+    """Where a tracing placeholder appears in a request body: a sign of a client bug.
 
-    The answer is ``{"where": ..., "excerpt": ...}``: ``where`` is the JSON path of the string
-    that holds it (``$.messages[1].content``, ``$.system``, a key, ...) or ``"body"`` when the body
-    is not JSON, and ``excerpt`` is the text around it, with the placeholder's invisible
-    characters spelled out as escapes.
+    A placeholder is plait's stand-in for an output not computed yet; a request
+    that carries one was sent too early.  Both fake servers check every request
+    with this.
+
+    Args:
+        body: The request body, JSON or not.
+
+    Returns:
+        None when the body holds no placeholder; else ``{"where": ...,
+            "excerpt": ...}``, ``where`` the JSON path of the string that holds it
+            (``$.messages[1].content``, a key...) or ``"body"`` when the body is
+            not JSON, ``excerpt`` the text around it with the placeholder's
+            invisible characters spelled out as escapes.
+
+    Examples:
+        >>> from plait.testing import find_placeholder
+        >>> print(find_placeholder(b'{"messages": [{"content": "hello"}]}'))
+        None
     """
     text = body.decode("utf-8", errors="replace") if isinstance(body, bytes) else body
     match = PLACEHOLDER_PATTERN.search(text)
@@ -160,14 +189,17 @@ _hits_lock = threading.Lock()
 
 
 def take_placeholder_requests() -> list[dict[str, Any]]:
-    """Every request with a tracing placeholder that a fake server received and nobody has
-    taken yet, oldest server first; taking them marks them as reported.
+    """The requests with a tracing placeholder the fake servers received, for a harness to fail on.
 
-    Covers the servers running now and those stopped since the last call. Each entry is the
-    server's record (``where``, ``excerpt``, ``endpoint``, ``model``, ``seq``) plus ``server``,
-    naming the server that received it. ``reset()`` does not clear these, so a test cannot
-    hide one by resetting a server's statistics. The test suite calls this after every test
-    and fails the test when the list is not empty.
+    Covers the servers running now and those stopped since the last call, oldest
+    server first; taking them marks them as reported.  ``reset()`` does not clear
+    these, so a test cannot hide one by resetting a server's statistics.  plait's
+    own suite calls this after every test and fails the test when the list is
+    not empty.
+
+    Returns:
+        Each request's record (``where``, ``excerpt``, ``endpoint``, ``model``,
+            ``seq``) plus ``server``, naming the server that received it.
     """
     with _hits_lock:
         hits = list(_stopped_hits)
@@ -215,7 +247,18 @@ class _FakeServerProcess:
         return []
 
     def start(self) -> Self:
-        """Spawn the server and block until it reports the port it listens on."""
+        """Start the server in a child process and wait until it accepts connections.
+
+        ``with server:`` starts it and stops it at the end of the block.  A
+        started server is returned as it is.
+
+        Returns:
+            The server, for chaining.
+
+        Raises:
+            RuntimeError: The server exited, or did not become ready in 30 s; the
+                message quotes its stderr.
+        """
         if self._proc is not None:
             return self
         cmd = [sys.executable, "-m", self._module, "--port", "0", *self._extra_args()]
@@ -277,7 +320,10 @@ class _FakeServerProcess:
                 return self
 
     def stop(self) -> None:
-        """Terminate the child (SIGTERM, then SIGKILL if it lingers); safe to call repeatedly."""
+        """Stop the server (SIGTERM, then SIGKILL if it lingers); safe to call repeatedly.
+
+        Its exit status is then in ``returncode``.
+        """
         proc = self._proc
         if proc is None:
             return
@@ -320,7 +366,11 @@ class _FakeServerProcess:
         self.stop()
 
     def stderr_output(self) -> str:
-        """Everything the server wrote to stderr so far (or in total, once stopped)."""
+        """What the server logged, to debug a test.
+
+        Returns:
+            Everything it wrote to stderr so far (or in total, once stopped).
+        """
         if self._stderr_path is None:
             return self._final_stderr
         try:
@@ -345,6 +395,7 @@ class _FakeServerProcess:
 
     @property
     def port(self) -> int:
+        """The port it listens on, on 127.0.0.1 (it raises RuntimeError before `start`)."""
         if self._port is None:
             raise RuntimeError(f"the {self._label} is not running; call start() first")
         return self._port
@@ -352,13 +403,22 @@ class _FakeServerProcess:
     # -- control endpoints -----------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
+        """What the server received since the last `reset`, for a test's assertions.
+
+        Returns:
+            Its statistics (``requests_total``, ``status_counts``, ``max_in_flight``,
+                each request's record in ``requests``...).
+        """
         return self._as_dict(self._call("GET", "/_stats"))
 
     def placeholder_requests(self) -> list[dict[str, Any]]:
-        """Every request since start whose body held a tracing placeholder (oldest first).
+        """Every request since start whose body held a tracing placeholder (a client bug).
 
-        Unlike the statistics, ``reset()`` does not clear this list. After :meth:`stop` it
+        Unlike the statistics, ``reset()`` does not clear this list.  After `stop` it
         still answers, from what the server reported as it stopped.
+
+        Returns:
+            The requests' records, oldest first.
         """
         if self._port is None:
             return list(self._final_placeholders)
@@ -393,6 +453,7 @@ class _FakeServerProcess:
         return [{"server": where, **record} for record in new]
 
     def reset(self) -> None:
+        """Forget what the server received and restore its default settings, between tests."""
         self._call("POST", "/_reset", {})
 
     def _call(
@@ -422,12 +483,50 @@ class _FakeServerProcess:
 
 
 class FakeOpenAIServer(_FakeServerProcess):
-    """The fake OpenAI-compatible server (:mod:`plait.testing.fake_openai`) in a child process.
+    """A fake OpenAI-compatible server on 127.0.0.1, to test a pipeline with no paid endpoint.
 
-    Besides chat completions it speaks OpenAI's Batch API (``/v1/files``, ``/v1/batches``; see
-    :mod:`plait.testing.fake_batches`): `configure` takes its ``batch_*`` settings, `batches`
-    tells what it received, and a batch parked at a gate (``batch_gate``, or a line's
-    ``[[gate:NAME]]``) is waited for with `wait_parked` and released with `open_gate`.
+    It runs in a child process (``with FakeOpenAIServer() as server:`` starts and
+    stops it) and answers a chat request with ``[SYSTEM PROMPT] USER TEXT``, a
+    request with a JSON schema with a minimal instance of it, so replies are
+    predictable.  Faults and latency are injected with `configure` (``rate_429``,
+    ``rate_500``, ``latency_ms``...) or by a directive in the last user message
+    (``[[status:429]]``, ``[[latency_ms:250]]``, ``[[reply:any text]]``,
+    ``[[gate:NAME]]`` to hold a request until `open_gate`); `stats` tells what it
+    received.  It also speaks OpenAI's Batch API (``batch_*`` settings, `batches`)
+    and embeddings.
+
+    Args:
+        latency_ms: Added to every reply.
+        api_key: The key the server requires (None: any key).
+        seed: Seeds the server's random stream (injected faults, sampling).
+        rpm_limit: Enforce a requests-per-window limit, stated on every reply
+            in OpenAI's rate-limit headers (a 429 with Retry-After beyond it).
+            ``configure(rpm_limit=..., tpm_limit=..., limit_window_s=...)``
+            changes the limits later (``limit_retry_after=False``: refusals say
+            when to come back only in the reset headers), and
+            ``stats()["rate_limit"]["refused"]`` counts the refusals.
+        tpm_limit: Enforce a tokens-per-window limit likewise.
+        limit_window_s: The limits' window, in seconds.
+
+    Examples:
+        ```python
+        import plait
+        from plait.testing import FakeOpenAIServer
+
+        with FakeOpenAIServer() as server:
+            endpoint = {
+                "model": "gpt-4o-mini",
+                "base_url": server.base_url,
+                "api_key": "sk-test",
+                "max_retries": 0,
+            }
+            resources = plait.ResourceConfig({"fast": endpoint})
+            llm = plait.LLMInference("fast", "Be brief.").bind(resources=resources)
+            print(llm.run_sync("Hello"))  # [Be brief.] Hello
+            server.configure(rate_500=1.0)  # from now on every request fails with a 500
+            print(llm.run_sync(["Hello again"]))  # the input's error Value
+            print(server.stats()["status_counts"])  # {'200': 1, '500': 1}
+        ```
     """
 
     _module = "plait.testing.fake_openai"
@@ -445,12 +544,6 @@ class FakeOpenAIServer(_FakeServerProcess):
         tpm_limit: int | None = None,
         limit_window_s: float = 60.0,
     ) -> None:
-        """``rpm_limit`` and ``tpm_limit`` make the server enforce a requests/min and
-        tokens/min limit in windows of ``limit_window_s`` seconds, and state it on every
-        reply in OpenAI's rate-limit headers (a 429 with Retry-After beyond it);
-        ``configure(rpm_limit=..., tpm_limit=..., limit_window_s=...)`` changes it
-        (``limit_retry_after=False``: refusals say when to come back only in the reset
-        headers) and ``stats()["rate_limit"]["refused"]`` counts the refusals."""
         super().__init__(api_key=api_key)
         self._latency_ms = latency_ms
         self._seed = seed
@@ -468,25 +561,39 @@ class FakeOpenAIServer(_FakeServerProcess):
         ]
 
     def stats(self, *, bodies: bool = False) -> dict[str, Any]:
-        """The server's statistics; with ``bodies`` each request record also carries the
-        request's JSON body as ``"body"`` (what the client sent, messages and all)."""
+        """What the server received since the last `reset`, for a test's assertions.
+
+        Args:
+            bodies: Also give each request record the request's JSON body as
+                ``"body"`` (what the client sent, messages and all).
+
+        Returns:
+            Its statistics: ``requests_total``, ``status_counts``,
+                ``max_in_flight``, ``rate_limit``, each request's record in
+                ``requests``...
+        """
         path = "/_stats?bodies=1" if bodies else "/_stats"
         return self._as_dict(self._call("GET", path))
 
     def batches(self) -> dict[str, Any]:
-        """What the Batch API received since the last `reset` (``GET /_batches``).
+        """What the Batch API received since the last `reset`, for a batch run's tests.
 
-        ``{"batches_created", "files_uploaded", "batch_requests_total",
-        "batch_lines_answered", "batches": [{"id", "seq", "status", "requests",
-        "input_bytes", "input_file_id", "metadata", "request_counts"}, ...],
-        "custom_ids": {custom_id: times submitted}, "api_calls": {"METHOD /route": n}}``;
-        ``batches`` is in creation order and ``custom_ids`` counts every line of every
-        created batch, so a test can check that no request was submitted twice.
+        Returns:
+            ``{"batches_created", "files_uploaded", "batch_requests_total",
+                "batch_lines_answered", "batches": [...], "custom_ids": {...},
+                "api_calls": {...}}``: ``batches`` in creation order (each with
+                ``id``, ``status``, ``requests``, ``request_counts``...),
+                ``custom_ids`` counting every line of every created batch, so a
+                test can check that no request was submitted twice.
         """
         return self._as_dict(self._call("GET", "/_batches"))
 
     def submitted_twice(self) -> dict[str, int]:
-        """The custom ids submitted in more than one batch line since the last `reset`."""
+        """The batch requests submitted more than once since the last `reset` (paid twice).
+
+        Returns:
+            Custom id -> times submitted, for those submitted more than once.
+        """
         counts = self.batches()["custom_ids"]
         return {custom_id: n for custom_id, n in counts.items() if n > 1}
 
@@ -496,34 +603,67 @@ class FakeOpenAIServer(_FakeServerProcess):
         return f"http://127.0.0.1:{self.port}/v1"
 
     def configure(self, **config: Any) -> dict[str, Any]:
-        """Change fault injection / latency / batch settings; returns the server's whole config.
+        """Change the server's behaviour for the next requests: faults, latency, limits, batches.
 
-        ``reply_headers={"x-ratelimit-limit-requests": "inf"}`` adds those headers, as given,
-        to every chat and embeddings reply (``{}`` stops it).
+        `reset` restores every default.
 
-        Raises ValueError when the server rejects the settings (e.g. an unknown key).
+        Args:
+            **config: Settings to change, such as ``latency_ms``, ``jitter_ms``,
+                ``rate_429``, ``rate_500``, ``rate_timeout``, ``rate_drop`` (the
+                share of requests that fail so), ``retry_after_s``,
+                ``answer_like_demos`` (answer as the demonstration next to the
+                input), ``gate_texts``, ``reply_headers``, ``rpm_limit``,
+                ``tpm_limit`` and the ``batch_*`` settings (see
+                `BATCH_CONFIG_DEFAULTS`).
+
+        Returns:
+            The server's whole configuration after the change.
+
+        Raises:
+            ValueError: The server rejects a setting (an unknown key, a bad value).
         """
         return self._as_dict(self._call("POST", "/_config", config))
 
     # -- gates: hold requests in flight until the test says so ----------------------------
     def open_gate(self, name: str) -> None:
-        """Release every request parked at ``[[gate:NAME]]``, and let later ones through."""
+        """Release every request held at a gate, and let later ones through.
+
+        Args:
+            name: The gate (``[[gate:NAME]]`` in a message, or ``gate_texts``).
+        """
         self._call("POST", "/_gate", {"open": name})
 
     def close_gate(self, name: str) -> None:
-        """Make later ``[[gate:NAME]]`` requests park again (an opened gate stays open)."""
+        """Make later requests for a gate wait there again (an opened gate stays open otherwise).
+
+        Args:
+            name: The gate.
+        """
         self._call("POST", "/_gate", {"close": name})
 
     def parked(self, name: str) -> int:
-        """How many requests wait at gate ``name`` right now."""
+        """How many requests wait at a gate right now.
+
+        Args:
+            name: The gate.
+
+        Returns:
+            The number of requests held there.
+        """
         parked = self._as_dict(self._call("GET", "/_gate")).get("parked", {})
         return int(parked.get(name, 0))
 
     def wait_parked(self, name: str, count: int, timeout: float = 60.0) -> None:
-        """Return once ``count`` requests wait at gate ``name``.
+        """Wait until requests are held at a gate: a test waits for a state, never for time.
 
-        The timeout only turns a hang into a failure: the state itself is what a test
-        waits for, so a slow machine only makes the wait longer.
+        Args:
+            name: The gate.
+            count: How many requests must wait there.
+            timeout: Seconds after which a hang becomes a failure (a slow machine
+                only makes the wait longer).
+
+        Raises:
+            AssertionError: ``count`` requests never waited there within ``timeout``.
         """
         deadline = time.monotonic() + timeout
         seen = self.parked(name)
@@ -547,13 +687,40 @@ def _limit_args(rpm: int | None, tpm: int | None, window_s: float) -> list[str]:
 
 
 class FakeAnthropicServer(_FakeServerProcess):
-    """The fake Anthropic Messages API (:mod:`plait.testing.fake_anthropic`) in a child process.
+    """A fake Anthropic Messages API on 127.0.0.1, to test a pipeline with no paid endpoint.
 
-    Without ``api_key`` the server accepts any ``x-api-key``, but still requires one, as the
-    real API does. It also speaks the Message Batches API (``client.messages.batches``) and
-    keeps prompt-cache books for blocks marked ``cache_control``; :meth:`configure` steers
-    both, :meth:`batches` and :meth:`stats` show what happened, and ``reset()`` forgets
-    requests, batches and cache entries and restores the default settings.
+    It runs in a child process (``with FakeAnthropicServer() as server:``) and
+    answers as `FakeOpenAIServer` does.  Without ``api_key`` it accepts any
+    ``x-api-key``, but still requires one, as the real API does.  It also speaks
+    the Message Batches API and keeps prompt-cache books for blocks marked
+    ``cache_control``; `configure` steers both, `batches` and ``stats()`` show
+    what happened, and ``reset()`` forgets requests, batches and cache entries and
+    restores the default settings.
+
+    Args:
+        api_key: The key the server requires (None: any key).
+        rpm_limit: Enforce a requests-per-window limit, stated in Anthropic's
+            ``anthropic-ratelimit-*`` headers (resets as RFC 3339 times).
+        tpm_limit: Enforce a tokens-per-window limit likewise.
+        limit_window_s: The limits' window, in seconds.
+
+    Examples:
+        ```python
+        import plait
+        from plait.testing import FakeAnthropicServer
+
+        with FakeAnthropicServer() as server:
+            endpoint = {
+                "provider": "anthropic",
+                "model": "claude-sonnet-4-5",
+                "base_url": server.base_url,
+                "api_key": "sk-test",
+            }
+            resources = plait.ResourceConfig({"smart": endpoint})
+            llm = plait.LLMInference("smart", "Be brief.").bind(resources=resources)
+            print(llm.run_sync("Hello"))  # [Be brief.] Hello
+            print(server.stats()["requests_total"])  # 1
+        ```
     """
 
     _module = "plait.testing.fake_anthropic"
@@ -569,8 +736,6 @@ class FakeAnthropicServer(_FakeServerProcess):
         tpm_limit: int | None = None,
         limit_window_s: float = 60.0,
     ) -> None:
-        """The limits as `FakeOpenAIServer`'s, stated in Anthropic's spelling
-        (``anthropic-ratelimit-*``, resets as RFC 3339 times)."""
         super().__init__(api_key=api_key)
         self._limits = (rpm_limit, tpm_limit, limit_window_s)
 
@@ -601,30 +766,44 @@ class FakeAnthropicServer(_FakeServerProcess):
         cache_clock_offset_s: float | None = None,
         reply_headers: dict[str, str] | None = None,
     ) -> dict[str, Any]:
-        """Change the settings given (the others stay); returns the server's whole config.
+        """Change the settings given (the others stay), for the next requests and batches.
 
-        ``reset()`` restores every default. Raises ValueError when the server refuses a value.
+        ``reset()`` restores every default.
 
-        * ``batch_turnaround_s`` (0.2): how long a batch stays in processing before it ends;
-        * ``batch_item_fail_rate`` (0): chance that a batched request ends ``errored``
-          (``api_error``), drawn from the server's random stream, which ``seed`` (0) restarts;
-        * ``batch_expire`` (False) with ``batch_expire_fraction`` (0.5): batches end with
-          that share of their requests (rounded up, the last submitted) ``expired``;
-        * ``batch_max_requests`` (100,000) and ``batch_max_bytes`` (256 MiB): the limits on
-          one batch;
-        * ``batch_gate_open`` (True): while False no batch ends, not even a canceled one (see
-          :meth:`close_batch_gate`);
-        * ``batch_create_gate_open`` and ``batch_results_gate_open`` (True): while False a
-          batch creation waits after making the batch, before it answers, and a results
-          download waits before it answers (``batches()["held"]`` counts them);
-        * ``batch_results_order`` (``"submitted"``): the order of a batch's results file;
-        * ``batch_params_validation`` (``"create"``): invalid params refuse the whole batch
-          with 400; ``"results"`` accepts it and gives those requests ``errored`` results;
-        * ``cache_min_tokens`` (1024): shorter prefixes are not cached;
-        * ``cache_clock_offset_s`` (0): seconds added to the prompt cache's clock (see
-          :meth:`advance_cache_clock`);
-        * ``reply_headers`` ({}): headers added, as given, to every reply of
-          ``/v1/messages`` (``{"anthropic-ratelimit-requests-limit": "inf"}``, say).
+        Args:
+            batch_turnaround_s: How long a batch stays in processing before it
+                ends (default 0.2).
+            batch_item_fail_rate: Chance that a batched request ends ``errored``
+                (``api_error``), drawn from the server's random stream (default 0).
+            batch_expire: Batches end with ``batch_expire_fraction`` of their
+                requests (rounded up, the last submitted) ``expired`` (default False).
+            batch_expire_fraction: The share that expires (default 0.5).
+            batch_max_requests: The most requests in one batch (default 100,000).
+            batch_max_bytes: The most bytes in one batch (default 256 MiB).
+            batch_gate_open: While False no batch ends, not even a canceled one
+                (see `close_batch_gate`; default True).
+            batch_create_gate_open: While False a batch creation waits after
+                making the batch, before it answers (``batches()["held"]`` counts
+                them; default True).
+            batch_results_gate_open: While False a results download waits before
+                it answers (default True).
+            batch_results_order: The order of a batch's results file:
+                ``"submitted"`` (default), ``"reversed"`` or ``"shuffled"``.
+            batch_params_validation: ``"create"`` (default): invalid params refuse
+                the whole batch with 400; ``"results"``: the batch is accepted and
+                those requests get ``errored`` results.
+            seed: Restarts the server's random stream (default 0).
+            cache_min_tokens: Shorter prefixes are not cached (default 1024).
+            cache_clock_offset_s: Seconds added to the prompt cache's clock (see
+                `advance_cache_clock`; default 0).
+            reply_headers: Headers added, as given, to every reply of
+                ``/v1/messages`` (default none).
+
+        Returns:
+            The server's whole configuration after the change.
+
+        Raises:
+            ValueError: The server refuses a value.
         """
         given = {
             "batch_turnaround_s": batch_turnaround_s,
@@ -647,26 +826,33 @@ class FakeAnthropicServer(_FakeServerProcess):
         return self._as_dict(self._call("POST", "/_config", changes))
 
     def config(self) -> dict[str, Any]:
-        """The server's current settings (see :meth:`configure`)."""
+        """The server's current settings.
+
+        Returns:
+            Every setting `configure` takes, with its value.
+        """
         return self._as_dict(self._call("GET", "/_config"))
 
     def batches(self) -> dict[str, Any]:
-        """Statistics of the Message Batches received since the last ``reset()``.
+        """What the Message Batches API received since the last ``reset()``, for batch tests.
 
-        Keys: ``batches_total``, ``requests_total``, ``bytes_total``, ``status_counts``
-        (processing status -> batches), ``result_counts`` (result type -> requests),
-        ``rejected`` (creations refused), ``calls`` (route -> calls: ``create``,
-        ``retrieve``, ``list``, ``cancel``, ``results``, ``delete``), ``order`` (batch ids,
-        oldest first), ``custom_ids`` (every custom_id of an accepted batch -> how many
-        times it was submitted), ``cache`` (``read_tokens``, ``write_tokens``) and
-        ``batches``: batch id -> ``order``, ``requests``, ``bytes``, ``processing_status``,
-        ``deleted``, ``request_counts``, ``custom_ids``, ``cache`` and ``items`` (custom_id
-        -> its ``result`` type and ``cache`` ``{"read", "write"}``, once the batch ended).
+        Returns:
+            ``batches_total``, ``requests_total``, ``bytes_total``,
+                ``status_counts`` (processing status -> batches), ``result_counts``
+                (result type -> requests), ``rejected`` (creations refused),
+                ``calls`` (route -> calls), ``order`` (batch ids, oldest first),
+                ``custom_ids`` (custom_id -> times submitted), ``cache``
+                (``read_tokens``, ``write_tokens``) and ``batches`` (batch id ->
+                its counts, status and items).
         """
         return self._as_dict(self._call("GET", "/_batches"))
 
     def close_batch_gate(self) -> None:
-        """Hold every batch in processing (``in_progress`` or ``canceling``) from now on."""
+        """Hold every batch in processing (``in_progress`` or ``canceling``) from now on.
+
+        A test can then act while batches are in flight (interrupt the run, say);
+        `open_batch_gate` lets them end.
+        """
         self.configure(batch_gate_open=False)
 
     def open_batch_gate(self) -> None:
@@ -674,8 +860,12 @@ class FakeAnthropicServer(_FakeServerProcess):
         self.configure(batch_gate_open=True)
 
     def advance_cache_clock(self, seconds: float) -> None:
-        """Move the prompt cache's clock forward: ``301`` expires the ``5m`` entries not
-        used since, ``3601`` the ``1h`` ones too."""
+        """Move the prompt cache's clock forward, to test expiry without waiting.
+
+        Args:
+            seconds: How far: ``301`` expires the ``5m`` entries not used since,
+                ``3601`` the ``1h`` ones too.
+        """
         offset = float(self.config()["cache_clock_offset_s"])
         self.configure(cache_clock_offset_s=offset + seconds)
 
