@@ -297,82 +297,10 @@ def test_every_public_name_is_documented(loaded: Any, module_name: str) -> None:
     assert problems == [], f"{len(problems)} problem(s):\n" + "\n".join(problems)
 
 
-# -- docstring examples run -----------------------------------------------------------------
-def _docstrings(path: Path) -> Iterator[tuple[int, str]]:
-    """Each docstring of a source file (module, class, function, and the string after an
-    assignment, as griffe reads it) with its line."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if not isinstance(body, list):
-            continue
-        for first, second in zip([None, *body], body, strict=False):
-            is_doc = isinstance(second, ast.Expr) and isinstance(second.value, ast.Constant)
-            if not is_doc or not isinstance(second.value.value, str):
-                continue
-            if first is None or isinstance(first, ast.Assign | ast.AnnAssign):
-                yield second.lineno, second.value.value
-
-
-def _example_scripts() -> list[Any]:
-    """Every fenced ```python block in a docstring of ``src/plait``: a complete script."""
-    found = []
-    for path in SOURCE_FILES:
-        for line, doc in _docstrings(path):
-            cleaned = textwrap.dedent(doc.expandtabs())
-            for i, block in enumerate(
-                re.findall(r"^ *```python\n(.*?)^ *```", cleaned, re.M | re.S)
-            ):
-                name = f"{path.relative_to(SRC)}:{line}[{i}]"
-                found.append(pytest.param(textwrap.dedent(block), id=name))
-    return found
-
-
-@pytest.mark.parametrize("script", _example_scripts())
-def test_docstring_examples_run(script: str, server: Any, tmp_path: Path) -> None:
-    """Each as a user would run it: its own file and process, in an empty directory, with
-    ``OPENAI_BASE_URL`` pointing at the fake OpenAI server (which answers a chat request
-    with ``[SYSTEM PROMPT] USER TEXT``)."""
-    (tmp_path / "example.py").write_text(script, encoding="utf-8")
-    env = {**os.environ, "OPENAI_BASE_URL": server.base_url, "OPENAI_API_KEY": "sk-test"}
-    result = subprocess.run(
-        [sys.executable, "example.py"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.strip(), "an example shows what it does: it prints something"
-    assert "Value(ERROR" not in result.stdout, result.stdout
-
-
-DOCTEST_MODULES = sorted(
-    ".".join(path.relative_to(SRC).with_suffix("").parts).removesuffix(".__init__")
-    for path in SOURCE_FILES
-    if ">>> " in path.read_text(encoding="utf-8")
-)
-
-
-@pytest.mark.parametrize("module_name", DOCTEST_MODULES)
-def test_docstring_doctests_pass(module_name: str) -> None:
-    import doctest
-    import importlib
-
-    module = importlib.import_module(module_name)
-    finder = doctest.DocTestFinder(exclude_empty=True)
-    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
-    tests = [test for test in finder.find(module) if test.examples]
-    assert tests, f"{module_name} has '>>> ' but no doctest was found"
-    for test in tests:
-        runner.run(test)
-    assert runner.summarize(verbose=False).failed == 0
-
-
 # -- names are imported from where the reference documents them ---------------------------
 def _python_blocks(text: str) -> list[str]:
-    return re.findall(r"^```python[^\n]*\n(.*?)^```", text, re.MULTILINE | re.DOTALL)
+    """The ```python blocks of a page (not ```python3: pages show other libraries' code so)."""
+    return re.findall(r"^```python(?:[ \t][^\n]*)?\n(.*?)^```", text, re.MULTILINE | re.DOTALL)
 
 
 def _imports(code: str) -> list[tuple[str, tuple[str, ...]]]:

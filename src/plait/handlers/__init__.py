@@ -72,6 +72,7 @@ if TYPE_CHECKING:  # what _CATALOGUE loads, for type checkers and the API refere
     from plait.handlers.budgeting import Budget, BudgetExceeded, budget
     from plait.handlers.caching import Cache, CacheError, cache
     from plait.handlers.calls import CallLog, CallRecord, log_calls
+    from plait.handlers.llm import answer, request_key, request_of
     from plait.handlers.mocking import Mock, UnmockedCallError, mock
     from plait.handlers.overriding import Override, override
     from plait.handlers.profiling import Profiler, profile
@@ -89,6 +90,9 @@ if TYPE_CHECKING:  # what _CATALOGUE loads, for type checkers and the API refere
 #: names differ from the factories' (``caching`` holds ``cache``) so that importing a
 #: module never shadows a factory of the same name on this package.
 _CATALOGUE = {
+    "answer": "plait.handlers.llm",
+    "request_key": "plait.handlers.llm",
+    "request_of": "plait.handlers.llm",
     "cache": "plait.handlers.caching",
     "log_calls": "plait.handlers.calls",
     "CallLog": "plait.handlers.calls",
@@ -137,6 +141,7 @@ __all__ = [
     "Replayer",
     "Telemetry",
     "UnmockedCallError",
+    "answer",
     "apply_stack",
     "apply_stack_sync",
     "budget",
@@ -149,4 +154,6 @@ __all__ = [
     "profile",
     "record",
     "replay",
+    "request_key",
+    "request_of",
 ]

@@ -115,6 +115,21 @@ class Cache(Handler):
     Raises:
         CacheError: When the file is not a plait cache, is damaged or cannot be
             written.
+
+    Examples:
+        ```python
+        import plait
+        from plait.handlers import cache
+
+        fast = {"provider": "openai", "model": "gpt-4o-mini", "api_key_env": "OPENAI_API_KEY"}
+        resources = plait.ResourceConfig({"fast": fast})
+        summarize = plait.LLMInference("fast", system_prompt="Summarize.").bind(resources=resources)
+
+        with cache("calls.db") as calls:
+            summarize.run_sync("A long text.")  # sent, then stored
+            summarize.run_sync("A long text.")  # answered from calls.db
+        print(calls.stats()["hits"], calls.stats()["stores"])
+        ```
     """
 
     def __init__(self, path: str | os.PathLike[str], namespace: str = "") -> None:
@@ -449,20 +464,5 @@ The key is the request as the endpoint would receive it (model, messages,
 sampling settings, schema, provider fields), never the alias or the key, so a
 changed prompt or temperature misses and a renamed alias still hits.  Only
 successful replies the endpoint itself produced are stored.  ``cache.bypass()``
-makes the calls inside its block skip every cache.
-
-Examples:
-    ```python
-    import plait
-    from plait.handlers import cache
-
-    fast = {"provider": "openai", "model": "gpt-4o-mini", "api_key_env": "OPENAI_API_KEY"}
-    resources = plait.ResourceConfig({"fast": fast})
-    summarize = plait.LLMInference("fast", system_prompt="Summarize.").bind(resources=resources)
-
-    with cache("calls.db") as calls:
-        summarize.run_sync("A long text.")  # sent, then stored
-        summarize.run_sync("A long text.")  # answered from calls.db
-    print(calls.stats()["hits"], calls.stats()["stores"])
-    ```
+makes the calls inside its block skip every cache.  `Cache` has an example.
 """
