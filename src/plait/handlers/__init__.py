@@ -21,8 +21,8 @@ and ``msg.done`` (the calls inside are then skipped), rewrite its output in
 clearing ``msg.error`` and setting ``msg.value``.
 
 Order matters when handlers change a call: the innermost one acts first.  Put an
-`override` inside a `cache` so the cache keys on the overridden request, and a
-`budget` outside a `cache` so cache hits cost nothing:
+`override` inside a `cache` so the cache keys on the overridden request (a `budget`
+counts only the calls really sent, wherever it sits, so cache hits cost nothing):
 
 ```python
 import plait
