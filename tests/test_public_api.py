@@ -496,7 +496,7 @@ def test_no_jargon_in_the_help_of_each_command(command: str) -> None:
     assert jargon_in(result.stdout + result.stderr) == []
 
 
-DOC_PAGES = sorted((ROOT / "docs").rglob("*.md"))
+DOC_PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 
 @pytest.mark.parametrize("page", DOC_PAGES, ids=[str(p.relative_to(ROOT)) for p in DOC_PAGES])
