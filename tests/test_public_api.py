@@ -21,7 +21,9 @@ constant or type alias needs a docstring too (a string right after the assignmen
 griffe does not read ``#:`` comments).
 
 The jargon test scans what users read: docstrings and string literals of
-``src/plait``, the ``--help`` of every ``plait`` command, and the pages of ``docs/``.
+``src/plait``, the ``--help`` of every ``plait`` command, the README and the pages of
+``docs/``.  And what the pages import, they import from a documented module that
+exports it.  (The docstrings' examples run in ``tests/test_pages.py``.)
 """
 
 from __future__ import annotations
