@@ -27,9 +27,7 @@ from typing import Any
 from _resources import resources_for
 
 import plait
-from plait.learning.losses import FunctionLoss
-from plait.learning.optimizers import SFAOptimizer
-from plait.learning.trainer import Trainer, TrainingEvent
+from plait.learning import FunctionLoss, SFAOptimizer, Trainer, TrainingEvent
 
 DATA = Path(__file__).resolve().parent / "data"
 INITIAL_PROMPT = "Classify the review."

@@ -1145,9 +1145,11 @@ class Documented:
 def rendered_docstrings(
     module: ModuleType, documented: Sequence[str], load: Callable[[str], ModuleType]
 ) -> Iterator[Documented]:
-    """Each docstring the API reference shows for ``module``: its public names (those in
-    ``__all__``) it owns, and the public methods and properties of its public classes
-    (``__init__`` too, merged into the class's page)."""
+    """Each docstring the API reference shows for ``module``: its own (the top of its
+    page), its public names (those in ``__all__``) it owns, and the public methods and
+    properties of its public classes (``__init__`` too, merged into the class's page)."""
+    if module.__doc__:
+        yield Documented(module.__name__, module, module.__doc__)
     for name in public_names(module):
         obj = getattr(module, name)
         if not (inspect.isclass(obj) or inspect.isroutine(obj)):

@@ -159,7 +159,7 @@ def test_the_documented_user_handler_counts_llm_calls_per_module(
 ) -> None:
     import plait.handlers
 
-    assert "class CountCalls(Handler):" in (plait.handlers.__doc__ or "")
+    assert "class CountCalls(Handler):" in (plait.handlers.Handler.__doc__ or "")
     pipeline = FanOutFanIn().bind(resources=resources)
     with CountCalls() as counts:
         pipeline.run_sync(["a", "b", "c"])

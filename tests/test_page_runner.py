@@ -630,11 +630,13 @@ def test_docstring_examples_of_public_names_are_collected_and_run(
     module = importlib.import_module("synthetic_docs")
     items = list(rendered_docstrings(module, ["synthetic_docs"], importlib.import_module))
     assert [item.qualname for item in items] == [
+        "synthetic_docs",  # the module's own docstring: the top of its reference page
         "synthetic_docs.Greeter",
         "synthetic_docs.Greeter.greet",
         "synthetic_docs.shout",
     ]
-    documents = [docstring_document(item, tmp_path) for item in items]
+    assert not has_examples(docstring_document(items[0], tmp_path))
+    documents = [docstring_document(item, tmp_path) for item in items[1:]]
     assert all(has_examples(d) for d in documents)
     greeter, greet, shout = documents
     assert [s.kind for s in shout.steps] == ["script"]

@@ -25,7 +25,7 @@ from plait.tracing import TracingError
 from plait.values import ExecutionError, Value, ValueKind, unwrap, valueify
 
 if TYPE_CHECKING:
-    from plait import functional
+    from plait import functional, serve
     from plait.blueprint import Blueprint, make_from_argv
     from plait.demos import knn_demos
     from plait.execution import BatchResult, CheckpointError, ExecutionSettings, run

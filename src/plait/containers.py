@@ -339,6 +339,29 @@ class Sequential(_ModuleSequence["Sequential"]):
     ``Sequential(a, b, c)`` numbers the steps ``0``, ``1``, ``2``;
     ``Sequential({"summarize": a, "analyze": b})`` names them.  An empty Sequential
     returns its single input unchanged.
+
+    Args:
+        *modules: The steps in order, or one mapping of step names to modules.
+
+    Raises:
+        TypeError: When a step is not a `Module`, or a mapping is not the only argument.
+        ValueError: When a step name is not a valid key (see the module docstring).
+
+    Examples:
+        ```python
+        import plait
+
+        fast = {"provider": "openai", "model": "gpt-4o-mini", "api_key_env": "OPENAI_API_KEY"}
+        resources = plait.ResourceConfig({"fast": fast})
+        pipeline = plait.Sequential(
+            {
+                "summarize": plait.LLMInference("fast", system_prompt="Summarize."),
+                "translate": plait.LLMInference("fast", system_prompt="Translate to French."),
+            }
+        ).bind(resources=resources)
+        print(pipeline.run_sync("A long text."))
+        print([name for name, _ in pipeline.named_children()])
+        ```
     """
 
     _keeps_names: ClassVar[bool] = True
@@ -383,6 +406,18 @@ class Sequential(_ModuleSequence["Sequential"]):
         return self._concat(other)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Call the first step with the inputs, then each next step with the last output.
+
+        Args:
+            *args: The first step's inputs.
+            **kwargs: The first step's keyword inputs.
+
+        Returns:
+            The last step's output (the single input, for an empty Sequential).
+
+        Raises:
+            TypeError: When an empty Sequential gets other than exactly one input.
+        """
         steps = list(self._children.values())
         if not steps:
             if len(args) == 1 and not kwargs:
@@ -399,7 +434,14 @@ class Sequential(_ModuleSequence["Sequential"]):
 
 
 class ModuleList(_ModuleSequence["ModuleList"]):
-    """A list of modules, indexable and iterable; children are named ``0``, ``1``, ..."""
+    """A list of modules, indexable and iterable; children are named ``0``, ``1``, ...
+
+    Modules kept in a plain list are traced too; a `ModuleList` also registers them,
+    so their parameters are in `state_dict` and the optimizers' reach.
+
+    Args:
+        modules: The initial modules.
+    """
 
     def __init__(self, modules: Iterable[Module] = ()) -> None:
         super().__init__()
@@ -415,13 +457,29 @@ class ModuleList(_ModuleSequence["ModuleList"]):
         return self._concat(other)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Not callable: iterate over the list inside your own module's ``forward``.
+
+        Args:
+            *args: Ignored.
+            **kwargs: Ignored.
+
+        Returns:
+            Never returns.
+
+        Raises:
+            NotImplementedError: Always.
+        """
         raise NotImplementedError(
             "ModuleList has no forward(); iterate over it inside your own module's forward"
         )
 
 
 class ModuleDict(_ModuleContainer):
-    """Modules by name, in insertion order; keys are identifiers (see the module docstring)."""
+    """Modules by name, in insertion order; keys are identifiers (see the module docstring).
+
+    Args:
+        modules: The initial entries: a mapping or an iterable of (key, module) pairs.
+    """
 
     def __init__(
         self,
@@ -442,7 +500,11 @@ class ModuleDict(_ModuleContainer):
     def update(
         self, modules: Mapping[str, Module] | Iterable[tuple[str, Module]] | ModuleDict
     ) -> None:
-        """Add or replace entries from a mapping or an iterable of (key, module) pairs."""
+        """Add or replace entries from a mapping or an iterable of (key, module) pairs.
+
+        Args:
+            modules: The entries to add.
+        """
         self._update(modules, "ModuleDict.update()")
 
     def __getitem__(self, key: str) -> Module:
@@ -465,7 +527,18 @@ class ModuleDict(_ModuleContainer):
     @overload
     def pop(self, key: str, default: _T) -> Module | _T: ...
     def pop(self, key: str, default: Any = _MISSING) -> Any:
-        """Remove ``key`` and return its module (or ``default`` if given and ``key`` is absent)."""
+        """Remove ``key`` and return its module (or ``default`` if given and ``key`` is absent).
+
+        Args:
+            key: The entry to remove.
+            default: What to return when ``key`` is absent.
+
+        Returns:
+            The removed module, or ``default``.
+
+        Raises:
+            KeyError: When ``key`` is absent and no default is given (listing the keys).
+        """
         if key not in self._children:
             if default is _MISSING:
                 raise KeyError(_missing_key(self, key, self._children))
@@ -475,9 +548,19 @@ class ModuleDict(_ModuleContainer):
         return module
 
     def get(self, key: str, default: _T | None = None) -> Module | _T | None:
+        """The module under ``key``, or ``default``.
+
+        Args:
+            key: The entry's key.
+            default: What to return when ``key`` is absent.
+
+        Returns:
+            The module, or ``default``.
+        """
         return self._children.get(key, default)
 
     def clear(self) -> None:
+        """Remove every entry."""
         self._drop_all()
 
     def __contains__(self, key: object) -> bool:
@@ -490,15 +573,42 @@ class ModuleDict(_ModuleContainer):
         return iter(list(self._children))
 
     def keys(self) -> KeysView[str]:
+        """The keys, in insertion order.
+
+        Returns:
+            A view of the keys.
+        """
         return self._children.keys()
 
     def values(self) -> ValuesView[Module]:
+        """The modules, in insertion order.
+
+        Returns:
+            A view of the modules.
+        """
         return self._children.values()
 
     def items(self) -> ItemsView[str, Module]:
+        """The (key, module) pairs, in insertion order.
+
+        Returns:
+            A view of the pairs.
+        """
         return self._children.items()
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Not callable: index the dict inside your own module's ``forward``.
+
+        Args:
+            *args: Ignored.
+            **kwargs: Ignored.
+
+        Returns:
+            Never returns.
+
+        Raises:
+            NotImplementedError: Always.
+        """
         raise NotImplementedError(
             "ModuleDict has no forward(); index it inside your own module's forward"
         )
@@ -522,7 +632,13 @@ class _ParameterContainer(Module):
 
 
 class ParameterList(_ParameterContainer):
-    """A list of parameters (for example few-shot examples), each learnable on its own."""
+    """A list of parameters (for example few-shot examples), each learnable on its own.
+
+    Entries are named ``0``, ``1``, ... and renumbered after every change.
+
+    Args:
+        parameters: The initial parameters.
+    """
 
     def __init__(self, parameters: Iterable[Parameter] = ()) -> None:
         super().__init__()
@@ -594,21 +710,54 @@ class ParameterList(_ParameterContainer):
         self._set_items(items)
 
     def append(self, param: Parameter) -> Self:
+        """Add ``param`` at the end.
+
+        Args:
+            param: The parameter.
+
+        Returns:
+            This list, so that calls chain.
+        """
         checked = _check_parameter(param, "ParameterList.append()")
         self._put(str(len(self._parameters)), checked)
         return self
 
     def extend(self, parameters: Iterable[Parameter]) -> Self:
+        """Add every parameter of ``parameters`` at the end.
+
+        Args:
+            parameters: The parameters.
+
+        Returns:
+            This list, so that calls chain.
+        """
         self._set_items(self._items() + self._incoming(parameters, "ParameterList.extend()"))
         return self
 
     def insert(self, index: int, param: Parameter) -> None:
+        """Insert ``param`` before ``index``, like ``list.insert``; later entries shift.
+
+        Args:
+            index: The position to insert at.
+            param: The parameter.
+        """
         checked = _check_parameter(param, "ParameterList.insert()")
         items = self._items()
         items.insert(operator.index(index), checked)
         self._set_items(items)
 
     def pop(self, index: int = -1) -> Parameter:
+        """Remove and return the parameter at ``index`` (default: the last one).
+
+        Args:
+            index: The position to remove.
+
+        Returns:
+            The removed parameter.
+
+        Raises:
+            IndexError: When the list is empty or ``index`` is out of range.
+        """
         items = self._items()
         if not items:
             raise IndexError("pop from an empty ParameterList")
@@ -620,11 +769,28 @@ class ParameterList(_ParameterContainer):
         return self.extend(parameters)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Not callable: a parameter list holds state.
+
+        Args:
+            *args: Ignored.
+            **kwargs: Ignored.
+
+        Returns:
+            Never returns.
+
+        Raises:
+            NotImplementedError: Always.
+        """
         raise NotImplementedError("ParameterList holds parameters; it has no forward()")
 
 
 class ParameterDict(_ParameterContainer):
-    """Parameters by name, in insertion order; keys are identifiers (see the module docstring)."""
+    """Parameters by name, in insertion order; keys are identifiers (see the module docstring).
+
+    Args:
+        parameters: The initial entries: a mapping or an iterable of (key, parameter)
+            pairs.
+    """
 
     def __init__(
         self,
@@ -648,7 +814,11 @@ class ParameterDict(_ParameterContainer):
     def update(
         self, parameters: Mapping[str, Parameter] | Iterable[tuple[str, Parameter]] | ParameterDict
     ) -> None:
-        """Add or replace entries from a mapping or an iterable of (key, parameter) pairs."""
+        """Add or replace entries from a mapping or an iterable of (key, parameter) pairs.
+
+        Args:
+            parameters: The entries to add.
+        """
         self._update(parameters, "ParameterDict.update()")
 
     def __getitem__(self, key: str) -> Parameter:
@@ -672,7 +842,18 @@ class ParameterDict(_ParameterContainer):
     @overload
     def pop(self, key: str, default: _T) -> Parameter | _T: ...
     def pop(self, key: str, default: Any = _MISSING) -> Any:
-        """Remove ``key`` and return its parameter (or ``default`` if given and absent)."""
+        """Remove ``key`` and return its parameter (or ``default`` if given and absent).
+
+        Args:
+            key: The entry to remove.
+            default: What to return when ``key`` is absent.
+
+        Returns:
+            The removed parameter, or ``default``.
+
+        Raises:
+            KeyError: When ``key`` is absent and no default is given (listing the keys).
+        """
         if key not in self._parameters:
             if default is _MISSING:
                 raise KeyError(_missing_key(self, key, self._parameters))
@@ -682,9 +863,19 @@ class ParameterDict(_ParameterContainer):
         return param
 
     def get(self, key: str, default: _T | None = None) -> Parameter | _T | None:
+        """The parameter under ``key``, or ``default``.
+
+        Args:
+            key: The entry's key.
+            default: What to return when ``key`` is absent.
+
+        Returns:
+            The parameter, or ``default``.
+        """
         return self._parameters.get(key, default)
 
     def clear(self) -> None:
+        """Remove every entry."""
         self._drop_all()
 
     def __contains__(self, key: object) -> bool:
@@ -697,13 +888,40 @@ class ParameterDict(_ParameterContainer):
         return iter(list(self._parameters))
 
     def keys(self) -> KeysView[str]:
+        """The keys, in insertion order.
+
+        Returns:
+            A view of the keys.
+        """
         return self._parameters.keys()
 
     def values(self) -> ValuesView[Parameter]:
+        """The parameters, in insertion order.
+
+        Returns:
+            A view of the parameters.
+        """
         return self._parameters.values()
 
     def items(self) -> ItemsView[str, Parameter]:
+        """The (key, parameter) pairs, in insertion order.
+
+        Returns:
+            A view of the pairs.
+        """
         return self._parameters.items()
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Not callable: a parameter dict holds state.
+
+        Args:
+            *args: Ignored.
+            **kwargs: Ignored.
+
+        Returns:
+            Never returns.
+
+        Raises:
+            NotImplementedError: Always.
+        """
         raise NotImplementedError("ParameterDict holds parameters; it has no forward()")

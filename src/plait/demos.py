@@ -14,16 +14,30 @@ checkpoint key (a hash of the messages) changes whenever the demonstrations do.
 
 The value may instead be a *pool* chosen from per input, ``{"pool": [pairs...],
 "k": 4}`` (`knn_demos`): each call is shown the ``k`` pairs of the pool whose
-inputs are most like its own (BM25 word overlap, `plait.retrieval`; no model, no
-endpoint), the most similar last, nearest the input; with ``embed="alias"``, by the
-cosine similarity of embeddings that alias's endpoint gives (`plait.execution.
-embeddings`: the pool's inputs embedded once per run, each input once per call).
-With ``cover_labels``, a
-call that answers with labels (`plait.labels`) is shown at least one pair per
-label when ``k`` allows (measured to cost accuracy on a small model, so off by
-default: `knn_demos`).  The pool and ``k`` are the
-parameter's value, so state, checkpoints, ``--parameters`` files and cache keys
-(the chosen pairs are in the messages) all see them.
+inputs are most like its own (BM25 word overlap; no model, no endpoint), the most
+similar last, nearest the input; with ``embed="alias"``, by the cosine similarity
+of the embeddings that alias's endpoint gives (the pool's inputs embedded once per
+run, each input once per call).  With ``cover_labels``, a call that answers with
+labels (`plait.labels`) is shown at least one pair per label when ``k`` allows
+(measured to cost accuracy on a small model, so off by default).  The pool and
+``k`` are the parameter's value, so state, checkpoints, ``--parameters`` files and
+cache keys (the chosen pairs are in the messages) all see them.
+
+Examples:
+    ```python
+    import plait
+
+    fast = {"provider": "openai", "model": "gpt-4o-mini", "api_key_env": "OPENAI_API_KEY"}
+    resources = plait.ResourceConfig({"fast": fast})
+    add = plait.LLMInference(
+        "fast",
+        system_prompt="Add the numbers.",
+        demos=[("2 + 2", "4"), {"input": "3 + 5", "output": "8"}],
+    )
+    for message in add.messages("1 + 6"):
+        print(message["role"], message["content"])
+    print(add.bind(resources=resources).run_sync("1 + 6"))
+    ```
 """
 
 from __future__ import annotations
@@ -54,27 +68,51 @@ DEMOS_DESCRIPTION = (
     "user/assistant turns, before the real input, to teach the task and the answer's "
     "exact form by example."
 )
+"""The description of a demonstrations `Parameter`: what an optimizer reads it is for."""
 
 
 class DemoError(ValueError):
-    """A demonstrations value that is not a list of input/output pairs."""
+    """A demonstrations value that is neither a list of input/output pairs nor a pool.
+
+    The message names where the value came from and what is wrong with it.
+    """
 
 
 def normalize_demos(
     value: Any, where: str = "demos", labels: Sequence[str] | None = None
 ) -> list[dict[str, Any]]:
-    """``value`` as a list of ``{"input": ..., "output": ...}`` dicts, or `DemoError`.
+    """Check a list of demonstrations and give it as ``{"input": ..., "output": ...}`` dicts.
 
     Accepted: a list (or tuple) whose items are ``(input, output)`` pairs or
     mappings with exactly the keys ``input`` and ``output``.  Both sides must be
     JSON data (text, numbers, lists, dicts), since demonstrations are saved in
     ``state_dict()``, parameter files and checkpoints.
 
-    ``labels``: the labels of a call that answers with labels (`plait.labels`).  An
-    output that states one (`label_of`: any case, or the reply's JSON as the wire
-    carries it, ``{"value": "billing"}``, or an `Enum` member) becomes that label's
-    text, the one form the call asks the model to answer in and a user writes, so
-    that a demonstration reads the same whether a user, a file or training made it.
+    For a call that answers with labels, an output that states one (`label_of`: any
+    case, or the reply's JSON as the wire carries it, ``{"value": "billing"}``, or an
+    `Enum` member) becomes that label's text, the one form the call asks the model to
+    answer in and a user writes, so that a demonstration reads the same whether a
+    user, a file or training made it.
+
+    Args:
+        value: The demonstrations.
+        where: What the value was given as, for the message.
+        labels: The labels of a call that answers with labels (`plait.labels`), or
+            None.
+
+    Returns:
+        The pairs as dicts, in order.
+
+    Raises:
+        DemoError: When ``value`` is not such a list, or a pair has an empty side or
+            a side with no JSON form.
+
+    Examples:
+        >>> from plait.demos import normalize_demos
+        >>> normalize_demos([("2+2?", "4")])
+        [{'input': '2+2?', 'output': '4'}]
+        >>> normalize_demos([("charged twice", '{"value": "Billing"}')], labels=["billing"])
+        [{'input': 'charged twice', 'output': 'billing'}]
     """
     if isinstance(value, str | bytes | Mapping) or not isinstance(value, Sequence):
         raise DemoError(
@@ -119,19 +157,52 @@ def normalize_demos(
 def knn_demos(
     k: int = 4, pool: Sequence[Any] = (), cover_labels: bool = False, embed: str | None = None
 ) -> dict[str, Any]:
-    """A demonstrations value chosen per input: the ``k`` pairs of ``pool`` most like
-    each call's input (see the module doc).  An empty pool is filled by training
-    (`BootstrapFewShot` and `DemoSearch` put every pair they gather in it).
-    ``cover_labels``: a call that answers with labels is shown each label at least
-    once when ``k`` allows; off by default, because on the 4-way benchmark it cost
-    13 points (the ``k`` most similar, whatever their labels: 72% with scoring by
-    log-probability; every label covered: 59%; ``benchmarks/labels.py``).
-    ``embed``: an alias whose endpoint gives embeddings (OpenAI-compatible, e.g.
-    ``text-embedding-3-small``); the pairs most like an input are then those whose
-    inputs' embeddings are nearest its own, instead of BM25's word overlap::
+    """Demonstrations chosen per input: the ``k`` pairs of ``pool`` most like each call's input.
 
-        LLMInference("local", "Classify the message.", demos=knn_demos(k=4))
-        LLMInference("fast", "Classify the message.", demos=knn_demos(k=4, embed="embedder"))
+    Pass the result as ``LLMInference(demos=...)``.  An empty pool is filled by
+    training (`BootstrapFewShot` and `DemoSearch` put every pair they gather in
+    it).  Pairs are ranked by BM25 word overlap with the input (no model, no
+    endpoint), or by the embeddings of ``embed``'s endpoint.
+
+    Args:
+        k: How many pairs each call is shown.
+        pool: The pairs to choose from: ``(input, output)`` pairs or
+            ``{"input": ..., "output": ...}`` dicts.
+        cover_labels: A call that answers with labels is shown each label at least
+            once when ``k`` allows.  Off by default: on plait's labelling benchmark
+            it cost accuracy against the ``k`` most similar pairs
+            (``python benchmarks/labels.py``).
+        embed: An alias whose endpoint gives embeddings (OpenAI-compatible, e.g.
+            ``text-embedding-3-small``); the pairs most like an input are then
+            those whose inputs' embeddings are nearest its own.
+
+    Returns:
+        The demonstrations value: ``{"pool": [...], "k": k, "cover_labels": ...}``
+        (with ``"embed"`` when given).
+
+    Raises:
+        DemoError: When ``k`` is not a positive integer, a pair is malformed or
+            ``embed`` is empty.
+
+    Examples:
+        ```python
+        import plait
+
+        fast = {"provider": "openai", "model": "gpt-4o-mini", "api_key_env": "OPENAI_API_KEY"}
+        resources = plait.ResourceConfig({"fast": fast})
+        pool = [
+            ("My card was charged twice.", "billing"),
+            ("The app crashes on start.", "technical"),
+            ("Refund my last invoice.", "billing"),
+            ("Login page shows an error.", "technical"),
+        ]
+        route = plait.LLMInference(
+            "fast", system_prompt="Route the message.", demos=plait.knn_demos(k=2, pool=pool)
+        )
+        shown = route.messages("Refund my card, it was charged twice.")
+        print([m["content"] for m in shown if m["role"] == "user"])
+        print(route.bind(resources=resources).run_sync("Refund my card, it was charged twice."))
+        ```
     """
     spec: dict[str, Any] = {"pool": list(pool), "k": k, "cover_labels": cover_labels}
     if embed is not None:
@@ -141,17 +212,36 @@ def knn_demos(
 
 
 def is_pool(value: Any) -> bool:
-    """Whether a demonstrations value is a pool chosen from per input."""
+    """Whether a demonstrations value is a pool chosen from per input.
+
+    Args:
+        value: A demonstrations value.
+
+    Returns:
+        True for a pool (`knn_demos`), False for a list of pairs.
+    """
     return isinstance(value, Mapping) and "pool" in value
 
 
 def normalize_demo_value(
     value: Any, where: str = "demos", labels: Sequence[str] | None = None
 ) -> Any:
-    """A demonstrations value, checked: a list of pairs (`normalize_demos`) or a pool
-    ``{"pool": [pairs...], "k": k, "cover_labels": false, "embed": "alias"}`` (the
-    last two optional: false and absent, BM25) with its pairs normalized (answers
-    that state one of ``labels`` as that label)."""
+    """Check a demonstrations value: a list of pairs, or a pool chosen from per input.
+
+    Args:
+        value: A list of pairs (`normalize_demos`), or a pool ``{"pool": [pairs...],
+            "k": k, "cover_labels": false, "embed": "alias"}`` (the last two
+            optional: false, and absent for BM25).
+        where: What the value was given as, for the message.
+        labels: The labels of a call that answers with labels: answers that state
+            one are normalized to it.
+
+    Returns:
+        The value with its pairs normalized.
+
+    Raises:
+        DemoError: When the value is neither, or a part of it is malformed.
+    """
     if not isinstance(value, Mapping):
         return normalize_demos(value, where, labels)
     keys = set(value)
@@ -185,7 +275,14 @@ def normalize_demo_value(
 
 
 def embedding_alias(value: Any) -> str | None:
-    """The alias whose embeddings rank a pool, or None (a list, or a pool ranked by BM25)."""
+    """The alias whose embeddings rank a pool, if any.
+
+    Args:
+        value: A demonstrations value.
+
+    Returns:
+        The alias, or None (a list, or a pool ranked by BM25).
+    """
     if not is_pool(value):
         return None
     embed = value.get("embed")
@@ -193,10 +290,18 @@ def embedding_alias(value: Any) -> str | None:
 
 
 def required_aliases(module: Any) -> set[str]:
-    """Every alias a run of ``module`` calls: those its LLM calls name, and those whose
-    embeddings rank a demonstration pool of theirs. What its resources must configure,
-    checked before anything is paid for (an embedding alias found missing at the first
-    call would fail every input)."""
+    """Every alias a run of ``module`` calls: what its resources must configure.
+
+    Runs check these before anything is paid for (an embedding alias found missing
+    at the first call would fail every input).
+
+    Args:
+        module: The pipeline.
+
+    Returns:
+        The aliases its LLM calls name, and those whose embeddings rank a
+        demonstration pool of theirs.
+    """
     from plait.module import llm_aliases
     from plait.parameter import Parameter
 
@@ -210,7 +315,14 @@ def required_aliases(module: Any) -> set[str]:
 
 
 def needs_ranking(value: Any) -> bool:
-    """Whether a call must rank ``value``'s pool to choose from it (more pairs than k)."""
+    """Whether a call must rank ``value``'s pool to choose from it.
+
+    Args:
+        value: A demonstrations value.
+
+    Returns:
+        True for a pool with more pairs than ``k``.
+    """
     return is_pool(value) and len(value["pool"]) > value["k"]
 
 
@@ -221,13 +333,29 @@ def choose_demos(
     where: str = "demos",
     similarity: Sequence[float] | None = None,
 ) -> list[dict[str, Any]]:
-    """The pairs a call with input ``prompt`` is shown, checked (`DemoError` naming
-    ``where`` otherwise): a list as it is; for a pool, its ``k`` pairs most like
-    ``prompt`` (covering ``labels`` when ``k`` allows and the pool says so), least
-    similar first.  A call that answers with ``labels`` is shown each answer that
-    states a label as the label (`normalize_demos`), however the value was set.
-    ``similarity``: each pair's similarity to ``prompt`` as the pool's ``embed``
-    alias measured it (a pool ranked by embeddings needs it; BM25 is used without)."""
+    """The pairs a call with input ``prompt`` is shown.
+
+    A call that answers with ``labels`` is shown each answer that states a label as
+    the label (`normalize_demos`), however the value was set.
+
+    Args:
+        value: A demonstrations value: a list of pairs, or a pool.
+        prompt: The call's input text.
+        labels: The call's labels, when it answers with labels (a pool with
+            ``cover_labels`` then shows each when ``k`` allows).
+        where: What the value was given as, for the message.
+        similarity: Each pool pair's similarity to ``prompt`` as the pool's
+            ``embed`` alias measured it (a pool ranked by embeddings needs it; BM25
+            is used without).
+
+    Returns:
+        A list as it is; for a pool, its ``k`` pairs most like ``prompt``, least
+        similar first (the most similar nearest the input).
+
+    Raises:
+        DemoError: When the value is malformed, the similarities do not match the
+            pool, or a pool ranked by embeddings has none.
+    """
     if not is_pool(value):
         return normalize_demos(value, where, labels)
     checked, index = _pool_index(value, where, labels)
@@ -306,22 +434,46 @@ def demo_answer(output: Any, labels: Sequence[str] | None) -> Any:
 
 
 def label_of(output: Any, labels: Sequence[str]) -> str | None:
-    """The label of ``labels`` a demonstration's ``output`` states, or None
-    (`plait.labels.stated_label`: any case, quotes and punctuation around it, the
-    reply's JSON ``{"value": "billing"}``, an `Enum` member): how demonstrations are
-    normalized, and how pools and searches tell which label a pair shows."""
+    """Which of ``labels`` a demonstration's ``output`` states, or None.
+
+    Any case, quotes and punctuation around it, the reply's JSON
+    ``{"value": "billing"}`` and an `Enum` member all state a label
+    (`plait.labels.stated_label`). Demonstrations are normalized, and pools and
+    searches tell which label a pair shows, this way.
+
+    Args:
+        output: The demonstration's output.
+        labels: The call's labels.
+
+    Returns:
+        The label, or None when the output states none of them.
+    """
     return stated_label(output, labels)
 
 
 def demo_text(part: Any) -> str:
-    """One side of a demonstration as the model reads it: text as is, data as JSON."""
+    """One side of a demonstration as the model reads it: text as is, data as JSON.
+
+    Args:
+        part: An input or an output.
+
+    Returns:
+        The text.
+    """
     if isinstance(part, str):
         return part
     return json.dumps(part, ensure_ascii=False)
 
 
 def demo_messages(demos: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """The user/assistant turns that show ``demos`` (already normalized), in order."""
+    """The user/assistant turns that show ``demos``, in order.
+
+    Args:
+        demos: Normalized pairs (`normalize_demos`).
+
+    Returns:
+        A user message (the input) then an assistant message (the output) per pair.
+    """
     turns: list[dict[str, Any]] = []
     for demo in demos:
         turns.append({"role": "user", "content": demo_text(demo["input"])})

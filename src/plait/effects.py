@@ -1,5 +1,9 @@
-"""The one mechanism every call passes through (seed 004): messages, handlers,
-interpreters, and the `Runtime` the core hands its calls to.
+"""Effect handlers: the one mechanism every module call and LLM call passes through.
+
+This module holds the messages, the handlers that see them, the interpreters that
+give a call its meaning, and the `Runtime` the core hands its calls to.  As in
+Pyro, each call is a message that a stack of handlers may inspect, change or
+answer before and after the real call runs.
 
 A call builds a `Message` and hands it to the innermost *interpreter*, which decides
 what the call means where it is made:
@@ -12,7 +16,7 @@ what the call means where it is made:
 * the engine's node scope (`plait.execution.engine.NodeScope`) inside an ``async def
   forward`` that a run is executing: the call runs as part of that run.
 
-Interpreters are entered like handlers (seed 004: tracing is a handler) but sit in a
+Interpreters are entered like handlers (tracing is itself a handler) but sit in a
 slot of their own beside the handler stack, where `interpret` finds the innermost
 one: whatever the order of ``with`` blocks, the handlers see a call before the
 interpreter gives it its meaning.  The handlers (`Handler`) see each message that
@@ -93,15 +97,32 @@ _entered_lock = threading.Lock()
 
 @dataclass(slots=True, eq=False)
 class Message:
-    """One effect: a module call (``type="module"``) or an LLM request (``"llm"``).
+    """One effect: a module call (``type="module"``), an LLM request (``"llm"``) or a run.
 
-    ``fn`` is the default action, called with ``args``/``kwargs`` when no handler
-    marked the message ``done``; its result lands in ``value``.  ``name`` is the
-    module path.  ``node_id`` and ``input_index`` locate a message in its run's batch,
-    which is what checkpoints and profilers key on.  If the default action raises,
-    the exception is kept in ``error`` and every ``postprocess`` still runs (a handler
-    may recover by clearing ``error`` and setting ``value``); it is raised after the
-    last one.
+    Handlers receive messages in their hooks and may read or change any field.  If
+    the default action raises, the exception is kept in ``error`` and every
+    ``postprocess`` still runs (a handler may recover by clearing ``error`` and
+    setting ``value``); it is raised after the last one.  What an ``"llm"`` message
+    carries is described in `plait.handlers.llm`.
+
+    Attributes:
+        type: The kind of effect: ``"module"``, ``"llm"`` or ``"run"``; a handler's
+            ``process_<type>``/``postprocess_<type>`` hooks see it.
+        name: The module path of the call (for an LLM call, the `LLMInference`'s path).
+        fn: The default action, called with ``args``/``kwargs`` unless a handler set
+            ``done``.
+        args: Positional arguments of the call (an LLM call's one `LLMRequest`).
+        kwargs: Keyword arguments of the call.
+        value: The result: set by the default action, or by a handler that answers.
+        done: Set by a handler that answered the call in ``process``: the default
+            action is skipped.
+        stop: Set by a handler to hide the message from the handlers outside it.
+        module: The module being called, when there is one.
+        node_id: The call's node in its run's graph (what checkpoints key on).
+        input_index: Which input of the run's batch the call serves.
+        meta: Free-form information (``meta["composite"]`` marks a composite module's
+            call, ``meta["scope"]`` names the call it was made inside).
+        error: The exception the default action raised, if any.
     """
 
     type: str
@@ -127,7 +148,7 @@ _hooks: dict[tuple[type, str], tuple[Hook | None, Hook | None]] = {}
 
 
 class Handler:
-    """Base class of effect handlers.
+    """Base class of effect handlers: code that sees, changes or answers calls.
 
     Define ``process_<type>`` (runs before the default action, innermost handler
     first) and/or ``postprocess_<type>`` (after it, outermost handler last) for the
@@ -138,6 +159,38 @@ class Handler:
     manager (``with h:``) or as a decorator, and one instance may be entered by several
     tasks or threads at once: each block is an entry of its own context's stack, not
     state of the handler.
+
+    Examples:
+        A handler that counts the LLM calls each module makes, around a pipeline that
+        runs on canned replies (`plait.handlers.mock`):
+
+        ```python
+        import plait
+        from plait.handlers import Handler, Message, mock
+
+
+        class CountCalls(Handler):
+            def __init__(self) -> None:
+                self.by_module: dict[str, int] = {}
+
+            def postprocess_llm(self, msg: Message) -> None:
+                if msg.error is None:
+                    self.by_module[msg.name] = self.by_module.get(msg.name, 0) + 1
+
+
+        class Summarize(plait.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.summary = plait.LLMInference("fast", system_prompt="Summarize.")
+
+            def forward(self, text: str) -> str:
+                return self.summary(text)
+
+
+        with CountCalls() as counts, mock({"fast": "A short summary."}):
+            Summarize().run_sync(["first text", "second text"])
+        print(counts.by_module)
+        ```
     """
 
     #: A handler that must see every call of a run (a recorder) sets this: a resumed run
@@ -146,17 +199,38 @@ class Handler:
     sees_every_call: bool = False
 
     def process(self, msg: Message) -> Any:
-        """Inspect or rewrite ``msg`` before the call; set ``msg.done`` to skip it."""
+        """Inspect or rewrite ``msg`` before the call; set ``msg.done`` to skip it.
+
+        Args:
+            msg: The call's message; set ``msg.value`` and ``msg.done`` to answer it.
+
+        Returns:
+            Nothing that is used (an ``async def`` hook's awaitable is awaited).
+        """
         return None
 
     def postprocess(self, msg: Message) -> Any:
-        """Inspect or rewrite ``msg.value`` after the call."""
+        """Inspect or rewrite ``msg.value`` after the call.
+
+        Args:
+            msg: The call's message, with ``value`` (or ``error``) set.
+
+        Returns:
+            Nothing that is used (an ``async def`` hook's awaitable is awaited).
+        """
         return None
 
     @classmethod
     def hooks_for(cls, kind: str) -> tuple[Hook | None, Hook | None]:
-        """The ``(process, postprocess)`` functions this class runs for messages of
-        type ``kind``: the type's own hooks, else the plain ones it overrides, else None."""
+        """The ``(process, postprocess)`` functions this class runs for one message type.
+
+        Args:
+            kind: A message type (``"llm"``, ``"module"``, ``"run"``).
+
+        Returns:
+            The type's own hooks (``process_<kind>``), else the plain ones the class
+            overrides, each None where the class defines neither.
+        """
         key = (cls, kind)
         found = _hooks.get(key)
         if found is None:
@@ -165,8 +239,17 @@ class Handler:
 
     @classmethod
     def sees(cls, kind: str) -> bool:
-        """Whether messages of type ``kind`` reach this handler at all (the engine skips
-        the work of a composite call's message when no active handler sees modules)."""
+        """Whether messages of one type reach this handler at all.
+
+        The engine skips building a composite call's message when no active handler
+        sees modules.
+
+        Args:
+            kind: A message type (``"llm"``, ``"module"``, ``"run"``).
+
+        Returns:
+            True when the class defines a hook for ``kind`` (or a plain one).
+        """
         process, postprocess = cls.hooks_for(kind)
         return process is not None or postprocess is not None
 
@@ -195,6 +278,10 @@ class Handler:
         concurrently.  A handler whose block must span a whole run says why here
         (ending with where to enter it instead), and the tracer refuses it.  By
         default that is a handler that hooks runs: a forward runs inside one.
+
+        Returns:
+            The reason, ending with where to enter the handler instead; None when it
+            may be entered inside a ``forward``.
         """
         if type(self).sees("run"):
             return (
@@ -217,9 +304,15 @@ class Handler:
 
     @contextlib.contextmanager
     def outermost(self) -> Iterator[Self]:
-        """Enter below every active handler: it processes each call last and
-        postprocesses it first, so it sees the call as the others left it (plait's
-        checkpoints use this to key on the request after any `override`)."""
+        """Enter this handler below every active one, for the ``with`` block.
+
+        It processes each call last and postprocesses it first, so it sees the call
+        as the others left it (plait's checkpoints use this to key on the request
+        after any `override`).
+
+        Returns:
+            A context manager that yields this handler.
+        """
         token = _STACK.set((self, *_STACK.get()))
         try:
             yield self
@@ -233,7 +326,14 @@ class Handler:
         self.__exit__()
 
     def __call__(self, fn: Callable[P, R]) -> Callable[P, R]:
-        """Use the handler as a decorator: ``fn`` runs with the handler active."""
+        """Use the handler as a decorator: ``fn`` runs with the handler active.
+
+        Args:
+            fn: A function or ``async def`` function.
+
+        Returns:
+            A function that calls ``fn`` inside ``with self:``.
+        """
         if inspect.iscoroutinefunction(fn):
 
             @functools.wraps(fn)
@@ -271,12 +371,23 @@ def _itself(entry: object) -> object:
 
 
 def current_stack() -> tuple[Handler, ...]:
-    """The active handlers, outermost first."""
+    """The handlers active in the calling context.
+
+    Returns:
+        The active handlers, outermost first.
+    """
     return _STACK.get()
 
 
 def observes_every_call(stack: tuple[Handler, ...]) -> bool:
-    """Whether a handler of ``stack`` must see every call (see `Handler.sees_every_call`)."""
+    """Whether a handler of ``stack`` must see every call (see `Handler.sees_every_call`).
+
+    Args:
+        stack: Handlers, as `current_stack` returns them.
+
+    Returns:
+        True when one of them sets ``sees_every_call``.
+    """
     return any(handler.sees_every_call for handler in stack)
 
 
@@ -292,7 +403,18 @@ def _plain_result(result: Any, hook: str, handler: Handler) -> None:
 
 
 def apply_stack_sync(msg: Message) -> Any:
-    """Run ``msg`` through the active handlers; every hook and ``fn`` must be sync."""
+    """Run ``msg`` through the active handlers, synchronously.
+
+    Args:
+        msg: The call; its hooks and ``fn`` must be plain (not ``async``) functions.
+
+    Returns:
+        The call's value, as the handlers left it.
+
+    Raises:
+        TypeError: When a hook is ``async def`` (make it a plain method).
+        Exception: The call's ``error``, when no handler recovered from it.
+    """
     stack = _STACK.get()
     seen = _process_sync(msg, stack)
     if not msg.done and msg.fn is not None:
@@ -329,7 +451,17 @@ def _postprocess_sync(msg: Message, stack: tuple[Handler, ...], seen: int) -> No
 
 
 async def apply_stack(msg: Message) -> Any:
-    """Run ``msg`` through the active handlers; hooks and ``fn`` may be async."""
+    """Run ``msg`` through the active handlers: process, the default action, postprocess.
+
+    Args:
+        msg: The call; its hooks and ``fn`` may be ``async``.
+
+    Returns:
+        The call's value, as the handlers left it.
+
+    Raises:
+        Exception: The call's ``error``, when no handler recovered from it.
+    """
     stack = _STACK.get()
     seen = await process_stack(msg, stack)
     if not msg.done and msg.fn is not None:
@@ -345,10 +477,17 @@ async def apply_stack(msg: Message) -> Any:
 async def process_stack(msg: Message, stack: tuple[Handler, ...]) -> int:
     """The first half of `apply_stack`: ``process`` innermost first, until one stops.
 
-    Returns how many handlers the message passed; `postprocess_stack` hands it back
-    to exactly those.  The engine splits a composite module's call this way: its
-    handlers process the call when its arguments exist and postprocess it when the
-    calls inside it have produced its output.
+    The engine splits a composite module's call this way: its handlers process the
+    call when its arguments exist and postprocess it when the calls inside it have
+    produced its output.
+
+    Args:
+        msg: The call.
+        stack: The handlers, outermost first (`current_stack`).
+
+    Returns:
+        How many handlers the message passed; `postprocess_stack` hands it back to
+        exactly those.
     """
     seen = 0
     for handler in reversed(stack):
@@ -365,7 +504,19 @@ async def process_stack(msg: Message, stack: tuple[Handler, ...]) -> int:
 
 
 async def postprocess_stack(msg: Message, stack: tuple[Handler, ...], seen: int) -> Any:
-    """The second half of `apply_stack`: ``postprocess`` outermost last, then the result."""
+    """The second half of `apply_stack`: ``postprocess`` outermost last, then the result.
+
+    Args:
+        msg: The call, its default action done (or answered by a handler).
+        stack: The same handlers `process_stack` was given.
+        seen: What `process_stack` returned.
+
+    Returns:
+        The call's value, as the handlers left it.
+
+    Raises:
+        Exception: The call's ``error``, when no handler recovered from it.
+    """
     for handler in stack[len(stack) - seen :]:
         hook = type(handler).hooks_for(msg.type)[1]
         if hook is None:
@@ -377,19 +528,32 @@ async def postprocess_stack(msg: Message, stack: tuple[Handler, ...], seen: int)
 
 
 def current_run() -> Message | None:
-    """The ``"run"`` message of the run the calling code belongs to, or None outside
-    any run.  Every task a run starts inherits it, so a handler hook finds the run of
-    the call it is looking at here (and may keep that run's state in its ``meta``)."""
+    """The ``"run"`` message of the run the calling code belongs to.
+
+    Every task a run starts inherits it, so a handler hook finds the run of the call
+    it is looking at here (and may keep that run's state in its ``meta``).
+
+    Returns:
+        The run's message, or None outside any run.
+    """
     return _RUN.get()
 
 
 @contextlib.contextmanager
 def run_scope(msg: Message) -> Iterator[Message]:
-    """Run the block as the run ``msg`` (a ``"run"`` message): the active handlers
-    that hook runs process it now, the block's code sees it as `current_run`, and they
-    postprocess it when the block ends (with ``msg.error`` set if the block raised).
+    """Run the ``with`` block as one run, announced to the handlers that hook runs.
 
-    Usable from sync and async code alike, so its hooks must be plain methods."""
+    The active handlers that hook runs process ``msg`` now, the block's code sees
+    it as `current_run`, and they postprocess it when the block ends (with
+    ``msg.error`` set if the block raised).  Usable from sync and async code alike,
+    so its hooks must be plain methods.
+
+    Args:
+        msg: A ``"run"`` message.
+
+    Returns:
+        A context manager that yields ``msg``.
+    """
     stack = _STACK.get()
     seen = _process_sync(msg, stack)
     token = _RUN.set(msg)
@@ -415,7 +579,7 @@ def _finish(msg: Message) -> Any:
 
 # -- interpreters -------------------------------------------------------------------------
 class Interpreter(Handler):
-    """What a module call means where it is made (see the module docstring).
+    """What a module call means where it is made: run it, record it, or run it in a run.
 
     Entered as a context manager (``with tracer:``) it is the innermost interpreter
     of its block; like any handler, one instance may be entered by several tasks at
@@ -431,21 +595,48 @@ class Interpreter(Handler):
     awaits_calls: bool = False
 
     def call_module(self, msg: Message) -> Any:
-        """The result of the module call ``msg`` (``msg.module`` called with
-        ``msg.args``/``msg.kwargs``; ``msg.fn`` is its ``forward``)."""
+        """Give the module call ``msg`` its meaning here.
+
+        Args:
+            msg: The call: ``msg.module`` called with ``msg.args``/``msg.kwargs``;
+                ``msg.fn`` is its ``forward``.
+
+        Returns:
+            The call's result (an awaitable where the call starts a run).
+        """
         raise NotImplementedError
 
     def lift_parameter(self, param: Any) -> str:
-        """A placeholder string that stands for ``param`` in the graph being recorded."""
+        """A placeholder string that stands for ``param`` in the graph being recorded.
+
+        Args:
+            param: A `Parameter` read as text inside a traced ``forward``.
+
+        Returns:
+            The placeholder.
+
+        Raises:
+            TypeError: When this interpreter records no graph.
+        """
         raise TypeError(f"{type(self).__name__} records no graph")
 
     def entering(self, handler: Handler) -> None:
-        """``handler`` is being entered where this is the innermost interpreter (an
-        interpreter that records calls records the block, or refuses it by raising)."""
+        """Note that ``handler`` is being entered where this is the innermost interpreter.
+
+        An interpreter that records calls records the block, or refuses it by raising.
+
+        Args:
+            handler: The handler being entered.
+        """
 
     def leaving(self, handler: Handler) -> None:
-        """``handler``'s block is ending where this is the innermost interpreter (an
-        interpreter that records calls may refuse an exit it cannot record)."""
+        """Note that ``handler``'s block is ending where this is the innermost interpreter.
+
+        An interpreter that records calls may refuse an exit it cannot record.
+
+        Args:
+            handler: The handler whose block ends.
+        """
 
     def __enter__(self) -> Self:
         _INTERPRETERS.set((*_INTERPRETERS.get(), self))
@@ -464,21 +655,53 @@ class Runtime(Interpreter):
     """
 
     def run_sync(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """Run ``module`` to completion on ``args`` (one input or a batch)."""
+        """Run ``module`` to completion on one input or a batch (`Module.run_sync`).
+
+        Args:
+            module: The module to run.
+            args: Its positional arguments (one input, or one batch).
+            kwargs: Its keyword arguments and per-call options.
+
+        Returns:
+            The output (a list of outputs for a batch).
+        """
         raise NotImplementedError
 
     def stream(self, module: Any, inputs: Any, options: dict[str, Any]) -> AsyncIterator[Any]:
-        """Each input's result as it completes."""
+        """Each input's result as it completes (`Module.stream`).
+
+        Args:
+            module: The module to run.
+            inputs: The batch: a list or any iterable of inputs.
+            options: Per-call options (``preserve_order``, ``resources``...).
+
+        Returns:
+            An async iterator of `BatchResult`s.
+        """
         raise NotImplementedError
 
     async def backward(self, value: Any, feedback: Any) -> None:
-        """Send ``feedback`` on ``value`` back to the parameters that shaped it."""
+        """Send ``feedback`` on ``value`` back to the parameters that shaped it.
+
+        Args:
+            value: An output of a module in training mode.
+            feedback: What to send back (a loss's feedback).
+        """
         raise NotImplementedError
 
 
 def call_eagerly(msg: Message) -> Any:
-    """A module call run on the spot: ``forward`` as a plain function, through the
-    handlers when any are active (the runtime's meaning of a call that needs no run)."""
+    """Run a module call on the spot: ``forward`` as a plain function.
+
+    This is the runtime's meaning of a call that needs no run; the call goes
+    through the handlers when any are active.
+
+    Args:
+        msg: The module call.
+
+    Returns:
+        What ``forward`` returned (as the handlers left it).
+    """
     if _STACK.get():
         return apply_stack_sync(msg)
     return msg.fn(*msg.args, **msg.kwargs) if msg.fn is not None else None
@@ -495,12 +718,20 @@ _runtime: list[Runtime | Callable[[], Runtime]] = [_Eager()]
 
 
 def install_runtime(found: Runtime | Callable[[], Runtime]) -> None:
-    """Make ``found`` (or what it returns when first needed) the process's `Runtime`."""
+    """Make ``found`` the process's `Runtime` (the composition root does this).
+
+    Args:
+        found: The runtime, or a function that makes it when it is first needed.
+    """
     _runtime[0] = found
 
 
 def runtime() -> Runtime:
-    """The process's `Runtime` (loading it on first use when it was installed lazily)."""
+    """The process's `Runtime`, made on first use when it was installed lazily.
+
+    Returns:
+        The runtime.
+    """
     found = _runtime[0]
     if not isinstance(found, Runtime):
         found = _runtime[0] = found()
@@ -508,14 +739,25 @@ def runtime() -> Runtime:
 
 
 def current_interpreter() -> Interpreter:
-    """The innermost interpreter: the one that gives a call made here its meaning."""
+    """The innermost interpreter: the one that gives a call made here its meaning.
+
+    Returns:
+        The innermost entered interpreter, else the process's `Runtime`.
+    """
     interpreters = _INTERPRETERS.get()
     return interpreters[-1] if interpreters else runtime()
 
 
 def find_interpreter(kind: type[I]) -> I | None:
-    """The innermost active interpreter of type ``kind`` (an engine's node scope under a
-    tracer recording a leaf's calls, say), or None."""
+    """The innermost active interpreter of a given type.
+
+    Args:
+        kind: The interpreter class to look for (an engine's node scope under a
+            tracer recording a leaf's calls, say).
+
+    Returns:
+        The innermost entered interpreter of that type, or None.
+    """
     for entered in reversed(_INTERPRETERS.get()):
         if isinstance(entered, kind):
             return entered
@@ -523,5 +765,12 @@ def find_interpreter(kind: type[I]) -> I | None:
 
 
 def interpret(msg: Message) -> Any:
-    """Give the call ``msg`` its meaning here (see `Interpreter`)."""
+    """Give the call ``msg`` its meaning here (see `Interpreter`).
+
+    Args:
+        msg: A module call.
+
+    Returns:
+        The current interpreter's result for it.
+    """
     return current_interpreter().call_module(msg)

@@ -1,13 +1,27 @@
-"""The functional API of seed 000: plait's atomic LLM op as plain async functions.
+"""The functional API: plait's atomic LLM call as plain async functions.
 
-``import plait.functional as F``::
+```python
+import asyncio
 
-    reply = await F.chat_complete("fast", [F.system("Be brief."), F.user(question)])
-    if reply.is_error:
-        ...  # reply.payload is the exception, reply.meta["traceback"] says where
-    answer = F.text_of(reply)
+import plait
+import plait.functional as F
 
-    summary = await F.complete("fast", text, system="Summarize in one line.")
+fast = {"provider": "openai", "model": "gpt-4o-mini", "api_key_env": "OPENAI_API_KEY"}
+resources = plait.ResourceConfig({"fast": fast})
+
+
+async def main() -> None:
+    with plait.ExecutionSettings(resources=resources):
+        reply = await F.chat_complete("fast", [F.system("Be brief."), F.user("Hi!")])
+        if reply.is_error:  # reply.payload is the exception, reply.meta["traceback"] where
+            raise SystemExit(reply.meta["message"])
+        print(F.text_of(reply))
+        summary = await F.complete("fast", "A long text.", system="Summarize in one line.")
+        print(F.text_of(summary))
+
+
+asyncio.run(main())
+```
 
 Every LLM call plait makes takes one path (`plait.execution.calls`): the calls of
 an `LLMInference` (the engine builds the request from the module and hands it
@@ -37,9 +51,9 @@ plain data instead of an `LLMResponse`, that data is kept as ``raw_reply``.
 Outside a run there is no run-wide limit: the endpoint's ``max_concurrent`` and
 rate limits still apply, shared with every run in the process.
 
-Failures follow seed 002: a call that fails (the endpoint refused, retries ran
-out, a replay has no recording of it, a budget is spent, a handler raised)
-returns a `Value` of kind ``ERROR`` instead of raising; its payload is the
+Failures are values, as everywhere in plait: a call that fails (the endpoint
+refused, retries ran out, a replay has no recording of it, a budget is spent, a
+handler raised) returns a `Value` of kind ``ERROR`` instead of raising; its payload is the
 exception and its ``meta`` holds ``error_type``, ``message``, ``traceback`` and
 ``module_path``.  A message content that is itself an ERROR value short-circuits:
 no request is made and that error comes back.  `text_of` and `parsed_of` raise
@@ -73,8 +87,8 @@ __all__ = [
     "user",
 ]
 
-#: The roles a chat message may have ("developer" is OpenAI's newer name for "system").
 ROLES = ("system", "developer", "user", "assistant", "tool")
+"""The roles a chat message may have (``"developer"`` is OpenAI's newer name for ``"system"``)."""
 
 #: Keyword names that are not provider fields: the request or the call sets them.
 _RESERVED_EXTRA = {
@@ -92,23 +106,58 @@ _NAMED = ("temperature", "max_tokens", "response_format", "resources", "name")
 
 # -- message builders ---------------------------------------------------------------------
 def system(content: Any) -> dict[str, Any]:
-    """A system message: ``{"role": "system", "content": content}``."""
+    """A system message: instructions that come before the conversation.
+
+    Args:
+        content: The instructions' text.
+
+    Returns:
+        ``{"role": "system", "content": content}``.
+    """
     return {"role": "system", "content": content}
 
 
 def user(content: Any) -> dict[str, Any]:
-    """A user message; ``content`` may be text, a text `Value` or a previous reply."""
+    """A user message: one turn of the user's.
+
+    Args:
+        content: Text, a text `Value`, a previous reply, or a list of OpenAI content
+            parts.
+
+    Returns:
+        ``{"role": "user", "content": content}``.
+    """
     return {"role": "user", "content": content}
 
 
 def assistant(content: Any) -> dict[str, Any]:
-    """An assistant message (a previous turn of the conversation)."""
+    """An assistant message: a previous turn of the model's in the conversation.
+
+    Args:
+        content: The turn's text, or a previous reply.
+
+    Returns:
+        ``{"role": "assistant", "content": content}``.
+    """
     return {"role": "assistant", "content": content}
 
 
 # -- accessors ----------------------------------------------------------------------------
 def text_of(value: Value | LLMResponse | str) -> str:
-    """The text of a reply (or of any text value); raises `ExecutionError` on an ERROR value."""
+    """The text of a reply (or of any text value).
+
+    Args:
+        value: A reply (a `Value` of kind RESPONSE), an `LLMResponse`, a text
+            `Value` or a string.
+
+    Returns:
+        The text.
+
+    Raises:
+        ExecutionError: On an ERROR value: the call failed (its cause is
+            ``__cause__``).
+        TypeError: When ``value`` is none of those.
+    """
     if isinstance(value, str):
         return value
     if isinstance(value, LLMResponse):
@@ -124,8 +173,18 @@ def text_of(value: Value | LLMResponse | str) -> str:
 def parsed_of(value: Value | LLMResponse) -> Any:
     """The validated object of a reply to a call with ``response_format``.
 
-    Raises `ExecutionError` on an ERROR value, and `ValueError` when the call asked
-    for no ``response_format`` (read its text with `text_of`).
+    Args:
+        value: A reply (a `Value` of kind RESPONSE or STRUCTURED) or an `LLMResponse`.
+
+    Returns:
+        The object (an instance of the ``response_format`` type, or data of its
+        shape).
+
+    Raises:
+        ExecutionError: On an ERROR value: the call failed.
+        ValueError: When the call asked for no ``response_format`` (read its text
+            with `text_of`).
+        TypeError: When ``value`` is not a reply.
     """
     if isinstance(value, Value):
         if value.kind is ValueKind.ERROR:
@@ -162,19 +221,37 @@ async def chat_complete(
 ) -> Value:
     """Send one chat request to ``alias``; a `Value` of kind RESPONSE (or ERROR) comes back.
 
-    ``messages`` are ``{"role": ..., "content": ...}`` dicts (`system`, `user` and
-    `assistant` build them); roles are those in `ROLES`, content is text, a list
-    of OpenAI content parts, or a `Value`/reply (its text is used; an ERROR value
-    is returned as is, with no request made).  ``temperature`` and
-    ``max_tokens`` left at None use the endpoint's defaults; ``response_format``
-    asks for a validated object of that type (a pydantic model, dataclass,
-    TypedDict or e.g. ``list[str]``).  ``resources`` (a `ResourceConfig`,
-    `ResourceManager` or mapping) overrides where the alias leads (inside a
-    module, such a call keeps the run's handlers but not its concurrency limit).  ``name`` is
-    the module path handlers and profiles see (inside a module it is appended to
-    the module's path; default: that path, or ``"chat_complete"``).  Any other
-    keyword (``seed``, ``top_p``, ``stop``, ``tools`` ...) is sent to the
-    provider as it is.
+    Args:
+        alias: The endpoint's name in the resources.
+        messages: ``{"role": ..., "content": ...}`` dicts (`system`, `user` and
+            `assistant` build them); roles are those in `ROLES`, content is text, a
+            list of OpenAI content parts, or a `Value`/reply (its text is used; an
+            ERROR value is returned as is, with no request made).
+        temperature: The sampling temperature; None uses the endpoint's default.
+        max_tokens: The most tokens the reply may have; None uses the endpoint's.
+        response_format: A type the reply must validate into (a pydantic model,
+            dataclass, TypedDict or e.g. ``list[str]``); read it with `parsed_of`.
+        resources: Where the alias leads, overriding the run's or the enclosing
+            `ExecutionSettings`' (a `ResourceConfig`, `ResourceManager` or mapping;
+            inside a module, such a call keeps the run's handlers but not its
+            concurrency limit).
+        name: The module path handlers and profiles see (inside a module it is
+            appended to the module's path; default: that path, or
+            ``"chat_complete"``).
+        **extra: Any other provider field (``seed``, ``top_p``, ``stop``,
+            ``tools``...), sent as it is.
+
+    Returns:
+        A `Value` of kind RESPONSE whose payload is the `LLMResponse`, or of kind
+        ERROR when the call failed.
+
+    Raises:
+        TypeError: When an argument can never work (an alias that is not a
+            string, a keyword that is not a provider field, malformed messages).
+        ValueError: When the messages are empty or malformed, or ``max_tokens`` is
+            not a positive integer.
+        plait.ConfigurationError: When the resources do not
+            configure ``alias``.
     """
     _check_call(alias, temperature, max_tokens, response_format, name, extra)
     site = CallSite.here(resources, name, "chat_complete")
@@ -198,13 +275,54 @@ async def complete(
 ) -> Value:
     """One user turn (with an optional system prompt): the request an `LLMInference` makes.
 
-    ``prompt`` is text, a `Value` or a reply, or any object (a dict, a pydantic
-    model ...), which is sent as its JSON text as a module would send it.  The
-    other arguments are `chat_complete`'s.  An `LLMInference(alias, system_prompt=s,
-    temperature=t)` called on ``prompt`` and ``complete(alias, prompt, system=s,
-    temperature=t)`` send the same request, so they share caches and recordings;
-    ``demos`` (input/output pairs, `plait.demos`) go between the system prompt and
-    the prompt as user/assistant turns, as an `LLMInference`'s demonstrations do.
+    An ``LLMInference(alias, system_prompt=s, temperature=t)`` called on ``prompt``
+    and ``complete(alias, prompt, system=s, temperature=t)`` send the same request,
+    so they share caches and recordings.
+
+    Args:
+        alias: The endpoint's name in the resources.
+        prompt: Text, a `Value` or a reply, or any object (a dict, a pydantic
+            model...), which is sent as its JSON text as a module would send it.
+        system: The system prompt; None or empty for none.
+        temperature: As in `chat_complete`.
+        max_tokens: As in `chat_complete`.
+        response_format: As in `chat_complete`.
+        resources: As in `chat_complete`.
+        name: As in `chat_complete` (default: ``"complete"``).
+        demos: Input/output pairs (`plait.demos`), sent between the system prompt
+            and the prompt as user/assistant turns.
+        **extra: Provider fields, as in `chat_complete`.
+
+    Returns:
+        A `Value` of kind RESPONSE whose payload is the `LLMResponse`, or of kind
+        ERROR when the call failed.
+
+    Raises:
+        TypeError: When ``prompt`` is None or bytes, or an argument can never work
+            (see `chat_complete`).
+        ValueError: As in `chat_complete`.
+        plait.demos.DemoError: When ``demos`` are not input/output pairs.
+
+    Examples:
+        ```python
+        import asyncio
+
+        import plait
+        import plait.functional as F
+
+        fast = {"provider": "openai", "model": "gpt-4o-mini", "api_key_env": "OPENAI_API_KEY"}
+        resources = plait.ResourceConfig({"fast": fast})
+
+
+        async def main() -> None:
+            reply = await F.complete(
+                "fast", "The roof leaks.", system="Summarize.", resources=resources
+            )
+            print(reply.kind.name, F.text_of(reply))
+
+
+        asyncio.run(main())
+        ```
     """
     _check_call(alias, temperature, max_tokens, response_format, name, extra)
     if prompt is None:

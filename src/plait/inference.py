@@ -54,6 +54,51 @@ class LLMInference(Module):
     sent concurrently and cached, recorded and checkpointed one by one.  In a
     traced ``forward`` the result is a list of ``n`` values to index, iterate or
     pass on.  It is meant for ``temperature > 0`` (self-consistency, best-of-n).
+
+    Args:
+        alias: The endpoint's name in the resources (``"fast"``); with no resources,
+            the embedded local model answers.
+        system_prompt: The system prompt: text (fixed) or a `Parameter` (learnable
+            when ``requires_grad=True``).  Empty: no system message.
+        temperature: The sampling temperature; None uses the endpoint's default.
+        max_tokens: The most tokens the reply may have; None uses the endpoint's.
+        response_format: The type the reply must parse into (a pydantic model, a
+            dataclass, a TypedDict, ``list[str]``...), or a label type (a
+            ``Literal`` of texts or a text `Enum`); None for plain text.
+        demos: Demonstrations: a list of ``(input, output)`` pairs or
+            ``{"input": ..., "output": ...}`` dicts, a pool (`plait.demos.knn_demos`),
+            or a `Parameter` holding either.
+        n: How many samples of the request to make (the call then returns a list).
+        label_method: How a label is chosen: ``"grammar"``, ``"logprob"``,
+            ``"calibrated"``, or None for the endpoint's best.
+
+    Raises:
+        ValueError: When ``alias`` is empty, ``n`` or ``max_tokens`` is not a
+            positive integer, ``temperature`` is not a number, the demonstrations
+            are not input/output pairs, or ``label_method`` is unknown or given
+            without a label type.
+        TypeError: When ``system_prompt`` is neither text nor a `Parameter`,
+            ``response_format`` is a type with no JSON schema, or its labels are
+            empty or differ only in case.
+
+    Examples:
+        ```python
+        from typing import Literal
+
+        import plait
+
+        fast = {"provider": "openai", "model": "gpt-4o-mini", "api_key_env": "OPENAI_API_KEY"}
+        resources = plait.ResourceConfig({"fast": fast})
+        summarize = plait.LLMInference("fast", system_prompt="Summarize in one line.")
+        print(summarize.bind(resources=resources).run_sync("A long report about roofs."))
+
+        sentiment = plait.LLMInference(
+            "fast",
+            system_prompt="Classify the review.",
+            response_format=Literal["positive", "negative"],  # always one of the labels
+        )
+        print(sentiment.bind(resources=resources).run_sync("Great roof, fair price."))
+        ```
     """
 
     _calls_llm: ClassVar[bool] = True
@@ -138,8 +183,19 @@ class LLMInference(Module):
             self.demos = None
 
     def input_text(self, prompt: Any) -> str:
-        """The text of ``prompt`` as the last user turn carries it (a TypeError naming
-        its type for a prompt with no text of its own: None, bytes, a function)."""
+        """The text of ``prompt`` as the last user turn carries it.
+
+        Args:
+            prompt: The input: text, or data sent as its text (a dict or list as
+                JSON, a pydantic model as its JSON, a number as ``str()`` gives it).
+
+        Returns:
+            The text.
+
+        Raises:
+            TypeError: For a prompt with no text of its own (None, bytes, a
+                function), naming its type.
+        """
         return (
             prompt if isinstance(prompt, str) else prompt_text(prompt, f"{self._label()}'s prompt")
         )
@@ -147,16 +203,31 @@ class LLMInference(Module):
     def messages(
         self, prompt: Any, similarity: Sequence[float] | None = None
     ) -> list[dict[str, Any]]:
-        """The chat messages this call sends for ``prompt``: the system prompt, the
-        demonstrations as user/assistant turns, then ``prompt`` as the last user turn.
-        A call that answers with labels says them at the end of the system prompt.
-        ``similarity``: for demonstrations ranked by an embedding alias, each pool
-        pair's similarity to ``prompt`` (`plait.execution.embeddings`).
+        """The chat messages this call sends for ``prompt``.
 
-        Parameter values are read as the running input sees them (see
-        `Parameter.current`); demonstrations that are not a list of input/output
-        pairs are a `plait.demos.DemoError` naming the parameter; a prompt with no
-        text of its own (None, bytes, a function) is a TypeError naming its type.
+        The system prompt comes first, then the demonstrations as user/assistant
+        turns, then ``prompt`` as the last user turn.  A call that answers with
+        labels says them at the end of the system prompt.  Parameter values are
+        read as the running input sees them (see `Parameter.current`).
+
+        Args:
+            prompt: The input (see `input_text`).
+            similarity: For demonstrations ranked by an embedding alias, each pool
+                pair's similarity to ``prompt``; None otherwise.
+
+        Returns:
+            ``{"role": ..., "content": ...}`` dicts, in order.
+
+        Raises:
+            plait.demos.DemoError: When the demonstrations are not a list of
+                input/output pairs (naming the parameter).
+            TypeError: For a prompt with no text of its own (None, bytes, a function).
+
+        Examples:
+            >>> import plait
+            >>> call = plait.LLMInference("fast", system_prompt="Be brief.")
+            >>> call.messages("Hello")
+            [{'role': 'system', 'content': 'Be brief.'}, {'role': 'user', 'content': 'Hello'}]
         """
         messages: list[dict[str, Any]] = []
         system = self.system_prompt
@@ -186,12 +257,34 @@ class LLMInference(Module):
         return self.qualified_path or "LLMInference"
 
     def forward(self, prompt: Any) -> Any:
+        """Not called: plait's runtime makes the request when the module is called.
+
+        Args:
+            prompt: The input.
+
+        Returns:
+            Never returns.
+
+        Raises:
+            RuntimeError: Always: call the module instead (``await call(prompt)``,
+                ``call.run_sync(prompt)``).
+        """
         raise RuntimeError(
             "LLMInference.forward() is not called directly: plait's runtime makes the request. "
             "Call the module (await module(prompt), module.run_sync(prompt)) instead"
         )
 
     def backward(self, feedback: Value, ctx: BackwardContext) -> BackwardResult:
+        """Pass the feedback on to the prompt, and ask for a better system prompt.
+
+        Args:
+            feedback: Feedback on the call's output.
+            ctx: The call's inputs, output and place in the graph.
+
+        Returns:
+            The feedback for the prompt's producer and, when the system prompt is
+            learnable, a request to improve it.
+        """
         result = BackwardResult()
         result.input_feedback["prompt"] = feedback.payload
         if self.system_prompt is not None and self.system_prompt.requires_grad:
@@ -202,6 +295,11 @@ class LLMInference(Module):
         return result
 
     def extra_repr(self) -> str:
+        """The call's settings as the module's ``repr`` shows them.
+
+        Returns:
+            Text such as ``"alias='fast', temperature=1.0"``.
+        """
         parts = [f"alias={self.alias!r}"]
         if self.temperature is not None:
             parts.append(f"temperature={self.temperature}")

@@ -4,27 +4,40 @@ A small model asked to classify drifts into sentences ("This message is about
 billing.").  A call whose ``response_format`` is a fixed set of texts gets the
 label itself, always, by one of three methods (``LLMInference(label_method=...)``):
 
-``"grammar"``
-    Decoding is constrained so that the only replies possible are the labels: a
-    grammar on the embedded model, a JSON schema with an ``enum`` on endpoints with
-    structured outputs, a tool schema on Anthropic.
-``"logprob"``
-    One token is generated and each label is scored by the probability the model
-    gives to starting its reply with it (the probability mass of the first tokens
-    that begin that label, and only that label); the likeliest label wins.  Needs
-    log-probabilities (the embedded model, OpenAI-compatible endpoints).
-``"calibrated"``
-    As ``"logprob"``, divided by the label prior the same prompt gives a
-    content-free input ("N/A"): a model's bias toward one label, which its system
-    prompt and demonstrations cause, is taken out ("Calibrate Before Use", Zhao et
-    al. 2021).  The prior costs one request per call site (and demonstrations),
-    remembered by the endpoint.
+- ``"grammar"``: decoding is constrained so that the only replies possible are the
+  labels: a grammar on the embedded model, a JSON schema with an ``enum`` on
+  endpoints with structured outputs, a tool schema on Anthropic.
+- ``"logprob"``: one token is generated and each label is scored by the probability
+  the model gives to starting its reply with it (the probability mass of the first
+  tokens that begin that label, and only that label); the likeliest label wins.
+  Needs log-probabilities (the embedded model, OpenAI-compatible endpoints).
+- ``"calibrated"``: as ``"logprob"``, divided by the label prior the same prompt
+  gives a content-free input ("N/A"): a model's bias toward one label, which its
+  system prompt and demonstrations cause, is taken out ("Calibrate Before Use",
+  Zhao et al. 2021).  The prior costs one request per call site (and
+  demonstrations), remembered by the endpoint.
 
 The scoring methods run on the provider's wire (`plait.providers.scoring`).
 Whatever the method, the reply is read leniently (`match_label`): JSON or bare
 text, any case, surrounding quotes and punctuation; a reply that names exactly one
 label is that label; anything else is a `ValueError` naming the labels, which the
 endpoint quotes back to the model once before the call fails.
+
+Examples:
+    ```python
+    from typing import Literal
+
+    import plait
+
+    fast = {"provider": "openai", "model": "gpt-4o-mini", "api_key_env": "OPENAI_API_KEY"}
+    resources = plait.ResourceConfig({"fast": fast})
+    route = plait.LLMInference(
+        "fast",
+        system_prompt="Which team should answer this message?",
+        response_format=Literal["billing", "technical", "other"],
+    ).bind(resources=resources)
+    print(route.run_sync("I was charged twice."))  # one of the three labels
+    ```
 """
 
 from __future__ import annotations
@@ -54,20 +67,22 @@ __all__ = [
 ]
 
 LabelMethod = Literal["grammar", "logprob", "calibrated"]
+"""How a label call chooses its label: the values of ``LLMInference(label_method=...)``."""
+
 LABEL_METHODS: tuple[str, ...] = typing.get_args(LabelMethod)
+"""The label methods, in order: ``("grammar", "logprob", "calibrated")``."""
 
-#: How the embedded model chooses a label when the call does not say.  Scoring and
-#: the grammar are as accurate as each other on the 4-way benchmark
-#: (``benchmarks/labels.py``, 80 messages: no demonstrations 21% against 24%, four
-#: fixed 29% against 29%, four chosen per input 72% against 71%), and scoring
-#: generates one token where the grammar spells the label out (1.3-1.9x faster).
-#: ``"calibrated"`` is better with a few fixed demonstrations (40%), at a second
-#: request per prompt (RESULTS.md section 13).
 DEFAULT_LOCAL_METHOD: LabelMethod = "logprob"
+"""How the embedded model chooses a label when the call does not say.
 
-#: The content-free input whose label distribution is the prior ``"calibrated"``
-#: divides by.
+Scoring is as accurate as the grammar on plait's labelling benchmark and generates
+one token where the grammar spells the label out, so it is faster; ``"calibrated"``
+does better with a few fixed demonstrations, at a second request per prompt.  The
+Benchmarks page has the figures, measured with ``python benchmarks/labels.py``.
+"""
+
 CONTENT_FREE = "N/A"
+"""The content-free input whose label distribution is the prior ``"calibrated"`` divides by."""
 
 #: Floor for a label no listed token begins when no alternative is listed at all.
 UNSEEN = -1e9
@@ -79,6 +94,23 @@ def label_choices(tp: Any) -> tuple[str, ...] | None:
     A label type is a ``Literal`` of texts or an `Enum` whose values are all texts
     (a ``str`` mixin or not); the labels must be distinct and not empty.  Asked at
     every call, so remembered per type.
+
+    Args:
+        tp: A ``response_format``.
+
+    Returns:
+        The labels, or None when ``tp`` is not a label type.
+
+    Raises:
+        TypeError: When a label is empty, or two differ only in case.
+
+    Examples:
+        >>> from typing import Literal
+        >>> from plait.labels import label_choices
+        >>> label_choices(Literal["yes", "no"])
+        ('yes', 'no')
+        >>> label_choices(dict) is None
+        True
     """
     if tp is None:
         return None
@@ -120,26 +152,65 @@ def _label_choices(tp: Any) -> tuple[str, ...] | None:
 
 
 def labels_instruction(choices: Sequence[str]) -> str:
-    """The line a label call's system prompt ends with, and a re-ask says: the model
-    is told its answers, whatever method then picks one."""
+    """The line a label call's system prompt ends with, and a re-ask says.
+
+    The model is told its answers, whatever method then picks one.
+
+    Args:
+        choices: The labels.
+
+    Returns:
+        The instruction.
+
+    Examples:
+        >>> from plait.labels import labels_instruction
+        >>> labels_instruction(["yes", "no"])
+        'Answer with exactly one of: yes, no.'
+    """
     return "Answer with exactly one of: " + ", ".join(choices) + "."
 
 
 def label_output(tp: Any, label: str) -> Any:
-    """What the call returns for ``label``: the text for a ``Literal``, the member
-    for an `Enum`."""
+    """What a label call returns for ``label``: its text, or the member of an `Enum`.
+
+    Args:
+        tp: The label type.
+        label: One of its labels.
+
+    Returns:
+        The label's text, or the `Enum` member whose value it is.
+    """
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         return tp(label)
     return label
 
 
 def match_label(tp: Any, text: str) -> Any:
-    """The label a reply names (`label_output`), read leniently, or a ValueError.
+    """The label a reply names, read leniently.
 
     In order: the reply's JSON value (``{"value": ...}`` as the wire schema asks,
     or a JSON string) or its text; that text without surrounding quotes, spaces
     and punctuation, in any case; the one label named as a whole word; the one
     label the text is a near spelling of.
+
+    Args:
+        tp: The label type.
+        text: The reply's text.
+
+    Returns:
+        The label, as `label_output` gives it.
+
+    Raises:
+        TypeError: When ``tp`` is not a label type.
+        ValueError: When the reply names no label, or several (naming the labels).
+
+    Examples:
+        >>> from typing import Literal
+        >>> from plait.labels import match_label
+        >>> match_label(Literal["billing", "technical"], "Billing.")
+        'billing'
+        >>> match_label(Literal["billing", "technical"], 'This is about "technical".')
+        'technical'
     """
     choices = label_choices(tp)
     if choices is None:
@@ -204,14 +275,20 @@ def _json_value(text: str) -> str:
 
 
 def label_scores(top: Sequence[Mapping[str, Any]], choices: Sequence[str]) -> dict[str, float]:
-    """Each label's log-probability of starting the reply, from the first generated
-    token's alternatives (``{"token", "logprob"}``, as `LLMResponse.logprobs` holds
-    them).
+    """Each label's log-probability of starting the reply.
 
     A label's mass is the sum over the listed tokens that begin it (ignoring case
     and leading space) and begin no other label: a token shared by several labels
     ("te" for "technical" and "test") says nothing about which.  A label no listed
     token begins gets a floor below every listed alternative.
+
+    Args:
+        top: The first generated token's alternatives, ``{"token": ..., "logprob":
+            ...}`` dicts as `LLMResponse.logprobs` holds them.
+        choices: The labels.
+
+    Returns:
+        Each label's log-probability (or the floor).
     """
     folded = [c.casefold() for c in choices]
     mass = dict.fromkeys(choices, 0.0)
@@ -232,8 +309,16 @@ def label_scores(top: Sequence[Mapping[str, Any]], choices: Sequence[str]) -> di
 
 
 def choose_label(scores: Mapping[str, float], prior: Mapping[str, float] | None = None) -> str:
-    """The label with the highest score (less its prior's, when calibrating); ties
-    go to the label listed first."""
+    """The label with the highest score (less its prior's, when calibrating).
+
+    Args:
+        scores: Each label's log-score (`label_scores`).
+        prior: Each label's log-score for a content-free input, to subtract; None
+            to take the scores as they are.
+
+    Returns:
+        The best label; ties go to the label listed first.
+    """
     best, best_score = "", -math.inf
     for label, score in scores.items():
         value = score - prior[label] if prior is not None else score
@@ -243,7 +328,20 @@ def choose_label(scores: Mapping[str, float], prior: Mapping[str, float] | None 
 
 
 def normalized(scores: Mapping[str, float]) -> dict[str, float]:
-    """Log-scores as probabilities over the labels (summing to 1)."""
+    """Log-scores as probabilities over the labels (summing to 1).
+
+    Args:
+        scores: Each label's log-score.
+
+    Returns:
+        Each label's probability.
+
+    Examples:
+        >>> import math
+        >>> from plait.labels import normalized
+        >>> normalized({"yes": math.log(3), "no": math.log(1)})
+        {'yes': 0.75, 'no': 0.25}
+    """
     top = max(scores.values())
     weights = {label: math.exp(score - top) for label, score in scores.items()}
     total = sum(weights.values())

@@ -1,4 +1,4 @@
-"""`Module`: the unit users write, as in ``torch.nn.Module`` (seed 000).
+"""`Module`: the unit users write, as in ``torch.nn.Module``.
 
 Children and parameters assigned as attributes register themselves.  Calling a
 module builds one `Message` and hands it to the innermost interpreter
@@ -46,7 +46,14 @@ _KEEP = _Keep()
 
 @dataclass(slots=True)
 class BackwardContext:
-    """What a module's ``backward`` may look at: its inputs, output and node."""
+    """What a module's ``backward`` may look at: its inputs, output and node.
+
+    Attributes:
+        inputs: The call's arguments by ``forward`` parameter name.
+        output: What the call returned.
+        node_id: The call's node in the run's graph.
+        module_path: The module's dotted path from the root.
+    """
 
     inputs: dict[str, Any] = field(default_factory=dict)
     output: Any = None
@@ -56,7 +63,14 @@ class BackwardContext:
 
 @dataclass(slots=True)
 class BackwardResult:
-    """Feedback a module sends upstream: per input name and per parameter name."""
+    """Feedback a module sends upstream: per input name and per parameter name.
+
+    Attributes:
+        input_feedback: Feedback for the producer of each input, by ``forward``
+            parameter name.
+        parameter_feedback: Feedback for each of the module's own parameters, by
+            attribute name (``"system_prompt"``).
+    """
 
     input_feedback: dict[str, Any] = field(default_factory=dict)
     parameter_feedback: dict[str, Any] = field(default_factory=dict)
@@ -70,6 +84,39 @@ class Module:
     as much concurrency as the endpoints allow.  A module may instead define
     ``async def forward`` to make decisions on real values; its module calls still
     go through plait's runtime, limits and handlers.
+
+    Submodules and `Parameter`s assigned as attributes register themselves, as in
+    PyTorch: `named_modules`, `named_parameters` and `state_dict` find them.  Call
+    a module with ``await module(x)`` or ``module.run_sync(x)``; a list (or any
+    iterator) of inputs runs as a batch and returns a list of outputs, one per
+    input, where a failed input is a `Value` of kind ERROR.
+
+    Examples:
+        Two calls that run concurrently, and a third that waits for both:
+
+        ```python
+        import plait
+
+
+        class ExtractAndCompare(plait.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.facts = plait.LLMInference("fast", system_prompt="Extract the facts.")
+                self.risks = plait.LLMInference("fast", system_prompt="Extract the risks.")
+                self.compare = plait.LLMInference("fast", system_prompt="Compare them.")
+
+            def forward(self, document: str) -> str:
+                facts = self.facts(document)
+                risks = self.risks(document)
+                return self.compare(f"Facts: {facts} Risks: {risks}")
+
+
+        fast = {"provider": "openai", "model": "gpt-4o-mini", "api_key_env": "OPENAI_API_KEY"}
+        resources = plait.ResourceConfig({"fast": fast})
+        pipeline = ExtractAndCompare().bind(resources=resources)
+        print(pipeline.run_sync("The roof leaks; the price is fair."))
+        print(len(pipeline.run_sync(["first document", "second document"])))
+        ```
     """
 
     _children: dict[str, Module]
@@ -223,10 +270,21 @@ class Module:
         return resources, config
 
     def register_module(self, name: str, module: Module | None) -> None:
-        """Register a child under ``name`` (what attribute assignment does)."""
+        """Register a child under ``name`` (what attribute assignment does).
+
+        Args:
+            name: The attribute name.
+            module: The child, or None to remove what ``name`` held.
+        """
         setattr(self, name, module)
 
     def register_parameter(self, name: str, param: Parameter | None) -> None:
+        """Register a parameter under ``name`` (what attribute assignment does).
+
+        Args:
+            name: The attribute name.
+            param: The parameter, or None to remove what ``name`` held.
+        """
         setattr(self, name, param)
 
     def _bump_state_version(self) -> None:
@@ -234,15 +292,44 @@ class Module:
 
     @property
     def module_state_version(self) -> int:
-        """Bumps whenever a parameter this module owns changes (seed 002)."""
+        """A counter that goes up whenever a parameter this module owns changes value."""
         return self._state_version
 
     # -- computation ---------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """The module's computation: subclasses define it (plain or ``async def``).
+
+        In a plain ``forward`` the module calls it makes are recorded into a graph
+        and run as soon as their inputs exist; their results are stand-ins to pass
+        on, format into text or return, not to inspect (`TracingError` says how to
+        decide on real values: an ``async def forward``).
+
+        Args:
+            *args: The input(s), as the caller passes them.
+            **kwargs: Keyword inputs.
+
+        Returns:
+            The module's output: text, a structure, or the result of a module call.
+
+        Raises:
+            NotImplementedError: When the subclass defines no ``forward``.
+        """
         raise NotImplementedError(f"{type(self).__name__} must implement forward()")
 
     def backward(self, feedback: Value, ctx: BackwardContext) -> BackwardResult:
-        """Send feedback upstream; by default every input receives it unchanged."""
+        """Send feedback upstream; by default every input receives it unchanged.
+
+        Override it to say how feedback on this module's output becomes feedback on
+        its inputs and parameters (module calls made here run for real, as part of
+        the backward pass).
+
+        Args:
+            feedback: Feedback on the module's output (its payload is the text).
+            ctx: The call's inputs, output and place in the graph.
+
+        Returns:
+            Feedback per input name and per parameter name.
+        """
         return BackwardResult(input_feedback={name: feedback for name in ctx.inputs})
 
     def bind(
@@ -262,6 +349,32 @@ class Module:
         ``root.child.run_sync(x)`` runs on ``r``; the names a submodule binds itself win
         for it, name by name (``root.child.bind(seed=9)`` keeps the owner's ``r``).
         ``max_concurrent`` caps the tasks this module runs at once (default 100).
+
+        Args:
+            resources: The endpoints the aliases lead to: a `ResourceConfig`, a
+                `ResourceManager` or a mapping of aliases to endpoint settings.
+            max_concurrent: How many LLM calls one run keeps in flight (default 100).
+            **kwargs: Other run options: ``checkpoint_dir``, ``seed``, ``workers``,
+                ``streaming``, ``preserve_order``, ``max_inputs_in_flight``,
+                ``ray_address``, ``backend``.
+
+        Returns:
+            This module, so that the call can be chained.
+
+        Raises:
+            TypeError: When an option name is unknown (the message lists the known ones).
+
+        Examples:
+            ```python
+            import plait
+
+            fast = {"provider": "openai", "model": "gpt-4o-mini", "api_key_env": "OPENAI_API_KEY"}
+            resources = plait.ResourceConfig({"fast": fast})
+            summarize = plait.LLMInference("fast", system_prompt="Summarize.")
+            summarize.bind(resources=resources, checkpoint_dir="runs/summaries")
+            summarize.bind(seed=7)  # keeps the resources and the checkpoint directory
+            print(summarize.run_sync("A long text."))
+            ```
         """
         options = dict(kwargs)
         if not isinstance(max_concurrent, _Keep):
@@ -298,26 +411,112 @@ class Module:
         return type(self)._async_forward_of()
 
     def run_sync(self, *args: Any, **kwargs: Any) -> Any:
-        """Run to completion and return the result; works inside a running event loop too."""
+        """Run the module to completion and return its output, from plain (sync) code.
+
+        It works inside a running event loop too (a notebook): the run goes to
+        plait's own loop.  A list or iterator as the first argument is a batch.
+
+        Args:
+            *args: The input, or a batch of inputs (a list or any iterator).
+            **kwargs: Keyword inputs of ``forward``, and per-call run options
+                (``resources``, ``max_concurrent``, ``checkpoint_dir``, ``seed``...),
+                which rank above `bind` and `ExecutionSettings`.
+
+        Returns:
+            The output; for a batch, a list of outputs in input order, where an
+            input that failed is a `Value` of kind ERROR.  In ``train()`` mode, the
+            output `Value` itself.
+
+        Raises:
+            ExecutionError: When the single input's pipeline failed (``.value`` is
+                the ERROR `Value`: module path, exception, traceback).
+            TracingError: When ``forward`` uses an output in a way plait cannot
+                record (before any call is sent).
+
+        Examples:
+            ```python
+            import plait
+
+            fast = {"provider": "openai", "model": "gpt-4o-mini", "api_key_env": "OPENAI_API_KEY"}
+            resources = plait.ResourceConfig({"fast": fast})
+            summarize = plait.LLMInference("fast", system_prompt="Summarize.")
+            summarize.bind(resources=resources)
+            print(summarize.run_sync("One input."))
+            for output in summarize.run_sync(["First input.", "Second input."]):
+                print(output)
+            ```
+        """
         return runtime().run_sync(self, args, kwargs)
 
     def stream(self, inputs: Any, **options: Any) -> AsyncIterator[Any]:
-        """Yield a `BatchResult` per input as each completes (or in order, with preserve_order)."""
+        """Run a batch and yield each input's result as it completes.
+
+        Args:
+            inputs: The inputs: a list or any iterable.
+            **options: Per-call run options; ``preserve_order=True`` yields in input
+                order instead of completion order.
+
+        Returns:
+            An async iterator of `BatchResult`s: the input's ``index``, ``output``
+            and, for a failed input, ``error``.
+
+        Examples:
+            ```python
+            import asyncio
+
+            import plait
+
+            fast = {"provider": "openai", "model": "gpt-4o-mini", "api_key_env": "OPENAI_API_KEY"}
+            resources = plait.ResourceConfig({"fast": fast})
+            summarize = plait.LLMInference("fast", system_prompt="Summarize.")
+            summarize.bind(resources=resources)
+
+
+            async def main() -> None:
+                async for result in summarize.stream(["First.", "Second."]):
+                    print(result.index, result.ok, result.output)
+
+
+            asyncio.run(main())
+            ```
+        """
         return runtime().stream(self, inputs, options)
 
     # -- introspection -------------------------------------------------------------
     def children(self) -> Iterator[Module]:
+        """The direct submodules, in the order they were assigned.
+
+        Yields:
+            Each child module.
+        """
         yield from self._children.values()
 
     def named_children(self) -> Iterator[tuple[str, Module]]:
+        """The direct submodules with their attribute names.
+
+        Yields:
+            ``(name, child)`` pairs.
+        """
         yield from self._children.items()
 
     def modules(self) -> Iterator[Module]:
+        """This module and every module below it, each once.
+
+        Yields:
+            Each module, this one first.
+        """
         for _, module in self.named_modules():
             yield module
 
     def named_modules(self, prefix: str = "") -> Iterator[tuple[str, Module]]:
-        """Every module once, under the first path that reaches it (shared modules included)."""
+        """Every module once, under the first path that reaches it (shared modules included).
+
+        Args:
+            prefix: Prepended to every path (``""``: this module's path is ``""``).
+
+        Yields:
+            ``(dotted path, module)`` pairs, this module first.
+        """
         seen: set[int] = set()
         stack: list[tuple[str, Module]] = [(prefix, self)]
         while stack:
@@ -331,11 +530,23 @@ class Module:
                 stack.append((f"{path}.{name}" if path else name, child))
 
     def parameters(self) -> Iterator[Parameter]:
+        """Every parameter of this module and its submodules, each once.
+
+        Yields:
+            Each `Parameter`.
+        """
         for _, param in self.named_parameters():
             yield param
 
     def named_parameters(self, prefix: str = "") -> Iterator[tuple[str, Parameter]]:
-        """Every parameter once, named by the dotted path of its first occurrence."""
+        """Every parameter once, named by the dotted path of its first occurrence.
+
+        Args:
+            prefix: Prepended to every name.
+
+        Yields:
+            ``(dotted name, parameter)`` pairs: the keys of `state_dict`.
+        """
         seen: set[int] = set()
         for path, module in self.named_modules(prefix):
             for name, param in module._parameters.items():
@@ -346,7 +557,12 @@ class Module:
 
     # -- state -----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Every parameter value by dotted name: what training learned, ready to save."""
+        """Every parameter value by dotted name: what training learned, ready to save.
+
+        Returns:
+            A dict of dotted parameter name to value (JSON data for text and
+            demonstrations).
+        """
         return {name: param.value for name, param in self.named_parameters()}
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
@@ -356,6 +572,14 @@ class Module:
         leaves the module as it was: an unknown name raises KeyError, and a value its
         parameter cannot hold (`Parameter.checked`: a number for a prompt, a pool
         for demonstrations is fine) raises `ParameterValueError` naming each.
+
+        Args:
+            state_dict: Dotted parameter names to values, as `state_dict` returns them.
+
+        Raises:
+            KeyError: When a name is not a parameter of this module (the message
+                lists its parameters).
+            ParameterValueError: When a value is of the wrong kind for its parameter.
         """
         params = dict(self.named_parameters())
         unknown = [name for name in state_dict if name not in params]
@@ -382,26 +606,54 @@ class Module:
 
     # -- modes -----------------------------------------------------------------------
     def train(self, mode: bool = True) -> Self:
-        """Training mode: calls return `Value`s that carry the record `backward()` walks."""
+        """Switch this module and its submodules to training mode (or back).
+
+        In training mode a call returns the output `Value`, which carries the
+        record `Value.backward` walks to send feedback to the parameters.
+
+        Args:
+            mode: True for training mode, False for evaluation mode.
+
+        Returns:
+            This module, so that the call can be chained.
+        """
         for module in self.modules():
             object.__setattr__(module, "_training", bool(mode))
         return self
 
     def eval(self) -> Self:
+        """Switch this module and its submodules to evaluation mode: calls return outputs.
+
+        Returns:
+            This module, so that the call can be chained.
+        """
         return self.train(False)
 
     @property
     def training(self) -> bool:
+        """Whether the module is in training mode (see `train`)."""
         return self._training
 
     def requires_grad_(self, requires_grad: bool = True) -> Self:
-        """Freeze (False) or unfreeze every parameter in the tree."""
+        """Freeze (False) or unfreeze every parameter in the tree.
+
+        Args:
+            requires_grad: False to keep optimizers from changing the parameters.
+
+        Returns:
+            This module, so that the call can be chained.
+        """
         for param in self.parameters():
             param.requires_grad = requires_grad
         return self
 
     # -- display ---------------------------------------------------------------------
     def extra_repr(self) -> str:
+        """What the module's ``repr`` shows between its parentheses; override to add.
+
+        Returns:
+            Text such as ``"alias='fast'"``; empty by default.
+        """
         return ""
 
     def __repr__(self) -> str:

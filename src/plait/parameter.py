@@ -1,4 +1,4 @@
-"""Parameters: the learnable state of a pipeline (seeds 000 and 002).
+"""Parameters: the learnable state of a pipeline.
 
 A parameter is state, not data.  When a `forward()` uses one (in an f-string, as
 an argument, as a system prompt) it is lifted into a `Value` whose ref is
@@ -49,7 +49,7 @@ def snapshot_values(params: Any) -> dict[int, Any]:
 use_snapshot = _snapshot.set
 release_snapshot = _snapshot.reset
 
-# -- structure lock (seed 001; set by plait.learning.state.lock) -----------------------
+# -- structure lock (set by plait.learning.state.lock) ---------------------------------
 #: While set (to a description of who locked), creating a Parameter raises: once the
 #: parameter state is locked, the structure it describes must not grow behind its back.
 _structure_lock: ContextVar[str | None] = ContextVar("plait_structure_lock", default=None)
@@ -60,9 +60,14 @@ class StructureLockedError(RuntimeError):
 
 
 class ParameterValueError(ValueError):
-    """A value offered to a parameter (a loaded state, a parameters file) that it cannot
-    hold: the message names each such parameter and what it takes; ``problems`` has
-    one ``"name (why)"`` per parameter refused."""
+    """A value offered to a parameter (a loaded state, a parameters file) that it cannot hold.
+
+    The message names each such parameter and what it takes.
+
+    Args:
+        message: The whole message.
+        problems: One ``"name (why)"`` per parameter refused.
+    """
 
     def __init__(self, message: str, problems: tuple[str, ...] = ()) -> None:
         super().__init__(message)
@@ -95,17 +100,54 @@ _CHECKED_KINDS = frozenset({"boolean", "number", "text", "list", "object"})
 class Parameter:
     """A learnable value, typically a prompt, improved from feedback.
 
-    ``description`` tells an optimizer what the value is for; it is required when
-    ``requires_grad=True`` because an optimizer asked to rewrite a prompt without
-    knowing its role produces incoherent updates.
+    Assign one as an attribute of a `Module` (or pass it as an `LLMInference`'s
+    ``system_prompt``) and it registers under its attribute path: `Module.state_dict`
+    saves it, optimizers rewrite it from the feedback `Value.backward` sends it.
+    Read inside a traced ``forward`` (an f-string, an argument) it stays in the
+    graph, so plait knows which outputs it shaped.  Parameters are equal when
+    their fields are, and hashed by identity (they can key dicts and sets).
 
-    ``check`` says which values the parameter may hold when a saved state is loaded
-    into it (`Module.load_state_dict`, ``--parameters`` files): a function taking a
-    value and returning it as the parameter holds it, or raising ValueError saying
-    why it cannot (a module-level function, so that the parameter still pickles).
-    Without one, a loaded value must be of the JSON kind of the value held (text
-    for text, a list for a list...).  Demonstrations have one: a list of pairs and
-    a pool chosen per input are both demonstrations.
+    Args:
+        value: The initial value: usually text, or JSON data (demonstrations).
+        description: What the value controls, for the optimizer that rewrites it.
+            Required when ``requires_grad=True``: an optimizer asked to rewrite a
+            prompt without knowing its role produces incoherent updates.
+        requires_grad: Whether optimizers may change it (False: a fixed value).
+        check: Which values the parameter may hold when a saved state is loaded
+            into it (`Module.load_state_dict`, ``--parameters`` files): a function
+            taking a value and returning it as the parameter holds it, or raising
+            ValueError saying why it cannot (a module-level function, so that the
+            parameter still pickles).  Without one, a loaded value must be of the
+            JSON kind of the value held (text for text, a list for a list...).
+
+    Raises:
+        ValueError: When ``requires_grad=True`` and there is no description.
+        TypeError: When ``value`` is itself a `Parameter` (reuse that object to share it).
+        StructureLockedError: When the parameter structure is locked
+            (`plait.learning.lock`): create parameters before locking.
+
+    Examples:
+        ```python
+        import plait
+
+
+        class Summarize(plait.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.instructions = plait.Parameter(
+                    "Summarize in one line.", description="How to summarize a review"
+                )
+                self.summary = plait.LLMInference("fast", system_prompt=self.instructions)
+
+            def forward(self, text: str) -> str:
+                return self.summary(text)
+
+
+        pipeline = Summarize()
+        print(pipeline.state_dict())  # {'instructions': 'Summarize in one line.'}
+        pipeline.load_state_dict({"instructions": "Summarize in five words."})
+        print(pipeline.instructions.value)
+        ```
     """
 
     __slots__ = (
@@ -182,6 +224,8 @@ class Parameter:
     def value(self) -> Any:
         """The value; inside a running input, as it was when that input started.
 
+        Setting it changes the value (and the owning module's state version).
+
         While a ``forward()`` is being traced this is a placeholder that keeps the
         parameter in the graph: text use (f-strings, ``+``, ``join``), its ``str``
         methods and indexing are recorded and applied to the value each input runs
@@ -200,9 +244,20 @@ class Parameter:
             owner._bump_state_version()
 
     def checked(self, value: Any) -> Any:
-        """``value`` as this parameter would hold it once loaded (a saved state, a
-        parameters file), or `ParameterValueError` saying what it takes instead: its
-        ``check`` when it has one, else the JSON kind of the value it holds now."""
+        """``value`` as this parameter would hold it once loaded (a saved state, a file).
+
+        Its ``check`` decides when it has one, else the JSON kind of the value it
+        holds now must match.
+
+        Args:
+            value: The value offered.
+
+        Returns:
+            The value as the parameter would hold it.
+
+        Raises:
+            ParameterValueError: When the parameter cannot hold it (saying what it takes).
+        """
         if self.check is not None:
             try:
                 return self.check(value)
@@ -214,7 +269,11 @@ class Parameter:
         return value
 
     def current(self) -> Any:
-        """The value this input runs with (the live value outside a run), never a placeholder."""
+        """The value this input runs with (the live value outside a run), never a placeholder.
+
+        Returns:
+            The value.
+        """
         snapshot = _snapshot.get()
         if snapshot is not None:
             found = snapshot.get(id(self), _UNSET)
@@ -248,15 +307,28 @@ class Parameter:
 
     # -- feedback ----------------------------------------------------------------
     def accumulate_feedback(self, feedback: str) -> None:
-        """Collect feedback from a backward pass; frozen parameters ignore it."""
+        """Collect feedback from a backward pass; frozen parameters ignore it.
+
+        Args:
+            feedback: Text saying how the value should change.
+        """
         if self.requires_grad:
             self._feedback_buffer.append(feedback)
 
     def get_accumulated_feedback(self) -> list[str]:
+        """The feedback collected since the last update (what an optimizer reads).
+
+        Returns:
+            A copy of the feedback texts, oldest first.
+        """
         return list(self._feedback_buffer)
 
     def apply_update(self, new_value: Any) -> None:
-        """Install an optimizer's new value and clear the feedback it was computed from."""
+        """Install an optimizer's new value and clear the feedback it was computed from.
+
+        Args:
+            new_value: The new value.
+        """
         self.value = new_value
         self._feedback_buffer.clear()
 
@@ -264,7 +336,7 @@ class Parameter:
         """Clear accumulated feedback (the analogue of ``zero_grad``)."""
         self._feedback_buffer.clear()
 
-    # -- equality, as the seed's dataclass ----------------------------------------
+    # -- equality, as a dataclass's ---------------------------------------------------
     def _fields(self) -> tuple[Any, ...]:
         return (
             self._value,
@@ -275,7 +347,7 @@ class Parameter:
         )
 
     def __eq__(self, other: object) -> bool:
-        """Equal when every field is (seed 000 declares Parameter a dataclass)."""
+        """Equal when every field is: value, description, requires_grad, name, feedback."""
         if not isinstance(other, Parameter):
             return NotImplemented
         return self is other or self._fields() == other._fields()

@@ -5,6 +5,28 @@ expression such as ``list[str]`` or ``dict[str, int]``.  Providers want an objec
 at the root of a schema (OpenAI's ``json_schema``, Anthropic's tool input), so a
 type whose schema is not an object travels wrapped as ``{"value": ...}``; the
 wrapping is undone when the reply is validated, and callers never see it.
+
+A reply that does not validate is asked again once, with the validation errors
+quoted back to the model, before the call fails.
+
+Examples:
+    ```python
+    from pydantic import BaseModel
+
+    import plait
+
+
+    class Review(BaseModel):
+        stars: int
+        summary: str
+
+
+    fast = {"provider": "openai", "model": "gpt-4o-mini", "api_key_env": "OPENAI_API_KEY"}
+    resources = plait.ResourceConfig({"fast": fast})
+    read = plait.LLMInference("fast", system_prompt="Read the review.", response_format=Review)
+    review = read.bind(resources=resources).run_sync("Five stars: the roof no longer leaks.")
+    print(type(review).__name__, isinstance(review.stars, int))
+    ```
 """
 
 from __future__ import annotations
@@ -28,8 +50,8 @@ __all__ = [
     "wire_schema",
 ]
 
-#: The property a non-object schema is wrapped in on the wire.
 WRAP_KEY = "value"
+"""The property a non-object schema is wrapped in on the wire (``{"value": ...}``)."""
 
 
 @functools.lru_cache(maxsize=256)
@@ -61,7 +83,22 @@ def _compatible(tp: Any) -> Any:
 
 
 def schema_for(tp: Any) -> dict[str, Any]:
-    """The JSON schema of a pydantic model, dataclass, TypedDict or typing expression."""
+    """The JSON schema of a pydantic model, dataclass, TypedDict or typing expression.
+
+    Args:
+        tp: The type.
+
+    Returns:
+        Its JSON schema (as pydantic makes it).
+
+    Raises:
+        TypeError: When ``tp`` has no JSON schema (naming the types that do).
+
+    Examples:
+        >>> from plait.structured import schema_for
+        >>> schema_for(list[str])
+        {'items': {'type': 'string'}, 'type': 'array'}
+    """
     try:
         return _adapter(tp).json_schema()
     except Exception as exc:
@@ -72,7 +109,14 @@ def schema_for(tp: Any) -> dict[str, Any]:
 
 
 def is_wrapped(tp: Any) -> bool:
-    """Whether ``tp``'s schema needs the ``{"value": ...}`` object around it on the wire."""
+    """Whether ``tp``'s schema needs the ``{"value": ...}`` object around it on the wire.
+
+    Args:
+        tp: A ``response_format`` type.
+
+    Returns:
+        True when its schema is not an object.
+    """
     return schema_for(tp).get("type") != "object"
 
 
@@ -88,19 +132,48 @@ def _wire_schema(tp: Any) -> str:
 
 
 def wire_schema(tp: Any) -> dict[str, Any]:
-    """The schema to send: always an object at the root (a fresh copy each call)."""
+    """The schema to send: always an object at the root (a fresh copy each call).
+
+    Args:
+        tp: A ``response_format`` type.
+
+    Returns:
+        Its schema, wrapped in ``{"value": ...}`` when it is not an object.
+
+    Examples:
+        >>> from plait.structured import wire_schema
+        >>> wire_schema(list[str])["properties"]
+        {'value': {'items': {'type': 'string'}, 'type': 'array'}}
+    """
     result: dict[str, Any] = json.loads(_wire_schema(tp))
     return result
 
 
 def schema_name(tp: Any) -> str:
+    """The name a schema is sent under: the type's name, as providers accept names.
+
+    Args:
+        tp: A ``response_format`` type.
+
+    Returns:
+        Its ``__name__`` with characters other than letters, digits, ``_`` and ``-``
+        replaced, at most 64 of them (``"response"`` for a type with no name).
+    """
     name = getattr(tp, "__name__", None) or "response"
     return "".join(ch if ch.isalnum() or ch in "_-" else "_" for ch in str(name))[:64]
 
 
 def json_schema_format(tp: Any) -> dict[str, Any]:
-    """OpenAI's ``response_format`` for ``tp`` (the ``json_schema`` form), which
-    OpenAI-compatible servers and the embedded llama.cpp server both honour."""
+    """OpenAI's ``response_format`` for ``tp``, in the ``json_schema`` form.
+
+    OpenAI-compatible servers and the embedded llama.cpp server both honour it.
+
+    Args:
+        tp: A ``response_format`` type.
+
+    Returns:
+        ``{"type": "json_schema", "json_schema": {"name": ..., "schema": ...}}``.
+    """
     return {
         "type": "json_schema",
         "json_schema": {"name": schema_name(tp), "schema": wire_schema(tp)},
@@ -110,9 +183,24 @@ def json_schema_format(tp: Any) -> dict[str, Any]:
 def parse_reply(tp: Any, text: str) -> Any:
     """Validate a reply (JSON text, wrapped as `wire_schema` asked) against ``tp``.
 
-    Raises ValueError naming the validation problems, which the endpoint quotes
-    back to the model when it re-asks.  A type of labels (a ``Literal`` of texts, a
-    text `Enum`) is read leniently, JSON or not (`plait.labels.match_label`).
+    A type of labels (a ``Literal`` of texts, a text `Enum`) is read leniently,
+    JSON or not (`plait.labels.match_label`).
+
+    Args:
+        tp: The ``response_format`` type.
+        text: The reply's text.
+
+    Returns:
+        The validated object (an instance of ``tp``, or data of its shape).
+
+    Raises:
+        ValueError: When the reply does not match, naming the validation problems
+            (which the endpoint quotes back to the model when it asks again).
+
+    Examples:
+        >>> from plait.structured import parse_reply
+        >>> parse_reply(list[int], '{"value": [1, 2]}')
+        [1, 2]
     """
     from plait.labels import label_choices, match_label
 
@@ -130,7 +218,15 @@ def parse_reply(tp: Any, text: str) -> Any:
 
 
 def reask_instruction(tp: Any) -> str:
-    """What the re-ask after an invalid reply tells the model to do."""
+    """What the request made again after an invalid reply tells the model to do.
+
+    Args:
+        tp: The ``response_format`` type.
+
+    Returns:
+        The instruction: the labels for a label type, else to answer with JSON
+        that matches the schema.
+    """
     from plait.labels import label_choices, labels_instruction
 
     choices = label_choices(tp)
@@ -144,4 +240,14 @@ def _type_name(tp: Any) -> str:
 
 
 def canonical_schema_json(tp: Any) -> str:
+    """``tp``'s schema as compact JSON with sorted keys: the same text for the same schema.
+
+    Cache, recording and checkpoint keys use it, so that two equal types key alike.
+
+    Args:
+        tp: A ``response_format`` type.
+
+    Returns:
+        The JSON text.
+    """
     return json.dumps(schema_for(tp), sort_keys=True, separators=(",", ":"))

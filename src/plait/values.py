@@ -2,8 +2,8 @@
 
 A `Value` is a payload together with its kind, a `ref` naming where it came from
 (a node of the graph, or ``param:<dotted.path>`` for a lifted `Parameter`) and free
-`meta`.  Parameters are state, values are data (seed 002): a parameter enters the
-data flow only through `valueify`.
+`meta`.  Parameters are state, values are data: a parameter enters the data flow
+only through `valueify`.
 """
 
 from __future__ import annotations
@@ -32,7 +32,15 @@ __all__ = [
 
 
 class ValueKind(enum.Enum):
-    """What a payload is, so consumers need not guess from its Python type."""
+    """What a payload is, so consumers need not guess from its Python type.
+
+    Attributes:
+        TEXT: Text (a ``str``).
+        STRUCTURED: A dict, list, dataclass or pydantic model.
+        RESPONSE: A reply of the functional API (an `LLMResponse`).
+        ERROR: A failure: the payload is the exception.
+        OTHER: Anything else.
+    """
 
     TEXT = "text"
     STRUCTURED = "structured"
@@ -43,11 +51,28 @@ class ValueKind(enum.Enum):
 
 @dataclass(slots=True)
 class Value:
-    """A payload with provenance.
+    """A payload with provenance: what flows between a pipeline's calls.
 
-    ``kind`` says how to read ``payload``; ``ref`` names its producer (``None`` for
-    literals); ``meta`` carries provenance such as the module path, parameter
-    versions and, in training mode, the tape ids that `backward()` walks.
+    A failure inside a pipeline is a `Value` of kind ERROR rather than an exception
+    lost on the way: its payload is the exception and its ``meta`` holds
+    ``error_type``, ``message``, ``traceback`` and ``module_path``.  A batch
+    returns one in the failed input's place; a module in training mode returns
+    its output as a `Value` to call `backward` on.
+
+    Attributes:
+        kind: How to read ``payload``.
+        payload: The data itself (text, a structure, an exception...).
+        ref: Its producer: a node of the graph, ``param:<dotted.path>`` for a
+            parameter, None for a literal.
+        meta: Provenance: the module path, parameter versions and, in training
+            mode, the record that `backward` walks.
+
+    Examples:
+        >>> from plait import Value, ValueKind
+        >>> Value(ValueKind.TEXT, "hello")
+        Value(TEXT, 'hello')
+        >>> Value(ValueKind.ERROR, ValueError("no")).is_error
+        True
     """
 
     kind: ValueKind
@@ -57,11 +82,24 @@ class Value:
 
     @property
     def is_error(self) -> bool:
+        """Whether this value is a failure (kind ERROR)."""
         return self.kind is ValueKind.ERROR
 
     async def backward(self, feedback: Any = None) -> None:
-        """Send this output's feedback (a loss's, by default) to every learnable
-        Parameter that shaped it; needs an output of a module in ``train()`` mode."""
+        """Send feedback on this output to every learnable `Parameter` that shaped it.
+
+        The value must be an output of a module in ``train()`` mode (it carries the
+        record of the calls that made it).  An optimizer's ``step()`` then turns
+        the feedback the parameters collected into new values.
+
+        Args:
+            feedback: The feedback; None sends the value's own payload (a loss's
+                feedback).
+
+        Raises:
+            RuntimeError: When the value has no record of how it was computed (it
+                is not an output of a module in ``train()`` mode), or is an ERROR.
+        """
         await runtime().backward(self, feedback)
 
     def __repr__(self) -> str:
@@ -88,7 +126,19 @@ def kind_of(payload: Any) -> ValueKind:
 
 
 def unwrap(obj: Any) -> Any:
-    """Replace every `Value` inside a nested structure by its payload."""
+    """Replace every `Value` inside a nested structure by its payload.
+
+    Args:
+        obj: A value, or dicts, lists and tuples holding values.
+
+    Returns:
+        The same structure with payloads in place of values.
+
+    Examples:
+        >>> from plait import Value, ValueKind, unwrap
+        >>> unwrap({"answer": Value(ValueKind.TEXT, "42"), "n": [1, 2]})
+        {'answer': '42', 'n': [1, 2]}
+    """
     if isinstance(obj, Value):
         return unwrap(obj.payload)
     if isinstance(obj, dict):
@@ -101,7 +151,15 @@ def unwrap(obj: Any) -> Any:
 
 
 def valueify(param: Parameter) -> Value:
-    """Lift a parameter into the data flow with a stable ``param:`` ref (seed 002)."""
+    """Lift a parameter into the data flow with a stable ``param:`` ref.
+
+    Args:
+        param: The parameter.
+
+    Returns:
+        A TEXT (or STRUCTURED) value of the parameter's current value, whose ref is
+        ``param:<qualified name>`` and whose ``meta`` records its id and version.
+    """
     name = param.qualified_name
     payload = param.current()
     kind = ValueKind.TEXT if isinstance(payload, str) else ValueKind.STRUCTURED
@@ -156,6 +214,9 @@ class ExecutionError(RuntimeError):
 
     The message names the module path, the exception type and its message, so the
     cause is visible without digging; the original exception is ``__cause__``.
+
+    Args:
+        value: The ERROR value the pipeline produced.
     """
 
     def __init__(self, value: Value) -> None:

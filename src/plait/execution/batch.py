@@ -10,10 +10,14 @@ __all__ = ["BatchResult"]
 
 @dataclass(slots=True)
 class BatchResult:
-    """The outcome of input number ``index``: its ``output``, or the ``error`` that stopped it.
+    """The outcome of input number ``index`` of a streamed batch (`Module.stream`).
 
-    ``error`` is an `ExecutionError` whose ``.value`` is the Value(ERROR) with the
-    module path, exception type, message and traceback.
+    Attributes:
+        index: The input's position in the batch.
+        input: The input itself.
+        output: Its output (None when it failed).
+        error: None, or the `ExecutionError` that stopped it: its ``.value`` is the
+            Value(ERROR) with the module path, exception type, message and traceback.
     """
 
     index: int
@@ -23,4 +27,5 @@ class BatchResult:
 
     @property
     def ok(self) -> bool:
+        """Whether the input finished without an error."""
         return self.error is None

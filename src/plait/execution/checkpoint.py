@@ -54,7 +54,11 @@ VERSION = 3
 
 
 class CheckpointError(RuntimeError):
-    """The checkpoint directory cannot be used for this run; the message says why."""
+    """The checkpoint directory cannot be used for this run; the message says why.
+
+    For example, the directory holds another pipeline's checkpoint, or another
+    process is running on it.
+    """
 
     #: Whether starting over (deleting the checkpoint) is a way out.
     fresh_helps = True

@@ -1,7 +1,7 @@
-"""The execution context under the name seed 000 uses: ``plait.execution.context``.
+"""Another import path for the execution settings: ``plait.execution.context``.
 
-The settings live in `plait.execution.settings`; this module gives the seed's
-import path (``from plait.execution.context import get_execution_settings``).
+The settings live in `plait.execution.settings`; this module keeps the import
+``from plait.execution.context import get_execution_settings`` working.
 """
 
 from plait.execution.settings import ExecutionSettings, get_execution_settings

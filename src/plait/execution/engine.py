@@ -162,7 +162,7 @@ class Engine:
         pipeline's requests).
 
         Parameters are read as they are when the input starts: the whole input runs
-        with those values even if an optimizer updates them meanwhile (seed 002).
+        with those values even if an optimizer updates them meanwhile.
         """
         order = index if order is None else order
         token = use_snapshot(snapshot_values(self.params))

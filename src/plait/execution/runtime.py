@@ -203,8 +203,42 @@ def _refuse_streaming_on_workers(opts: dict[str, Any]) -> None:
 async def run(module: Module, *args: Any, **kwargs: Any) -> Any:
     """Run ``module`` on one input (or a batch: a list or iterator) with per-call options.
 
-    Options (``resources``, ``max_concurrent``, ``checkpoint_dir``, ...) rank above
-    `bind()` and `ExecutionSettings`; other keyword arguments go to ``forward``.
+    ``await plait.run(module, x, seed=7)`` is ``await module(x, seed=7)`` spelled as
+    a function: for code that holds a module and options apart.
+
+    Args:
+        module: The module to run.
+        *args: The input, or a batch of inputs (a list or any iterator).
+        **kwargs: Keyword inputs of ``forward``, and run options (``resources``,
+            ``max_concurrent``, ``checkpoint_dir``, ``seed``...), which rank above
+            `Module.bind` and `ExecutionSettings`.
+
+    Returns:
+        The output; for a batch, a list of outputs in input order, where an input
+        that failed is a `Value` of kind ERROR.
+
+    Raises:
+        ExecutionError: When the single input's pipeline failed.
+        TracingError: When ``forward`` uses an output in a way plait cannot record.
+
+    Examples:
+        ```python
+        import asyncio
+
+        import plait
+
+        fast = {"provider": "openai", "model": "gpt-4o-mini", "api_key_env": "OPENAI_API_KEY"}
+        resources = plait.ResourceConfig({"fast": fast})
+        summarize = plait.LLMInference("fast", system_prompt="Summarize.")
+
+
+        async def main() -> None:
+            print(await plait.run(summarize, "One text.", resources=resources))
+            print(await summarize(["Two.", "Texts."], resources=resources))
+
+
+        asyncio.run(main())
+        ```
     """
     result = start_run(module, args, kwargs, streaming=False)
     return await result
@@ -561,7 +595,7 @@ class LocalBackend:
 
 def shaped(value: Value, training: bool) -> Any:
     """What the caller of a run gets for an input's ``value``: the raw output, or the
-    `Value` itself for a module in ``train()`` mode (seed 000's execution patterns)."""
+    `Value` itself for a module in ``train()`` mode."""
     return value if training else value.payload
 
 

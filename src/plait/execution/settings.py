@@ -38,19 +38,47 @@ def _current() -> ExecutionSettings | None:
 class ExecutionSettings:
     """Options shared by every plait call made inside the block (sync or async ``with``).
 
-    ``resources`` (aliases to endpoints), ``max_concurrent`` (LLM calls in flight for
-    one run, across its whole batch), ``checkpoint_dir`` (make batches resumable),
-    ``streaming`` (batch calls yield `BatchResult`s as they complete),
-    ``preserve_order`` (streaming yields in input order), ``max_inputs_in_flight``
-    (how many batch inputs are traced and running at once; default
-    ``max(64, 2 * max_concurrent)``), ``workers`` (run batches on this many Ray
-    worker processes, with every endpoint's limits held cluster-wide: `plait.ray`),
-    ``ray_address`` (join this Ray cluster, ``"auto"`` for the local one, instead of
-    starting Ray for the run), ``seed`` (the run seed: every LLM call sends a seed
-    derived from it, so a sampled run repeats exactly; see `plait.sampling`),
-    ``backend`` (where batches run, by the name it is registered under: ``"local"``,
-    ``"ray"``, or one of your own; see `plait.execution.backends`; by default Ray
-    when ``workers`` or ``ray_address`` is set, else this process).
+    Blocks nest: an inner block inherits what it does not set from the blocks
+    around it.  Per-call options and `Module.bind` rank above these.  An option
+    left at None is not set here.
+
+    Args:
+        resources: Aliases to endpoints: a `ResourceConfig`, a `ResourceManager` or
+            a mapping.
+        max_concurrent: LLM calls in flight for one run, across its whole batch
+            (default 100).
+        checkpoint_dir: A directory that makes batches resumable: a rerun skips the
+            inputs (and calls) already done.
+        streaming: Batch calls yield `BatchResult`s as they complete.
+        preserve_order: Streaming yields in input order.
+        max_inputs_in_flight: How many batch inputs are traced and running at once
+            (default ``max(64, 2 * max_concurrent)``).
+        workers: Run batches on this many Ray worker processes, with every
+            endpoint's limits held cluster-wide (`plait.ray`).
+        ray_address: Join this Ray cluster (``"auto"`` for the local one) instead of
+            starting Ray for the run.
+        seed: The run seed: every LLM call sends a seed derived from it, so a
+            sampled run repeats exactly (`plait.sampling`).
+        backend: Where batches run, by the name it is registered under:
+            ``"local"``, ``"ray"``, ``"batch"`` (a provider's batch API) or one of
+            your own; by default Ray when ``workers`` or ``ray_address`` is set,
+            else this process.
+
+    Raises:
+        ValueError: When a count is not a positive integer or ``backend`` is not a
+            name.
+        plait.sampling.SeedError: When ``seed`` is not a non-negative integer.
+
+    Examples:
+        ```python
+        import plait
+
+        fast = {"provider": "openai", "model": "gpt-4o-mini", "api_key_env": "OPENAI_API_KEY"}
+        resources = plait.ResourceConfig({"fast": fast})
+        summarize = plait.LLMInference("fast", system_prompt="Summarize.")
+        with plait.ExecutionSettings(resources=resources, max_concurrent=8, seed=42):
+            print(summarize.run_sync(["First text.", "Second text."]))
+        ```
     """
 
     def __init__(
@@ -84,7 +112,11 @@ class ExecutionSettings:
         self.calls = CallCounts()
 
     def explicit(self) -> dict[str, Any]:
-        """The options this block sets itself."""
+        """The options this block sets itself.
+
+        Returns:
+            Option names to values, for the options that are not None.
+        """
         return {name: getattr(self, name) for name in DEFAULTS if getattr(self, name) is not None}
 
     def __enter__(self) -> ExecutionSettings:
@@ -110,7 +142,11 @@ class ExecutionSettings:
 
 
 def get_execution_settings() -> ExecutionSettings | None:
-    """The settings in force here (already merged with the enclosing blocks), if any."""
+    """The settings in force here (already merged with the enclosing blocks), if any.
+
+    Returns:
+        The innermost block's merged settings, or None outside any block.
+    """
     return _current()
 
 

@@ -1,4 +1,4 @@
-"""The effect-handler stack every module call and LLM call passes through (seed 004).
+"""Effect handlers: the stack every module call and LLM call passes through.
 
 A call builds a `Message` and hands it to `apply_stack`.  Each active `Handler`
 sees it in ``process`` from the innermost ``with`` block outwards; then, unless a
@@ -21,26 +21,31 @@ and ``msg.done`` (the calls inside are then skipped), rewrite its output in
 clearing ``msg.error`` and setting ``msg.value``.
 
 Order matters when handlers change a call: the innermost one acts first.  Put an
-`override` inside a `cache` so the cache keys on the overridden request, and a
-`budget` outside a `cache` so cache hits cost nothing::
+`override` inside a `cache` so the cache keys on the overridden request (a `budget`
+counts only the calls really sent, wherever it sits, so cache hits cost nothing):
 
-    with profile("trace.json"), budget(max_cost=5.0), cache("calls.db"):
-        pipeline.run_sync(inputs)
+```python
+import plait
+from plait.handlers import budget, cache, override, profile
 
-A handler of your own is a subclass with one or two hooks, named for the messages it
-acts on (``process_llm``/``postprocess_llm``, ``process_module``/``postprocess_module``;
-plain ``process``/``postprocess`` see every message)::
+fast = {
+    "provider": "openai",
+    "model": "gpt-4o-mini",
+    "api_key_env": "OPENAI_API_KEY",
+    "input_price_per_mtok": 0.15,  # dollars per million tokens: what max_cost counts
+    "output_price_per_mtok": 0.60,
+}
+resources = plait.ResourceConfig({"fast": fast})
+summarize = plait.LLMInference("fast", system_prompt="Summarize.").bind(resources=resources)
 
-    class CountCalls(Handler):
-        def __init__(self) -> None:
-            self.by_module: dict[str, int] = {}
+with profile("trace.json"), budget(max_cost=5.0), cache("calls.db"), override(temperature=0):
+    print(summarize.run_sync(["First text.", "Second text."]))
+```
 
-        def postprocess_llm(self, msg: Message) -> None:
-            if msg.error is None:
-                self.by_module[msg.name] = self.by_module.get(msg.name, 0) + 1
-
-    with CountCalls() as counts:
-        pipeline.run_sync(inputs)
+A handler of your own is a subclass of `Handler` with one or two hooks, named for
+the messages it acts on (``process_llm``/``postprocess_llm``,
+``process_module``/``postprocess_module``; plain ``process``/``postprocess`` see
+every message).
 
 The catalogue: `cache` (persistent, content-addressed), `record`/`replay`
 (offline, deterministic runs), `mock` (substitute replies), `override` (change
@@ -67,6 +72,7 @@ if TYPE_CHECKING:  # what _CATALOGUE loads, for type checkers and the API refere
     from plait.handlers.budgeting import Budget, BudgetExceeded, budget
     from plait.handlers.caching import Cache, CacheError, cache
     from plait.handlers.calls import CallLog, CallRecord, log_calls
+    from plait.handlers.llm import answer, request_key, request_of
     from plait.handlers.mocking import Mock, UnmockedCallError, mock
     from plait.handlers.overriding import Override, override
     from plait.handlers.profiling import Profiler, profile
@@ -84,6 +90,9 @@ if TYPE_CHECKING:  # what _CATALOGUE loads, for type checkers and the API refere
 #: names differ from the factories' (``caching`` holds ``cache``) so that importing a
 #: module never shadows a factory of the same name on this package.
 _CATALOGUE = {
+    "answer": "plait.handlers.llm",
+    "request_key": "plait.handlers.llm",
+    "request_of": "plait.handlers.llm",
     "cache": "plait.handlers.caching",
     "log_calls": "plait.handlers.calls",
     "CallLog": "plait.handlers.calls",
@@ -132,6 +141,7 @@ __all__ = [
     "Replayer",
     "Telemetry",
     "UnmockedCallError",
+    "answer",
     "apply_stack",
     "apply_stack_sync",
     "budget",
@@ -144,4 +154,6 @@ __all__ = [
     "profile",
     "record",
     "replay",
+    "request_key",
+    "request_of",
 ]

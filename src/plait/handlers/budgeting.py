@@ -60,8 +60,14 @@ _TICKETS = "budget_tickets"
 class BudgetExceeded(RuntimeError):
     """A call was not started because a `Budget` limit had been reached.
 
-    ``limit`` is ``"max_calls"``, ``"max_tokens"`` or ``"max_cost"``; ``used`` is what
-    had been used when the call was refused and ``maximum`` the limit.
+    The engine turns it into that input's ERROR `Value`; the message says which
+    limit, what was spent and where the call was.
+
+    Args:
+        limit: ``"max_calls"``, ``"max_tokens"`` or ``"max_cost"``.
+        used: What had been used when the call was refused.
+        maximum: The limit.
+        module_path: The module path of the call refused.
     """
 
     def __init__(self, limit: str, used: float, maximum: float, module_path: str) -> None:
@@ -115,7 +121,17 @@ class _Ticket:
 
 
 class Budget(Handler):
-    """Counts calls, tokens and cost, and refuses new calls past any limit."""
+    """Counts calls, tokens and cost, and refuses new calls past any limit (see `budget`).
+
+    Args:
+        max_calls: The most LLM calls to send; None for no limit.
+        max_tokens: The most prompt plus completion tokens to spend; None for no limit.
+        max_cost: The most dollars to spend, by the prices of each call's alias;
+            None for no limit.
+
+    Raises:
+        ValueError: When a limit is negative or not a number.
+    """
 
     def __init__(
         self,
@@ -160,9 +176,15 @@ class Budget(Handler):
         return self
 
     def forward_refusal(self) -> str | None:
-        """Inside a forward a budget limits the calls made in its block, except in a
-        run on Ray workers: each worker would hold a copy of it with limits of its own
-        (a budget around the run is one limit for the whole cluster)."""
+        """Why this budget cannot be entered inside a ``forward`` here, or None.
+
+        Inside a forward a budget limits the calls made in its block, except in a
+        run on Ray workers: each worker would hold a copy of it with limits of its
+        own (a budget around the run is one limit for the whole cluster).
+
+        Returns:
+            The reason in a run on Ray workers, else None.
+        """
         run = current_run()
         if run is not None and ("workers" in run.meta or "worker" in run.meta):
             return (
@@ -209,7 +231,14 @@ class Budget(Handler):
         )
 
     def absorb_totals(self, calls: int, tokens: int, cost: float, refused: int) -> None:
-        """Take the totals of a run on Ray workers, where this budget held cluster-wide."""
+        """Take the totals of a run on Ray workers, where this budget held cluster-wide.
+
+        Args:
+            calls: The calls sent.
+            tokens: The tokens spent.
+            cost: The dollars spent.
+            refused: The calls refused.
+        """
         with self._lock:
             self._calls, self._token_count, self._cost, self._refused = (
                 calls,
@@ -219,6 +248,11 @@ class Budget(Handler):
             )
 
     def process_llm(self, msg: Message) -> None:
+        """Watch a call that will be sent: it is admitted only while the limits allow.
+
+        Args:
+            msg: The LLM call's message.
+        """
         if msg.done or msg.meta.get("cache") == "hit" or msg.fn is None:
             return
         timing = msg.meta.get("timing")
@@ -234,6 +268,11 @@ class Budget(Handler):
         timing.gates.append(ticket)
 
     def postprocess_llm(self, msg: Message) -> None:
+        """Stop watching the call once it is done.
+
+        Args:
+            msg: The LLM call's message.
+        """
         tickets = msg.meta.get(_TICKETS)
         if tickets:
             tickets.pop(id(self), None)
@@ -357,10 +396,37 @@ def budget(
 ) -> Budget:
     """Refuse new LLM calls once ``max_calls``, ``max_tokens`` or ``max_cost`` (dollars) is used.
 
-    ::
+    A refused call raises `BudgetExceeded`, which becomes that input's ERROR
+    `Value`; the other inputs of a batch go on.  Calls answered by a cache, a
+    mock, a replay or a checkpoint cost nothing and are not refused.
 
-        with budget(max_cost=5.0) as spent:
-            results = pipeline.run_sync(inputs)   # refused inputs are Value(ERROR)
-        print(spent.calls, spent.tokens, spent.cost, spent.refused)
+    Args:
+        max_calls: The most LLM calls to send; None for no limit.
+        max_tokens: The most prompt plus completion tokens to spend; None for no limit.
+        max_cost: The most dollars to spend, by the prices of each call's alias;
+            None for no limit.
+
+    Returns:
+        The `Budget` handler: enter it with ``with``; its ``calls``, ``tokens``,
+        ``cost`` and ``refused`` say what was spent.
+
+    Raises:
+        ValueError: When a limit is negative or not a number.
+
+    Examples:
+        ```python
+        import plait
+        from plait.handlers import budget
+
+        fast = {"provider": "openai", "model": "gpt-4o-mini", "api_key_env": "OPENAI_API_KEY"}
+        resources = plait.ResourceConfig({"fast": fast})
+        summarize = plait.LLMInference("fast", system_prompt="Summarize.")
+        summarize.bind(resources=resources, max_concurrent=1)
+
+        with budget(max_calls=2) as spent:
+            outputs = summarize.run_sync(["one", "two", "three"])
+        print([isinstance(out, plait.Value) and out.is_error for out in outputs])
+        print(spent.calls, spent.refused)
+        ```
     """
     return Budget(max_calls, max_tokens, max_cost)

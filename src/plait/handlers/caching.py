@@ -55,7 +55,10 @@ _REPLIES_TABLE = "plait_cache_replies"
 
 
 class CacheError(RuntimeError):
-    """The cache file cannot be used; the message says why and what to do."""
+    """The cache file cannot be used (not a cache, damaged, not writable).
+
+    The message says why and what to do.
+    """
 
 
 class _Everything:
@@ -86,7 +89,11 @@ def bypass() -> contextlib.AbstractContextManager[None]:
     """Calls made inside the block go to the endpoint and are not stored, in every cache.
 
     For the calls whose freshness matters (a live demo, measuring the endpoint)
-    inside a pipeline that otherwise runs cached.
+    inside a pipeline that otherwise runs cached.  Also reachable as
+    ``plait.handlers.cache.bypass()``.
+
+    Returns:
+        A context manager.
     """
     return _bypassing(_EVERY)
 
@@ -98,7 +105,31 @@ class Cache(Handler):
     under the request that was actually sent.  So a handler that rewrites requests
     (an override of the temperature, say) should sit inside the cache
     (``with cache(path), override(...):``) for reruns to hit; the other way round
-    the cache is never wrong, it only misses.
+    the cache is never wrong, it only misses.  Made by `cache`.
+
+    Args:
+        path: The SQLite file (created if missing, its folder too).
+        namespace: Keeps separate caches in one file: a call cached under one
+            namespace misses under another.
+
+    Raises:
+        CacheError: When the file is not a plait cache, is damaged or cannot be
+            written.
+
+    Examples:
+        ```python
+        import plait
+        from plait.handlers import cache
+
+        fast = {"provider": "openai", "model": "gpt-4o-mini", "api_key_env": "OPENAI_API_KEY"}
+        resources = plait.ResourceConfig({"fast": fast})
+        summarize = plait.LLMInference("fast", system_prompt="Summarize.").bind(resources=resources)
+
+        with cache("calls.db") as calls:
+            summarize.run_sync("A long text.")  # sent, then stored
+            summarize.run_sync("A long text.")  # answered from calls.db
+        print(calls.stats()["hits"], calls.stats()["stores"])
+        ```
     """
 
     def __init__(self, path: str | os.PathLike[str], namespace: str = "") -> None:
@@ -125,6 +156,11 @@ class Cache(Handler):
 
     # -- the hooks ----------------------------------------------------------------------
     def process_llm(self, msg: Message) -> None:
+        """Answer the call from the file when the same request was stored before.
+
+        Args:
+            msg: The LLM call's message.
+        """
         if not self._applies(msg):
             return
         response = self._lookup(request_key(msg, self.namespace), msg)
@@ -142,6 +178,11 @@ class Cache(Handler):
         msg.fn = _marking(msg.fn, sent)
 
     def postprocess_llm(self, msg: Message) -> None:
+        """Store a successful reply the endpoint itself produced.
+
+        Args:
+            msg: The LLM call's message.
+        """
         sent = msg.meta.pop(self._pending_key, None)
         if not sent or not sent[0] or msg.error is not None:
             return
@@ -187,11 +228,19 @@ class Cache(Handler):
 
     # -- for users ----------------------------------------------------------------------
     def bypass(self) -> contextlib.AbstractContextManager[None]:
-        """Calls made inside the block skip this cache only (others still apply)."""
+        """Calls made inside the block skip this cache only (others still apply).
+
+        Returns:
+            A context manager.
+        """
         return _bypassing(self)
 
     def stats(self) -> dict[str, Any]:
-        """This handler's hits, misses and stores, and the entries its namespace holds."""
+        """This handler's hits, misses and stores, and the entries its namespace holds.
+
+        Returns:
+            ``{"hits", "misses", "stores", "hit_rate", "entries"}``.
+        """
         with self._lock:
             entries = self._fetch_one(
                 f"SELECT COUNT(*) FROM {_REPLIES_TABLE} WHERE namespace = ?", (self.namespace,)
@@ -206,7 +255,11 @@ class Cache(Handler):
             }
 
     def clear(self) -> int:
-        """Delete this namespace's entries (other namespaces in the file stay); returns how many."""
+        """Delete this namespace's entries (other namespaces in the file stay).
+
+        Returns:
+            How many entries were deleted.
+        """
         with self._lock:
             cursor = self._execute(
                 f"DELETE FROM {_REPLIES_TABLE} WHERE namespace = ?", (self.namespace,)
@@ -402,3 +455,14 @@ class _CacheFactory:
 
 
 cache = _CacheFactory()
+"""Pay for each distinct LLM call once: answer repeated calls from a SQLite file.
+
+``cache(path, namespace="")`` returns a `Cache` handler; enter it with ``with``.
+``path`` is the SQLite file (created if missing, its folder too); a ``namespace``
+keeps separate caches in one file (a call cached under one misses under another).
+The key is the request as the endpoint would receive it (model, messages,
+sampling settings, schema, provider fields), never the alias or the key, so a
+changed prompt or temperature misses and a renamed alias still hits.  Only
+successful replies the endpoint itself produced are stored.  ``cache.bypass()``
+makes the calls inside its block skip every cache.  `Cache` has an example.
+"""

@@ -5,20 +5,17 @@ knowledge after the run, per call: the module that made it (and its path), the
 input it was given (the last user turn), the reply's text and payload, and the
 calls it waited for.  `BootstrapFewShot` learns demonstrations from it (a stage's
 own inputs and outputs in runs that scored well); a test or a notebook can use
-it to see what each stage really did::
-
-    with log_calls() as log:
-        pipeline.run_sync(question)
-    for call in log.calls:
-        print(call.path, call.input, "->", call.text)
+it to see what each stage really did (see `log_calls`).
 
 Only calls that succeeded are kept.  The log sees the request as the handlers
 inside it left it: enter it outside an `override` to log what was really sent.
 
 ``log_calls(show=True)`` also prints one line per finished call (failed ones
-included) to stderr as it finishes, or to the file given as ``show``::
+included) to stderr as it finishes, or to the file given as ``show``:
 
-    plait call summarize #0: 'The film opens on a…' -> 'A slow but rewarding…'
+```text
+plait call summarize #0: 'The film opens on a…' -> 'A slow but rewarding…'
+```
 """
 
 from __future__ import annotations
@@ -39,26 +36,39 @@ __all__ = ["CallLog", "CallRecord", "log_calls"]
 
 @dataclass(frozen=True, slots=True)
 class CallRecord:
-    """One finished LLM call."""
+    """One finished LLM call, as a `CallLog` keeps it.
 
-    #: The module path the call ran under in its run (``msg.name``).
+    Attributes:
+        path: The module path the call ran under in its run.
+        module: The `LLMInference` that made it (None for a functional call).
+        input: Its input: the text of the last user turn.
+        text: The reply as the assistant wrote it (JSON text for a structured reply).
+        payload: The reply as the pipeline received it (the parsed object for a
+            structured one).
+        upstream: Node ids of the calls this one waited for (within the same input).
+        node_id: The call's node in its input's graph.
+        input_index: Which input of the batch the call served.
+    """
+
     path: str
-    #: The `LLMInference` that made it (None for a functional call).
     module: Any
-    #: Its input: the text of the last user turn.
     input: str
-    #: The reply as the assistant wrote it (JSON text for a structured reply).
     text: str
-    #: The reply as the pipeline received it (the parsed object for a structured one).
     payload: Any
-    #: Node ids of the calls this one waited for (within the same input).
     upstream: tuple[str, ...] = ()
     node_id: str | None = None
     input_index: int | None = None
 
 
 class CallLog(Handler):
-    """The calls seen since the log was entered, in the order they finished."""
+    """The calls seen since the log was entered, in the order they finished (see `log_calls`).
+
+    Args:
+        show: Also print one line per finished call: True for stderr, or a file.
+
+    Attributes:
+        calls: The `CallRecord` of each call that succeeded.
+    """
 
     def __init__(self, show: bool | TextIO = False) -> None:
         self.calls: list[CallRecord] = []
@@ -71,6 +81,11 @@ class CallLog(Handler):
         return f"CallLog({len(self.calls)} calls)"
 
     def postprocess_llm(self, msg: Message) -> None:
+        """Keep the finished call (if it succeeded), and print its line when showing.
+
+        Args:
+            msg: The LLM call's message.
+        """
         if self._show:
             self._print(msg)
         if msg.error is not None:
@@ -127,8 +142,33 @@ class CallLog(Handler):
 
 
 def log_calls(show: bool | TextIO = False) -> CallLog:
-    """A new, empty `CallLog`; enter it around the runs to log.  With ``show``, each
-    finished call is also printed as one line (to stderr, or to the file given)."""
+    """Keep what each LLM call was asked and answered: a new, empty `CallLog`.
+
+    Enter it around the runs to log.  Only calls that succeeded are kept, as the
+    handlers inside the log left the request.
+
+    Args:
+        show: Also print one line per finished call (failed ones included): True
+            for stderr, or a file.
+
+    Returns:
+        The log; its ``calls`` fill as calls finish.
+
+    Examples:
+        ```python
+        import plait
+        from plait.handlers import log_calls
+
+        fast = {"provider": "openai", "model": "gpt-4o-mini", "api_key_env": "OPENAI_API_KEY"}
+        resources = plait.ResourceConfig({"fast": fast})
+        summarize = plait.LLMInference("fast", system_prompt="Summarize.").bind(resources=resources)
+
+        with log_calls() as log:
+            summarize.run_sync("A long text.")
+        for call in log.calls:
+            print(call.path, repr(call.input), "->", repr(call.text))
+        ```
+    """
     return CallLog(show)
 
 

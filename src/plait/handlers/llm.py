@@ -39,12 +39,28 @@ __all__ = [
 
 
 def request_of(msg: Message) -> LLMRequest:
+    """The request an ``"llm"`` message carries, as the handlers inside left it.
+
+    Args:
+        msg: An ``"llm"`` message.
+
+    Returns:
+        Its `LLMRequest` (``msg.kwargs["request"]``): alias, messages, temperature,
+        ``max_tokens``, ``response_format`` and provider fields.
+    """
     request: LLMRequest = msg.kwargs["request"]
     return request
 
 
 def endpoint_config(msg: Message) -> EndpointConfig:
-    """The endpoint the message's (possibly rewritten) alias leads to."""
+    """The endpoint the message's (possibly rewritten) alias leads to.
+
+    Args:
+        msg: An ``"llm"`` message of a run (its ``meta["resources"]`` is set).
+
+    Returns:
+        The alias's endpoint configuration.
+    """
     return msg.meta["resources"].config_for(request_of(msg).alias)  # type: ignore[no-any-return]
 
 
@@ -54,7 +70,14 @@ def request_key(msg: Message, namespace: str = "") -> str:
     Provider, base URL and model (not the alias, which is only a local name), the
     messages (system prompt included), temperature, max_tokens, the response
     schema, how a label is chosen, and every extra field sent as is (tools, seed,
-    stop, ...).
+    stop, ...).  The built-in `cache`, `record` and checkpoints key on it.
+
+    Args:
+        msg: An ``"llm"`` message of a run.
+        namespace: Mixed into the hash, to keep separate sets of keys apart.
+
+    Returns:
+        The key: 64 hexadecimal characters.
     """
     request = request_of(msg)
     config = endpoint_config(msg)
@@ -85,7 +108,14 @@ def request_key(msg: Message, namespace: str = "") -> str:
 
 
 def response_to_json(response: LLMResponse) -> dict[str, Any]:
-    """A reply as plain JSON data (the parsed object is rebuilt from the text on load)."""
+    """A reply as plain JSON data (the parsed object is rebuilt from the text on load).
+
+    Args:
+        response: The reply.
+
+    Returns:
+        Its text, usage, model and finish reason.
+    """
     return {
         "text": response.text,
         "usage": [response.usage.prompt_tokens, response.usage.completion_tokens],
@@ -95,7 +125,19 @@ def response_to_json(response: LLMResponse) -> dict[str, Any]:
 
 
 def response_from_json(data: dict[str, Any], request: LLMRequest) -> LLMResponse:
-    """The reply stored by `response_to_json`, validated again against the request's type."""
+    """The reply stored by `response_to_json`, validated again against the request's type.
+
+    Args:
+        data: What `response_to_json` returned.
+        request: The request it answers.
+
+    Returns:
+        The reply, its parsed object rebuilt.
+
+    Raises:
+        ValueError: When the stored text no longer matches the request's
+            ``response_format``.
+    """
     text = str(data["text"])
     if request.embed:  # the vectors, as the reply's text holds them
         parsed: Any = json.loads(text)
@@ -112,9 +154,16 @@ def response_from_json(data: dict[str, Any], request: LLMRequest) -> LLMResponse
 
 
 def call_outcome(msg: Message, spans: list[Any]) -> str:
-    """Who answered a finished call, in one word a profile or a trace shows: "error",
-    "cache hit", "mocked", "replayed", "checkpoint", "answered" (another handler), or
-    "ok" (the endpoint).  ``spans`` are its `CallTiming` spans."""
+    """Who answered a finished call, in the word a profile or a trace shows.
+
+    Args:
+        msg: A finished call's message.
+        spans: Its `CallTiming` spans.
+
+    Returns:
+        "error", "cache hit", "mocked", "replayed", "checkpoint", "answered"
+        (another handler), or "ok" (the endpoint).
+    """
     if msg.error is not None:
         return "error"
     if msg.meta.get("cache") == "hit":
@@ -132,6 +181,14 @@ def call_outcome(msg: Message, spans: list[Any]) -> str:
 
 
 def answer(msg: Message, response: LLMResponse) -> None:
-    """Reply to ``msg`` without calling the endpoint."""
+    """Reply to ``msg`` without calling the endpoint (from a ``process_llm`` hook).
+
+    Sets ``msg.value`` and ``msg.done``: the default action is skipped, and the reply
+    goes through the rest of the handlers and the engine like a real one.
+
+    Args:
+        msg: An ``"llm"`` message.
+        response: The reply.
+    """
     msg.value = response
     msg.done = True

@@ -47,15 +47,23 @@ Reply = Any
 
 
 class UnmockedCallError(LookupError):
-    """A strict mock met a call that none of its patterns answers."""
+    """A strict mock met a call that none of its patterns answers (the message names it)."""
 
 
 class Mock(Handler):
-    """Answers the LLM calls whose module path or alias matches a pattern.
+    """Answers the LLM calls whose module path or alias matches a pattern (see `mock`).
 
     Patterns are tried in the order given and the first match wins, so put the
     specific ones before the catch-alls.  A call an inner handler has already
     answered (a cache hit, a checkpoint) is left alone.
+
+    Args:
+        replies: Module-path glob or alias to reply (a value, or a callable of the
+            `LLMRequest`).
+        strict: Refuse (`UnmockedCallError`) every call no pattern answers.
+
+    Raises:
+        TypeError: When ``replies`` is not a mapping of non-empty strings.
     """
 
     def __init__(self, replies: Mapping[str, Reply], *, strict: bool = False) -> None:
@@ -71,13 +79,32 @@ class Mock(Handler):
         self.strict = strict
 
     def match(self, name: str, alias: str) -> str | None:
-        """The first pattern that names this module path or alias, if any."""
+        """The first pattern that names this module path or alias, if any.
+
+        Args:
+            name: The call's module path.
+            alias: The call's alias.
+
+        Returns:
+            The pattern, or None.
+        """
         for pattern in self.replies:
             if fnmatch.fnmatchcase(name, pattern) or fnmatch.fnmatchcase(alias, pattern):
                 return pattern
         return None
 
     def process_llm(self, msg: Message) -> Awaitable[None] | None:
+        """Answer the call when a pattern matches it.
+
+        Args:
+            msg: The LLM call's message.
+
+        Returns:
+            None, or an awaitable when the reply is an ``async`` callable's.
+
+        Raises:
+            UnmockedCallError: In a strict mock, when no pattern matches.
+        """
         # A plain method (not ``async def``): module calls recorded while tracing go
         # through the synchronous stack, and only an async callable needs awaiting.
         if msg.done:
@@ -183,11 +210,47 @@ def _type_name(tp: Any) -> str:
 def mock(
     replies: Mapping[str, Reply | Callable[[LLMRequest], Any]], *, strict: bool = False
 ) -> Mock:
-    """Answer the LLM calls matching ``replies`` (module-path glob or alias -> reply).
+    """Answer the LLM calls matching ``replies`` with canned or computed replies.
 
-    ::
+    A test of one module should not need a server for the calls it is not about.
+    Every call no pattern names is sent as usual, unless ``strict=True``.  A reply
+    is validated as a real one would be (a structured reply must fit the call's
+    ``response_format``), and mocked replies cost nothing: a `budget` does not
+    count them.
 
-        with mock({"summarizer": "short", "smart": lambda req: req.prompt_text.upper()}):
-            pipeline.run_sync(text)
+    Args:
+        replies: Module-path glob (``"summarizer"``, ``"stage3.*"``) or alias
+            (``"fast"``) to reply: text, an object for a call with a
+            ``response_format``, an `LLMResponse`, or a callable (sync or
+            ``async``) of the `LLMRequest` returning one of those.
+        strict: Refuse every call no pattern answers (a test that must never
+            touch the network).
+
+    Returns:
+        The `Mock` handler: enter it with ``with``.
+
+    Raises:
+        TypeError: When ``replies`` is not a mapping of non-empty strings.
+
+    Examples:
+        ```python
+        import plait
+        from plait.handlers import mock
+
+
+        class Pipeline(plait.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.summarizer = plait.LLMInference("fast", system_prompt="Summarize.")
+                self.shout = plait.LLMInference("smart", system_prompt="Shout it.")
+
+            def forward(self, text: str) -> str:
+                return self.shout(self.summarizer(text))
+
+
+        replies = {"summarizer": "short", "smart": lambda request: request.prompt_text.upper()}
+        with mock(replies, strict=True):
+            print(Pipeline().run_sync("A long text."))
+        ```
     """
     return Mock(replies, strict=strict)

@@ -12,12 +12,9 @@ an alias for it and pass ``alias="that-alias"``.
 
 Order matters.  The innermost handler processes a call first, so an override
 must be entered *inside* a `cache` or `mock` that should see the changed request
-(a cache then keys on it, a mock callable receives it)::
-
-    with cache("calls.db"), override(temperature=0):
-        ...
-
-An override entered outside them changes only the calls they let through.
+(a cache then keys on it, a mock callable receives it):
+``with cache("calls.db"), override(temperature=0):``.  An override entered outside
+them changes only the calls they let through.
 """
 
 from __future__ import annotations
@@ -33,12 +30,9 @@ from plait.handlers.llm import request_of
 
 __all__ = ["EXTRA_FIELDS", "REQUEST_FIELDS", "Override", "override"]
 
-#: Fields of the request itself.
 REQUEST_FIELDS = ("alias", "temperature", "max_tokens")
+"""The fields of the request itself an override may change."""
 
-#: Sampling fields that travel in the request's ``extra`` (sent to the provider as they
-#: are).  Anything else goes through ``extra={...}``: a typo such as ``temprature=0``
-#: must be an error, not a field the endpoint silently ignores.
 EXTRA_FIELDS = (
     "seed",
     "top_p",
@@ -51,10 +45,27 @@ EXTRA_FIELDS = (
     "service_tier",
     "user",
 )
+"""Sampling fields that travel in the request's ``extra``, sent to the provider as they are.
+
+Anything else goes through ``extra={...}``: a typo such as ``temprature=0`` must be
+an error, not a field the endpoint silently ignores.
+"""
 
 
 class Override(Handler):
-    """Rewrites the request of matching LLM calls (a copy: the original stays as it was)."""
+    """Rewrites the request of matching LLM calls (a copy: the original stays as it was).
+
+    Made by `override`, whose arguments it takes.
+
+    Args:
+        where: A module-path glob, or a list of them.
+        **changes: The fields to change (see `override`).
+
+    Raises:
+        TypeError: When ``where`` is not a glob or a list of them, there is no
+            change, or a change names an unknown field or ``model``.
+        ValueError: When a change's value is out of range.
+    """
 
     def __init__(self, where: str | Sequence[str] = "*", **changes: Any) -> None:
         self.where = _patterns(where)
@@ -62,9 +73,26 @@ class Override(Handler):
         self.changes = dict(changes)
 
     def matches(self, name: str) -> bool:
+        """Whether a call at this module path is rewritten.
+
+        Args:
+            name: The call's module path.
+
+        Returns:
+            True when one of the globs matches it.
+        """
         return any(fnmatch.fnmatchcase(name, pattern) for pattern in self.where)
 
     def process_llm(self, msg: Message) -> None:
+        """Replace a matching call's request with the changed copy.
+
+        Args:
+            msg: The LLM call's message.
+
+        Raises:
+            plait.ConfigurationError: When the new ``alias`` is not in the run's
+                resources.
+        """
         if msg.done or not self.matches(msg.name):
             return
         request = request_of(msg)
@@ -166,14 +194,40 @@ def _check_alias(msg: Message, alias: str) -> None:
 def override(where: str | Sequence[str] = "*", **changes: Any) -> Override:
     """Change the parameters of the LLM calls whose module path matches ``where``.
 
-    ``temperature``, ``max_tokens`` and ``alias`` (another configured endpoint, which
-    is how a call moves to another model) change the request; ``seed``, ``top_p``,
-    ``stop`` and the other `EXTRA_FIELDS`, or any provider field through
-    ``extra={...}``, are sent along with it (``None`` removes one).  ::
+    Evaluations want temperature 0, a smoke test wants a cheap model and short
+    replies: none of these should mean rebuilding the modules.
+
+    Args:
+        where: A `fnmatch` glob on the module path from the root (``"stage2.*"``),
+            or a list of them; ``"*"`` matches every call.
+        **changes: ``temperature``, ``max_tokens`` and ``alias`` (another configured
+            endpoint, which is how a call moves to another model) change the
+            request; ``seed``, ``top_p``, ``stop`` and the other `EXTRA_FIELDS`, or
+            any provider field through ``extra={...}``, are sent along with it
+            (``None`` removes one).
+
+    Returns:
+        The `Override` handler: enter it with ``with``.
+
+    Raises:
+        TypeError: When ``where`` is not a glob, there is no change, or a change
+            names an unknown field or ``model`` (configure an alias instead).
+        ValueError: When a change's value is out of range.
+
+    Examples:
+        ```python
+        import plait
+        from plait.handlers import override
+
+        fast = {"provider": "openai", "model": "gpt-4o-mini", "api_key_env": "OPENAI_API_KEY"}
+        cheap = {"provider": "openai", "model": "gpt-4.1-nano", "api_key_env": "OPENAI_API_KEY"}
+        resources = plait.ResourceConfig({"fast": fast, "cheap": cheap})
+        summarize = plait.LLMInference("fast", system_prompt="Summarize.").bind(resources=resources)
 
         with override(temperature=0, seed=1):
-            pipeline.run_sync(inputs)
-        with override("stage2.*", alias="cheap", max_tokens=64):
-            pipeline.run_sync(inputs)
+            print(summarize.run_sync("A long text."))
+        with override("*", alias="cheap", max_tokens=64):
+            print(summarize.run_sync("A long text."))
+        ```
     """
     return Override(where, **changes)

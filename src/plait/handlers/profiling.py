@@ -66,7 +66,39 @@ _log = logging.getLogger("plait")
 
 
 def profile(path: str | os.PathLike[str] | None = None) -> Profiler:
-    """A profiler that writes its trace to ``path`` (if given) when its block exits."""
+    """Record where a run's time went, and write a Perfetto trace when the block exits.
+
+    The trace (Chrome's Trace Event Format, which Perfetto and ``chrome://tracing``
+    open) draws each LLM call with its phases: queue, rate-limit wait, each
+    attempt, backoff.  `Profiler.summary` and `Profiler.table` answer the usual
+    questions without a viewer: how busy each endpoint was, which calls were
+    slowest, and which chain of calls decided the wall time.
+
+    Args:
+        path: Where to write the trace as the block exits; None writes nothing.
+
+    Returns:
+        The `Profiler` handler: enter it with ``with``.
+
+    Examples:
+        ```python
+        import json
+        from pathlib import Path
+
+        import plait
+        from plait.handlers import profile
+
+        fast = {"provider": "openai", "model": "gpt-4o-mini", "api_key_env": "OPENAI_API_KEY"}
+        resources = plait.ResourceConfig({"fast": fast})
+        summarize = plait.LLMInference("fast", system_prompt="Summarize.").bind(resources=resources)
+
+        with profile("trace.json") as prof:
+            summarize.run_sync(["First text.", "Second text."])
+        summary = prof.summary()
+        print(summary.calls, summary.aliases["fast"].calls)
+        print("traceEvents" in json.loads(Path("trace.json").read_text()))
+        ```
+    """
     return Profiler(path)
 
 
@@ -199,11 +231,14 @@ class ProfileSummary:
 
 
 class Profiler(Handler):
-    """Records calls as they pass through the handler stack; see the module docstring.
+    """Records calls as they pass through the handler stack (see `profile`).
 
     LLM calls and leaf module calls are drawn; a composite call's time is the time of
     the calls inside it, drawn already.  A profiler kept across several ``with``
     blocks or runs keeps adding to the same records.
+
+    Args:
+        path: Where to write the trace as each block exits; None writes nothing.
     """
 
     def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
@@ -221,14 +256,29 @@ class Profiler(Handler):
 
     # -- recording -----------------------------------------------------------------------
     def process_module(self, msg: Message) -> None:
+        """Start recording a leaf module call.
+
+        Args:
+            msg: The call's message.
+        """
         if not msg.meta.get("composite"):
             self.process_llm(msg)
 
     def postprocess_module(self, msg: Message) -> None:
+        """Finish recording a leaf module call.
+
+        Args:
+            msg: The call's message.
+        """
         if not msg.meta.get("composite"):
             self.postprocess_llm(msg)
 
     def process_llm(self, msg: Message) -> None:
+        """Start recording a call.
+
+        Args:
+            msg: The call's message.
+        """
         timing = msg.meta.get("timing")
         record = _Record(
             type=msg.type,
@@ -253,6 +303,11 @@ class Profiler(Handler):
                 self._prompts[msg.name] = (calls + 1, kept)
 
     def postprocess_llm(self, msg: Message) -> None:
+        """Finish recording a call, with its phases and outcome.
+
+        Args:
+            msg: The call's message.
+        """
         end = time.monotonic()
         timing = msg.meta.get("timing")
         spans = list(timing.spans) if isinstance(timing, CallTiming) else []
@@ -272,8 +327,14 @@ class Profiler(Handler):
         return self
 
     def forward_refusal(self) -> str | None:
-        """A profile draws whole runs and writes its trace as its block ends, so it
-        cannot be entered again around each call inside a forward."""
+        """Why a profile cannot be entered inside a ``forward``.
+
+        A profile draws whole runs and writes its trace as its block ends, so it
+        cannot be entered again around each call inside a forward.
+
+        Returns:
+            The reason, and where to enter it instead.
+        """
         return (
             "a profile draws whole runs and writes its trace when its block ends: enter "
             "it around the run (`with plait.handlers.profile(path): pipeline.run_sync(...)`)"
@@ -291,9 +352,18 @@ class Profiler(Handler):
                 _log.warning("%s", advice.message())
 
     def cache_advice(self, min_tokens: int = 1024) -> list[CacheAdvice]:
-        """The call sites whose fixed text comes after their varying text (see
-        `CacheAdvice`), where that fixed text is at least ``min_tokens`` (estimated: the
-        providers cache nothing shorter)."""
+        """The call sites whose fixed prompt text comes after their varying text.
+
+        The provider caches a prompt's prefix, so fixed text after varying text is
+        paid in full on every call (see `CacheAdvice`).
+
+        Args:
+            min_tokens: The least fixed text worth reporting, in estimated tokens
+                (the providers cache nothing shorter).
+
+        Returns:
+            One piece of advice per such call site.
+        """
         with self._lock:
             sites = {name: (calls, list(kept)) for name, (calls, kept) in self._prompts.items()}
         found = []
@@ -307,17 +377,28 @@ class Profiler(Handler):
         return found
 
     def drain_finished(self) -> list[_Record]:
-        """Hand over the finished calls recorded so far (a Ray worker sends them to the
-        driver's profiler with each batch) and forget them here."""
+        """Hand over the finished calls recorded so far, and forget them here.
+
+        A Ray worker sends them to the driver's profiler with each batch.
+
+        Returns:
+            The finished calls' records.
+        """
         with self._lock:
             done = [r for r in self._records if r.end is not None]
             self._records = [r for r in self._records if r.end is None]
         return done
 
     def absorb(self, records: list[_Record], worker: str) -> None:
-        """Add calls another process recorded (a Ray worker's); each worker is drawn as
-        a process of its own in the trace.  Times are the machine's monotonic clock,
-        shared by every process of one machine."""
+        """Add calls another process recorded (a Ray worker's).
+
+        Each worker is drawn as a process of its own in the trace.  Times are the
+        machine's monotonic clock, shared by every process of one machine.
+
+        Args:
+            records: What the worker's `drain_finished` returned.
+            worker: The worker's name.
+        """
         for record in records:
             record.worker = worker
         with self._lock:
@@ -328,9 +409,12 @@ class Profiler(Handler):
             return [_copy(r) for r in self._records]
 
     def note_restored(self, index: int | None, calls: list[dict[str, Any]] | None = None) -> None:
-        """Input ``index`` was answered with its output from a checkpoint (no call);
-        ``calls``: the calls an earlier run made for it, as the checkpoint logged them
-        (`plait.execution.checkpoint.Checkpoint.output_calls`)."""
+        """Note that an input was answered with its output from a checkpoint (no call).
+
+        Args:
+            index: The input's index in its batch.
+            calls: The calls an earlier run made for it, as the checkpoint logged them.
+        """
         with self._lock:
             self._restored.append((index, time.monotonic(), list(calls or ())))
 
@@ -346,6 +430,9 @@ class Profiler(Handler):
         One process per alias (plus one for module calls), one thread per lane:
         calls that overlap in time go to different lanes, because complete events
         on one thread must nest.  A call's phases are drawn inside its own span.
+
+        Returns:
+            ``{"traceEvents": [...], "displayTimeUnit": "ms"}``.
         """
         records = self._snapshot()
         with self._lock:
@@ -415,7 +502,14 @@ class Profiler(Handler):
         return {"traceEvents": events, "displayTimeUnit": "ms"}
 
     def write(self, path: str | os.PathLike[str]) -> Path:
-        """Write the trace as JSON to ``path`` and return it."""
+        """Write the trace as JSON to ``path`` (credentials scrubbed).
+
+        Args:
+            path: The file to write.
+
+        Returns:
+            The path written.
+        """
         target = Path(path)
         text = scrub(json.dumps(self.trace(), separators=(",", ":")))
         target.write_text(text, encoding="utf-8")
@@ -423,7 +517,14 @@ class Profiler(Handler):
 
     # -- the summary ---------------------------------------------------------------------
     def summary(self, top: int = 10) -> ProfileSummary:
-        """Wall time, per-alias totals, the ``top`` slowest calls and the critical path."""
+        """Wall time, per-alias totals, the slowest calls and the critical path.
+
+        Args:
+            top: How many of the slowest calls to list.
+
+        Returns:
+            The summary.
+        """
         records = self._snapshot()
         origin = _origin(records)
         wall = max((r.finish_time() for r in records), default=origin) - origin
@@ -454,7 +555,14 @@ class Profiler(Handler):
         )
 
     def table(self, top: int = 10) -> Table:
-        """The summary as one rich table (per alias, slowest calls, critical path)."""
+        """The summary as one rich table (per alias, slowest calls, critical path).
+
+        Args:
+            top: How many of the slowest calls to list.
+
+        Returns:
+            A ``rich`` table, to print with ``rich.print``.
+        """
         summary = self.summary(top)
         outer = Table(
             title=f"plait profile: {summary.calls} calls in {summary.wall_s:.3f} s",

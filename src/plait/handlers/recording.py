@@ -57,15 +57,29 @@ EXCERPT_CHARS = 120
 
 
 class RecordingError(RuntimeError):
-    """The recording file cannot be written or read; the message says why."""
+    """The recording file cannot be written or read (missing, damaged, another format).
+
+    The message says why and how to record it again.
+    """
 
 
 class NotRecordedError(LookupError):
-    """Replay met a call the recording does not hold: the pipeline changed since."""
+    """Replay met a call the recording does not hold: the pipeline changed since.
+
+    The message names the module and the prompt, and says how to record again.
+    """
 
 
 def excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
-    """The start of ``text`` on one line, marked when cut, for records and errors."""
+    """The start of ``text`` on one line, marked when cut, for records and errors.
+
+    Args:
+        text: The text.
+        limit: The most characters to keep.
+
+    Returns:
+        The excerpt.
+    """
     flat = " ".join(text.split())
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
@@ -82,7 +96,12 @@ class Recorder(Handler):
     simply never asked for); ``append=False`` starts the file afresh.  Calls a
     checkpoint answers are recorded too, and a checkpointed input that finished
     earlier is run again from the checkpoint's records (nothing is sent) so that
-    its calls reach the recording: a replay reproduces the whole run.
+    its calls reach the recording: a replay reproduces the whole run.  Made by
+    `record`.
+
+    Args:
+        path: The JSON Lines file.
+        append: Add to an existing recording (False starts the file afresh).
     """
 
     #: The runtime runs inputs a checkpoint finished through their calls while this
@@ -121,6 +140,11 @@ class Recorder(Handler):
                     os.close(fd)
 
     def process_llm(self, msg: Message) -> None:
+        """Note the call's key, as a replayer in the same place will see it.
+
+        Args:
+            msg: The LLM call's message.
+        """
         # The key is taken here, before handlers outside this one rewrite the request,
         # because that is what a replayer in the same place will see.
         request = request_of(msg)
@@ -133,6 +157,14 @@ class Recorder(Handler):
         }
 
     def postprocess_llm(self, msg: Message) -> None:
+        """Write the call's reply to the recording, if the call succeeded.
+
+        Args:
+            msg: The LLM call's message.
+
+        Raises:
+            RecordingError: When the call finished after the recorder's block closed.
+        """
         record = msg.meta.pop(self._pending_key, None)
         if record is None or msg.error is not None or not isinstance(msg.value, LLMResponse):
             return
@@ -193,7 +225,10 @@ class Replayer(Handler):
     The file is read when the replayer is first entered (or by `load`).  When a
     request was recorded more than once with different replies (sampling at a
     temperature above zero), the first recorded reply is the one replayed, so a
-    replay gives the same result every time.
+    replay gives the same result every time.  Made by `replay`.
+
+    Args:
+        path: The recording.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -218,7 +253,14 @@ class Replayer(Handler):
         return len(self._by_key)
 
     def load(self) -> Replayer:
-        """Read the recording (once); raises `RecordingError` if it is missing or damaged."""
+        """Read the recording (once; entering the replayer does it too).
+
+        Returns:
+            This replayer.
+
+        Raises:
+            RecordingError: When the recording is missing, damaged or of another format.
+        """
         with self._lock:
             if not self._loaded:
                 self._read()
@@ -226,6 +268,14 @@ class Replayer(Handler):
         return self
 
     def process_llm(self, msg: Message) -> None:
+        """Answer the call with its recorded reply.
+
+        Args:
+            msg: The LLM call's message.
+
+        Raises:
+            NotRecordedError: When the recording holds no reply for this call.
+        """
         if msg.done:
             return
         request = request_of(msg)
@@ -287,12 +337,47 @@ class Replayer(Handler):
 def record(path: str | os.PathLike[str], *, append: bool = True) -> Recorder:
     """Record every LLM call of the runs inside the block to ``path`` (JSON Lines).
 
-    Calls are added to an existing recording; ``append=False`` starts it afresh.
-    API keys are never written.
+    Run a pipeline for real once under ``record``, commit the file next to its
+    tests, and the tests run offline under `replay`.  Calls are added to an
+    existing recording; API keys are never written.
+
+    Args:
+        path: The JSON Lines file (created, with its folder, if missing).
+        append: Add to an existing recording (False starts the file afresh).
+
+    Returns:
+        The `Recorder` handler: enter it with ``with``.
+
+    Examples:
+        ```python
+        import plait
+        from plait.handlers import record, replay
+
+        fast = {"provider": "openai", "model": "gpt-4o-mini", "api_key_env": "OPENAI_API_KEY"}
+        resources = plait.ResourceConfig({"fast": fast})
+        summarize = plait.LLMInference("fast", system_prompt="Summarize.")
+
+        with record("calls.jsonl"):
+            live = summarize.run_sync("A long text.", resources=resources)
+
+        with replay("calls.jsonl"):  # no endpoint, no key: answered from the file
+            print(summarize.run_sync("A long text.") == live)
+        ```
     """
     return Recorder(path, append=append)
 
 
 def replay(path: str | os.PathLike[str]) -> Replayer:
-    """Answer every LLM call inside the block from the recording at ``path``, offline."""
+    """Answer every LLM call inside the block from the recording at ``path``, offline.
+
+    A call the recording does not hold is an error (`NotRecordedError`) naming the
+    module and the prompt: the pipeline changed, so record again rather than go
+    online.  See `record` for an example.
+
+    Args:
+        path: A file `record` wrote.
+
+    Returns:
+        The `Replayer` handler: enter it with ``with``.
+    """
     return Replayer(path)

@@ -1,6 +1,6 @@
 """A run as OpenTelemetry traces and metrics: `otel`, for the tools that ingest OTLP.
 
-``with otel(): pipeline.run_sync(inputs)`` emits, for each run, one trace:
+A run inside ``with otel():`` emits one trace:
 
 * a ``run <Pipeline>`` span (the root, or a child of the span current where the run
   starts), with the run's backend, seed, and how many inputs ran and failed;
@@ -82,10 +82,10 @@ except ImportError as exc:  # pragma: no cover - the message is the point
 
 __all__ = ["SCHEMA_URL", "SEMCONV_VERSION", "Telemetry", "TelemetrySettingsError", "otel"]
 
-#: The version of the OpenTelemetry semantic conventions (GenAI client spans and
-#: metrics) the spans follow; `SCHEMA_URL` says so to the backend.
 SEMCONV_VERSION = "1.40.0"
+"""The version of the OpenTelemetry semantic conventions (GenAI spans and metrics) followed."""
 SCHEMA_URL = f"https://opentelemetry.io/schemas/{SEMCONV_VERSION}"
+"""The schema URL the spans and metrics carry, saying `SEMCONV_VERSION` to the backend."""
 #: The bucket boundaries the conventions advise for the two client metrics.
 _TOKEN_BUCKETS = [4.0**k for k in range(14)]
 _DURATION_BUCKETS = [0.01 * 2.0**k for k in range(14)]
@@ -127,6 +127,32 @@ def otel(
     Raises:
         TelemetrySettingsError: An ``OTEL_*`` variable holds a value plait cannot
             honour (the message names it and the values it accepts).
+
+    Examples:
+        Spans kept in memory (a real setup sends them to a collector over OTLP):
+
+        ```python
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
+            InMemorySpanExporter,
+        )
+
+        import plait
+        from plait.handlers import otel
+
+        spans = InMemorySpanExporter()
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(spans))
+
+        fast = {"provider": "openai", "model": "gpt-4o-mini", "api_key_env": "OPENAI_API_KEY"}
+        resources = plait.ResourceConfig({"fast": fast})
+        summarize = plait.LLMInference("fast", system_prompt="Summarize.").bind(resources=resources)
+
+        with otel(tracer_provider=provider):
+            summarize.run_sync("A long text.")
+        print(sorted(span.name for span in spans.get_finished_spans()))
+        ```
     """
     return Telemetry(
         tracer_provider,
@@ -161,8 +187,22 @@ class _Call:
 
 
 class Telemetry(Handler):
-    """Emits OpenTelemetry spans and metrics for every run, module call and LLM call;
-    see the module docstring.  Hooks runs, module calls and LLM calls."""
+    """Emits OpenTelemetry spans and metrics for every run, module call and LLM call.
+
+    Made by `otel`, whose arguments it takes (see the module docstring for the
+    spans' shape and attributes).
+
+    Args:
+        tracer_provider: Where the spans go; None builds one from ``OTEL_*``.
+        meter_provider: Where the metrics go; None builds one from ``OTEL_*``.
+        capture_content: Record prompts and replies (scrubbed); None follows
+            ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT``.
+        service_name: The resource's ``service.name`` when the environment names none.
+
+    Raises:
+        TelemetrySettingsError: When an ``OTEL_*`` variable holds a value plait
+            cannot honour.
+    """
 
     def __init__(
         self,
@@ -315,6 +355,11 @@ class Telemetry(Handler):
 
     # -- runs ------------------------------------------------------------------------------
     def process_run(self, msg: Message) -> None:
+        """Open the run's span.
+
+        Args:
+            msg: The run's message.
+        """
         if self._key in msg.meta:
             return
         tracer = self._instruments()[0]
@@ -343,6 +388,11 @@ class Telemetry(Handler):
         msg.meta[self._key] = _RunState(span, trace.set_span_in_context(span, parent))
 
     def postprocess_run(self, msg: Message) -> None:
+        """Close the run's span, with how many inputs ran and failed.
+
+        Args:
+            msg: The run's message.
+        """
         state = msg.meta.pop(self._key, None)
         if not isinstance(state, _RunState):
             return
@@ -361,6 +411,11 @@ class Telemetry(Handler):
 
     # -- module calls ------------------------------------------------------------------------
     def process_module(self, msg: Message) -> None:
+        """Open a module call's span.
+
+        Args:
+            msg: The module call's message.
+        """
         self._open(
             msg,
             msg.name,
@@ -372,6 +427,11 @@ class Telemetry(Handler):
         )
 
     def postprocess_module(self, msg: Message) -> None:
+        """Close a module call's span.
+
+        Args:
+            msg: The module call's message.
+        """
         call = msg.meta.pop(self._key, None)
         if not isinstance(call, _Call):
             return
@@ -381,6 +441,11 @@ class Telemetry(Handler):
 
     # -- LLM calls -------------------------------------------------------------------------
     def process_llm(self, msg: Message) -> None:
+        """Open an LLM call's span.
+
+        Args:
+            msg: The LLM call's message.
+        """
         request = msg.kwargs.get("request")
         operation = _operation(request)
         model = _model_of(msg)
@@ -392,6 +457,11 @@ class Telemetry(Handler):
         )
 
     def postprocess_llm(self, msg: Message) -> None:
+        """Close an LLM call's span with its attributes, events and metrics.
+
+        Args:
+            msg: The LLM call's message.
+        """
         call = msg.meta.pop(self._key, None)
         if not isinstance(call, _Call):
             return

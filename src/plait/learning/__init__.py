@@ -50,7 +50,7 @@ from plait.learning.state import (
     snapshot,
 )
 from plait.learning.step import TrainingStep
-from plait.learning.trainer import Trainer, TrainerError, TrainingHistory
+from plait.learning.trainer import Trainer, TrainerError, TrainingEvent, TrainingHistory
 
 __all__ = [
     "BootstrapFewShot",
@@ -72,6 +72,7 @@ __all__ = [
     "TextGradOptimizer",
     "Trainer",
     "TrainerError",
+    "TrainingEvent",
     "TrainingHistory",
     "TrainingStep",
     "VerifierLoss",

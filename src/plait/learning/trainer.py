@@ -117,9 +117,16 @@ CHECKPOINT_FORMAT = "plait-trainer/1"
 class TrainingEvent:
     """What the trainer tells a progress display: a kind and where the run is.
 
-    Kinds: ``"resumed"`` (state loaded from a checkpoint), ``"validated"`` (the
-    initial validation pass), ``"step"`` (a step finished; ``record`` says how),
-    ``"stopped"`` (the run ended; ``history.stopped`` says why).
+    A `Trainer`'s ``on_event`` callback receives one at each of these moments.
+
+    Attributes:
+        kind: ``"resumed"`` (state loaded from a checkpoint), ``"validated"`` (the
+            initial validation pass), ``"step"`` (a step finished; ``record`` says
+            how) or ``"stopped"`` (the run ended; ``history.stopped`` says why).
+        step: The steps done so far.
+        total_steps: The steps the run will make at most.
+        history: The run's history so far.
+        record: The step's record, for a ``"step"`` event.
     """
 
     kind: str

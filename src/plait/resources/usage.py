@@ -347,12 +347,31 @@ def _seconds(value: float | None) -> str:
 
 
 def usage() -> UsageReport:
-    """Usage per alias since the process started (or since `reset_usage`), with the
-    counters of the Ray workers of runs this process drove added in."""
+    """What each alias has cost: requests, retries, 429s, tokens, latency and dollars.
+
+    Counted since the process started (or since `reset_usage`), with the counters
+    of the Ray workers of runs this process drove added in.
+
+    Returns:
+        A snapshot: ``usage()["fast"]["requests"]`` reads one counter, ``as_dict()``
+        gives them all, and printing ``usage().table()`` with ``rich`` shows a table.
+
+    Examples:
+        ```python
+        import plait
+
+        fast = {"provider": "openai", "model": "gpt-4o-mini", "api_key_env": "OPENAI_API_KEY"}
+        resources = plait.ResourceConfig({"fast": fast})
+        summarize = plait.LLMInference("fast", system_prompt="Summarize.").bind(resources=resources)
+        summarize.run_sync(["First text.", "Second text."])
+        print(plait.usage()["fast"]["requests"])
+        ```
+    """
     return UsageReport([r.as_dict() for r in _combined()])
 
 
 def reset_usage() -> None:
+    """Set every alias's counters back to zero (what `usage` reports starts again)."""
     with _records_lock:
         _records.clear()
         _remote.clear()

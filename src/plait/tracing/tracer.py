@@ -79,7 +79,13 @@ _DEBRIS = re.compile(rf"[{_OPEN}{_CLOSE}]|\\ue00[01]")
 
 
 class TracingError(TypeError):
-    """Something in ``forward()`` needs a value that only exists when the graph runs."""
+    """Something in ``forward()`` needs a value that only exists when the graph runs.
+
+    In a plain ``forward`` a module call's result is a stand-in until the graph
+    runs: pass it on, format it into text, index it, but do not ask questions about
+    it (``if out:``, ``len(out)``, ``out == "x"``).  Decide on real values in an
+    ``async def forward`` instead.  The message names the fix.
+    """
 
 
 class _Placeholder(str):
