@@ -36,8 +36,8 @@ demo: $(RUNTIME)
 
 ## test: set up, then lint, type-check and run the whole test suite.
 test: $(STAMP)
-	$(VENV)/bin/ruff check src tests benchmarks examples
-	$(VENV)/bin/ruff format --check src tests benchmarks examples
+	$(VENV)/bin/ruff check src tests benchmarks examples tools
+	$(VENV)/bin/ruff format --check src tests benchmarks examples tools
 	$(VENV)/bin/mypy
 	@# Bytecode for plait and the tests, written once here: the suite starts hundreds of
 	@# Python processes (the CLI, Ray workers), and where PYTHONDONTWRITEBYTECODE is set
@@ -49,8 +49,8 @@ test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadfile
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests benchmarks examples
-	$(VENV)/bin/ruff format --check src tests benchmarks examples
+	$(VENV)/bin/ruff check src tests benchmarks examples tools
+	$(VENV)/bin/ruff format --check src tests benchmarks examples tools
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy

@@ -18,7 +18,13 @@ from typing import Any
 import pytest
 
 import plait
-from plait.testing import BATCH_CONFIG_DEFAULTS, FakeOpenAIServer, take_placeholder_requests
+from plait.testing import (
+    BATCH_CONFIG_DEFAULTS,
+    FakeAnthropicServer,
+    FakeOpenAIServer,
+    take_placeholder_requests,
+)
+from tests.page_runner import Document, Session, session_environment
 
 PLACEHOLDER_GUARD_MESSAGE = "a fake server received a request holding a tracing placeholder"
 
@@ -54,25 +60,34 @@ def server_process() -> Iterator[FakeOpenAIServer]:
 def server(server_process: FakeOpenAIServer) -> FakeOpenAIServer:
     """The session's server with its stats, files and batches cleared, its faults and latency
     off and its batch settings at their defaults."""
-    server_process.configure(
-        **BATCH_CONFIG_DEFAULTS,
-        latency_ms=0,
-        jitter_ms=0,
-        rate_429=0,
-        rate_500=0,
-        rate_drop=0,
-        rate_timeout=0,
-        rate_flex_unavailable=0,
-        retry_after_s=1.0,
-        timeout_hang_s=30.0,
-        seed=0,
-        quote_key_in_401=False,
-        answer_like_demos=False,
-        gate_texts={},
-        reply_headers={},
-    )
-    server_process.reset()
+    reset_fake_openai(server_process)
     return server_process
+
+
+FAKE_OPENAI_DEFAULTS: dict[str, Any] = {
+    **BATCH_CONFIG_DEFAULTS,
+    "latency_ms": 0,
+    "jitter_ms": 0,
+    "rate_429": 0,
+    "rate_500": 0,
+    "rate_drop": 0,
+    "rate_timeout": 0,
+    "rate_flex_unavailable": 0,
+    "retry_after_s": 1.0,
+    "timeout_hang_s": 30.0,
+    "seed": 0,
+    "quote_key_in_401": False,
+    "answer_like_demos": False,
+    "gate_texts": {},
+    "reply_headers": {},
+}
+"""The fake OpenAI server's settings as a test (or a documentation page) starts."""
+
+
+def reset_fake_openai(server: FakeOpenAIServer) -> None:
+    """Clear the server's stats, files and batches and put its settings back."""
+    server.configure(**FAKE_OPENAI_DEFAULTS)
+    server.reset()
 
 
 def make_resources(
@@ -157,3 +172,57 @@ def process_alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+PAGE_KEY = "sk-test"
+"""The key a documentation page's session has in OPENAI_API_KEY and ANTHROPIC_API_KEY,
+and the one the fake servers it talks to accept."""
+
+PageServers = tuple[FakeOpenAIServer, FakeAnthropicServer]
+
+
+@pytest.fixture(scope="module")
+def page_servers() -> Iterator[PageServers]:
+    """The fake OpenAI and Anthropic servers the documentation examples talk to."""
+    with (
+        FakeOpenAIServer(api_key=PAGE_KEY) as openai,
+        FakeAnthropicServer(api_key=PAGE_KEY) as anthropic,
+    ):
+        yield openai, anthropic
+
+
+def run_document(document: Document, directory: Path, servers: PageServers) -> None:
+    """Run a page's (or a docstring's) examples in ``directory`` as the documentation
+    contract says: a session of its own, the fake servers reset and named in
+    OPENAI_BASE_URL / ANTHROPIC_BASE_URL with their keys, ``run: fake`` configuring
+    the OpenAI one."""
+    openai, anthropic = servers
+    reset_fake_openai(openai)
+    anthropic.reset()
+    env = session_environment(
+        os.environ,
+        {
+            "OPENAI_BASE_URL": openai.base_url,
+            "OPENAI_API_KEY": PAGE_KEY,
+            "ANTHROPIC_BASE_URL": anthropic.base_url,
+            "ANTHROPIC_API_KEY": PAGE_KEY,
+        },
+    )
+    Session(document, directory / "page", env, directory / "runner", openai.configure).run()
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """After the run, list what the documentation tests want seen in every log: each
+    block a page leaves unrun, with its reason, and where the site's screenshot is."""
+    notes: dict[str, None] = {}
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            for name, value in getattr(report, "user_properties", ()):
+                if name == "skipped_block":
+                    notes[f"skipped block: {value}"] = None
+                elif name == "site_screenshot":
+                    notes[f"home page screenshot: {value}"] = None
+    if notes:
+        terminalreporter.write_sep("-", "documentation site")
+        for line in notes:
+            terminalreporter.write_line(line)

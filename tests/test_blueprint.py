@@ -391,6 +391,23 @@ def test_help_lists_problems_instead_of_raising() -> None:
     assert ["summarizer.alias", "str", "<missing>", "required"] in rows
 
 
+def test_help_names_a_file_target_by_its_file_not_by_an_internal_module_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pipeline loaded from ``review.py:Review`` was headed ``Review
+    (_plait_blueprint_review_<hash>:Review)`` in ``--help``: a name nobody wrote."""
+    (tmp_path / "review.py").write_text(
+        "class Review:\n    def __init__(self, rounds: int = 2) -> None:\n"
+        "        self.rounds = rounds\n",
+        encoding="utf-8",
+    )
+    monkeypatch.chdir(tmp_path)
+    first = Blueprint("review.py:Review").help().splitlines()[0]
+    assert first == "Review  (review.py:Review)"
+    elsewhere = Blueprint(f"{tmp_path / 'review.py'}:Review")
+    assert "_plait_blueprint_" not in elsewhere.help()
+
+
 # -- errors ----------------------------------------------------------------------------------
 
 

@@ -9,15 +9,17 @@ and count them.
 
 from __future__ import annotations
 
+import enum
 import json
 import re
 import textwrap
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
 import plait
+from plait.demos import label_of
 from plait.handlers import mock
 from plait.learning.bootstrap import BootstrapFewShot
 from plait.learning.losses import ExactMatch
@@ -307,6 +309,43 @@ def test_the_history_counts_the_requests_and_tokens_each_step_spent(
     # Validation was already perfect: each demonstration set only ties it.
     assert [record.kept for record in history.steps] == [False, False]
     assert model.llm.demos.value == []
+
+
+class Triage(plait.Module):
+    def __init__(self, labels: Any) -> None:
+        super().__init__()
+        self.classify = plait.LLMInference("fast", "Classify.", response_format=labels, demos=[])
+
+    def forward(self, message: str) -> Any:
+        return self.classify(message)
+
+
+class Team(enum.Enum):
+    BILLING = "billing"
+    SHIPPING = "shipping"
+
+
+@pytest.mark.parametrize("labels", [Literal["billing", "shipping"], Team], ids=["literal", "enum"])
+def test_a_label_calls_demonstrations_show_its_labels_as_the_labelled_pairs_do(
+    resources: plait.ResourceConfig, labels: Any
+) -> None:
+    """The fake server answers a label call's JSON schema as an endpoint with structured
+    outputs does (``{"value": "billing"}``: its first label, so the billing examples
+    pass).  Was: a pair from a run that passed showed that JSON, the labelled pairs the
+    bare label, so one set showed two forms and the search could not tell its label."""
+    data = [
+        ("I was charged twice.", "billing"),
+        ("My parcel is late.", "shipping"),
+        ("I want a refund.", "billing"),
+        ("The box was lost.", "shipping"),
+    ]
+    model = Triage(labels)
+    boot = BootstrapFewShot(model.parameters(), max_demos=4, candidates=1)
+    trainer = Trainer(model, ExactMatch(), boot, data, data, batch_size=4, resources=resources)
+    history = trainer.fit_sync()
+    tried = history.steps[0].trials[0]["tried"]["classify.demos"]
+    assert sorted((d["input"], d["output"]) for d in tried) == sorted(data)
+    assert all(label_of(d["output"], ["billing", "shipping"]) for d in tried)
 
 
 def write_target(tmp_path: Path, server: FakeOpenAIServer, demos: bool = True) -> tuple[str, Path]:

@@ -406,3 +406,20 @@ def test_eval_and_train_pass_several_fields_by_name_as_run_does(server: Any, pro
     assert run.returncode == 0, run.stderr
     asked = [r["body"]["messages"][-1]["content"] for r in server.stats(bodies=True)["requests"]]
     assert "q1 | c" in asked
+
+
+def test_a_reader_that_leaves_ends_the_command_quietly() -> None:
+    """``plait run T --help | head``: the pipe closes before plait has written; it stops
+    with the status of a program stopped by SIGPIPE, not a BrokenPipeError traceback."""
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "plait.cli", "run"]
+    command += ["examples/extract_and_compare.py:ExtractAndCompare", "--help"]
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=root)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # the reader leaves before the first line
+    stderr = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141
+    assert "Traceback" not in stderr and "BrokenPipeError" not in stderr, stderr

@@ -384,3 +384,47 @@ def test_a_worker_spends_only_tokens_granted_for_its_calls_and_returns_refunds(
     # The unused 90 of each estimate went back to the broker.
     assert tokens["returned"] == 90 * chains * calls
     assert tokens["charged"] == 0
+
+
+def test_ray_address_in_the_environment_is_the_cluster_a_run_joins(
+    server: Any, ray_cluster: Any, tmp_path: Path
+) -> None:
+    """``RAY_ADDRESS``, as Ray's own tools read it, names the cluster ``--workers N``
+    joins when no ``--ray-address`` is given (plait started a local Ray, which Ray
+    refused beside that variable: exit 1 and its traceback); one that cannot be joined
+    is the one-line refusal, naming the variable, before anything is written."""
+    docs = ["a", "b", "c"]
+    data = tmp_path / "in.jsonl"
+    data.write_text("".join(json.dumps({"doc": d}) + "\n" for d in docs))
+    (tmp_path / "r.toml").write_text(
+        f'[fast]\nprovider = "openai"\nmodel = "m"\nbase_url = "{server.base_url}"\n'
+        'api_key = "sk-test"\n'
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "plait.cli",
+        "run",
+        f"{ROOT / 'tests' / 'pipelines.py'}:TwoSteps",
+    ]
+    command += ["--input", str(data), "--output", str(tmp_path / "out.jsonl")]
+    command += ["--resources", str(tmp_path / "r.toml"), "--workers", "2", "-q"]
+    address = ray_cluster.get_runtime_context().gcs_address
+    joined = subprocess.run(
+        command, cwd=ROOT, env=dict(os.environ, RAY_ADDRESS=address), capture_output=True,
+        text=True, timeout=300,
+    )  # fmt: skip
+    assert joined.returncode == 0, joined.stderr
+    rows = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert sorted(r["output"] for r in rows) == sorted(two_steps(d) for d in docs)
+
+    (tmp_path / "out.jsonl").unlink()
+    refused = subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, timeout=120,
+        env=dict(os.environ, RAY_ADDRESS="127.0.0.1:1", PLAIT_RAY_CONNECT_TIMEOUT="1"),
+    )  # fmt: skip
+    assert refused.returncode == 2, refused.stderr
+    lines = refused.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in refused.stderr, refused.stderr
+    assert "'127.0.0.1:1'" in lines[0] and "unset RAY_ADDRESS" in lines[0]
+    assert not (tmp_path / "out.jsonl").exists()

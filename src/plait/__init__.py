@@ -27,6 +27,7 @@ from plait.values import ExecutionError, Value, ValueKind, unwrap, valueify
 if TYPE_CHECKING:
     from plait import functional
     from plait.blueprint import Blueprint, make_from_argv
+    from plait.demos import knn_demos
     from plait.execution import BatchResult, CheckpointError, ExecutionSettings, run
     from plait.resources import EndpointConfig, ResourceConfig, ResourceManager
     from plait.resources.config import ConfigurationError

@@ -615,6 +615,10 @@ def load_object(spec: str) -> Any:
     return value
 
 
+#: What the modules of files loaded by path are named with (`_load_file`).
+_FILE_MODULE_PREFIX = "_plait_blueprint_"
+
+
 def _load_file(location: str) -> types.ModuleType:
     path = pathlib.Path(location).expanduser().resolve()
     if not path.is_file():
@@ -624,7 +628,7 @@ def _load_file(location: str) -> types.ModuleType:
     # its hash stays the SHA-1 it has always been.
     digest = hex_digest(str(path), size=5, algorithm="sha1")
     stem = re.sub(r"\W", "_", path.stem)
-    name = f"_plait_blueprint_{stem}_{digest}"
+    name = f"{_FILE_MODULE_PREFIX}{stem}_{digest}"
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, path)
@@ -736,5 +740,19 @@ def object_text(value: Any, *, qualified: bool = False) -> str:
     if name is None:
         return repr(value)
     if qualified:
-        return f"{getattr(target, '__module__', '?')}:{name}"
+        return f"{_module_text(getattr(target, '__module__', '?'))}:{name}"
     return str(name)
+
+
+def _module_text(module_name: str) -> str:
+    """How a user names a module: a file loaded as ``file.py:Name`` by its path (relative
+    to the working directory when it is under it), not by the name `_load_file` gave it."""
+    module = sys.modules.get(module_name)
+    file = getattr(module, "__file__", None)
+    if not module_name.startswith(_FILE_MODULE_PREFIX) or not file:
+        return module_name
+    path = pathlib.Path(file)
+    try:
+        return str(path.relative_to(pathlib.Path.cwd()))
+    except ValueError:
+        return str(path)

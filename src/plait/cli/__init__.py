@@ -10,6 +10,7 @@ called in-process (tests, notebooks) as well as from the console script.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 import traceback
 from collections.abc import Sequence
@@ -35,6 +36,16 @@ def _overview() -> str:
     lines += [f"  {name:<7} {summary}" for name, (_, summary) in COMMANDS.items()]
     lines += ["", "`plait COMMAND --help` describes a command's arguments and options."]
     return "\n".join(lines)
+
+
+def _reader_left() -> int:
+    """What the command wrote to went away (``plait run T --help | head``): nothing is
+    wrong with the command, so no traceback; stdout goes nowhere from here on (Python
+    would otherwise fail again flushing it at exit), and the status is the one a
+    program stopped by SIGPIPE has (128 + 13), as other command-line tools end."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return 141
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -66,6 +77,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"plait {args[0]}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        return _reader_left()
     except Exception as exc:
         # A failure no command turned into a message of its own: its traceback, through
         # the same scrubber as everything else plait writes (an endpoint may have quoted

@@ -190,8 +190,14 @@ def add_example_arguments(parser: argparse.ArgumentParser) -> None:
         help="the field passed to the pipeline (default: fields named like forward's "
         "parameters, else input)",
     )
-    parser.add_argument("--target-field", metavar="NAME", help="(target)")
-    parser.add_argument("--loss", choices=LOSSES, help="(default: exact)")
+    parser.add_argument(
+        "--target-field",
+        metavar="NAME",
+        help="the field holding the expected answer, given to the loss (default: target)",
+    )
+    parser.add_argument(
+        "--loss", choices=LOSSES, help="how an output is scored against the target (exact)"
+    )
     parser.add_argument(
         "--metric",
         metavar="MODULE:FUNCTION",
@@ -201,7 +207,12 @@ def add_example_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--criteria", action="append", metavar="TEXT", help="what the judge grades (repeatable)"
     )
-    parser.add_argument("--judge-alias", default="judge", metavar="ALIAS", help="(judge)")
+    parser.add_argument(
+        "--judge-alias",
+        default="judge",
+        metavar="ALIAS",
+        help="the alias the judge's calls use, with --loss judge (judge)",
+    )
 
 
 def needs_target(ns: argparse.Namespace) -> bool:

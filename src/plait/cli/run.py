@@ -57,7 +57,7 @@ from plait.execution.runtime import Prepared, backend_name
 from plait.execution.settings import resolve_options
 from plait.inputs import FORMATS, InputError, InputSource, Item, count_inputs, open_inputs
 from plait.module import Module
-from plait.ray.cluster import ClusterUnreachable, ensure_ray
+from plait.ray.cluster import ClusterUnreachable, cluster_address, ensure_ray
 from plait.resources.config import ConfigurationError
 from plait.resources.manager import ResourceManager
 from plait.resources.usage import reset_usage, usage
@@ -225,7 +225,7 @@ class _Command:
             raise UsageError("no inputs: give --input FILE, or pipe them to stdin (--input -)")
         _refuse_to_clobber(ns)
         self.telemetry = otel_handler(ns)
-        if ns.ray_address is not None:
+        if ns.ray_address is not None or (ns.workers and cluster_address(None)):
             # Joined now, before any file is opened or input read: a port that answers
             # may still be no Ray head, which only joining tells.
             ensure_ray(ns.ray_address)

@@ -20,7 +20,7 @@ from typing import Any
 from plait._jsonl import loads
 from plait.execution.checkpoint import shown_pipeline
 
-__all__ = ["main", "status_of"]
+__all__ = ["build_parser", "main", "status_of"]
 
 
 class StatusError(ValueError):
@@ -104,7 +104,7 @@ def _log_records(path: Path) -> Iterator[tuple[str, int | None]]:
         yield kind, index
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="plait status",
         description="show what a run's checkpoint holds: finished inputs, kept calls, and "
@@ -112,7 +112,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("checkpoint", metavar="CHECKPOINT", help="the run's checkpoint directory")
     parser.add_argument("--json", action="store_true", help="print the status as JSON")
-    ns = parser.parse_args(list(argv) if argv is not None else None)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ns = build_parser().parse_args(list(argv) if argv is not None else None)
     try:
         status = status_of(Path(ns.checkpoint))
     except (OSError, ValueError) as exc:

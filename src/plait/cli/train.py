@@ -36,7 +36,7 @@ from plait.cli.options import (
 )
 from plait.cli.progress import Display, RichDisplay, Tally, is_terminal
 from plait.module import Module
-from plait.ray.cluster import ClusterUnreachable, ensure_ray
+from plait.ray.cluster import ClusterUnreachable, cluster_address, ensure_ray
 from plait.resources.config import ConfigurationError, ResourceConfig
 from plait.target import Target, TargetError, code_files
 
@@ -137,7 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--optimizer",
         choices=OPTIMIZERS,
         action="append",
-        help="(default: sfa; repeat to combine, e.g. bootstrap then sfa)",
+        help="what learns the prompts (sfa); repeat to combine, e.g. bootstrap then sfa",
     )
     parser.add_argument(
         "--max-demos", type=positive_int, default=4, metavar="N", help="bootstrap: pairs per call"
@@ -174,7 +174,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="bootstrap: run the pipeline on this alias to produce demonstrations",
     )
     parser.add_argument(
-        "--optimizer-alias", default="optimizer", metavar="ALIAS", help="(optimizer)"
+        "--optimizer-alias",
+        default="optimizer",
+        metavar="ALIAS",
+        help="the alias the optimizers' own calls use (optimizer)",
     )
     parser.add_argument(
         "--optimizer-max-tokens",
@@ -184,13 +187,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_resources_argument(parser)
     add_otel_argument(parser)
-    parser.add_argument("--batch-size", type=positive_int, default=4, metavar="N", help="(4)")
-    parser.add_argument("--epochs", type=positive_int, default=1, metavar="N", help="(1)")
+    parser.add_argument(
+        "--batch-size", type=positive_int, default=4, metavar="N", help="examples per step (4)"
+    )
+    parser.add_argument(
+        "--epochs", type=positive_int, default=1, metavar="N", help="passes over --data (1)"
+    )
     parser.add_argument("--patience", type=positive_int, metavar="N", help="early stopping")
     parser.add_argument("--max-steps", type=positive_int, metavar="N", help="stop after N steps")
     parser.add_argument("--seed", type=int, default=0, metavar="N", help="shuffling seed (0)")
-    parser.add_argument("--out", default="plait-train", metavar="DIR", help="(plait-train)")
-    parser.add_argument("--checkpoint", metavar="DIR", help="(default: OUT/checkpoint)")
+    parser.add_argument(
+        "--out",
+        default="plait-train",
+        metavar="DIR",
+        help="where the results go: parameters.json, history.json, history.png (plait-train)",
+    )
+    parser.add_argument(
+        "--checkpoint", metavar="DIR", help="checkpoint directory (default: OUT/checkpoint)"
+    )
     parser.add_argument(
         "--workers",
         type=positive_int,
@@ -289,7 +303,7 @@ def _train(ns: argparse.Namespace, err: IO[str]) -> int:
 
     telemetry = otel_handler(ns)  # before anything runs: a missing extra is said at once
 
-    if ns.ray_address is not None:
+    if ns.ray_address is not None or (ns.workers and cluster_address(None)):
         # Joined now, before anything is built or written: a port that answers may
         # still be no Ray head, which only joining tells.
         ensure_ray(ns.ray_address)

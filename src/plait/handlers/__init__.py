@@ -52,6 +52,8 @@ message carries.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from plait._lazy import lazy_exports
 from plait.effects import (
     Handler,
@@ -60,6 +62,23 @@ from plait.effects import (
     apply_stack_sync,
     current_stack,
 )
+
+if TYPE_CHECKING:  # what _CATALOGUE loads, for type checkers and the API reference
+    from plait.handlers.budgeting import Budget, BudgetExceeded, budget
+    from plait.handlers.caching import Cache, CacheError, cache
+    from plait.handlers.calls import CallLog, CallRecord, log_calls
+    from plait.handlers.mocking import Mock, UnmockedCallError, mock
+    from plait.handlers.overriding import Override, override
+    from plait.handlers.profiling import Profiler, profile
+    from plait.handlers.recording import (
+        NotRecordedError,
+        Recorder,
+        RecordingError,
+        Replayer,
+        record,
+        replay,
+    )
+    from plait.handlers.telemetry import Telemetry, otel
 
 #: The catalogue, imported on first use so `import plait` stays fast.  The modules'
 #: names differ from the factories' (``caching`` holds ``cache``) so that importing a

