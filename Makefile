@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 RUNTIME := $(VENV)/.runtime
 STAMP   := $(VENV)/.installed
 
-.PHONY: setup demo test lint typecheck docs docs-serve bench dspy-venv clean
+.PHONY: setup demo test lint typecheck docs docs-serve dist bench dspy-venv clean
 
 # The embedded local model (plait.providers.local) runs on xllamacpp, llama.cpp's server
 # as a prebuilt wheel (no compiler, no CMake).  The default local model
@@ -63,6 +63,12 @@ docs: $(STAMP)
 ## docs-serve: preview the site at http://127.0.0.1:8000, rebuilt as pages change.
 docs-serve: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --strict
+
+## dist: build the release into dist/: the source distribution (.tar.gz) and the wheel,
+## with the development venv's setuptools (no isolated build environment: offline).
+dist: $(STAMP)
+	rm -rf dist
+	$(PY) -m build --no-isolation --outdir dist .
 
 ## bench: run the benchmarks against the loopback fake server.
 bench: $(STAMP)
