@@ -73,6 +73,28 @@ def test_a_plain_string_answers_a_one_text_field_format(resources: plait.Resourc
         Judge(Verdict).bind(resources=resources).run_sync("t")  # two fields: no coercion
 
 
+def test_a_label_answers_a_label_call_as_it_stands(resources: plait.ResourceConfig) -> None:
+    """A call that answers with labels is mocked with the label, as a test writes it
+    (it was refused: "is a str, but the call asks for a Literal"); its JSON still works,
+    and a string that is none of the labels is refused naming it."""
+    import enum
+    from typing import Literal
+
+    class Mood(enum.Enum):
+        HAPPY = "happy"
+        SAD = "sad"
+
+    sentiment = Judge(Literal["positive", "negative"]).bind(resources=resources)
+    with mock({"judge": "positive"}):
+        assert sentiment.run_sync("t") == "positive"
+    with mock({"judge": '"negative"'}):
+        assert sentiment.run_sync("t") == "negative"
+    with mock({"judge": "sad"}):
+        assert Judge(Mood).bind(resources=resources).run_sync("t") is Mood.SAD
+    with mock({"judge": "neutral"}), pytest.raises(Exception, match="'neutral', which is no"):
+        sentiment.run_sync("t")
+
+
 def test_mock_by_alias_answers_only_that_alias(
     server: FakeOpenAIServer, resources: plait.ResourceConfig
 ) -> None:

@@ -164,13 +164,18 @@ def _response(msg: Message, request: LLMRequest, reply: Any) -> LLMResponse:
         if not (isinstance(data, dict) and field in data):
             data = {field: reply}
     elif isinstance(reply, str):
+        # The object's JSON, or, for a type a string is (a label of a Literal, a str
+        # Enum's value, str itself), the string as it stands.
         try:
-            data = json.loads(reply)
-        except ValueError as exc:
-            raise ValueError(
-                f"mock reply for {msg.name!r} is a str, but the call asks for a "
-                f"{_type_name(tp)}: give the object, or its JSON ({exc})"
-            ) from None
+            return _structured(tp, json.loads(reply))
+        except ValueError:
+            try:
+                return _structured(tp, reply)
+            except ValueError as exc:
+                raise ValueError(
+                    f"mock reply for {msg.name!r} is the str {reply[:60]!r}, which is no "
+                    f"{_type_name(tp)} ({exc}): give the object, or its JSON"
+                ) from None
     else:
         from pydantic_core import to_jsonable_python
 
@@ -181,12 +186,17 @@ def _response(msg: Message, request: LLMRequest, reply: Any) -> LLMResponse:
                 f"mock reply for {msg.name!r} cannot be turned into JSON for "
                 f"{_type_name(tp)}: {exc}"
             ) from None
-    text = json.dumps({WRAP_KEY: data} if is_wrapped(tp) else data)
     try:
-        parsed = parse_reply(tp, text)
+        return _structured(tp, data)
     except ValueError as exc:
         raise ValueError(f"mock reply for {msg.name!r}: {exc}") from None
-    return LLMResponse(text, parsed, Usage(), MOCK_MODEL, "stop")
+
+
+def _structured(tp: Any, data: Any) -> LLMResponse:
+    """The reply an endpoint would give with ``data`` for ``tp``: its wire text, read
+    back through the endpoint's own validation (ValueError where ``data`` does not fit)."""
+    text = json.dumps({WRAP_KEY: data} if is_wrapped(tp) else data)
+    return LLMResponse(text, parse_reply(tp, text), Usage(), MOCK_MODEL, "stop")
 
 
 def _text_field(tp: Any) -> str | None:
