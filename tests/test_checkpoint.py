@@ -125,6 +125,61 @@ def test_resume_in_process_pays_nothing_for_a_finished_batch(
     assert server.stats()["requests_total"] == 0
 
 
+# Python 3.12 made asyncio.gather over awaitables that are all done already return a
+# finished future, so awaiting it does not yield to the loop (3.11's yields once). The
+# child below gives 3.11 that gather, so this suite, on any supported Python, covers
+# the path 3.12 and 3.13 take.
+_RESUME_ON_NEWER_GATHER = """
+import asyncio, json, sys
+import plait
+from tests.checkpoint_child import make_pipeline
+
+if sys.version_info < (3, 12):
+    _gather = asyncio.gather
+
+    def gather(*aws, return_exceptions=False):
+        futures = [asyncio.ensure_future(aw) for aw in aws]
+        if not futures or not all(f.done() for f in futures):
+            return _gather(*futures, return_exceptions=return_exceptions)
+        outer = asyncio.get_running_loop().create_future()
+        results = [
+            asyncio.CancelledError() if f.cancelled() else f.exception() or f.result()
+            for f in futures
+        ]
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed and not return_exceptions:
+            outer.set_exception(failed[0])
+        else:
+            outer.set_result(results)
+        return outer
+
+    asyncio.gather = gather
+
+pipeline = make_pipeline(sys.argv[1], sys.argv[2])
+inputs = [f"item {i}" for i in range(10)]
+first = pipeline.run_sync(inputs)
+print(json.dumps([first, pipeline.run_sync(inputs)]), flush=True)
+"""
+
+
+def test_a_finished_batch_resumes_in_process_on_pythons_whose_gather_does_not_yield(
+    server: FakeOpenAIServer, tmp_path: Path
+) -> None:
+    # The second run is answered from the checkpoint: its inputs' tasks were all done
+    # before the driver waited for them, and it waited by spinning for ever.
+    done = subprocess.run(
+        [sys.executable, "-c", _RESUME_ON_NEWER_GATHER, server.base_url, str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    first, second = json.loads(done.stdout)
+    assert first == second == [expected(f"item {i}") for i in range(10)]
+    assert server.stats()["requests_total"] == 30  # the second run sent nothing
+
+
 def test_failed_inputs_are_retried_on_resume(server: FakeOpenAIServer, tmp_path: Path) -> None:
     resources = make_resources(server, max_retries=0)
     pipeline = FanOutFanIn().bind(resources=resources)

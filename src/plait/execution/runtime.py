@@ -451,8 +451,11 @@ class Run:
                 await asyncio.sleep(0)
                 code_error()  # the first input traced failed: no other input starts
             self.engine.start_draining()
-            while tasks:
-                await asyncio.gather(*list(tasks))
+            # Every input's task exists now: wait for them all, once. Not "until the set
+            # is empty": it empties through the tasks' done callbacks, and from Python
+            # 3.12 on, gather over tasks that are all done returns without yielding to
+            # the loop, so those callbacks never ran and the loop spun for ever.
+            await asyncio.gather(*tasks)
         except BaseException as exc:
             unwinding = True
             for task in tasks:
