@@ -361,13 +361,18 @@ def test_help_shows_type_value_and_layer_of_every_argument() -> None:
     blueprint = presets().apply_preset("fast").apply(parse_cli_args(["judge.alias=picky"]))
     text = blueprint.help()
     rows = {line.split()[0]: line for line in text.splitlines() if line.startswith("  ")}
-    assert rows["summarizer.alias"].split()[1:] == ["str", "'fast'", "fast"]
+    assert rows["summarizer.alias"].split()[1:4] == ["str", "'fast'", "fast"]
+    # LLMInference's own docstring describes it: the first sentence, whole.
+    assert rows["summarizer.alias"].endswith(
+        'The endpoint\'s name in the resources (``"fast"``); with no resources, the '
+        "embedded local model answers."
+    )
     assert rows["judge.alias"].split()[1:] == ["str", "'picky'", "command", "line"]
     assert rows["rounds"].split()[1:4] == ["int", "2", "fast"]
     assert "How many judging rounds to run." in rows["rounds"]  # the docstring's Args
     assert rows["tone"].split()[1:] == ["Tone", "Tone.PLAIN", "default"]
     assert rows["judge.temperature"].split()[1:] == ["float", "0.0", "fast", "(...temperature)"]
-    assert rows["summarizer.max_tokens"].split()[1:] == ["int", "|", "None", "None", "default"]
+    assert rows["summarizer.max_tokens"].split()[1:6] == ["int", "|", "None", "None", "default"]
     assert "Presets: fast, careful" in text
     assert "Summarize a text, then judge the summary." in text
     infos = {info.path: info for info in blueprint.describe()}
@@ -378,6 +383,7 @@ def test_help_shows_type_value_and_layer_of_every_argument() -> None:
         layer="fast",
         required=False,
         key="...temperature",
+        doc="The sampling temperature; None uses the endpoint's default.",
     )
     assert infos["summarizer.alias"].required
 
@@ -387,7 +393,7 @@ def test_help_lists_problems_instead_of_raising() -> None:
     assert "Problems (make() would fail):" in text
     assert "roudns (from command line): unknown argument; did you mean 'rounds'?" in text
     assert "summarizer.alias: missing required argument" in text
-    rows = [line.split() for line in text.splitlines()]
+    rows = [line.split()[:4] for line in text.splitlines()]
     assert ["summarizer.alias", "str", "<missing>", "required"] in rows
 
 

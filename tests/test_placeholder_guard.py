@@ -7,6 +7,7 @@ test file in a separate pytest process, and check which inner tests it fails and
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import urllib.request
@@ -20,6 +21,8 @@ from plait.testing import FakeOpenAIServer, find_placeholder, take_placeholder_r
 from .conftest import PLACEHOLDER_GUARD_MESSAGE
 
 CONFTEST = Path(__file__).with_name("conftest.py")
+ROOT = CONFTEST.parent.parent
+PATH = os.environ.get("PYTHONPATH", "")
 
 # Written to a file and run by an inner pytest; every string in it is ASCII on purpose, the
 # placeholder characters are spelled as escapes.
@@ -132,6 +135,8 @@ def _run_inner(tmp_path: Path) -> dict[str, str | None]:
             "test_inner.py",
         ],
         cwd=tmp_path,
+        # The conftest imports the project's own test helpers (``tests.page_runner``).
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), PATH]))},
         capture_output=True,
         text=True,
         timeout=300,

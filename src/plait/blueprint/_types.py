@@ -201,8 +201,19 @@ _GOOGLE_ITEM = re.compile(r"^(\s+)(\*{0,2}\w+)\s*(?:\([^)]*\))?:\s*(.*)$")
 
 
 def _parse_docstring(text: str) -> Iterator[tuple[str, str]]:
+    """Each documented parameter's name and its description's first sentence, from a
+    Google ``Args:`` section (an item's description may go on over the lines indented
+    under it) or reST ``:param name:`` lines."""
     in_args = False
-    for line in text.splitlines():
+    item: tuple[str, int, list[str]] | None = None  # (name, indent, description lines)
+    for line in [*text.splitlines(), ""]:
+        indent = len(line) - len(line.lstrip())
+        if item is not None and line.strip() and indent > item[1]:
+            item[2].append(line.strip())
+            continue
+        if item is not None:
+            yield item[0], _first_sentence(" ".join(item[2]))
+            item = None
         sphinx = _SPHINX.match(line)
         if sphinx:
             yield sphinx.group(1), sphinx.group(2).strip()
@@ -214,9 +225,15 @@ def _parse_docstring(text: str) -> Iterator[tuple[str, str]]:
             if line.strip() and not line[:1].isspace():
                 in_args = False
                 continue
-            item = _GOOGLE_ITEM.match(line)
-            if item and len(item.group(1)) <= 8:
-                yield item.group(2).lstrip("*"), item.group(3).strip()
+            found = _GOOGLE_ITEM.match(line)
+            if found and len(found.group(1)) <= 8:
+                item = (found.group(2).lstrip("*"), len(found.group(1)), [found.group(3).strip()])
+
+
+def _first_sentence(text: str) -> str:
+    """What a help row shows of a description: up to its first full stop."""
+    end = re.search(r"[.!?](\s|$)", text)
+    return text[: end.start() + 1] if end else text
 
 
 # -- looking at annotations -------------------------------------------------------------
