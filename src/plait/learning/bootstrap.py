@@ -46,6 +46,7 @@ from plait.values import Value
 
 __all__ = [
     "BootstrapFewShot",
+    "ExampleRun",
     "Trace",
     "TraceLog",
     "TrainingBatch",
@@ -72,6 +73,24 @@ class Trace:
 
 
 @dataclass(slots=True)
+class ExampleRun:
+    """One example run with the values of the moment, as a search judges a candidate.
+
+    ``score`` and ``text`` are the loss's (`Feedback`); ``trace`` holds the pipeline's
+    output and each stage's call (its input and reply), so a reflective optimizer can
+    show a rewriter what a stage was given, what it answered and what the loss said;
+    ``feedback`` is what the backward pass gave each parameter (by ``state_dict()``
+    name) when the run was asked for it, else empty.
+    """
+
+    example: Example
+    score: float
+    text: str
+    trace: Trace | None
+    feedback: dict[str, list[str]] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
 class TrainingBatch:
     """What the `Trainer` shows an optimizer before its step (`Optimizer.observe`).
 
@@ -91,6 +110,17 @@ class TrainingBatch:
     score_examples: Callable[[Sequence[int]], Awaitable[list[float]]] | None = None
     #: How many validation examples there are (0 without a validation set).
     val_size: int = 0
+    #: Runs any examples (training or validation ones) with the values of the moment
+    #: and returns each one's `ExampleRun`, in order; ``feedback=True`` also runs the
+    #: backward pass.  What a search that chooses on more than the validation set
+    #: (cross-validation) or that reads the loss's words (reflection) runs examples
+    #: with: the same passes as the Trainer's own, so they run where its passes run
+    #: (Ray workers included) and a resumed step is answered from its call log.
+    run_examples: Callable[..., Awaitable[list[ExampleRun]]] | None = None
+    #: The training examples (all of them, not only this minibatch).
+    train_examples: list[Example] = field(default_factory=list)
+    #: The validation examples (empty without a validation set).
+    val_examples: list[Example] = field(default_factory=list)
 
 
 def demo_parameters(params: Iterable[Parameter]) -> list[Parameter]:

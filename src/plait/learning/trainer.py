@@ -66,7 +66,7 @@ from plait.effects import Message
 from plait.execution.backends import TrainingBackend, backend
 from plait.execution.checkpoint import CheckpointHandler
 from plait.learning.backward import Received, receive
-from plait.learning.bootstrap import Trace, TrainingBatch, trace_from_rows
+from plait.learning.bootstrap import ExampleRun, Trace, TrainingBatch, trace_from_rows
 from plait.learning.data import Example, load_examples
 from plait.learning.failures import (
     TrainerError,
@@ -623,6 +623,57 @@ class Trainer:
             raise TrainerError("nothing to score: no validation set was given")
         return await self._scored([self.val_data[i] for i in positions]) if positions else []
 
+    async def run_examples(
+        self, examples: Sequence[Any], *, feedback: bool = False
+    ) -> list[ExampleRun]:
+        """Run some examples with the values of the moment and say how each went.
+
+        The examples run as a minibatch does (train mode, through the trainer's
+        backend and call log), so a search can judge a candidate on any examples,
+        read the loss's words and each stage's call, and a resumed step pays for
+        none of the runs it had completed.
+
+        Args:
+            examples: ``(input, target)`` pairs or mappings (`load_examples`).
+            feedback: Also run the backward pass and return what it gave each
+                parameter.
+
+        Returns:
+            Each example's `ExampleRun`, in order.
+
+        Raises:
+            TrainerError: The loss failed or returned no `Feedback`.
+            TrainingCallFailed: A call failed (an endpoint down, a refused key).
+        """
+        chosen = load_examples(examples)
+        if not chosen:
+            return []
+        if self._manager is None:
+            from plait.execution.settings import ExecutionSettings
+            from plait.resources.manager import ResourceManager
+
+            async with ExecutionSettings(resources=ResourceManager.coerce(self.resources)):
+                return await self._run_examples(chosen, feedback)
+        return await self._run_examples(chosen, feedback)
+
+    async def _run_examples(self, examples: list[Example], feedback: bool) -> list[ExampleRun]:
+        rows, scores, _ = await self._traced(examples, feedback=feedback)
+        runs: list[ExampleRun] = []
+        for row, example, score in zip(rows, examples, scores, strict=True):
+            payload = row.payload
+            result = payload.get("output")
+            given: dict[str, list[str]] = {}
+            for name, text, _rank in payload.get("feedback") or ():
+                given.setdefault(name, []).append(text)
+            trace = (
+                trace_from_rows(payload["trace"], self.model, example, score)
+                if payload.get("trace") is not None
+                else None
+            )
+            text = result.text if isinstance(result, Feedback) else ""
+            runs.append(ExampleRun(example, score, text, trace, given))
+        return runs
+
     async def _scored(self, examples: list[Example]) -> list[float]:
         """Each example's loss score, in eval mode, the calls going to the trainer's
         ``resources`` inside `fit` or outside it."""
@@ -748,6 +799,9 @@ class Trainer:
             evaluate=self.evaluate if self.val_data is not None else None,
             score_examples=self.score_examples if self.val_data is not None else None,
             val_size=len(self.val_data or ()),
+            run_examples=self.run_examples,
+            train_examples=list(self.train_data),
+            val_examples=list(self.val_data or ()),
         )
         trials = [await self._trial(optimizer, view) for optimizer in self.optimizers]
         improved = any(trial.kept and trial.val_score is not None for trial in trials)
