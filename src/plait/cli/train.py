@@ -42,7 +42,7 @@ from plait.target import Target, TargetError, code_files
 
 __all__ = ["build_parser", "main"]
 
-OPTIMIZERS = ("sfa", "textgrad", "bootstrap", "search")
+OPTIMIZERS = ("sfa", "textgrad", "bootstrap", "search", "reflective")
 #: Files the command writes into --out.
 PARAMETERS_FILE = "parameters.json"
 HISTORY_JSON = "history.json"
@@ -85,7 +85,19 @@ the better half on twice as many, and so on to all of them; the best is installe
 only if it beats the values in place, example by example, and the history
 records every candidate's scores and the 95% interval of the gain; with
 --instructions N the --optimizer-alias model also writes N new instructions per
-learnable system prompt each step, searched together with the demonstrations).
+learnable system prompt each step, searched together with the demonstrations),
+reflective (keeps a pool of candidate instructions and their score on every --val
+example; each step draws a parent among the candidates that are best on some
+example, in proportion to how many, runs it on the minibatch, and shows the
+--optimizer-alias model the examples it failed, with the loss's feedback, to
+rewrite one instruction; the new candidate joins the pool only if it beats its
+parent on the minibatch, and is then scored on --val; in a pipeline of several
+stages, two candidates that improved different stages are merged now and then;
+the best on --val is installed after each step).  --max-metric-calls N bounds
+what it spends: every example a candidate is scored on counts one, the budget is
+never exceeded, and the run ends ("budget") once what is left cannot pay for
+another step; with it and no --epochs, the run goes on over as many epochs as
+the budget allows.
 `--optimizer bootstrap --optimizer sfa` learns both in one run.
 
 Demonstrations chosen per input: --demos knn [--k N] turns every LLMInference
@@ -109,8 +121,8 @@ re-run the same command to continue (Ctrl-C prints it): a killed step pays only
 for the calls it had not completed.  What the scores mean and which examples
 each step draws must be the same: the data files, the loss (--loss, --criteria,
 --judge-alias, --target-field), the models the pipeline and the judge call,
---batch-size, --seed, and the optimizers (in order); a resume that changes one
-is refused, naming it.  --fresh starts over.
+--batch-size, --seed, the optimizers (in order) and their settings
+(--max-metric-calls); a resume that changes one is refused, naming it.  --fresh starts over.
 
 Workers: --workers N runs the minibatches (forward, loss, backward) and the
 validation passes on N Ray worker processes with the prompts of the moment (the
@@ -155,6 +167,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="search: N instructions per system prompt per step, by --optimizer-alias",
     )
     parser.add_argument(
+        "--max-metric-calls",
+        type=positive_int,
+        metavar="N",
+        help="reflective: examples its candidates may be scored on in all (no limit)",
+    )
+    parser.add_argument(
         "--demos",
         choices=("list", "knn"),
         default="list",
@@ -190,9 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--batch-size", type=positive_int, default=4, metavar="N", help="examples per step (4)"
     )
-    parser.add_argument(
-        "--epochs", type=positive_int, default=1, metavar="N", help="passes over --data (1)"
-    )
+    parser.add_argument("--epochs", type=positive_int, metavar="N", help="passes over --data (1)")
     parser.add_argument("--patience", type=positive_int, metavar="N", help="early stopping")
     parser.add_argument("--max-steps", type=positive_int, metavar="N", help="stop after N steps")
     parser.add_argument("--seed", type=int, default=0, metavar="N", help="shuffling seed (0)")
@@ -329,7 +345,8 @@ def _train(ns: argparse.Namespace, err: IO[str]) -> int:
         raise UsageError("--embed ranks a pool chosen per input: give --demos knn with it")
     if ns.refit and ns.demos != "knn":
         raise UsageError("--refit grows pools chosen per input: give --demos knn with it")
-    _check_data(ns, module, err)
+    train_size = _check_data(ns, module, err)
+    epochs = _epochs(ns, train_size)
     if ns.demos == "knn":
         _choose_per_input(ns, module)
     resources: Any = module._bound_resources
@@ -351,7 +368,7 @@ def _train(ns: argparse.Namespace, err: IO[str]) -> int:
         ns.data,
         ns.val,
         batch_size=ns.batch_size,
-        epochs=ns.epochs,
+        epochs=epochs,
         patience=ns.patience,
         checkpoint_dir=checkpoint,
         resources=resources,
@@ -401,6 +418,9 @@ def _train(ns: argparse.Namespace, err: IO[str]) -> int:
             f"pools {grown or 'unchanged'}",
             file=err,
         )
+    spent = _metric_calls(history)
+    if spent is not None:
+        print(f"plait train: {spent}", file=err)
     if ns.test is not None:
         print(
             f"plait train: held-out test ({ns.test}): {_fmt(history.initial_test_score)} "
@@ -410,9 +430,25 @@ def _train(ns: argparse.Namespace, err: IO[str]) -> int:
     return 0
 
 
-def _check_data(ns: argparse.Namespace, module: Module, err: IO[str]) -> None:
+def _epochs(ns: argparse.Namespace, train_size: int) -> int:
+    """--epochs, or 1; for a reflective search with a budget and no --epochs, as many
+    as the budget could pay for (each step scores at least one example), so that the
+    budget, not the data's length, ends the run."""
+    if ns.epochs is not None:
+        return int(ns.epochs)
+    if "reflective" not in (ns.optimizer or ()) or ns.max_metric_calls is None:
+        return 1
+    size, budget = int(ns.batch_size), int(ns.max_metric_calls)
+    batches = -(-train_size // size)
+    smallest = min(size, train_size - (batches - 1) * size)
+    steps = -(-budget // smallest)  # a step runs its minibatch at least
+    return max(1, -(-steps // batches))
+
+
+def _check_data(ns: argparse.Namespace, module: Module, err: IO[str]) -> int:
     """Read every data file before anything is paid for: a missing input or target
-    field is a usage error naming the field and the fields the examples have."""
+    field is a usage error naming the field and the fields the examples have.  The
+    number of training examples is returned."""
     from plait.learning.data import load_examples
 
     noted: list[str] = []
@@ -422,8 +458,8 @@ def _check_data(ns: argparse.Namespace, module: Module, err: IO[str]) -> None:
             print(f"plait train: {text}", file=err, flush=True)
             noted.append(text)
 
-    for data in (ns.data, ns.val, ns.test):
-        if data is not None:
+    sizes = [
+        len(
             load_examples(
                 data,
                 ns.input_field,
@@ -432,12 +468,18 @@ def _check_data(ns: argparse.Namespace, module: Module, err: IO[str]) -> None:
                 require_target=needs_target(ns),
                 on_unused=note,
             )
+        )
+        for data in (ns.data, ns.val, ns.test)
+        if data is not None
+    ]
+    return sizes[0]
 
 
 def _make_optimizers(ns: argparse.Namespace, module: Module, resources: Any) -> list[Any]:
     """The optimizers --optimizer names, in order (sfa when none is named)."""
     from plait.learning import optimizers
     from plait.learning.bootstrap import BootstrapFewShot, demo_parameters
+    from plait.learning.reflective import ReflectiveSearch
     from plait.learning.search import DemoSearch
 
     names = ns.optimizer or ["sfa"]
@@ -450,8 +492,29 @@ def _make_optimizers(ns: argparse.Namespace, module: Module, resources: Any) -> 
         raise UsageError("--instructions goes with --optimizer search")
     if len(set(names)) != len(names):
         raise UsageError(f"--optimizer names one twice ({', '.join(names)}): name each once")
+    if ns.max_metric_calls is not None and "reflective" not in names:
+        raise UsageError("--max-metric-calls goes with --optimizer reflective")
+    if "reflective" in names and (len(names) > 1 or ns.val is None):
+        raise UsageError(
+            "--optimizer reflective scores its candidates on --val and is the run's only "
+            "optimizer: give --val, and no other --optimizer"
+        )
     made: list[Any] = []
     for name in names:
+        if name == "reflective":
+            try:
+                search = ReflectiveSearch(
+                    module.parameters(),
+                    rewriter=ns.optimizer_alias,
+                    max_metric_calls=ns.max_metric_calls,
+                    seed=ns.seed,
+                )
+            except ValueError as exc:
+                raise UsageError(f"--optimizer reflective: {exc}") from None
+            if ns.optimizer_max_tokens is not None:
+                search.reflection.max_tokens = ns.optimizer_max_tokens
+            made.append(search.bind(resources))
+            continue
         if name in ("bootstrap", "search"):
             if not demo_parameters(module.parameters()):
                 raise UsageError(
@@ -514,6 +577,18 @@ def _remove_checkpoint(directory: Path) -> None:
             "remove it yourself or choose another --checkpoint"
         )
     shutil.rmtree(directory)
+
+
+def _metric_calls(history: Any) -> str | None:
+    """What a budgeted search spent, as its last step reported it (None for others)."""
+    for record in reversed(history.steps):
+        for trial in record.trials:
+            calls = (trial.get("search") or {}).get("metric_calls")
+            if isinstance(calls, dict):
+                budget = calls.get("budget")
+                of = f" of {budget}" if budget is not None else ""
+                return f"the search used {calls.get('used')}{of} metric calls"
+    return None
 
 
 def _fmt(score: float | None) -> str:
@@ -590,7 +665,7 @@ class _Progress:
         else:
             verdict = "kept" if record.kept else "rolled back"
             line = (
-                f"{tally.headline()} · batch score {record.train_score:.3f} · {verdict}"
+                f"{tally.headline()} · batch score {_fmt(record.train_score)} · {verdict}"
                 f" · changed: {', '.join(record.changed) or 'nothing'}"
             )
         print(f"plait train: {line}", file=self.stream, flush=True)

@@ -50,8 +50,10 @@ __all__ = [
     "Trace",
     "TraceLog",
     "TrainingBatch",
+    "Validated",
     "call_step",
     "demo_parameters",
+    "model_values",
     "run_traced",
     "trace_from_rows",
     "trace_rows",
@@ -90,6 +92,45 @@ class ExampleRun:
     feedback: dict[str, list[str]] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class Validated:
+    """Every validation example's score for one set of the pipeline's values.
+
+    It goes both ways between the `Trainer` and an optimizer, so neither pays twice
+    to score the same values on the whole validation set: the Trainer shows an
+    optimizer its last validation pass (`TrainingBatch.validated`), and an optimizer
+    that has itself scored the values it installs sets its ``validated`` attribute
+    after `step`, which the Trainer's gate takes instead of a pass of its own when
+    ``values`` are exactly the values installed.
+
+    Args:
+        values: The pipeline's values that were scored (`model_values`).
+        scores: Each validation example's score, in the validation set's order.
+    """
+
+    values: dict[str, Any]
+    scores: list[float]
+
+    @property
+    def score(self) -> float:
+        """The mean score, as `Trainer.evaluate` gives it."""
+        return sum(self.scores) / len(self.scores) if self.scores else 0.0
+
+
+def model_values(model: Module) -> dict[str, Any]:
+    """The values a validation score is a score of: every parameter of ``model`` by its
+    ``state_dict()`` name, the states of its `Rng`s aside (running the pipeline
+    advances them, so they are no part of what an update changes)."""
+    from plait.sampling import rng_parameter_names
+
+    drawn = rng_parameter_names(model)
+    return {
+        name: value
+        for name, value in copy.deepcopy(model.state_dict()).items()
+        if name not in drawn
+    }
+
+
 @dataclass(slots=True)
 class TrainingBatch:
     """What the `Trainer` shows an optimizer before its step (`Optimizer.observe`).
@@ -121,6 +162,9 @@ class TrainingBatch:
     train_examples: list[Example] = field(default_factory=list)
     #: The validation examples (empty without a validation set).
     val_examples: list[Example] = field(default_factory=list)
+    #: The Trainer's last pass over the whole validation set (None before one): an
+    #: optimizer about to score these very values there takes the scores instead.
+    validated: Validated | None = None
 
 
 def demo_parameters(params: Iterable[Parameter]) -> list[Parameter]:

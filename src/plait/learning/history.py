@@ -29,10 +29,11 @@ class StepRecord:
     step: int
     epoch: int
     batch: int
-    #: Mean loss score of the minibatch before the update (higher is better)...
-    train_score: float
+    #: Mean loss score of the minibatch before the update (higher is better; for an
+    #: optimizer that runs the minibatch itself, the score it reports, None if none)...
+    train_score: float | None
     #: ...and the loss proper, ``1 - train_score``, for those who plot losses going down.
-    train_loss: float
+    train_loss: float | None
     #: Mean validation score after the update (None without a validation set); with
     #: several optimizers, after the last one's (``trials`` has each).
     val_score: float | None
@@ -96,8 +97,9 @@ class TrainingHistory:
         steps: One `StepRecord` per optimizer step.
         initial_test_score: The held-out test score before training.
         final_test_score: The held-out test score with the final values.
-        stopped: "" while running; then ``"completed"``, ``"early_stopping"`` or
-            ``"max_steps"``.
+        stopped: "" while running; then ``"completed"``, ``"early_stopping"``,
+            ``"max_steps"``, or the reason an optimizer gave for ending the run
+            (``"budget"``: a search spent its budget).
         refit: What ``Trainer(refit=True)`` did once training had ended: the
             examples it ran and, per pool it grew, its size before and after.
     """

@@ -110,16 +110,18 @@ def plot_history(history: History, path: str | os.PathLike[str]) -> Path:
                 va="center",
                 transform=top.transAxes,
             )
-        train = [r.train_score for r in history.steps]
+        ran = [(x, r.train_score) for x, r in zip(steps, history.steps, strict=True)]
+        train_steps = [x for x, score in ran if score is not None]
+        train = [score for _, score in ran if score is not None]
         bottom.plot(
-            steps,
+            train_steps,
             train,
             "o-",
             color="tab:orange",
             label=_flat_label("minibatch score (before the step's updates)", train),
         )
         if annotate:
-            _label_points(bottom, list(zip(steps, train, strict=True)))
+            _label_points(bottom, list(zip(train_steps, train, strict=True)))
         for ax, title in ((top, "validation"), (bottom, "training minibatches")):
             ax.set_ylim(-0.08, 1.12)
             ax.set_ylabel("score (higher is better)")

@@ -66,7 +66,14 @@ from plait.effects import Message
 from plait.execution.backends import TrainingBackend, backend
 from plait.execution.checkpoint import CheckpointHandler
 from plait.learning.backward import Received, receive
-from plait.learning.bootstrap import ExampleRun, Trace, TrainingBatch, trace_from_rows
+from plait.learning.bootstrap import (
+    ExampleRun,
+    Trace,
+    TrainingBatch,
+    Validated,
+    model_values,
+    trace_from_rows,
+)
 from plait.learning.data import Example, load_examples
 from plait.learning.failures import (
     TrainerError,
@@ -83,7 +90,6 @@ from plait.learning.plot import plot_history
 from plait.learning.step import TrainingStep
 from plait.module import Module
 from plait.providers.base import LLMRequest
-from plait.sampling import rng_parameter_names
 from plait.values import Value, kind_of
 
 __all__ = [
@@ -367,6 +373,9 @@ class Trainer:
         #: The handler answering calls from the current position's call log, in a `fit`
         #: with a ``checkpoint_dir`` (see `_call_log`).
         self._calls: Any = None
+        #: The last pass over the whole validation set: the values and each example's
+        #: score (`TrainingBatch.validated`), in this process only.
+        self._validated: Validated | None = None
         self.resumed = self._load_checkpoint()
         """Whether a checkpoint in ``checkpoint_dir`` was loaded, to continue its run."""
 
@@ -573,6 +582,9 @@ class Trainer:
             batches = self.batches(self.epoch)
             if self.max_steps is not None and self.global_step >= self.max_steps:
                 return await self._finish("max_steps")
+            reason = self._optimizer_stop()
+            if reason:
+                return await self._finish(reason)
             record = await self._train_step(batches[self.batch_index])
             # The position saved is the next batch to train on, so a resume never
             # repeats a step whose update was already kept or rolled back.
@@ -584,6 +596,16 @@ class Trainer:
             if self.patience is not None and self.stale_steps >= self.patience:
                 return await self._finish("early_stopping")
         return await self._finish("completed")
+
+    def _optimizer_stop(self) -> str | None:
+        """Why an optimizer says the run is over (its ``stop_reason``: a search whose
+        budget is spent says ``"budget"``), or None.  Read before every step, so a
+        resumed run whose optimizer had already stopped ends at once."""
+        for optimizer in self.optimizers:
+            reason = getattr(optimizer, "stop_reason", None)
+            if isinstance(reason, str) and reason:
+                return reason
+        return None
 
     async def evaluate(self, data: Iterable[Any] | None = None) -> float:
         """Score the pipeline as it is now: the mean loss score over some examples, in eval mode.
@@ -604,7 +626,10 @@ class Trainer:
         examples = self.val_data if data is None else load_examples(data)
         if not examples:
             raise TrainerError("nothing to evaluate: no validation set was given")
+        values = model_values(self.model) if data is None else None
         scores = await self._scored(examples)
+        if values is not None:
+            self._validated = Validated(values, scores)
         return sum(scores) / len(scores)
 
     async def score_examples(self, positions: Sequence[int]) -> list[float]:
@@ -791,7 +816,15 @@ class Trainer:
         spent = _spend()
         for optimizer in self.optimizers:
             optimizer.zero_feedback()
-        train_score, traces = await self._minibatch(batch)
+        # An optimizer that runs the minibatch itself, with the values it chooses
+        # (`ReflectiveSearch` runs a candidate of its pool), says so with
+        # ``runs_minibatch``: when every optimizer does, the pass would be paid for
+        # nothing, and the step's batch score is the one the optimizer reports.
+        own_pass = not all(getattr(o, "runs_minibatch", False) for o in self.optimizers)
+        train_score: float | None = None
+        traces: list[Trace] | None = None
+        if own_pass:
+            train_score, traces = await self._minibatch(batch)
         view = TrainingBatch(
             examples=list(batch),
             traces=traces,
@@ -802,8 +835,12 @@ class Trainer:
             run_examples=self.run_examples,
             train_examples=list(self.train_data),
             val_examples=list(self.val_data or ()),
+            validated=self._validated,
         )
         trials = [await self._trial(optimizer, view) for optimizer in self.optimizers]
+        if not own_pass:
+            reported = [getattr(o, "minibatch_score", None) for o in self.optimizers]
+            train_score = next((float(s) for s in reported if s is not None), None)
         improved = any(trial.kept and trial.val_score is not None for trial in trials)
         self.stale_steps = 0 if improved else self.stale_steps + 1
         self.global_step += 1
@@ -814,7 +851,7 @@ class Trainer:
             epoch=self.epoch,
             batch=self.batch_index,
             train_score=train_score,
-            train_loss=1.0 - train_score,
+            train_loss=None if train_score is None else 1.0 - train_score,
             val_score=scored[-1] if scored else None,
             kept=any(trial.kept for trial in trials),
             improved=improved,
@@ -833,12 +870,7 @@ class Trainer:
         # An Rng's seed and counter are not the optimizer's to change, and running the
         # pipeline (validation, a bootstrap pass) advances the counter: leave them out
         # of what counts as tried and of what a roll-back restores.
-        drawn = rng_parameter_names(self.model)
-        before = {
-            name: value
-            for name, value in copy.deepcopy(self.model.state_dict()).items()
-            if name not in drawn
-        }
+        before = model_values(self.model)
         refused = getattr(optimizer, "rejected", None)
         seen = len(refused) if isinstance(refused, list) else 0
         try:
@@ -856,12 +888,8 @@ class Trainer:
             raise
         finally:
             optimizer.zero_feedback()
-        after = self.model.state_dict()
-        tried = {
-            name: value
-            for name, value in after.items()
-            if name not in drawn and before.get(name) != value
-        }
+        after = model_values(self.model)
+        tried = {name: value for name, value in after.items() if before.get(name) != value}
         rejected = (
             {r.name: r.reason for r in refused[seen:] if hasattr(r, "reason")}
             if isinstance(refused, list)
@@ -882,7 +910,9 @@ class Trainer:
             # Nothing changed: the values are the proven ones, with the score they have.
             trial.kept, trial.val_score = False, self.history.best_val_score
             return trial
-        trial.val_score = await self.evaluate()
+        trial.val_score = self._validated_by(optimizer, after)
+        if trial.val_score is None:
+            trial.val_score = await self.evaluate()
         best = self.history.best_val_score
         # The gate: only an update validation scores better (by min_delta, or at all)
         # is kept; a tie keeps the values already proven, so training can never leave
@@ -893,6 +923,21 @@ class Trainer:
         else:
             self.model.load_state_dict(before)
         return trial
+
+    def _validated_by(self, optimizer: Any, values: dict[str, Any]) -> float | None:
+        """The validation score ``optimizer`` reports for the values it installed (its
+        ``validated``, a `Validated`), when it scored exactly these values on every
+        validation example; None otherwise, and the gate pays for a pass of its own."""
+        report = getattr(optimizer, "validated", None)
+        if (
+            not isinstance(report, Validated)
+            or self.val_data is None
+            or len(report.scores) != len(self.val_data)
+            or report.values != values
+        ):
+            return None
+        self._validated = report
+        return report.score
 
     async def _finish(self, reason: str) -> TrainingHistory:
         if self.refit and not self.history.refit:
