@@ -66,7 +66,6 @@ from plait.learning.optimizers import (
     check_rewrite,
     meta_markers,
 )
-from plait.learning.search import _instructions_of
 from plait.learning.spend import phase
 from plait.module import Module
 from plait.parameter import Parameter
@@ -301,7 +300,7 @@ class ReflectiveSearch:
         if merge_every is not None:
             check_positive(merge_every=merge_every)
         given = list(params)
-        self.stages: dict[str, Parameter] = _instructions_of(given)
+        self.stages: dict[str, Parameter] = instruction_stages(given)
         """The learnable instructions, by their stage's module path."""
         if not self.stages:
             raise ValueError(
@@ -364,8 +363,10 @@ class ReflectiveSearch:
         return [self._call]
 
     def settings(self) -> dict[str, Any]:
-        """What a resumed run must be given again: the checkpoint's state means
-        something only under these (its budget used is a share of the budget).
+        """The settings a resumed run must be given again.
+
+        The checkpoint's state means something only under them: the budget used is a
+        share of the budget, and the pool was found with this rewriter and seed.
 
         Returns:
             The settings, by name.
@@ -748,6 +749,37 @@ class ReflectiveSearch:
             f"ReflectiveSearch({len(self.stages)} instruction(s), pool={len(self.pool)}, "
             f"metric calls {self.used}/{self.max_metric_calls}, steps={self.steps})"
         )
+
+
+def instruction_stages(params: Iterable[Parameter]) -> dict[str, Parameter]:
+    """The learnable instructions among ``params``, by the path of the `LLMInference`
+    that uses each as its system prompt (wherever the parameter was assigned: on the
+    call, or on a module above it that hands it down).
+
+    Args:
+        params: The pipeline's parameters.
+
+    Returns:
+        Stage path -> its instruction, for the learnable text system prompts.
+    """
+    wanted = {
+        id(param): param for param in params if param.requires_grad and isinstance(param.value, str)
+    }
+    found: dict[str, Parameter] = {}
+    roots: dict[int, Module] = {}
+    for param in wanted.values():
+        node = param.owner
+        while isinstance(node, Module) and node._parent_module() is not None:
+            node = node._parent_module()
+        if isinstance(node, Module):
+            roots[id(node)] = node
+    for root in roots.values():
+        for module in root.modules():
+            prompt = getattr(module, "system_prompt", None)
+            if isinstance(module, LLMInference) and id(prompt) in wanted:
+                assert isinstance(prompt, Parameter)
+                found.setdefault(module.qualified_path, prompt)
+    return found
 
 
 _REFLECT_SYSTEM = (
