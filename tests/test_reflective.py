@@ -433,13 +433,15 @@ def reflective_command(directory: Path, base_url: str) -> list[str]:
     ]  # fmt: skip
 
 
+@pytest.mark.parametrize("kill_at", ["first step", "later step"])
 def test_plait_train_reflective_killed_mid_run_resumes_paying_for_nothing_twice(
-    server: FakeOpenAIServer, tmp_path: Path
+    server: FakeOpenAIServer, tmp_path: Path, kill_at: str
 ) -> None:
     """The uninterrupted run first; then a run killed (SIGKILL) while a rewriter request
-    of a later step waits at a gate, and run again with the same command: it ends with
-    the same parameters and the same history, and the server saw no request twice but
-    the one in flight at the kill."""
+    waits at a gate (in the first step, before the search has saved anything, or in a
+    later one), and run again with the same command: it ends with the same parameters
+    and the same history, and the server saw no request twice but the one in flight at
+    the kill."""
     whole_dir = tmp_path / "whole"
     whole = subprocess.run(
         reflective_command(whole_dir, server.base_url),
@@ -451,13 +453,16 @@ def test_plait_train_reflective_killed_mid_run_resumes_paying_for_nothing_twice(
     assert history["stopped"] == "budget"
     reports = [step["trials"][0]["search"] for step in history["steps"]]
     assert len(reports[-1]["pool"]) >= 3  # the search found candidates step after step
-    # The kill comes while the rewriter is asked about a parent found at a later step:
-    # its instruction in place, as the reflection prompt shows it, marks the request.
-    later = next(
-        r["pool"][r["parent"]["id"]]["values"]["llm"]
-        for r in reports[1:]
-        if r.get("parent") and r["parent"]["id"] > 0 and "instruction" in r.get("proposal", {})
-    )
+    # The kill comes while the rewriter is asked about the first parent (the seed, in
+    # the first step), or about a parent found at a later step: its instruction in
+    # place, as the reflection prompt shows it, marks the request.
+    later = "Say"
+    if kill_at == "later step":
+        later = next(
+            r["pool"][r["parent"]["id"]]["values"]["llm"]
+            for r in reports[1:]
+            if r.get("parent") and r["parent"]["id"] > 0 and "instruction" in r["proposal"]
+        )
     used = reports[-1]["metric_calls"]["used"]
     assert 60 - 8 < used <= 60 and f"the search used {used} of 60 metric calls" in whole.stderr
 
@@ -488,6 +493,7 @@ def test_plait_train_reflective_killed_mid_run_resumes_paying_for_nothing_twice(
     )  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr
     assert "resuming" in resumed.stderr
+    assert ("at step 0" in resumed.stderr) == (kill_at == "first step")
     second_paid = server.stats()["requests_total"]
     # Only the request in flight at the kill was paid twice.
     assert first_paid + second_paid == uninterrupted + 1
