@@ -223,6 +223,17 @@ class Trainer:
     backward pass that fails on a worker stops the run with a `TrainerError`
     naming the failure, where in one process the exception itself propagates.
 
+    An optimizer can steer the loop through three attributes (`ReflectiveSearch`
+    sets all three): ``runs_minibatch = True`` says it runs each step's minibatch
+    itself, so the trainer runs none (the step's batch score is its
+    ``minibatch_score``); a ``stop_reason`` that is not empty ends the run before
+    the next step, recorded as ``history.stopped`` (``"budget"``); and a
+    ``validated`` (`plait.learning.bootstrap.Validated`) after its step, holding
+    every validation example's score of exactly the values it installed, is the
+    score the gate judges them by, instead of a validation pass of its own.  The
+    trainer's last validation pass is shown to optimizers as
+    ``TrainingBatch.validated``.
+
     Examples:
         ```python
         import asyncio
