@@ -145,6 +145,8 @@ CASES = [
     ("knn", ["bootstrap"], ["--refit"]),
     ("knn", ["bootstrap"], ["--embed", "embedder"]),
     ("list", ["bootstrap", "sfa"], []),
+    ("list", ["reflective"], ["--max-metric-calls", "30"]),
+    ("knn", ["reflective"], []),
 ]
 
 
@@ -205,8 +207,9 @@ def test_train_then_eval_then_run_use_what_training_learned(
         assert outputs == [target for _, target in TEST]
     else:  # the demonstrations parameters.json gives, chosen per input as it says
         assert outputs == [expected_output(parameters, message) for message, _ in TEST]
-    rewrites = optimizers in (["sfa"], ["textgrad"])
-    if rewrites:  # (after demonstrations, an instruction no longer changes the answer)
+    rewrites = optimizers in (["sfa"], ["textgrad"], ["reflective"])
+    if rewrites:  # (after demonstrations, an instruction no longer changes the answer;
+        # reflective search learns the instruction alone, so a pool stays empty)
         assert parameters["classify.system_prompt"] == "Answer billing."
     elif demos == "knn":
         # a pool that chose per input: every message answered by its own kind's pair
