@@ -208,7 +208,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--batch-size", type=positive_int, default=4, metavar="N", help="examples per step (4)"
     )
-    parser.add_argument("--epochs", type=positive_int, metavar="N", help="passes over --data (1)")
+    parser.add_argument(
+        "--epochs",
+        type=positive_int,
+        metavar="N",
+        help="passes over --data (1; reflective with --max-metric-calls: until it is spent)",
+    )
     parser.add_argument("--patience", type=positive_int, metavar="N", help="early stopping")
     parser.add_argument("--max-steps", type=positive_int, metavar="N", help="stop after N steps")
     parser.add_argument("--seed", type=int, default=0, metavar="N", help="shuffling seed (0)")
