@@ -96,12 +96,11 @@ class ExampleRun:
 class Validated:
     """Every validation example's score for one set of the pipeline's values.
 
-    It goes both ways between the `Trainer` and an optimizer, so neither pays twice
-    to score the same values on the whole validation set: the Trainer shows an
-    optimizer its last validation pass (`TrainingBatch.validated`), and an optimizer
-    that has itself scored the values it installs sets its ``validated`` attribute
-    after `step`, which the Trainer's gate takes instead of a pass of its own when
-    ``values`` are exactly the values installed.
+    The `Trainer` shows an optimizer its last pass over the whole validation set
+    (`TrainingBatch.validated`), so an optimizer about to score the same values
+    there (a search scoring the values it starts from) takes the scores instead of
+    paying for the pass again.  The other way, an optimizer reports the score of
+    the values it installed with a `Judgement`.
 
     Args:
         values: The pipeline's values that were scored (`model_values`).
@@ -607,14 +606,32 @@ class BootstrapFewShot:
         return twin
 
     # -- persistence ---------------------------------------------------------------------
+    def settings(self) -> dict[str, Any]:
+        """The options that shape the optimizer's choices, as a checkpoint records them.
+
+        A resumed run with other settings would continue choices made under the old
+        ones, so the `Trainer` refuses it, naming the setting that changed.
+
+        Returns:
+            JSON-ready data: each option by name.
+        """
+        return {
+            "max_demos": self.max_demos,
+            "threshold": self.threshold,
+            "candidates": self.candidates,
+            "teacher_alias": self.teacher_alias,
+            "seed": self.seed,
+        }
+
     def state_dict(self) -> dict[str, Any]:
         """The optimizer's own state, for a checkpoint.
 
         Returns:
-            JSON-ready data: its type, step count and the pairs gathered so far.
+            JSON-ready data: its type, settings, step count and the pairs gathered so far.
         """
         return {
             "type": type(self).__name__,
+            "settings": self.settings(),
             "steps": self.steps,
             "passed": {path: list(pairs.items()) for path, pairs in self.passed.items()},
             "labelled": {path: list(pairs.items()) for path, pairs in self.labelled.items()},

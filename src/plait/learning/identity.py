@@ -295,33 +295,33 @@ def check_resume(
             f"order), this run has {', '.join(kinds)};",
             "resume with the same optimizers in the same order (--optimizer)",
         )
-    for optimizer, saved in zip(optimizers, states, strict=True):
-        _check_settings(checkpoint_dir, optimizer, saved)
+    for saved, optimizer in zip(states, optimizers, strict=True):
+        differ = _changed_settings(saved, optimizer)
+        if differ:
+            raise _refusal(
+                checkpoint_dir,
+                f"was written with other {type(optimizer).__name__} settings ({differ}); its "
+                "choices so far were made under them.",
+                "Resume with the same settings",
+            )
     return states
 
 
-def _check_settings(checkpoint_dir: Path, optimizer: Any, saved: Any) -> None:
-    """Refuse to resume an optimizer whose settings changed, naming each.
-
-    An optimizer whose saved state means something only under its settings (a
-    search's budget: what it has used is a share of it) says so by saving
-    ``settings()`` in its state as ``"settings"``; both are compared here.
-    """
+def _changed_settings(saved: Any, optimizer: Any) -> str:
+    """The optimizer settings that differ between a checkpoint and this run, as
+    ``name: was, now`` (empty when they agree, or when either side records none:
+    checkpoints made before settings were recorded, optimizers that keep none)."""
     settings = getattr(optimizer, "settings", None)
-    if not callable(settings) or not isinstance(saved, dict) or "settings" not in saved:
-        return
-    now, was = settings(), saved["settings"]
-    if not isinstance(was, dict) or was == now:
-        return
-    changed = [
-        f"{key} was {was.get(key)!r}, now {now.get(key)!r}"
-        for key in sorted(set(was) | set(now))
-        if was.get(key) != now.get(key)
-    ]
-    raise _refusal(
-        checkpoint_dir,
-        f"was written with other settings of {type(optimizer).__name__}: {'; '.join(changed)};",
-        "resume with the same settings",
+    if not isinstance(saved, dict) or not isinstance(saved.get("settings"), dict):
+        return ""
+    if not callable(settings):
+        return ""
+    before, now = saved["settings"], json.loads(json.dumps(settings()))
+    names = sorted(set(before) | set(now))
+    return "; ".join(
+        f"{name} was {before.get(name)!r}, now {now.get(name)!r}"
+        for name in names
+        if before.get(name) != now.get(name)
     )
 
 

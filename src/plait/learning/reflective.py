@@ -29,8 +29,8 @@ The budget, ``max_metric_calls``, counts every example a candidate is scored on
 (minibatch and validation alike) and is never exceeded: an evaluation that would
 overrun it is not started, and once what is left cannot pay for an iteration the
 search ends the run (``history.stopped == "budget"``).  After each step the
-candidate with the best mean validation score is installed; its scores are
-handed to the Trainer's gate (`Validated`), which then pays for no pass of its
+candidate with the best mean validation score is installed; its score is
+handed to the Trainer's gate (`Judgement`), which then pays for no pass of its
 own.
 
 The pool, the budget used and the turn of the stages are the optimizer's state
@@ -51,12 +51,12 @@ from plait.inference import LLMInference
 from plait.learning.bootstrap import (
     ExampleRun,
     TrainingBatch,
-    Validated,
     _root_of,
     check_positive,
     install,
     model_values,
 )
+from plait.learning.history import Judgement
 from plait.learning.optimizers import (
     Rejection,
     Rewrite,
@@ -332,8 +332,9 @@ class ReflectiveSearch:
         """Every proposal refused by `check_rewrite`, oldest first."""
         self.search_report: dict[str, Any] = {}
         """The last step's account (see the class doc)."""
-        self.validated: Validated | None = None
-        """The installed values' validation scores, when this step measured them."""
+        self.judgement: Judgement | None = None
+        """The installed values' validation score, for the Trainer's gate, when this
+        step measured exactly them on every validation example."""
         self.minibatch_score: float | None = None
         """The parent's mean score on this step's minibatch (None when none ran)."""
         self._batch: TrainingBatch | None = None
@@ -421,7 +422,7 @@ class ReflectiveSearch:
                 "ReflectiveSearch scores its candidates on validation examples: give the "
                 "Trainer val_data (plait train: --val FILE)"
             )
-        self.validated, self.minibatch_score = None, None
+        self.judgement, self.minibatch_score = None, None
         self._measured = {}
         report: dict[str, Any] = {"step": self.steps + 1}
         rng = random.Random(f"reflective:{self.seed}:{self.steps}")
@@ -443,8 +444,8 @@ class ReflectiveSearch:
             return {}
         best = self.best()
         installed = install(self.stages, best.values)
-        if best.id in self._measured:
-            self.validated = Validated(self._measured[best.id], list(best.scores))
+        if self._measured.get(best.id) == model_values(_root_of(self.params)):
+            self.judgement = Judgement(val_score=best.mean)
         self.search_report = {
             **report,
             "installed": best.id,

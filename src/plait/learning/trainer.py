@@ -82,7 +82,7 @@ from plait.learning.failures import (
     training_call_failure,
 )
 from plait.learning.feedback import Feedback
-from plait.learning.history import StepRecord, TrainingHistory, Trial
+from plait.learning.history import Judgement, StepRecord, TrainingHistory, Trial
 from plait.learning.identity import check_resume, run_identity
 from plait.learning.identity import describe_loss as describe_loss  # public here before the split
 from plait.learning.identity import loss_changes as loss_changes  # public here before the split
@@ -223,16 +223,14 @@ class Trainer:
     backward pass that fails on a worker stops the run with a `TrainerError`
     naming the failure, where in one process the exception itself propagates.
 
-    An optimizer can steer the loop through three attributes (`ReflectiveSearch`
-    sets all three): ``runs_minibatch = True`` says it runs each step's minibatch
-    itself, so the trainer runs none (the step's batch score is its
+    An optimizer can also steer the loop through two attributes (`ReflectiveSearch`
+    sets both): ``runs_minibatch = True`` says it runs each step's minibatch itself,
+    so the trainer runs none (the step's batch score is the optimizer's
     ``minibatch_score``); a ``stop_reason`` that is not empty ends the run before
-    the next step, recorded as ``history.stopped`` (``"budget"``); and a
-    ``validated`` (`plait.learning.bootstrap.Validated`) after its step, holding
-    every validation example's score of exactly the values it installed, is the
-    score the gate judges them by, instead of a validation pass of its own.  The
-    trainer's last validation pass is shown to optimizers as
-    ``TrainingBatch.validated``.
+    the next step, recorded as ``history.stopped`` (``"budget"``).  The trainer's
+    last pass over the whole validation set is shown to optimizers as
+    ``TrainingBatch.validated``, so one about to score the same values there takes
+    the scores instead of paying again.
 
     Examples:
         ```python
@@ -884,6 +882,8 @@ class Trainer:
         before = model_values(self.model)
         refused = getattr(optimizer, "rejected", None)
         seen = len(refused) if isinstance(refused, list) else 0
+        if hasattr(optimizer, "judgement"):
+            optimizer.judgement = None  # a verdict is about this step's update only
         try:
             observe = getattr(optimizer, "observe", None)
             if observe is not None:
@@ -921,34 +921,25 @@ class Trainer:
             # Nothing changed: the values are the proven ones, with the score they have.
             trial.kept, trial.val_score = False, self.history.best_val_score
             return trial
-        trial.val_score = self._validated_by(optimizer, after)
-        if trial.val_score is None:
+        judgement = _judgement_of(optimizer)
+        if judgement is not None and judgement.val_score is not None:
+            trial.val_score = judgement.val_score  # measured already on all of validation
+        else:
             trial.val_score = await self.evaluate()
         best = self.history.best_val_score
-        # The gate: only an update validation scores better (by min_delta, or at all)
-        # is kept; a tie keeps the values already proven, so training can never leave
-        # the pipeline worse on validation than it started.
-        trial.kept = best is None or self._better(trial.val_score, best)
+        if judgement is not None and judgement.keep is not None:
+            # The optimizer decided on more evidence than validation alone holds.
+            trial.kept, trial.decided_by = judgement.keep, judgement.evidence
+        else:
+            # The gate: only an update validation scores better (by min_delta, or at
+            # all) is kept; a tie keeps the values already proven, so training can
+            # never leave the pipeline worse on validation than it started.
+            trial.kept = best is None or self._better(trial.val_score, best)
         if trial.kept:
             self.history.best_val_score = trial.val_score
         else:
             self.model.load_state_dict(before)
         return trial
-
-    def _validated_by(self, optimizer: Any, values: dict[str, Any]) -> float | None:
-        """The validation score ``optimizer`` reports for the values it installed (its
-        ``validated``, a `Validated`), when it scored exactly these values on every
-        validation example; None otherwise, and the gate pays for a pass of its own."""
-        report = getattr(optimizer, "validated", None)
-        if (
-            not isinstance(report, Validated)
-            or self.val_data is None
-            or len(report.scores) != len(self.val_data)
-            or report.values != values
-        ):
-            return None
-        self._validated = report
-        return report.score
 
     async def _finish(self, reason: str) -> TrainingHistory:
         if self.refit and not self.history.refit:
@@ -1187,6 +1178,26 @@ def _check_refit(model: Module, optimizers: list[Any], val: list[Example] | None
             f"refit=True needs an optimizer that gathers demonstrations (BootstrapFewShot "
             f"or DemoSearch); this run has {names}"
         )
+
+
+def _judgement_of(optimizer: Any) -> Judgement | None:
+    """The optimizer's verdict on the update it just made (`Judgement`), if it gave one."""
+    found = getattr(optimizer, "judgement", None)
+    if found is None:
+        return None
+    if not isinstance(found, Judgement):
+        raise TypeError(
+            f"{type(optimizer).__name__}.judgement must be a plait.learning.Judgement or None, "
+            f"got {type(found).__name__}"
+        )
+    if found.val_score is not None and not (
+        isinstance(found.val_score, int | float) and math.isfinite(found.val_score)
+    ):
+        raise TrainerError(
+            f"{type(optimizer).__name__} judged its update with a validation score that is "
+            f"not a finite number ({found.val_score!r})"
+        )
+    return found
 
 
 def _optimizer_list(optimizer: Any) -> list[Any]:
