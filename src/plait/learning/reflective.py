@@ -26,9 +26,11 @@ by stage (each stage from the one that changed it), scored on validation, and
 added unless a candidate of the pool dominates it.
 
 The budget, ``max_metric_calls``, counts every example a candidate is scored on
-(minibatch and validation alike) and is never exceeded: an evaluation that would
-overrun it is not started, and once what is left cannot pay for an iteration the
-search ends the run (``history.stopped == "budget"``).  After each step the
+(minibatch and validation alike, the starting values' validation scores included,
+taken from the Trainer's own first pass) and is never exceeded: an iteration is
+started only when what is left pays for its most (the parent and the child on the
+minibatch, the child on validation), and once it no longer can, the search ends
+the run (``history.stopped == "budget"``).  After each step the
 candidate with the best mean validation score is installed; its score is
 handed to the Trainer's gate (`Judgement`), which then pays for no pass of its
 own.
