@@ -407,6 +407,10 @@ def _train(ns: argparse.Namespace, err: IO[str]) -> int:
             f"before training -> {_fmt(history.final_test_score)} after",
             file=err,
         )
+    if not ns.quiet and history.spend:
+        from plait.cli.progress import show
+
+        show(err, history.spend_table())
     return 0
 
 
