@@ -195,8 +195,9 @@ Label = tuple[tuple[Any, ...] | None, str | None]
 
 class _Gate:
     """One call a ledger watches, told by its endpoint of every request it sends
-    (`plait.resources.endpoint.AdmissionGate`): admission says where the request
-    goes (its prices, its tier), settlement what its reply used."""
+    (`plait.resources.endpoint.AdmissionGate`): admission (the request is about to be
+    sent) counts the request, so one in flight when the process is killed is counted
+    too; settlement adds what its reply used, at the endpoint's prices."""
 
     __slots__ = ("label", "ledger", "prices", "tier")
 
@@ -207,21 +208,20 @@ class _Gate:
         self.tier = "standard"
 
     async def admit(self, endpoint: Endpoint, request: LLMRequest, estimate: Usage) -> None:
-        self.prices, self.tier = endpoint.usage.prices, endpoint.tier
+        prices = self.prices = endpoint.usage.prices
+        self.tier = endpoint.tier
+        self.ledger.add(self.label, Spend(1, dollars=0.0 if prices.known else None))
 
     def settle(self, usage: Usage | None) -> None:
+        if usage is None:  # it failed: the request was counted, nothing more is known
+            return
         prices = self.prices
-        spent = Spend(requests=1)
-        if usage is not None:
-            spent.input_tokens, spent.output_tokens = usage.prompt_tokens, usage.completion_tokens
-        if prices is None or not prices.known:
-            spent.dollars = None
-        elif usage is not None:
-            spent.dollars = prices.cost(usage, self.tier)
-        self.ledger.add(self.label, spent)
+        dollars = prices.cost(usage, self.tier) if prices is not None and prices.known else None
+        self.ledger.add(self.label, Spend(0, usage.prompt_tokens, usage.completion_tokens, dollars))
 
     def withdraw(self) -> None:
-        return None
+        # Admitted, then not sent after all (another gate refused it, or it was cancelled).
+        self.ledger.add(self.label, Spend(-1))
 
 
 class SpendLedger(Handler):
