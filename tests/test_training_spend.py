@@ -372,3 +372,36 @@ def test_reading_a_history_written_before_spending_was_counted(tmp_path: Path) -
     history = TrainingHistory.from_json(old)
     assert history.spend == {} and history.steps[0].spend == {}
     assert history.to_json()["steps"][0]["calls"] == 4
+
+
+def test_passes_on_ray_workers_are_counted_as_in_one_process(
+    project: Path, server: Any, ray_cluster: Any
+) -> None:
+    """With ``--workers 2`` the minibatches and the validation passes run in worker
+    processes: each worker's requests come back to the run's account under the phase
+    and optimizer the pass was sent for, as one process counts them."""
+    alone = _train(project, "runs/alone", "-q")
+    assert alone.returncode == 0, alone.stderr
+    sent = server.stats()["requests_total"]
+    reset_fake_openai(server)
+    server.configure(answer_like_demos=True)
+    address = ray_cluster.get_runtime_context().gcs_address
+    # (An absolute --out: workers of a running cluster do not share this directory.)
+    workers = ("--workers", "2", "--ray-address", address)
+    spread = _train(project, str(project / "runs/workers"), "-q", *workers)
+    assert spread.returncode == 0, spread.stderr
+    assert server.stats()["requests_total"] == sent
+
+    def spend(out: str) -> Any:
+        history = json.loads((project / out / "history.json").read_text(encoding="utf-8"))
+        return _rounded(
+            [
+                history["spend"],
+                *([s["spend"], *(t["spend"] for t in s["trials"])] for s in history["steps"]),
+            ]
+        )
+
+    on_workers = spend("runs/workers")
+    assert on_workers == spend("runs/alone")
+    assert on_workers[0]["total"]["requests"] == sent
+    assert on_workers[0]["phases"]["evaluating"]["requests"] > 0
