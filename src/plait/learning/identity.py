@@ -295,7 +295,34 @@ def check_resume(
             f"order), this run has {', '.join(kinds)};",
             "resume with the same optimizers in the same order (--optimizer)",
         )
+    for saved, optimizer in zip(states, optimizers, strict=True):
+        differ = _changed_settings(saved, optimizer)
+        if differ:
+            raise _refusal(
+                checkpoint_dir,
+                f"was written with other {type(optimizer).__name__} settings ({differ}); its "
+                "choices so far were made under them.",
+                "Resume with the same settings",
+            )
     return states
+
+
+def _changed_settings(saved: Any, optimizer: Any) -> str:
+    """The optimizer settings that differ between a checkpoint and this run, as
+    ``name: was, now`` (empty when they agree, or when either side records none:
+    checkpoints made before settings were recorded, optimizers that keep none)."""
+    settings = getattr(optimizer, "settings", None)
+    if not isinstance(saved, dict) or not isinstance(saved.get("settings"), dict):
+        return ""
+    if not callable(settings):
+        return ""
+    before, now = saved["settings"], json.loads(json.dumps(settings()))
+    names = sorted(set(before) | set(now))
+    return "; ".join(
+        f"{name} was {before.get(name)!r}, now {now.get(name)!r}"
+        for name in names
+        if before.get(name) != now.get(name)
+    )
 
 
 def _refusal(

@@ -76,7 +76,7 @@ from plait.learning.failures import (
     training_call_failure,
 )
 from plait.learning.feedback import Feedback
-from plait.learning.history import StepRecord, TrainingHistory, Trial
+from plait.learning.history import Judgement, StepRecord, TrainingHistory, Trial
 from plait.learning.identity import check_resume, run_identity
 from plait.learning.identity import describe_loss as describe_loss  # public here before the split
 from plait.learning.identity import loss_changes as loss_changes  # public here before the split
@@ -907,6 +907,8 @@ class Trainer:
         }
         refused = getattr(optimizer, "rejected", None)
         seen = len(refused) if isinstance(refused, list) else 0
+        if hasattr(optimizer, "judgement"):
+            optimizer.judgement = None  # a verdict is about this step's update only
         try:
             # The optimizer's own calls (a rewriter, a teacher's runs) are proposing; the
             # scoring it asks of the trainer (`evaluate`, `score_examples`) is evaluating.
@@ -951,12 +953,20 @@ class Trainer:
             # Nothing changed: the values are the proven ones, with the score they have.
             trial.kept, trial.val_score = False, self.history.best_val_score
             return trial
-        trial.val_score = await self.evaluate()
+        judgement = _judgement_of(optimizer)
+        if judgement is not None and judgement.val_score is not None:
+            trial.val_score = judgement.val_score  # measured already on all of validation
+        else:
+            trial.val_score = await self.evaluate()
         best = self.history.best_val_score
-        # The gate: only an update validation scores better (by min_delta, or at all)
-        # is kept; a tie keeps the values already proven, so training can never leave
-        # the pipeline worse on validation than it started.
-        trial.kept = best is None or self._better(trial.val_score, best)
+        if judgement is not None and judgement.keep is not None:
+            # The optimizer decided on more evidence than validation alone holds.
+            trial.kept, trial.decided_by = judgement.keep, judgement.evidence
+        else:
+            # The gate: only an update validation scores better (by min_delta, or at
+            # all) is kept; a tie keeps the values already proven, so training can
+            # never leave the pipeline worse on validation than it started.
+            trial.kept = best is None or self._better(trial.val_score, best)
         if trial.kept:
             self.history.best_val_score = trial.val_score
         else:
@@ -1244,6 +1254,26 @@ def _check_refit(model: Module, optimizers: list[Any], val: list[Example] | None
             f"refit=True needs an optimizer that gathers demonstrations (BootstrapFewShot "
             f"or DemoSearch); this run has {names}"
         )
+
+
+def _judgement_of(optimizer: Any) -> Judgement | None:
+    """The optimizer's verdict on the update it just made (`Judgement`), if it gave one."""
+    found = getattr(optimizer, "judgement", None)
+    if found is None:
+        return None
+    if not isinstance(found, Judgement):
+        raise TypeError(
+            f"{type(optimizer).__name__}.judgement must be a plait.learning.Judgement or None, "
+            f"got {type(found).__name__}"
+        )
+    if found.val_score is not None and not (
+        isinstance(found.val_score, int | float) and math.isfinite(found.val_score)
+    ):
+        raise TrainerError(
+            f"{type(optimizer).__name__} judged its update with a validation score that is "
+            f"not a finite number ({found.val_score!r})"
+        )
+    return found
 
 
 def _optimizer_list(optimizer: Any) -> list[Any]:
