@@ -5,18 +5,28 @@ A run's calls serve different ends: running the minibatch, proposing new values
 scoring the held-out test set once training ends.  Optimizers and the `Trainer`
 mark each stretch of work with `phase`, so what was spent can be told apart per
 step and per optimizer; `current_phase` is what a call made now belongs to.
+
+`SpendLedger` counts what was paid: a handler the `Trainer` keeps on the stack for
+its run, told by each call's endpoint of every request really sent and of what its
+reply used, filed under the call's phase and the account (step, optimizer) the
+trainer set around it.  Why a handler and not usage read before and after each
+phase: the phase travels with each call (context variables follow it into every
+task it starts), so calls of different phases that run at the same time are told
+apart exactly, and a call a cache, a mock or a checkpoint's log answers never
+reaches an endpoint, so it is never counted.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
 from plait.effects import Handler, Message
 from plait.resources.endpoint import CallTiming
@@ -250,7 +260,9 @@ class SpendLedger(Handler):
         self._entries: dict[Label, Spend] = {}
         #: Where each request is appended as it is paid, so a killed run's spending
         #: since its last checkpoint is not lost (`keep_log`).
-        self._log: IO[str] | None = None
+        self._log: int | None = None
+        #: Each label's start of a log line, made once.
+        self._prefixes: dict[Label, str] = {}
         #: Reports made (a worker's copy), so the driver keeps the latest.
         self._reports = 0
 
@@ -293,8 +305,7 @@ class SpendLedger(Handler):
                 found = self._entries[label] = Spend()
             found.add(spent)
             if self._log is not None:
-                self._log.write(json.dumps([_key(label), spent.to_json()]) + "\n")
-                self._log.flush()
+                self._append(label, spent)
 
     def spent(
         self,
@@ -347,8 +358,29 @@ class SpendLedger(Handler):
         """
         with self._lock:
             if self._log is not None:
-                self._log.close()
-            self._log = None if path is None else path.open("a", encoding="utf-8")
+                os.close(self._log)
+            self._log = (
+                None if path is None else os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+            )
+
+    def _append(self, label: Label, spent: Spend) -> None:
+        """One line, ``[[account, phase], spend]``, in one unbuffered write: a run killed
+        any time after it has it in the file (this runs on every request sent)."""
+        assert self._log is not None
+        prefix = self._prefixes.get(label)
+        if prefix is None:
+            prefix = self._prefixes[label] = "[" + json.dumps(_key(label)) + ', {"requests": '
+        dollars = "null" if spent.dollars is None else repr(spent.dollars)
+        line = (
+            f'{prefix}{spent.requests}, "input_tokens": {spent.input_tokens}, '
+            f'"output_tokens": {spent.output_tokens}, "dollars": {dollars}}}]\n'
+        )
+        os.write(self._log, line.encode())
+
+    @property
+    def logging(self) -> bool:
+        """Whether each request is appended to a log (`keep_log`)."""
+        return self._log is not None
 
     def report(self) -> tuple[int, dict[str, Any]]:
         """A worker's copy's count so far, numbered (sent back with each batch).

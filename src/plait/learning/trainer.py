@@ -17,7 +17,8 @@ So the trainer measures before it commits.  Each step it
 4. writes a checkpoint (parameters, optimizer state, history and the position in
    the data) so a killed run resumes where it was, not from the start.  The
    history records, per step, the values each optimizer tried, their validation
-   scores, what was kept, and the requests and tokens the step spent.
+   scores, what was kept, and what the step paid (requests, tokens, dollars) per
+   phase and per optimizer (`plait.learning.spend`).
 
 An update is kept only when validation scores better than the best so far, by at
 least ``min_delta`` (default: strictly better); a tie keeps the values already
@@ -1092,7 +1093,7 @@ class Trainer:
     def _advance_spend_log(self) -> None:
         """After a checkpoint (which holds the ledger): log what is paid next in a new
         file, and drop the one the checkpoint now covers (see `_spend_log`)."""
-        if self.spend._log is None:
+        if not self.spend.logging:
             return
         assert self.checkpoint_dir is not None
         self.spend.keep_log(self._spend_path())
