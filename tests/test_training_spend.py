@@ -405,3 +405,37 @@ def test_passes_on_ray_workers_are_counted_as_in_one_process(
     assert on_workers == spend("runs/alone")
     assert on_workers[0]["total"]["requests"] == sent
     assert on_workers[0]["phases"]["evaluating"]["requests"] > 0
+
+
+def test_fresh_starts_over_after_a_run_killed_before_its_first_checkpoint(
+    project: Path, server: Any
+) -> None:
+    """Killed during its initial validation, a run leaves its call log and the log of
+    what it paid; ``--fresh`` deletes both, and the new run counts only its own."""
+    gate = "firstval"
+    server.configure(gate_texts={VAL[0][0]: gate})
+    server.close_gate(gate)
+    argv = [sys.executable, "-m", "plait.cli", "train", "triage.py:Triage"]
+    argv += ["--data", "train.jsonl", "--val", "val.jsonl", "--optimizer", "bootstrap"]
+    argv += ["--max-steps", "1", "--resources", "resources.toml", "--out", "runs/t", "-q"]
+    proc = subprocess.Popen(
+        argv, cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        server.wait_parked(gate, 1)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    left = sorted(entry.name for entry in (project / "runs/t/checkpoint").iterdir())
+    assert "trainer.json" not in left and any(name.startswith("spend-") for name in left)
+    reset_fake_openai(server)
+    server.configure(answer_like_demos=True)
+    fresh = subprocess.run(
+        [*argv, "--fresh"], cwd=project, capture_output=True, text=True, timeout=120
+    )
+    assert fresh.returncode == 0, fresh.stderr
+    history = json.loads((project / "runs/t/history.json").read_text(encoding="utf-8"))
+    assert history["spend"]["total"]["requests"] == server.stats()["requests_total"]

@@ -93,6 +93,7 @@ __all__ = [
     "CALLS_PREFIX",
     "CHECKPOINT_FILE",
     "HISTORY_FILE",
+    "SPEND_PREFIX",
     "StepRecord",
     "Trainer",
     "TrainerError",
