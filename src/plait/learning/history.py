@@ -210,9 +210,11 @@ class TrainingHistory:
         )
 
     def spend_table(self) -> Table:
-        """What the run paid as a table: a row per stretch of the run (the initial
-        scores, the minibatches, each optimizer, what came after the last step) and
-        phase, then each phase's total and the run's.
+        """What the run paid, as the table ``plait train`` prints at the end.
+
+        A row per part of the run (the initial scores, the minibatches, each
+        optimizer, what came after the last step) and phase, then each phase's total
+        and the run's.
 
         Returns:
             A `rich` table (print it with a `rich` console).

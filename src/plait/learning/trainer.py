@@ -1103,10 +1103,11 @@ class Trainer:
                 old.unlink(missing_ok=True)
 
     def spend_summary(self) -> dict[str, Any]:
-        """What the run has paid, as ``history.spend`` holds it: in all, per phase, per
-        optimizer (its proposals and the validation of its updates, over every step),
-        for the minibatches, before the first step (the initial scores) and after the
-        last (refit and the held-out test).
+        """What the run has paid so far, as ``history.spend`` holds it.
+
+        In all, per phase, per optimizer (its proposals and the validation of its
+        updates, over every step), for the minibatches, before the first step (the
+        initial scores) and after the last (refit and the held-out test).
 
         Returns:
             JSON-ready data, each spend as `Spend.to_json` gives it.
