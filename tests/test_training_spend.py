@@ -439,3 +439,45 @@ def test_fresh_starts_over_after_a_run_killed_before_its_first_checkpoint(
     assert fresh.returncode == 0, fresh.stderr
     history = json.loads((project / "runs/t/history.json").read_text(encoding="utf-8"))
     assert history["spend"]["total"]["requests"] == server.stats()["requests_total"]
+
+
+def test_calls_of_two_phases_running_at_once_are_told_apart(server: Any) -> None:
+    """The phase travels with each call, so work of two phases interleaved on one event
+    loop (a search proposing while it evaluates) is split exactly, request by request."""
+    import asyncio
+
+    from plait.learning.spend import SpendLedger, account, phase
+
+    resources = plait.ResourceConfig(
+        {
+            alias: {
+                "provider": "openai",
+                "model": f"m-{alias}",
+                "base_url": server.base_url,
+                "api_key": "sk-test",
+                "input_price_per_mtok": 1.0,
+                "output_price_per_mtok": 1.0,
+            }
+            for alias in ("fast", "optimizer")
+        }
+    )
+    evaluate = plait.LLMInference("fast", "Score it.").bind(resources=resources)
+    propose = plait.LLMInference("optimizer", "Rewrite it.").bind(resources=resources)
+
+    async def run(name: str, module: Any, count: int) -> None:
+        with phase(name):
+            await asyncio.gather(*(module(f"{name} text {i}") for i in range(count)))
+
+    async def both() -> None:
+        with account(("step", 1, 0)):
+            await asyncio.gather(run("evaluating", evaluate, 7), run("proposing", propose, 3))
+
+    ledger = SpendLedger()
+    with ledger:
+        asyncio.run(both())
+    spent = ledger.spent()
+    paid = _server_paid(server)
+    assert _triple(spent["evaluating"].to_json()) == paid["m-fast"]
+    assert _triple(spent["proposing"].to_json()) == paid["m-optimizer"]
+    assert paid["m-fast"][0] == 7 and paid["m-optimizer"][0] == 3
+    assert ledger.spent(("step", 1, 0).__eq__).keys() == {"evaluating", "proposing"}
