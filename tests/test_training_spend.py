@@ -64,11 +64,23 @@ def _train(project: Path, out: str, *extra: str) -> subprocess.CompletedProcess[
     )
 
 
+def _settled(server: Any) -> dict[str, Any]:
+    """The server's stats once no request is still going: it records a request after
+    writing its reply, so a client can have the reply a moment before."""
+    import time
+
+    deadline = time.monotonic() + 60
+    while (stats := server.stats())["in_flight"]:
+        assert time.monotonic() < deadline, f"{stats['in_flight']} request(s) still going"
+        time.sleep(0.005)
+    return dict(stats)
+
+
 def _server_paid(server: Any) -> dict[str, list[int]]:
     """Per model: [requests, prompt tokens, completion tokens] the server answered (a
-    request still parked at a gate is not answered yet)."""
+    request dropped unanswered is left out)."""
     paid: dict[str, list[int]] = {}
-    for row in server.stats()["requests"]:
+    for row in _settled(server)["requests"]:
         if row["status"] != 200:
             continue
         seen = paid.setdefault(row["model"], [0, 0, 0])
@@ -196,7 +208,7 @@ def test_without_prices_the_dollars_are_unknown_not_zero(project: Path, server: 
     ran = _train(project, "runs/unpriced", "--max-steps", "1")
     assert ran.returncode == 0, ran.stderr
     history = json.loads((project / "runs/unpriced/history.json").read_text(encoding="utf-8"))
-    assert history["spend"]["total"]["requests"] == server.stats()["requests_total"] > 0
+    assert history["spend"]["total"]["requests"] == _settled(server)["requests_total"] > 0
     assert history["spend"]["total"]["dollars"] is None
     assert history["steps"][0]["spend"]["training"]["dollars"] is None
     assert _table_rows(ran.stderr)[("total", "")][3] == "-"
@@ -224,17 +236,17 @@ def test_calls_answered_by_a_cache_or_a_mock_cost_nothing(server: Any, tmp_path:
 
     with cache(tmp_path / "cache.sqlite"):
         first = run()
-        paid = server.stats()["requests_total"]
+        paid = _settled(server)["requests_total"]
         assert first["total"]["requests"] == paid > 0
         assert first["total"]["dollars"] > 0
         server.reset()
         second = run()
-    assert server.stats()["requests_total"] == 0
+    assert _settled(server)["requests_total"] == 0
     assert second["total"] == {"requests": 0, "input_tokens": 0, "output_tokens": 0, "dollars": 0.0}
 
     with mock({"fast": "billing"}):
         mocked = run()
-    assert server.stats()["requests_total"] == 0
+    assert _settled(server)["requests_total"] == 0
     assert mocked["total"]["requests"] == 0
 
 
@@ -301,7 +313,8 @@ def test_a_killed_and_resumed_run_counts_each_paid_request_once(project: Path, s
             proc.kill()
             proc.wait()
     # Requests the server received (the one parked included) and the replies it gave.
-    killed_sent, killed_paid = server.stats()["requests_total"], _server_paid(server)
+    # (The server drops the parked request once its client is gone.)
+    killed_sent, killed_paid = _settled(server)["requests_total"], _server_paid(server)
     assert killed_sent == 3 + 2 + 2
     reset_fake_openai(server)
     server.configure(answer_like_demos=True)
@@ -310,7 +323,7 @@ def test_a_killed_and_resumed_run_counts_each_paid_request_once(project: Path, s
     )
     assert resumed.returncode == 0, resumed.stderr
     assert "resuming" in resumed.stderr
-    resumed_sent, resumed_paid = server.stats()["requests_total"], _server_paid(server)
+    resumed_sent, resumed_paid = _settled(server)["requests_total"], _server_paid(server)
 
     reset_fake_openai(server)
     server.configure(answer_like_demos=True)
@@ -382,7 +395,7 @@ def test_passes_on_ray_workers_are_counted_as_in_one_process(
     and optimizer the pass was sent for, as one process counts them."""
     alone = _train(project, "runs/alone", "-q")
     assert alone.returncode == 0, alone.stderr
-    sent = server.stats()["requests_total"]
+    sent = _settled(server)["requests_total"]
     reset_fake_openai(server)
     server.configure(answer_like_demos=True)
     address = ray_cluster.get_runtime_context().gcs_address
@@ -390,7 +403,7 @@ def test_passes_on_ray_workers_are_counted_as_in_one_process(
     workers = ("--workers", "2", "--ray-address", address)
     spread = _train(project, str(project / "runs/workers"), "-q", *workers)
     assert spread.returncode == 0, spread.stderr
-    assert server.stats()["requests_total"] == sent
+    assert _settled(server)["requests_total"] == sent
 
     def spend(out: str) -> Any:
         history = json.loads((project / out / "history.json").read_text(encoding="utf-8"))
@@ -438,7 +451,7 @@ def test_fresh_starts_over_after_a_run_killed_before_its_first_checkpoint(
     )
     assert fresh.returncode == 0, fresh.stderr
     history = json.loads((project / "runs/t/history.json").read_text(encoding="utf-8"))
-    assert history["spend"]["total"]["requests"] == server.stats()["requests_total"]
+    assert history["spend"]["total"]["requests"] == _settled(server)["requests_total"]
 
 
 def test_calls_of_two_phases_running_at_once_are_told_apart(server: Any) -> None:
