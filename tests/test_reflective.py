@@ -497,12 +497,24 @@ def test_plait_train_reflective_killed_mid_run_resumes_paying_for_nothing_twice(
     second_paid = server.stats()["requests_total"]
     # Only the request in flight at the kill was paid twice.
     assert first_paid + second_paid == uninterrupted + 1
+    got_total = json.loads((killed_dir / "out" / "history.json").read_text())["spend"]["total"][
+        "requests"
+    ]
+    want_total = json.loads((whole_dir / "out" / "history.json").read_text())["spend"]["total"][
+        "requests"
+    ]
     for name in ("parameters.json", "history.json"):
         got = json.loads((killed_dir / "out" / name).read_text())
         want = json.loads((whole_dir / "out" / name).read_text())
         if name == "history.json":  # what each process spent differs, by design
-            for record in (*got["steps"], *want["steps"]):
-                del record["calls"], record["tokens"]
+            for history in (got, want):
+                assert history.pop("spend")["total"]["requests"] > 0
+                for record in history["steps"]:
+                    del record["calls"], record["tokens"], record["spend"]
+                    for trial in record["trials"]:
+                        del trial["spend"]
+            # What was paid in all: both processes, the request in flight twice.
+            assert got_total == first_paid + second_paid and want_total == uninterrupted
         assert got == want, name
 
     changed = reflective_command(killed_dir, server.base_url)

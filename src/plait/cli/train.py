@@ -433,6 +433,10 @@ def _train(ns: argparse.Namespace, err: IO[str]) -> int:
             f"before training -> {_fmt(history.final_test_score)} after",
             file=err,
         )
+    if not ns.quiet and history.spend:
+        from plait.cli.progress import show
+
+        show(err, history.spend_table())
     return 0
 
 
@@ -571,12 +575,13 @@ def _choose_per_input(ns: argparse.Namespace, module: Module) -> None:
 
 def _remove_checkpoint(directory: Path) -> None:
     """Delete a trainer checkpoint for --fresh, but never a folder plait did not write."""
-    from plait.learning.trainer import CALLS_PREFIX, CHECKPOINT_FILE
+    from plait.learning.trainer import CALLS_PREFIX, CHECKPOINT_FILE, SPEND_PREFIX
 
     if not directory.exists():
         return
-    # A run killed before its first checkpoint leaves only its call log.
-    ours = all(entry.name.startswith(CALLS_PREFIX) for entry in directory.iterdir())
+    # A run killed before its first checkpoint leaves only its call log and the log of
+    # what it paid.
+    ours = all(entry.name.startswith((CALLS_PREFIX, SPEND_PREFIX)) for entry in directory.iterdir())
     if not (directory / CHECKPOINT_FILE).exists() and not ours:
         raise UsageError(
             f"--fresh would delete {directory}, which is not a plait trainer checkpoint; "

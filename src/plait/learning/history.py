@@ -13,11 +13,14 @@ import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from plait._files import write_atomic
 from plait._secrets import scrub
 from plait.learning.plot import plot_history
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 __all__ = ["Judgement", "StepRecord", "TrainingHistory", "Trial"]
 
@@ -52,6 +55,12 @@ class StepRecord:
     #: cache hits and mocked calls cost none) and the tokens they used.
     calls: int = 0
     tokens: int = 0
+    #: What the step paid, by phase (``training``: the minibatch; ``proposing``: the
+    #: optimizers' own calls; ``evaluating``: scoring their updates): each a
+    #: `plait.learning.spend.Spend` as data (requests, input and output tokens,
+    #: dollars, null when a price is not configured).  A step resumed after a kill
+    #: counts what the killed run paid for it too.
+    spend: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -102,6 +111,10 @@ class Trial:
     #: What the keep-or-roll-back decision rested on when the optimizer judged its own
     #: update (`Judgement.evidence`); empty when the gate compared validation scores.
     decided_by: str = ""
+    #: What this optimizer's update paid, by phase (``proposing``: its own calls, a
+    #: rewriter's or a teacher's; ``evaluating``: the scoring it asked for and the
+    #: validation that judged it), as `StepRecord.spend`.
+    spend: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """The trial as plain data, as the history stores it.
@@ -132,6 +145,10 @@ class TrainingHistory:
             (``"budget"``: a search spent its budget).
         refit: What ``Trainer(refit=True)`` did once training had ended: the
             examples it ran and, per pool it grew, its size before and after.
+        spend: What the run paid (`Trainer.spend_summary`): ``total``, per phase
+            (``phases``), per optimizer over every step (``optimizers``), the
+            minibatches (``minibatches``), the initial scores (``initial``) and
+            what came after the last step (``final``: refit, the held-out test).
     """
 
     initial_val_score: float | None = None
@@ -147,6 +164,9 @@ class TrainingHistory:
     #: the labelled examples it ran (training and validation) and, per pool it grew,
     #: its size before and after.
     refit: dict[str, Any] = field(default_factory=dict)
+    #: What the run paid, in all and per phase, optimizer and stretch of the run
+    #: (empty in a history written before spending was counted).
+    spend: dict[str, Any] = field(default_factory=dict)
 
     @property
     def final_val_score(self) -> float | None:
@@ -166,6 +186,7 @@ class TrainingHistory:
             "final_test_score": self.final_test_score,
             "stopped": self.stopped,
             "refit": self.refit,
+            "spend": self.spend,
             "steps": [asdict(record) for record in self.steps],
         }
 
@@ -187,7 +208,39 @@ class TrainingHistory:
             initial_test_score=data.get("initial_test_score"),
             final_test_score=data.get("final_test_score"),
             refit=dict(data.get("refit") or {}),
+            spend=dict(data.get("spend") or {}),
         )
+
+    def spend_table(self) -> Table:
+        """What the run paid, as the table ``plait train`` prints at the end.
+
+        A row per part of the run (the initial scores, the minibatches, each
+        optimizer, what came after the last step) and phase, then each phase's total
+        and the run's.
+
+        Returns:
+            A `rich` table (print it with a `rich` console).
+        """
+        from rich.table import Table
+
+        table = Table(title="plait train spending")
+        for name in ("for", "phase", "requests", "tokens in", "tokens out", "cost"):
+            table.add_column(name, justify="left" if name in ("for", "phase") else "right")
+        spend = self.spend
+        stretches = [
+            ("before training", spend.get("initial") or {}),
+            ("minibatches", spend.get("minibatches") or {}),
+            *(spend.get("optimizers") or {}).items(),
+            ("after training", spend.get("final") or {}),
+        ]
+        for who, phases in stretches:
+            for name, row in phases.items():
+                table.add_row(who, name, *_spend_cells(row))
+        table.add_section()
+        for name, row in (spend.get("phases") or {}).items():
+            table.add_row("all", name, *_spend_cells(row))
+        table.add_row("total", "", *_spend_cells(spend.get("total") or {}))
+        return table
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write the history as JSON, atomically: a reader never sees half a file.
@@ -220,3 +273,14 @@ class TrainingHistory:
             The path written.
         """
         return plot_history(self, path)
+
+
+def _spend_cells(row: Mapping[str, Any]) -> tuple[str, str, str, str]:
+    """A spend's requests, tokens in and out, and dollars ("-" when not known)."""
+    dollars = row.get("dollars", 0.0)
+    return (
+        f"{int(row.get('requests', 0)):,}",
+        f"{int(row.get('input_tokens', 0)):,}",
+        f"{int(row.get('output_tokens', 0)):,}",
+        "-" if dollars is None else f"${dollars:.4f}",
+    )

@@ -17,7 +17,8 @@ So the trainer measures before it commits.  Each step it
 4. writes a checkpoint (parameters, optimizer state, history and the position in
    the data) so a killed run resumes where it was, not from the start.  The
    history records, per step, the values each optimizer tried, their validation
-   scores, what was kept, and the requests and tokens the step spent.
+   scores, what was kept, and what the step paid (requests, tokens, dollars) per
+   phase and per optimizer (`plait.learning.spend`).
 
 An update is kept only when validation scores better than the best so far, by at
 least ``min_delta`` (default: strictly better); a tie keeps the values already
@@ -49,6 +50,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import json
 import math
 import os
@@ -87,6 +89,7 @@ from plait.learning.identity import check_resume, run_identity
 from plait.learning.identity import describe_loss as describe_loss  # public here before the split
 from plait.learning.identity import loss_changes as loss_changes  # public here before the split
 from plait.learning.plot import plot_history
+from plait.learning.spend import SpendLedger, account, phase, total
 from plait.learning.step import TrainingStep
 from plait.module import Module
 from plait.providers.base import LLMRequest
@@ -96,6 +99,7 @@ __all__ = [
     "CALLS_PREFIX",
     "CHECKPOINT_FILE",
     "HISTORY_FILE",
+    "SPEND_PREFIX",
     "StepRecord",
     "Trainer",
     "TrainerError",
@@ -114,6 +118,9 @@ HISTORY_FILE = "history.json"
 #: Directories ``calls-<step>`` in ``checkpoint_dir`` log the calls completed since
 #: that step's checkpoint (see `Trainer._call_log`).
 CALLS_PREFIX = "calls-"
+#: Files ``spend-<n>.jsonl`` in ``checkpoint_dir`` hold what was paid since the n-th
+#: checkpoint (see `Trainer._spend_log`).
+SPEND_PREFIX = "spend-"
 #: Bumped when the checkpoint's layout changes, so an old one is refused, not misread.
 CHECKPOINT_FORMAT = "plait-trainer/1"
 
@@ -385,6 +392,12 @@ class Trainer:
         #: The last pass over the whole validation set: the values and each example's
         #: score (`TrainingBatch.validated`), in this process only.
         self._validated: Validated | None = None
+        self.spend = SpendLedger()
+        """What the run has paid, by account (a step, an optimizer's trial) and phase."""
+        #: Checkpoints written with the ledger (names the log of what was paid since).
+        self._spend_saves = 0
+        #: Whether the log of a killed run's spending was read into the ledger.
+        self._spend_carried = False
         self.resumed = self._load_checkpoint()
         """Whether a checkpoint in ``checkpoint_dir`` was loaded, to continue its run."""
 
@@ -464,7 +477,7 @@ class Trainer:
             with session:
                 async with ExecutionSettings(resources=manager):
                     self._manager = manager
-                    with self._call_log():
+                    with self._call_log(), self._spend_log(), self.spend:
                         return await self._fit()
         finally:
             self._manager = None
@@ -539,6 +552,39 @@ class Trainer:
             if finished:  # the run ended: nothing is left to resume from it
                 shutil.rmtree(log.directory, ignore_errors=True)
 
+    @contextlib.contextmanager
+    def _spend_log(self) -> Iterator[None]:
+        """Append every request paid to ``spend-<n>.jsonl`` (n: the checkpoints written
+        so far) while the run goes, so what a killed run paid since its last checkpoint
+        is counted when it resumes: the checkpoint holds the ledger up to it, the log
+        what came after (requests answered from the call log on resume are not paid,
+        so not counted again).  A finished run leaves no log behind."""
+        if self.checkpoint_dir is None:
+            yield
+            return
+        self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        path = self._spend_path()
+        if not self._spend_carried:
+            self._spend_carried = True
+            if path.exists():
+                self.spend.load(_log_rows(path))
+        for old in self.checkpoint_dir.glob(f"{SPEND_PREFIX}*.jsonl"):
+            if old != path:
+                old.unlink(missing_ok=True)
+        self.spend.keep_log(path)
+        finished = False
+        try:
+            yield
+            finished = True
+        finally:
+            self.spend.keep_log(None)
+            if finished:
+                self._spend_path().unlink(missing_ok=True)
+
+    def _spend_path(self) -> Path:
+        assert self.checkpoint_dir is not None
+        return self.checkpoint_dir / f"{SPEND_PREFIX}{self._spend_saves}.jsonl"
+
     def _open_call_log(self) -> Any:
         """The call log of the current position, opened; the logs of others deleted."""
         from plait.execution.checkpoint import Checkpoint, CheckpointError
@@ -577,14 +623,16 @@ class Trainer:
             if self.history.stopped == "early_stopping":
                 return self.history  # the run had finished; resuming changes nothing
         if self.val_data is not None and self.history.initial_val_score is None:
-            score = await self.evaluate()
+            with account(("initial",)):
+                score = await self.evaluate()
             self.history.initial_val_score = self.history.best_val_score = score
             self._emit("validated")
             self._save_checkpoint()
         if self.test_data is not None and self.history.initial_test_score is None:
             # Held-out data, scored before any update and after the last: what training
             # really did, on examples it never chose anything by.
-            self.history.initial_test_score = await self.evaluate(self.test_data)
+            with account(("initial",)):
+                self.history.initial_test_score = await self._test()
             self._save_checkpoint()
         self.history.stopped = ""
         while self.epoch < self.epochs:
@@ -636,9 +684,17 @@ class Trainer:
         if not examples:
             raise TrainerError("nothing to evaluate: no validation set was given")
         values = model_values(self.model) if data is None else None
-        scores = await self._scored(examples)
+        with phase("evaluating"):
+            scores = await self._scored(examples)
         if values is not None:
             self._validated = Validated(values, scores)
+        return sum(scores) / len(scores)
+
+    async def _test(self) -> float:
+        """The held-out test set's mean score, its calls counted as testing."""
+        assert self.test_data is not None
+        with phase("testing"):
+            scores = await self._scored(self.test_data)
         return sum(scores) / len(scores)
 
     async def score_examples(self, positions: Sequence[int]) -> list[float]:
@@ -655,7 +711,10 @@ class Trainer:
         """
         if not self.val_data:
             raise TrainerError("nothing to score: no validation set was given")
-        return await self._scored([self.val_data[i] for i in positions]) if positions else []
+        if not positions:
+            return []
+        with phase("evaluating"):
+            return await self._scored([self.val_data[i] for i in positions])
 
     async def run_examples(
         self, examples: Sequence[Any], *, feedback: bool = False
@@ -682,13 +741,14 @@ class Trainer:
         chosen = load_examples(examples)
         if not chosen:
             return []
-        if self._manager is None:
-            from plait.execution.settings import ExecutionSettings
-            from plait.resources.manager import ResourceManager
+        with phase("evaluating"):
+            if self._manager is None:
+                from plait.execution.settings import ExecutionSettings
+                from plait.resources.manager import ResourceManager
 
-            async with ExecutionSettings(resources=ResourceManager.coerce(self.resources)):
-                return await self._run_examples(chosen, feedback)
-        return await self._run_examples(chosen, feedback)
+                async with ExecutionSettings(resources=ResourceManager.coerce(self.resources)):
+                    return await self._run_examples(chosen, feedback)
+            return await self._run_examples(chosen, feedback)
 
     async def _run_examples(self, examples: list[Example], feedback: bool) -> list[ExampleRun]:
         rows, scores, _ = await self._traced(examples, feedback=feedback)
@@ -822,7 +882,7 @@ class Trainer:
         return rows, scores, traces
 
     async def _train_step(self, batch: list[Example]) -> StepRecord:
-        spent = _spend()
+        step = self.global_step + 1
         for optimizer in self.optimizers:
             optimizer.zero_feedback()
         # An optimizer that runs the minibatch itself, with the values it chooses
@@ -833,7 +893,8 @@ class Trainer:
         train_score: float | None = None
         traces: list[Trace] | None = None
         if own_pass:
-            train_score, traces = await self._minibatch(batch)
+            with account(("step", step)), phase("training"):
+                train_score, traces = await self._minibatch(batch)
         view = TrainingBatch(
             examples=list(batch),
             traces=traces,
@@ -846,14 +907,20 @@ class Trainer:
             val_examples=list(self.val_data or ()),
             validated=self._validated,
         )
-        trials = [await self._trial(optimizer, view) for optimizer in self.optimizers]
+        trials: list[Trial] = []
+        for index, optimizer in enumerate(self.optimizers):
+            with account(("step", step, index)):
+                trial = await self._trial(optimizer, view)
+            trial.spend = _as_json(self.spend.spent(("step", step, index).__eq__))
+            trials.append(trial)
         if not own_pass:
             reported = [getattr(o, "minibatch_score", None) for o in self.optimizers]
             train_score = next((float(s) for s in reported if s is not None), None)
         improved = any(trial.kept and trial.val_score is not None for trial in trials)
         self.stale_steps = 0 if improved else self.stale_steps + 1
         self.global_step += 1
-        calls, tokens = (now - then for now, then in zip(_spend(), spent, strict=True))
+        spent = self.spend.spent(lambda key: key is not None and key[:2] == ("step", step))
+        paid = total(spent.values())
         scored = [trial.val_score for trial in trials if trial.val_score is not None]
         record = StepRecord(
             step=self.global_step,
@@ -867,8 +934,9 @@ class Trainer:
             changed=list(dict.fromkeys(name for trial in trials for name in trial.tried)),
             rejected={k: v for trial in trials for k, v in trial.rejected.items()},
             trials=[trial.to_json() for trial in trials],
-            calls=calls,
-            tokens=tokens,
+            calls=paid.requests,
+            tokens=paid.tokens,
+            spend=_as_json(spent),
         )
         self.history.steps.append(record)
         return record
@@ -885,10 +953,13 @@ class Trainer:
         if hasattr(optimizer, "judgement"):
             optimizer.judgement = None  # a verdict is about this step's update only
         try:
-            observe = getattr(optimizer, "observe", None)
-            if observe is not None:
-                await observe(batch)
-            await optimizer.step()
+            # The optimizer's own calls (a rewriter, a teacher's runs) are proposing; the
+            # scoring it asks of the trainer (`evaluate`, `score_examples`) is evaluating.
+            with phase("proposing"):
+                observe = getattr(optimizer, "observe", None)
+                if observe is not None:
+                    await observe(batch)
+                await optimizer.step()
         except BaseException as exc:
             # A step that failed part-way may have rewritten some parameters: put every
             # value back so the checkpoint and the model agree on the last good state.
@@ -943,10 +1014,12 @@ class Trainer:
 
     async def _finish(self, reason: str) -> TrainingHistory:
         if self.refit and not self.history.refit:
-            await self._refit()
+            with account(("final",)), phase("proposing"):
+                await self._refit()
             self._save_checkpoint()
         if self.test_data is not None:
-            self.history.final_test_score = await self.evaluate(self.test_data)
+            with account(("final",)):
+                self.history.final_test_score = await self._test()
         return self._stop(reason)
 
     async def _refit(self) -> None:
@@ -1032,11 +1105,15 @@ class Trainer:
             "optimizer": states[0],
             "optimizers": states,
             "history": self.history.to_json(),
+            "spend": self.spend.entries(),
+            "spend_saves": self._spend_saves,
         }
 
     def _save_checkpoint(self) -> None:
+        self.history.spend = self.spend_summary()
         if self.checkpoint_dir is None:
             return
+        self._spend_saves += 1
         state = self.state_dict()
         try:
             text = json.dumps(state, indent=1, ensure_ascii=False, allow_nan=False)
@@ -1049,6 +1126,42 @@ class Trainer:
         write_atomic(self.checkpoint_dir / CHECKPOINT_FILE, text)
         self.history.save(self.checkpoint_dir / HISTORY_FILE)
         self._advance_call_log()
+        self._advance_spend_log()
+
+    def _advance_spend_log(self) -> None:
+        """After a checkpoint (which holds the ledger): log what is paid next in a new
+        file, and drop the one the checkpoint now covers (see `_spend_log`)."""
+        if not self.spend.logging:
+            return
+        assert self.checkpoint_dir is not None
+        self.spend.keep_log(self._spend_path())
+        for old in self.checkpoint_dir.glob(f"{SPEND_PREFIX}*.jsonl"):
+            if old != self._spend_path():
+                old.unlink(missing_ok=True)
+
+    def spend_summary(self) -> dict[str, Any]:
+        """What the run has paid so far, as ``history.spend`` holds it.
+
+        In all, per phase, per optimizer (its proposals and the validation of its
+        updates, over every step), for the minibatches, before the first step (the
+        initial scores) and after the last (refit and the held-out test).
+
+        Returns:
+            JSON-ready data, each spend as `Spend.to_json` gives it.
+        """
+        spent = self.spend.spent
+        names = _optimizer_names(self.optimizers)
+        return {
+            "total": total(spent().values()).to_json(),
+            "phases": _as_json(spent()),
+            "initial": _as_json(spent(lambda key: key == ("initial",))),
+            "minibatches": _as_json(spent(lambda key: _trial_of(key) == -1)),
+            "optimizers": {
+                name: _as_json(spent(functools.partial(_is_trial, index)))
+                for index, name in enumerate(names)
+            },
+            "final": _as_json(spent(lambda key: key == ("final",))),
+        }
 
     def _load_checkpoint(self) -> bool:
         """Continue a run from ``checkpoint_dir`` if it holds one; True if it did."""
@@ -1072,6 +1185,9 @@ class Trainer:
             if saved is not None and hasattr(optimizer, "load_state_dict"):
                 optimizer.load_state_dict(saved)
         self.history = TrainingHistory.from_json(state["history"])
+        # A checkpoint written before spending was counted has none: counting starts now.
+        self.spend.load(state.get("spend") or [])
+        self._spend_saves = int(state.get("spend_saves") or 0)
         self.epoch = int(state["epoch"])
         self.batch_index = int(state["batch"])
         self.global_step = int(state["global_step"])
@@ -1215,12 +1331,39 @@ def _optimizer_list(optimizer: Any) -> list[Any]:
     return found
 
 
-def _spend() -> tuple[int, int]:
-    """Requests sent and tokens used so far in this process (its Ray workers included)."""
-    from plait.resources.usage import usage
+def _as_json(spent: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Phase -> `Spend`, as plain data."""
+    return {name: spend.to_json() for name, spend in spent.items()}
 
-    rows = usage().as_dict().values()
-    return (
-        sum(int(row["requests"]) for row in rows),
-        sum(int(row["prompt_tokens"]) + int(row["completion_tokens"]) for row in rows),
-    )
+
+def _trial_of(key: tuple[Any, ...] | None) -> int | None:
+    """The optimizer a step's account is for (-1: the step's minibatch; None: not a step's)."""
+    if key is None or key[0] != "step":
+        return None
+    return int(key[2]) if len(key) > 2 else -1
+
+
+def _is_trial(index: int, key: tuple[Any, ...] | None) -> bool:
+    return _trial_of(key) == index
+
+
+def _optimizer_names(optimizers: list[Any]) -> list[str]:
+    """Each optimizer's name in the spending report: its class, numbered when a run
+    has several of one class (``SFAOptimizer``, ``SFAOptimizer 2``)."""
+    classes = [type(o).__name__ for o in optimizers]
+    names = []
+    for index, name in enumerate(classes):
+        repeat = classes[: index + 1].count(name)
+        names.append(name if repeat == 1 else f"{name} {repeat}")
+    return names
+
+
+def _log_rows(path: Path) -> list[Any]:
+    """The rows of a ledger's log (a line cut short by a kill is left out)."""
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            continue
+    return rows

@@ -14,6 +14,9 @@ handlers as in one process.  Handlers that count or collect are made whole again
   with each batch and draws one trace with a process per worker.
 - usage (`plait.usage()`, ``plait run``'s table): each worker's counters reach the
   driver with each batch and are added up.
+- a trainer's spending ledger (`plait.learning.spend.SpendLedger`): each worker
+  counts what its share of a pass paid, filed under the account and phase the pass
+  was sent in, and its count reaches the driver with each batch.
 - `record`: every worker appends to the same recording file (one machine, or a
   shared file system), so a replay reproduces the whole run.
 - `cache`: each worker opens the same SQLite file (one machine: shared, WAL; many
@@ -65,6 +68,7 @@ def distribute(stack: tuple[Handler, ...]) -> WorkerParts:
     from plait.handlers.caching import Cache
     from plait.handlers.profiling import Profiler
     from plait.handlers.recording import Recorder, Replayer
+    from plait.learning.spend import SpendLedger, WorkerSpend
 
     parts = WorkerParts()
     usage = _UsageCollector()
@@ -92,6 +96,12 @@ def distribute(stack: tuple[Handler, ...]) -> WorkerParts:
             )
             parts.specs.append(spec)
             parts.collectors.append(_BudgetCollector(handler))
+        elif isinstance(handler, SpendLedger):
+            # Context variables do not travel to a worker: its calls are filed under the
+            # account and phase in force here, where the pass is sent.
+            label = handler.label()
+            parts.specs.append(_SpendSpec(label))
+            parts.collectors.append(WorkerSpend(handler, label))
         elif isinstance(handler, Cache):
             parts.specs.append(_CacheSpec(str(handler.path), handler.namespace))
             parts.collectors.append(_ignore)
@@ -174,6 +184,20 @@ class _PickledSpec:
 
         part = _Part()
         part.handler = cloudpickle.loads(self.data)
+        return part
+
+
+@dataclass
+class _SpendSpec:
+    """A trainer's `SpendLedger` on a worker: what the pass pays, under one label."""
+
+    label: Any
+
+    def build(self, worker: Any) -> _Part:
+        from plait.learning.spend import SpendLedger
+
+        part = _Part()
+        part.handler = SpendLedger(self.label)
         return part
 
 
