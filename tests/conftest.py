@@ -8,6 +8,7 @@ teardown with the offending excerpt.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -25,6 +26,13 @@ from plait.testing import (
     take_placeholder_requests,
 )
 from tests.page_runner import Document, Session, session_environment
+
+# The tests that press Ctrl-C on a child process need SIGINT to reach it. A suite
+# started in the background of a shell without job control (`nohup ... &`, some CI
+# runners) inherits SIGINT ignored, and so would every process it starts; a handler
+# set here is reset to the default in each child it starts.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 PLACEHOLDER_GUARD_MESSAGE = "a fake server received a request holding a tracing placeholder"
 
