@@ -14,7 +14,13 @@ from plait.demos import (
     is_pool,
     normalize_demo_value,
 )
-from plait.labels import LABEL_METHODS, LabelMethod, label_choices, labels_instruction
+from plait.labels import (
+    LABEL_METHOD_DESCRIPTION,
+    LabelMethod,
+    check_label_method,
+    label_choices,
+    labels_instruction,
+)
 from plait.module import BackwardContext, BackwardResult, Module
 from plait.parameter import Parameter
 from plait.structured import schema_for
@@ -45,9 +51,14 @@ class LLMInference(Module):
     ``"logprob"`` (each label scored by its log-probability) or ``"calibrated"``
     (scored, less the label prior of a content-free input); None is the endpoint's
     best (`plait.labels.DEFAULT_LOCAL_METHOD` on the embedded model, a schema with an
-    ``enum`` elsewhere).  Its demonstrations answer with the label itself: an answer
-    that states a label (in any case, as the reply's JSON ``{"value": "billing"}``, or
-    an `Enum` member) is kept, saved and shown to the model as that label's text.
+    ``enum`` elsewhere).  The method is a `Parameter` named ``label_method``
+    (``requires_grad=False``: no rewriter touches it), so a method chosen by
+    training (`plait.learning.RecipeSearch`) is saved in ``state_dict()``,
+    checkpoints and ``parameters.json`` and loaded back by ``--parameters``; a
+    file written before it existed leaves the method given here.  Its demonstrations
+    answer with the label itself: an answer that states a label (in any case, as
+    the reply's JSON ``{"value": "billing"}``, or an `Enum` member) is kept, saved
+    and shown to the model as that label's text.
 
     ``n`` asks for that many samples of the same request: the call returns a list
     of ``n`` outputs, each a request of its own with its own seed (`plait.sampling`),
@@ -107,7 +118,7 @@ class LLMInference(Module):
     temperature: float | None
     max_tokens: int | None
     response_format: Any
-    label_method: str | None
+    label_method: Parameter | None
     system_prompt: Parameter | None
     demos: Parameter | None
     n: int
@@ -142,11 +153,7 @@ class LLMInference(Module):
         if response_format is not None:
             schema_for(response_format)  # a bad type is an error now, not at the first call
         if label_method is not None:
-            if label_method not in LABEL_METHODS:
-                raise ValueError(
-                    f"label_method must be one of {', '.join(LABEL_METHODS)} (or None for the "
-                    f"endpoint's best), got {label_method!r}"
-                )
+            check_label_method(label_method)
             if labels is None:
                 raise ValueError(
                     "label_method is only for a response_format of labels (a Literal of "
@@ -154,7 +161,6 @@ class LLMInference(Module):
                     f"response_format={response_format!r}"
                 )
         self.response_format = response_format
-        self.label_method = label_method
         if isinstance(system_prompt, Parameter):
             self.system_prompt = system_prompt
         elif isinstance(system_prompt, str):
@@ -181,6 +187,18 @@ class LLMInference(Module):
             )
         else:
             self.demos = None
+        # A label call's method is a value like its prompt: saved, loaded, chosen by
+        # training.  Fixed for the rewriters (requires_grad=False): it is not text.
+        self.label_method = (
+            Parameter(
+                label_method,
+                description=LABEL_METHOD_DESCRIPTION,
+                requires_grad=False,
+                check=check_label_method,
+            )
+            if labels is not None
+            else None
+        )
 
     def input_text(self, prompt: Any) -> str:
         """The text of ``prompt`` as the last user turn carries it.
@@ -256,6 +274,29 @@ class LLMInference(Module):
     def _label(self) -> str:
         return self.qualified_path or "LLMInference"
 
+    def method(self) -> str | None:
+        """How this call chooses its label now (the ``label_method`` parameter's value).
+
+        Returns:
+            ``"grammar"``, ``"logprob"`` or ``"calibrated"``; None for the endpoint's
+            best, and for a call that does not answer with labels.
+
+        Examples:
+            >>> from typing import Literal
+            >>> import plait
+            >>> call = plait.LLMInference("fast", response_format=Literal["yes", "no"])
+            >>> print(call.method())
+            None
+            >>> call.load_state_dict({"label_method": "calibrated"})
+            >>> call.method()
+            'calibrated'
+        """
+        param = self.label_method
+        if param is None:
+            return None
+        value = param.current()
+        return value if isinstance(value, str) else None
+
     def forward(self, prompt: Any) -> Any:
         """Not called: plait's runtime makes the request when the module is called.
 
@@ -307,8 +348,9 @@ class LLMInference(Module):
             parts.append(f"max_tokens={self.max_tokens}")
         if self.response_format is not None:
             parts.append(f"response_format={getattr(self.response_format, '__name__', '?')}")
-        if self.label_method is not None:
-            parts.append(f"label_method={self.label_method!r}")
+        method = self.method()
+        if method is not None:
+            parts.append(f"label_method={method!r}")
         if self.n != 1:
             parts.append(f"n={self.n}")
         if self.demos is not None:
