@@ -882,6 +882,9 @@ class Trainer:
             # Nothing changed: the values are the proven ones, with the score they have.
             trial.kept, trial.val_score = False, self.history.best_val_score
             return trial
+        evidence = getattr(optimizer, "gate_evidence", None)
+        if isinstance(evidence, dict) and {"before", "after"} <= set(evidence):
+            return await self._judge_on_evidence(trial, evidence, before)
         trial.val_score = await self.evaluate()
         best = self.history.best_val_score
         # The gate: only an update validation scores better (by min_delta, or at all)
@@ -892,6 +895,30 @@ class Trainer:
             self.history.best_val_score = trial.val_score
         else:
             self.model.load_state_dict(before)
+        return trial
+
+    async def _judge_on_evidence(
+        self, trial: Trial, evidence: dict[str, Any], before: dict[str, Any]
+    ) -> Trial:
+        """The gate for an optimizer that scored its update and the values in place on
+        the same examples itself (``gate_evidence``: ``before`` and ``after`` mean
+        scores; `RecipeSearch`, by cross-validation over training and validation):
+        that evidence outweighs the validation set, whose examples may now be among
+        the demonstrations.  The update is kept only if it scored better (by
+        ``min_delta``); validation is then scored again, so later updates are
+        compared with the values now in place."""
+        trial.kept = self._better(float(evidence["after"]), float(evidence["before"]))
+        trial.search["gate"] = {
+            "judged_on": str(evidence.get("judged_on", "the optimizer's own evidence")),
+            "before": float(evidence["before"]),
+            "after": float(evidence["after"]),
+            "kept": trial.kept,
+        }
+        if not trial.kept:
+            self.model.load_state_dict(before)
+            return trial
+        trial.val_score = await self.evaluate()
+        self.history.best_val_score = trial.val_score
         return trial
 
     async def _finish(self, reason: str) -> TrainingHistory:
