@@ -12,7 +12,9 @@ validation score improves.
   `CompositeLoss`; subclass `Loss` for your own.
 * Optimizers: `SFAOptimizer` and `TextGradOptimizer` rewrite prompts from
   feedback; `BootstrapFewShot` learns demonstrations from the runs that passed;
-  `DemoSearch` searches many demonstration sets (and instructions) on validation.
+  `DemoSearch` searches many demonstration sets (and instructions) on validation;
+  `RecipeSearch` chooses the recipe (lists or pools, ``k``, the label method,
+  instructions) per task by cross-validation.
 * State: `snapshot` freezes every value as a `ParameterState` so a step can be
   kept or rolled back; `save_parameters` and `load_parameters` write and read the
   ``parameters.json`` that ``plait train`` produces.
@@ -39,6 +41,7 @@ from plait.learning.optimizers import (
     SFAOptimizer,
     TextGradOptimizer,
 )
+from plait.learning.recipes import RecipeSearch
 from plait.learning.search import DemoSearch
 from plait.learning.state import (
     ParameterState,
@@ -66,6 +69,7 @@ __all__ = [
     "Optimizer",
     "OptimizerStepError",
     "ParameterState",
+    "RecipeSearch",
     "RubricJudge",
     "SFAOptimizer",
     "StructureLockedError",
