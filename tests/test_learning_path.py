@@ -145,6 +145,8 @@ CASES = [
     ("knn", ["bootstrap"], ["--refit"]),
     ("knn", ["bootstrap"], ["--embed", "embedder"]),
     ("list", ["bootstrap", "sfa"], []),
+    ("list", ["auto"], ["--folds", "3"]),
+    ("knn", ["auto"], ["--folds", "3"]),
 ]
 
 
@@ -177,7 +179,8 @@ def test_train_then_eval_then_run_use_what_training_learned(
     )
     assert train.returncode == 0, train.stderr
     parameters = json.loads((project / "runs/triage/parameters.json").read_text())
-    assert is_pool(parameters["classify.demos"]) == (demos == "knn")
+    if optimizers != ["auto"]:  # auto chooses a list or a pool itself
+        assert is_pool(parameters["classify.demos"]) == (demos == "knn")
     history = json.loads((project / "runs/triage/history.json").read_text())
     # The untrained pipeline echoes (scores 0): what follows scores the trained one.
     assert history["initial_test_score"] == 0.0 < history["final_test_score"]
@@ -208,7 +211,7 @@ def test_train_then_eval_then_run_use_what_training_learned(
     rewrites = optimizers in (["sfa"], ["textgrad"])
     if rewrites:  # (after demonstrations, an instruction no longer changes the answer)
         assert parameters["classify.system_prompt"] == "Answer billing."
-    elif demos == "knn":
+    elif is_pool(parameters["classify.demos"]):
         # a pool that chose per input: every message answered by its own kind's pair
         assert outputs == [target for _, target in TEST]
 
