@@ -20,6 +20,10 @@ it uses, joined by ``+``:
 * ``bootstrap``: `BootstrapFewShot(max_demos=4, candidates=3)`, the optimizer
   before issue 24; ``search``: `DemoSearch(candidates=16, max_demos=4)`;
   ``sfa``, ``textgrad``: the instruction rewriters, on the same model;
+* ``auto``: `RecipeSearch` (``plait train --optimizer auto``): the recipe (a fixed
+  list or a pool, ``k``, the label method) chosen per task by 5-fold
+  cross-validation over the training and validation examples, within
+  ``--max-calls`` requests, in one step (``max_steps=1``);
 * ``refit``: ``Trainer(refit=True)``: once training has ended, every training and
   validation example's pairs join the pools (with ``knn``).
 
@@ -65,7 +69,13 @@ from typing import Any, Literal
 
 import plait
 from plait.handlers import cache
-from plait.learning import BootstrapFewShot, DemoSearch, SFAOptimizer, TextGradOptimizer
+from plait.learning import (
+    BootstrapFewShot,
+    DemoSearch,
+    RecipeSearch,
+    SFAOptimizer,
+    TextGradOptimizer,
+)
 from plait.learning.losses import ExactMatch
 from plait.learning.trainer import Trainer, load_examples
 from plait.resources.manager import LOCAL_DEFAULT
@@ -89,7 +99,7 @@ CLASSIFY_WHY = "The task instruction: which label to give a message and how to a
 
 TASKS = ("extract", "classify", "triage")
 CONFIGS: dict[str, tuple[str, ...]] = {
-    "extract": ("bootstrap", "knn+bootstrap", "search", "knn+search", "knn+search+refit"),
+    "extract": ("bootstrap", "knn+bootstrap", "search", "knn+search", "knn+search+refit", "auto"),
     "classify": (
         "bootstrap",
         "labels+bootstrap",
@@ -97,6 +107,7 @@ CONFIGS: dict[str, tuple[str, ...]] = {
         "search",
         "labels+knn+search",
         "labels+knn+search+refit",
+        "labels+auto",
     ),
     "triage": (
         "bootstrap",
@@ -105,9 +116,12 @@ CONFIGS: dict[str, tuple[str, ...]] = {
         "search",
         "labels+knn+search",
         "labels+knn+search+refit",
+        "labels+auto",
     ),
 }
-FEATURES = ("labels", "knn", "bootstrap", "search", "sfa", "textgrad", "refit")
+FEATURES = ("labels", "knn", "bootstrap", "search", "auto", "sfa", "textgrad", "refit")
+#: The call budget of ``auto`` (``--max-calls``).
+MAX_CALLS = 600
 DSPY_RESULTS = HERE / "results" / "dspy_learning.json"
 DSPY_NAMES = {"bfsrs": "DSPy BootstrapFewShotWithRandomSearch", "mipro": "DSPy MIPROv2"}
 #: How a run's adapter is named in the table (ChatAdapter alone is the benchmark's own).
@@ -196,6 +210,12 @@ def make_optimizers(
                     model.parameters(), candidates=16, max_demos=4, seed=seed, stage_targets=stages
                 )
             )
+        elif part == "auto":
+            made.append(
+                RecipeSearch(
+                    model.parameters(), max_calls=MAX_CALLS, seed=seed, stage_targets=stages
+                )
+            )
         elif part == "sfa":
             made.append(SFAOptimizer(model.parameters(), alias="optimizer"))
         elif part == "textgrad":
@@ -220,7 +240,9 @@ def train_one(
     folder = DATA / task
     optimizers = make_optimizers(parts, model, stages, seed)
     if not optimizers:
-        raise SystemExit(f"{config!r} names no optimizer (bootstrap, search, sfa, textgrad)")
+        raise SystemExit(f"{config!r} names no optimizer (bootstrap, search, auto, sfa, textgrad)")
+    if "auto" in parts:  # it chooses the recipe in one step; later steps change nothing
+        steps = 1
     trainer = Trainer(
         model,
         ExactMatch(),
@@ -256,6 +278,8 @@ def train_one(
         "sent": requests_sent() - sent,
         "wall": wall,
         "values": {name: _short(value) for name, value in model.state_dict().items()},
+        "recipe": next((o.chosen for o in optimizers if isinstance(o, RecipeSearch)), None),
+        "search_calls": next((o.used for o in optimizers if isinstance(o, RecipeSearch)), None),
         "sizes": [len(load_examples(folder / f"{s}.jsonl")) for s in ("train", "val", "test")],
     }
 
@@ -467,6 +491,9 @@ def main() -> int:
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--steps", type=int, default=4, help="max optimizer steps per run")
     parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument(
+        "--max-calls", type=int, default=MAX_CALLS, help="auto: the call budget of the choice"
+    )
     parser.add_argument("--output", type=Path, default=RESULTS)
     parser.add_argument("--json", type=Path, default=JSON_RESULTS)
     parser.add_argument("--no-write", action="store_true", help="print only")
@@ -495,6 +522,8 @@ def main() -> int:
         help="DSPy's results to compare with (benchmarks/dspy_learning.py's files)",
     )
     args = parser.parse_args()
+    global MAX_CALLS
+    MAX_CALLS = args.max_calls
     started = time.perf_counter()
     rows = merged(args.merge) if args.merge else run_all(args)
     elapsed = time.perf_counter() - started
