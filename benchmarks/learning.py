@@ -121,7 +121,7 @@ CONFIGS: dict[str, tuple[str, ...]] = {
 }
 FEATURES = ("labels", "knn", "bootstrap", "search", "auto", "sfa", "textgrad", "refit")
 #: The call budget of ``auto`` (``--max-calls``).
-MAX_CALLS = 600
+MAX_CALLS = 1000
 DSPY_RESULTS = HERE / "results" / "dspy_learning.json"
 DSPY_NAMES = {"bfsrs": "DSPy BootstrapFewShotWithRandomSearch", "mipro": "DSPy MIPROv2"}
 #: How a run's adapter is named in the table (ChatAdapter alone is the benchmark's own).
