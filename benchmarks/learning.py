@@ -194,7 +194,11 @@ def build(task: str, features: set[str]) -> tuple[plait.Module, dict[str, Any]]:
 
 
 def make_optimizers(
-    features: list[str], model: plait.Module, stages: dict[str, Any], seed: int
+    features: list[str],
+    model: plait.Module,
+    stages: dict[str, Any],
+    seed: int,
+    max_calls: int = MAX_CALLS,
 ) -> list[Any]:
     made: list[Any] = []
     for part in features:
@@ -213,7 +217,7 @@ def make_optimizers(
         elif part == "auto":
             made.append(
                 RecipeSearch(
-                    model.parameters(), max_calls=MAX_CALLS, seed=seed, stage_targets=stages
+                    model.parameters(), max_calls=max_calls, seed=seed, stage_targets=stages
                 )
             )
         elif part == "sfa":
@@ -231,6 +235,7 @@ def train_one(
     batch_size: int,
     calls: Any,
     timeout: float | None = None,
+    max_calls: int = MAX_CALLS,
 ) -> dict[str, Any]:
     parts = config.split("+")
     unknown = [p for p in parts if p not in FEATURES]
@@ -238,7 +243,7 @@ def train_one(
         raise SystemExit(f"unknown feature(s) {unknown} in {config!r}; known: {FEATURES}")
     model, stages = build(task, set(parts))
     folder = DATA / task
-    optimizers = make_optimizers(parts, model, stages, seed)
+    optimizers = make_optimizers(parts, model, stages, seed, max_calls)
     if not optimizers:
         raise SystemExit(f"{config!r} names no optimizer (bootstrap, search, auto, sfa, textgrad)")
     if "auto" in parts:  # it chooses the recipe in one step; later steps change nothing
@@ -522,8 +527,6 @@ def main() -> int:
         help="DSPy's results to compare with (benchmarks/dspy_learning.py's files)",
     )
     args = parser.parse_args()
-    global MAX_CALLS
-    MAX_CALLS = args.max_calls
     started = time.perf_counter()
     rows = merged(args.merge) if args.merge else run_all(args)
     elapsed = time.perf_counter() - started
@@ -550,7 +553,14 @@ def run_all(args: argparse.Namespace) -> list[dict[str, Any]]:
             for config in configs:
                 for seed in (int(s) for s in args.seeds.split(",")):
                     row = train_one(
-                        task, config, seed, args.steps, args.batch_size, calls, args.timeout
+                        task,
+                        config,
+                        seed,
+                        args.steps,
+                        args.batch_size,
+                        calls,
+                        args.timeout,
+                        args.max_calls,
                     )
                     rows.append(row)
                     if not args.no_write:  # each run kept as it ends: a long run may be cut

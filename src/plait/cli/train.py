@@ -444,6 +444,15 @@ def _train(ns: argparse.Namespace, err: IO[str]) -> int:
             f"pools {grown or 'unchanged'}",
             file=err,
         )
+    for chooser in optimizer:
+        chosen = getattr(chooser, "chosen", None)
+        if isinstance(chosen, dict):  # --optimizer auto
+            print(
+                f"plait train: recipe chosen: {chosen['name']} ({chooser.used} of "
+                f"{chooser.max_calls} calls); why, and every recipe's scores: "
+                f"{out / HISTORY_JSON}",
+                file=err,
+            )
     if ns.test is not None:
         print(
             f"plait train: held-out test ({ns.test}): {_fmt(history.initial_test_score)} "

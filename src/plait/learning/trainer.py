@@ -22,7 +22,12 @@ So the trainer measures before it commits.  Each step it
 An update is kept only when validation scores better than the best so far, by at
 least ``min_delta`` (default: strictly better); a tie keeps the values already
 proven, so a run never ends with values validation scored worse than where it
-started.  Training stops early after ``patience`` steps without a kept update.
+started.  An optimizer that scored its update and the values in place on the same
+examples itself (``gate_evidence``: their mean scores ``before`` and ``after``;
+`RecipeSearch`, by cross-validation over training and validation, whose
+demonstrations now hold the validation examples) is judged on that evidence
+instead: kept only if ``after`` beats ``before``.  Training stops early after
+``patience`` steps without a kept update.
 With ``test_data`` (``plait train --test FILE``) a held-out set is scored before
 the first update and after the last, so what training did is reported on data
 it chose nothing by.  Without a validation set every update is kept and there is
