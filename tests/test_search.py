@@ -623,3 +623,35 @@ def test_plait_train_searches_instructions_from_the_shell(
     # The fake server fills a structured reply with "x": both proposals are that one.
     assert report["instructions"] == {"llm#instruction": ["x"]}
     assert any(value["llm#instruction"] == "x" for value in report["values"])
+
+
+def test_a_resume_with_other_search_settings_is_refused_naming_them(
+    resources: plait.ResourceConfig, tmp_path: Path
+) -> None:
+    """The checkpoint's choices were made under its settings: a rerun that changes the
+    number of candidates (or any other option) is refused, naming what changed."""
+
+    def trainer(candidates: int) -> Trainer:
+        model = Extract()
+        search = DemoSearch(model.parameters(), candidates=candidates, max_demos=2, seed=0)
+        return Trainer(
+            model,
+            ExactMatch(),
+            search,
+            numbers(1, 16),
+            numbers(100, 12),
+            batch_size=8,
+            max_steps=1,
+            checkpoint_dir=tmp_path / "ckpt",
+            resources=resources,
+        )
+
+    first = trainer(8)
+    with mock({"fast": right_only_with_the_key}, strict=True):
+        first.fit_sync()
+    assert trainer(8).resumed  # the same settings resume
+    with pytest.raises(plait.learning.TrainerError) as refused:
+        trainer(16)
+    message = str(refused.value)
+    assert "other DemoSearch settings (candidates was 8, now 16)" in message
+    assert "--fresh" in message

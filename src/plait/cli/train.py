@@ -129,8 +129,9 @@ re-run the same command to continue (Ctrl-C prints it): a killed step pays only
 for the calls it had not completed.  What the scores mean and which examples
 each step draws must be the same: the data files, the loss (--loss, --criteria,
 --judge-alias, --target-field), the models the pipeline and the judge call,
---batch-size, --seed, and the optimizers (in order); a resume that changes one
-is refused, naming it.  --fresh starts over.
+--batch-size, --seed, and the optimizers (in order, with their options such as
+--candidates); a resume that changes one is refused, naming it.  --fresh starts
+over.
 
 Workers: --workers N runs the minibatches (forward, loss, backward) and the
 validation passes on N Ray worker processes with the prompts of the moment (the

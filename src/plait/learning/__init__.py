@@ -23,6 +23,7 @@ validation score improves.
 from plait.learning.backward import backward
 from plait.learning.bootstrap import BootstrapFewShot
 from plait.learning.feedback import Feedback
+from plait.learning.history import Judgement
 from plait.learning.losses import (
     CompositeLoss,
     Contains,
@@ -63,6 +64,7 @@ __all__ = [
     "ExactMatch",
     "Feedback",
     "FunctionLoss",
+    "Judgement",
     "LLMJudge",
     "Loss",
     "MetricLoss",

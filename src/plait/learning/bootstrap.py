@@ -563,14 +563,32 @@ class BootstrapFewShot:
         return twin
 
     # -- persistence ---------------------------------------------------------------------
+    def settings(self) -> dict[str, Any]:
+        """The options that shape the optimizer's choices, as a checkpoint records them.
+
+        A resumed run with other settings would continue choices made under the old
+        ones, so the `Trainer` refuses it, naming the setting that changed.
+
+        Returns:
+            JSON-ready data: each option by name.
+        """
+        return {
+            "max_demos": self.max_demos,
+            "threshold": self.threshold,
+            "candidates": self.candidates,
+            "teacher_alias": self.teacher_alias,
+            "seed": self.seed,
+        }
+
     def state_dict(self) -> dict[str, Any]:
         """The optimizer's own state, for a checkpoint.
 
         Returns:
-            JSON-ready data: its type, step count and the pairs gathered so far.
+            JSON-ready data: its type, settings, step count and the pairs gathered so far.
         """
         return {
             "type": type(self).__name__,
+            "settings": self.settings(),
             "steps": self.steps,
             "passed": {path: list(pairs.items()) for path, pairs in self.passed.items()},
             "labelled": {path: list(pairs.items()) for path, pairs in self.labelled.items()},

@@ -19,7 +19,7 @@ from plait._files import write_atomic
 from plait._secrets import scrub
 from plait.learning.plot import plot_history
 
-__all__ = ["StepRecord", "TrainingHistory", "Trial"]
+__all__ = ["Judgement", "StepRecord", "TrainingHistory", "Trial"]
 
 
 @dataclass(slots=True)
@@ -54,6 +54,33 @@ class StepRecord:
 
 
 @dataclass(slots=True)
+class Judgement:
+    """An optimizer's own verdict on the update it just made, for the `Trainer`'s gate.
+
+    The gate scores every update on the validation set and keeps it only if that
+    score improved.  An optimizer that has already measured more than that can say
+    so after its ``step()`` by setting its ``judgement`` attribute to one of these:
+
+    * ``val_score``: the mean score of exactly the values it installed on the whole
+      validation set (a search that scored its winner there): the gate uses it and
+      does not pay for the same pass again;
+    * ``keep``: its decision, made on stronger evidence than the validation set
+      alone (cross-validation over training and validation examples, say): the gate
+      follows it, and records ``evidence`` in the history beside the decision.
+
+    Args:
+        val_score: The installed values' mean validation score, or None to let the
+            gate score them.
+        keep: True or False to decide, None to let the gate compare scores.
+        evidence: What the decision rests on, in a few words, for the history.
+    """
+
+    val_score: float | None = None
+    keep: bool | None = None
+    evidence: str = ""
+
+
+@dataclass(slots=True)
 class Trial:
     """One optimizer's update within a step, judged on validation on its own."""
 
@@ -71,6 +98,9 @@ class Trial:
     #: A searching optimizer's account of its step (`DemoSearch.search_report`): every
     #: candidate's scores at each rung, the finalists, the paired comparison.
     search: dict[str, Any] = field(default_factory=dict)
+    #: What the keep-or-roll-back decision rested on when the optimizer judged its own
+    #: update (`Judgement.evidence`); empty when the gate compared validation scores.
+    decided_by: str = ""
 
     def to_json(self) -> dict[str, Any]:
         """The trial as plain data, as the history stores it.

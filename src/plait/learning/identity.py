@@ -295,30 +295,33 @@ def check_resume(
             f"order), this run has {', '.join(kinds)};",
             "resume with the same optimizers in the same order (--optimizer)",
         )
-    for optimizer, saved in zip(optimizers, states, strict=True):
-        _check_settings(checkpoint_dir, optimizer, saved)
+    for saved, optimizer in zip(states, optimizers, strict=True):
+        differ = _changed_settings(saved, optimizer)
+        if differ:
+            raise _refusal(
+                checkpoint_dir,
+                f"was written with other {type(optimizer).__name__} settings ({differ}); its "
+                "choices so far were made under them.",
+                "Resume with the same settings",
+            )
     return states
 
 
-def _check_settings(checkpoint_dir: Path, optimizer: Any, saved: Any) -> None:
-    """Refuse to resume an optimizer whose ``settings`` (what makes its choices: a
-    budget, folds, what it tries) differ from those its saved state was made with,
-    naming each that changed: the calls already paid and the choices made so far
-    belong to the old settings."""
+def _changed_settings(saved: Any, optimizer: Any) -> str:
+    """The optimizer settings that differ between a checkpoint and this run, as
+    ``name: was, now`` (empty when they agree, or when either side records none:
+    checkpoints made before settings were recorded, optimizers that keep none)."""
     settings = getattr(optimizer, "settings", None)
-    old = saved.get("settings") if isinstance(saved, dict) else None
-    if not isinstance(settings, dict) or not isinstance(old, dict) or old == settings:
-        return
-    changed = [
-        f"{key} was {old.get(key)!r}, now {settings.get(key)!r}"
-        for key in sorted({*old, *settings})
-        if old.get(key) != settings.get(key)
-    ]
-    raise _refusal(
-        checkpoint_dir,
-        f"was written with other {type(optimizer).__name__} settings: {'; '.join(changed)};",
-        "resume with the same settings (plait train: the same --max-calls, --folds, --k-choices, "
-        "--embed, --label-methods, --instructions)",
+    if not isinstance(saved, dict) or not isinstance(saved.get("settings"), dict):
+        return ""
+    if not callable(settings):
+        return ""
+    before, now = saved["settings"], json.loads(json.dumps(settings()))
+    names = sorted(set(before) | set(now))
+    return "; ".join(
+        f"{name} was {before.get(name)!r}, now {now.get(name)!r}"
+        for name in names
+        if before.get(name) != now.get(name)
     )
 
 

@@ -36,10 +36,10 @@ method is saved with the parameters (each label call's ``label_method``
 `Parameter`), so ``plait eval/run/serve --parameters`` run with it.
 
 The `Trainer`'s gate would judge the installed values on the validation set,
-whose examples are now in the demonstrations; so `RecipeSearch` hands the gate
-its own evidence (`gate_evidence`: the chosen recipe's and the values in place's
-mean over the same cross-validated examples), and the gate keeps the update only
-if that evidence says it is better.
+whose examples are now in the demonstrations; so `RecipeSearch` gives the gate
+its verdict (`plait.learning.Judgement`): keep the recipe only if its mean over
+the cross-validated examples beats the values in place's on the same examples,
+so it never leaves the pipeline worse than it started on that evidence.
 """
 
 from __future__ import annotations
@@ -61,6 +61,7 @@ from plait.learning.bootstrap import (
     install,
 )
 from plait.learning.failures import TrainerError
+from plait.learning.history import Judgement
 from plait.learning.search import (
     DemoSearch,
     _instruction_slot,
@@ -284,30 +285,26 @@ class RecipeSearch(DemoSearch):
         """LLM requests the choice has spent so far (see the budget above)."""
         self.chosen: dict[str, Any] | None = None
         """The recipe installed, once the search has run (JSON data)."""
-        self.gate_evidence: dict[str, Any] | None = None
-        """What the `Trainer`'s gate judges this step's update on: the mean score of
-        the values in place (``before``) and of the installed recipe (``after``) on
-        the same cross-validated examples; None when the step changed nothing."""
+        self.judgement: Judgement | None = None
+        """The verdict the `Trainer`'s gate follows: keep the installed recipe only
+        if it beat the values in place on the same cross-validated examples."""
 
-    @property
     def settings(self) -> dict[str, Any]:
         """What a resumed run must be given again to make the same choice.
 
         The budget, the folds and what is tried: a checkpoint written with other
         settings is refused, naming each that changed.
+
+        Returns:
+            JSON-ready data: each option by name.
         """
         return {
+            **super().settings(),
             "max_calls": self.max_calls,
             "folds": self.folds,
-            "k_choices": list(self.k_choices),
-            "max_demos": self.max_demos,
             "embed": self.embed,
             "label_methods": None if self.label_methods is None else list(self.label_methods),
-            "rewriter": self.rewriter,
-            "instructions": self.instructions if self.rewriter is not None else None,
             "confidence": self.confidence,
-            "eta": self.eta,
-            "seed": self.seed,
         }
 
     async def step(self) -> dict[str, Any]:
@@ -321,7 +318,6 @@ class RecipeSearch(DemoSearch):
             TrainerError: ``max_calls`` cannot pay even for one run of every
                 labelled example.
         """
-        self.gate_evidence = None
         batch = self._batch
         if self.chosen is not None or batch is None or batch.run_examples is None:
             self.search_report = (
@@ -343,7 +339,7 @@ class RecipeSearch(DemoSearch):
             JSON-ready data.
         """
         state = super().state_dict()
-        state.update(settings=self.settings, used=self.used, chosen=self.chosen)
+        state.update(used=self.used, chosen=self.chosen)
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -813,12 +809,12 @@ class _Search:
         ]
         if chosen == incumbent:
             return {}
-        owner.gate_evidence = {
-            "before": before,
-            "after": after,
-            "examples": n,
-            "judged_on": owner.search_report["method"],
-        }
+        owner.search_report["gate"] = {"values in place": before, "chosen": after}
+        owner.judgement = Judgement(
+            keep=after > before,
+            evidence=f"{owner.search_report['method']}: {after:.3f} against {before:.3f} for "
+            f"the values in place, on the same {n} examples",
+        )
         values = self._values(chosen, pairs, "final", written)
         return install(self._slots(), values)
 

@@ -236,6 +236,23 @@ class DemoSearch(BootstrapFewShot):
         """The last step's account: rungs, every candidate's scores, the comparison."""
         self._batch: TrainingBatch | None = None
 
+    def settings(self) -> dict[str, Any]:
+        """The options that shape the search's choices, as a checkpoint records them.
+
+        Returns:
+            JSON-ready data: each option by name (`BootstrapFewShot.settings` and the
+                search's own).
+        """
+        return {
+            **super().settings(),
+            "eta": self.eta,
+            "min_examples": self.min_examples,
+            "k_choices": list(self.k_choices),
+            "require_confidence": self.require_confidence,
+            "rewriter": self.rewriter,
+            "instructions": self.instructions if self.rewriter is not None else None,
+        }
+
     def bind(self, resources: ResourceConfig | ResourceManager | Any) -> Self:
         """Send the instruction rewriter's calls to ``resources``.
 

@@ -22,12 +22,7 @@ So the trainer measures before it commits.  Each step it
 An update is kept only when validation scores better than the best so far, by at
 least ``min_delta`` (default: strictly better); a tie keeps the values already
 proven, so a run never ends with values validation scored worse than where it
-started.  An optimizer that scored its update and the values in place on the same
-examples itself (``gate_evidence``: their mean scores ``before`` and ``after``;
-`RecipeSearch`, by cross-validation over training and validation, whose
-demonstrations now hold the validation examples) is judged on that evidence
-instead: kept only if ``after`` beats ``before``.  Training stops early after
-``patience`` steps without a kept update.
+started.  Training stops early after ``patience`` steps without a kept update.
 With ``test_data`` (``plait train --test FILE``) a held-out set is scored before
 the first update and after the last, so what training did is reported on data
 it chose nothing by.  Without a validation set every update is kept and there is
@@ -80,7 +75,7 @@ from plait.learning.failures import (
     training_call_failure,
 )
 from plait.learning.feedback import Feedback
-from plait.learning.history import StepRecord, TrainingHistory, Trial
+from plait.learning.history import Judgement, StepRecord, TrainingHistory, Trial
 from plait.learning.identity import check_resume, run_identity
 from plait.learning.identity import describe_loss as describe_loss  # public here before the split
 from plait.learning.identity import loss_changes as loss_changes  # public here before the split
@@ -846,6 +841,8 @@ class Trainer:
         }
         refused = getattr(optimizer, "rejected", None)
         seen = len(refused) if isinstance(refused, list) else 0
+        if hasattr(optimizer, "judgement"):
+            optimizer.judgement = None  # a verdict is about this step's update only
         try:
             observe = getattr(optimizer, "observe", None)
             if observe is not None:
@@ -887,43 +884,24 @@ class Trainer:
             # Nothing changed: the values are the proven ones, with the score they have.
             trial.kept, trial.val_score = False, self.history.best_val_score
             return trial
-        evidence = getattr(optimizer, "gate_evidence", None)
-        if isinstance(evidence, dict) and {"before", "after"} <= set(evidence):
-            return await self._judge_on_evidence(trial, evidence, before)
-        trial.val_score = await self.evaluate()
+        judgement = _judgement_of(optimizer)
+        if judgement is not None and judgement.val_score is not None:
+            trial.val_score = judgement.val_score  # measured already on all of validation
+        else:
+            trial.val_score = await self.evaluate()
         best = self.history.best_val_score
-        # The gate: only an update validation scores better (by min_delta, or at all)
-        # is kept; a tie keeps the values already proven, so training can never leave
-        # the pipeline worse on validation than it started.
-        trial.kept = best is None or self._better(trial.val_score, best)
+        if judgement is not None and judgement.keep is not None:
+            # The optimizer decided on more evidence than validation alone holds.
+            trial.kept, trial.decided_by = judgement.keep, judgement.evidence
+        else:
+            # The gate: only an update validation scores better (by min_delta, or at
+            # all) is kept; a tie keeps the values already proven, so training can
+            # never leave the pipeline worse on validation than it started.
+            trial.kept = best is None or self._better(trial.val_score, best)
         if trial.kept:
             self.history.best_val_score = trial.val_score
         else:
             self.model.load_state_dict(before)
-        return trial
-
-    async def _judge_on_evidence(
-        self, trial: Trial, evidence: dict[str, Any], before: dict[str, Any]
-    ) -> Trial:
-        """The gate for an optimizer that scored its update and the values in place on
-        the same examples itself (``gate_evidence``: ``before`` and ``after`` mean
-        scores; `RecipeSearch`, by cross-validation over training and validation):
-        that evidence outweighs the validation set, whose examples may now be among
-        the demonstrations.  The update is kept only if it scored better (by
-        ``min_delta``); validation is then scored again, so later updates are
-        compared with the values now in place."""
-        trial.kept = self._better(float(evidence["after"]), float(evidence["before"]))
-        trial.search["gate"] = {
-            "judged_on": str(evidence.get("judged_on", "the optimizer's own evidence")),
-            "before": float(evidence["before"]),
-            "after": float(evidence["after"]),
-            "kept": trial.kept,
-        }
-        if not trial.kept:
-            self.model.load_state_dict(before)
-            return trial
-        trial.val_score = await self.evaluate()
-        self.history.best_val_score = trial.val_score
         return trial
 
     async def _finish(self, reason: str) -> TrainingHistory:
@@ -1163,6 +1141,26 @@ def _check_refit(model: Module, optimizers: list[Any], val: list[Example] | None
             f"refit=True needs an optimizer that gathers demonstrations (BootstrapFewShot "
             f"or DemoSearch); this run has {names}"
         )
+
+
+def _judgement_of(optimizer: Any) -> Judgement | None:
+    """The optimizer's verdict on the update it just made (`Judgement`), if it gave one."""
+    found = getattr(optimizer, "judgement", None)
+    if found is None:
+        return None
+    if not isinstance(found, Judgement):
+        raise TypeError(
+            f"{type(optimizer).__name__}.judgement must be a plait.learning.Judgement or None, "
+            f"got {type(found).__name__}"
+        )
+    if found.val_score is not None and not (
+        isinstance(found.val_score, int | float) and math.isfinite(found.val_score)
+    ):
+        raise TrainerError(
+            f"{type(optimizer).__name__} judged its update with a validation score that is "
+            f"not a finite number ({found.val_score!r})"
+        )
+    return found
 
 
 def _optimizer_list(optimizer: Any) -> list[Any]:
