@@ -77,22 +77,22 @@ def test_a_label_method_is_saved_in_the_parameters_file_and_loaded_back(tmp_path
     training was lost in parameters.json and --parameters ran the code's."""
     trained = Classify()
     trained.load_state_dict({"classify.label_method": "calibrated"})
-    assert trained.classify.method() == "calibrated"
+    assert trained.classify.label_method == "calibrated"
     save_parameters(trained, tmp_path / "parameters.json")
     saved = json.loads((tmp_path / "parameters.json").read_text(encoding="utf-8"))
     assert saved["classify.label_method"] == "calibrated"
 
     fresh = Classify()
-    assert fresh.classify.method() is None
+    assert fresh.classify.label_method is None
     assert load_parameters(fresh, tmp_path / "parameters.json") == []
-    assert fresh.classify.method() == "calibrated"
+    assert fresh.classify.label_method == "calibrated"
 
     # A file written before the method was saved still loads, leaving the code's method.
     del saved["classify.label_method"]
     (tmp_path / "older.json").write_text(json.dumps(saved), encoding="utf-8")
     older = Classify()
     assert load_parameters(older, tmp_path / "older.json") == ["classify.label_method"]
-    assert older.classify.method() is None
+    assert older.classify.label_method is None
     with pytest.raises(ValueError, match="label_method must be one of grammar"):
         older.load_state_dict({"classify.label_method": "vote"})
 
@@ -142,7 +142,7 @@ def test_it_chooses_the_recipe_known_to_be_best() -> None:
     assert named["bm25 k=2 + calibrated"]["scores"] == [1.0] * 18
     assert [r["simplicity"] for r in report["recipes"]] == list(range(len(report["recipes"])))
     assert report["label_methods"]["tried"] == ["grammar", "calibrated"]
-    assert model.classify.method() == "calibrated"
+    assert model.classify.label_method == "calibrated"
     demos = model.classify.demos.value
     assert is_pool(demos) and demos["k"] == 2 and len(demos["pool"]) == 18
     # The gate followed the search's verdict on every example, not the validation set

@@ -315,7 +315,7 @@ class Engine:
             temperature=module.temperature,
             max_tokens=module.max_tokens,
             response_format=module.response_format,
-            label_method=module.method(),
+            label_method=module.label_method,
             # All but the input's own message are the site's (system prompt, demos).
             prefix_messages=len(messages) - 1,
             cache_key=self.cache_keys.get(node.path) or self._cache_key(node.path),

@@ -465,7 +465,7 @@ class _Search:
             providers[path] = f"{call.alias} ({provider})"
             methods = set(LABEL_METHODS_BY_PROVIDER.get(provider, ("grammar",)))
             runs = methods if runs is None else runs & methods
-            in_place[path] = call.method() or DEFAULT_LABEL_METHOD.get(provider, "grammar")
+            in_place[path] = call.label_method or DEFAULT_LABEL_METHOD.get(provider, "grammar")
         wanted = self.owner.label_methods
         offered = [
             m
@@ -687,8 +687,9 @@ class _Search:
         instructions by their slots."""
         slots: dict[str, Parameter] = dict(self.stages)
         for path, call in self.label_calls.items():
-            assert call.label_method is not None
-            slots[f"{path}{LABEL_SLOT}"] = call.label_method
+            param = call.label_method_parameter
+            assert param is not None
+            slots[f"{path}{LABEL_SLOT}"] = param
         for path, param in self.owner.instruction_params.items():
             slots[_instruction_slot(path)] = param
         return slots
@@ -827,7 +828,7 @@ def _label_calls(owner: RecipeSearch) -> dict[str, LLMInference]:
     return {
         module.qualified_path: module
         for module in root.modules()
-        if isinstance(module, LLMInference) and module.label_method is not None
+        if isinstance(module, LLMInference) and module.label_method_parameter is not None
     }
 
 
