@@ -10,6 +10,7 @@ command-line tests run real ``plait`` processes on the fake OpenAI server.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -19,6 +20,7 @@ import textwrap
 from pathlib import Path
 from typing import Any, Literal
 
+import aiohttp
 import pytest
 
 import plait
@@ -29,6 +31,7 @@ from plait.learning.spend import current_phase
 from plait.learning.state import load_parameters, save_parameters
 from plait.providers import LLMRequest
 from tests.conftest import plait_cli
+from tests.test_serve import Served, post
 
 ROOT = Path(__file__).resolve().parent.parent
 Label = Literal["billing", "shipping"]
@@ -300,12 +303,13 @@ def plait_in(project: Path, *args: str) -> Any:
 TRAIN = ("train", "triage.py:Triage", "--data", "train.jsonl", "--val", "val.jsonl")
 
 
-def test_the_chosen_label_method_goes_from_train_to_eval_and_run(
+def test_the_chosen_label_method_goes_from_train_to_eval_run_and_serve(
     project: Path, server: Any
 ) -> None:
     """``plait train --optimizer auto`` chooses log-probability scoring (the only method
-    that answers right here), saves it in parameters.json, and ``plait eval`` and
-    ``plait run`` with ``--parameters`` send their label requests by it."""
+    that answers right here), saves it in parameters.json, and ``plait eval``,
+    ``plait run`` and ``plait serve`` with ``--parameters`` send their label requests
+    by it."""
     train = plait_in(
         project,
         *TRAIN,
@@ -338,9 +342,31 @@ def test_the_chosen_label_method_goes_from_train_to_eval_and_run(
     answers = [json.loads(line) for line in (project / "answers.jsonl").read_text().splitlines()]
     outputs = [row["output"] for row in sorted(answers, key=lambda row: row["index"])]
     assert outputs == [t for _, t in MESSAGES[9:]]
+    message, target = MESSAGES[9]
+    served = Served(
+        project / "serve.log",
+        f"{project / 'triage.py'}:Triage",
+        *("--resources", project / "resources.toml", "--jobs-dir", project / "jobs"),
+        *("--parameters", project / "runs/triage/parameters.json"),
+    )
+    try:
+        assert asyncio.run(invoke(served, f"{message} [[top:{TOP[target]}]]")) == (
+            200,
+            {"output": target},
+        )
+    finally:
+        served.stop()
     bodies = [r["body"] for r in server.stats(bodies=True)["requests"]]
     # Scored by log-probability on the wire: one token and its alternatives, no schema.
-    assert bodies and all(b.get("logprobs") is True and "response_format" not in b for b in bodies)
+    assert len(bodies) == 3 + 3 + 1  # eval, run, serve
+    assert all(b.get("logprobs") is True and "response_format" not in b for b in bodies)
+
+
+async def invoke(served: Served, message: str) -> tuple[int, Any]:
+    """``POST /invoke`` to ``plait serve`` once it is ready."""
+    async with aiohttp.ClientSession() as session:
+        url = await served.ready(session)
+        return await post(session, f"{url}/invoke", {"message": message})
 
 
 def test_a_killed_search_resumes_paying_only_for_the_call_in_flight(
