@@ -435,3 +435,70 @@ def test_a_killed_search_resumes_paying_only_for_the_call_in_flight(
     ]
     for key in ("chosen", "recipes", "comparisons", "budget"):
         assert reports[0]["search"][key] == reports[1]["search"][key]
+
+
+def test_a_search_killed_while_it_scores_recipes_resumes_paying_at_most_one_call_again(
+    project: Path, server: Any
+) -> None:
+    """kill -9 half-way through the scoring of the recipes, one call in flight at most
+    (the alias takes one at a time): the rerun pays only for what the killed run had not
+    completed (and at most once more for the call in flight), and chooses as an
+    uninterrupted run does."""
+    from tests.test_training_trust import _wait_logged
+
+    text = (project / "resources.toml").read_text(encoding="utf-8")
+    (project / "serial.toml").write_text(
+        text.replace('api_key = "sk-test"\n', 'api_key = "sk-test"\nmax_concurrent = 1\n', 1),
+        encoding="utf-8",
+    )
+    # (Not calibrated: its content-free prior is measured by the provider, outside the
+    # call log, so a resumed run measures it again.)
+    argv = [*TRAIN, "--optimizer", "auto", "--folds", "3", "--label-methods", "logprob"]
+    argv += ["--loss", "exact", "--resources", "serial.toml", "-q"]
+
+    def run(out: str, *, background: bool = False) -> Any:
+        full = [sys.executable, "-m", "plait.cli", *argv, "--out", out]
+        if background:
+            return subprocess.Popen(
+                full, cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+        return subprocess.run(full, cwd=project, capture_output=True, text=True, timeout=300)
+
+    whole = run("whole")
+    assert whole.returncode == 0, whole.stderr
+    uninterrupted = server.stats()["requests_total"]
+    # The initial validation (3), the minibatch (4) and every example once (9) come
+    # first, the recipes' scoring after, and the gate's validation (3) last.
+    first_scoring = 3 + 4 + 9
+    assert uninterrupted > first_scoring + 3 + 10
+    half_way = first_scoring + (uninterrupted - first_scoring - 3) // 2
+
+    server.reset()
+    proc = run("killed", background=True)
+    try:
+        _wait_logged(project / "killed" / "checkpoint", half_way, proc)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    first_paid = server.stats()["requests_total"]
+    assert first_scoring < first_paid < uninterrupted
+
+    server.reset()
+    resumed = run("killed")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming" in resumed.stderr
+    second_paid = server.stats()["requests_total"]
+
+    assert first_paid + second_paid in (uninterrupted, uninterrupted + 1)
+    got = json.loads((project / "killed/parameters.json").read_text(encoding="utf-8"))
+    want = json.loads((project / "whole/parameters.json").read_text(encoding="utf-8"))
+    assert got == want
+    reports = [
+        json.loads((project / f"{out}/history.json").read_text())["steps"][0]["trials"][0]
+        for out in ("killed", "whole")
+    ]
+    for key in ("chosen", "recipes", "comparisons", "budget"):
+        assert reports[0]["search"][key] == reports[1]["search"][key]

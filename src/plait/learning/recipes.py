@@ -150,6 +150,13 @@ class RecipeSearch(DemoSearch):
     prior it may measure) and every instruction proposal.  The Trainer's own
     minibatch and validation passes are not in it.
 
+    The search runs through the Trainer's passes (`TrainingBatch.run_examples`), so
+    with a ``checkpoint_dir`` a run killed mid-search and started again is answered
+    every call the killed one completed, and makes the same choice.  One exception:
+    the content-free prior of a ``calibrated`` label call is measured by the
+    endpoint outside the call log, so a resumed run measures it again (one request
+    per distinct prompt).
+
     Args:
         params: The pipeline's parameters (``model.parameters()``).
         max_calls: The most LLM requests the choice may spend.
