@@ -502,3 +502,19 @@ def test_a_search_killed_while_it_scores_recipes_resumes_paying_at_most_one_call
     ]
     for key in ("chosen", "recipes", "comparisons", "budget"):
         assert reports[0]["search"][key] == reports[1]["search"][key]
+
+
+def test_auto_options_are_checked_before_any_call(project: Path, server: Any) -> None:
+    for extra, message in (
+        (["--embed", "nowhere"], "--embed nowhere: the resources do not configure that alias"),
+        (["--optimizer", "sfa"], "--optimizer auto chooses the whole recipe in one step"),
+        (["--refit"], "--refit goes with bootstrap or search"),
+        (["--k-choices", "2,x"], "--k-choices takes comma-separated whole numbers"),
+        (["--label-methods", "vote"], "label_methods holds 'vote'"),
+    ):
+        refused = plait_in(project, *TRAIN, "--optimizer", "auto", *extra, "--out", "runs/x")
+        assert refused.returncode == 2, refused.stderr
+        assert message in refused.stderr
+    refused = plait_in(project, *TRAIN, "--optimizer", "bootstrap", "--max-calls", "9")
+    assert refused.returncode == 2 and "--max-calls go(es) with --optimizer auto" in refused.stderr
+    assert server.stats()["requests_total"] == 0

@@ -360,6 +360,7 @@ def _train(ns: argparse.Namespace, err: IO[str]) -> int:
             f"{ns.target} cannot be trained: {exc} (training saves every value in "
             f"{PARAMETERS_FILE})"
         ) from None
+    _check_auto_options(ns, ns.optimizer or ["sfa"])
     if ns.refit and ns.val is None:
         raise UsageError(
             "--refit adds every labelled example to the demonstration pools once --val has "
@@ -579,6 +580,15 @@ def _make_auto(ns: argparse.Namespace, module: Module, resources: Any) -> Any:
             f"--optimizer auto: {ns.target} has no demonstrations to learn; build its "
             "LLMInference calls with demos=[] (LLMInference(alias, prompt, demos=[]))"
         )
+    if ns.embed is not None:  # only pools it tries call it: say so before anything is paid
+        from plait.resources.manager import ResourceManager
+
+        config = ResourceManager.coerce(resources).config
+        if config and ns.embed not in config:
+            raise UsageError(
+                f"--embed {ns.embed}: the resources do not configure that alias (they "
+                f"configure: {', '.join(sorted(config))}); add it, or name a configured one"
+            )
     options: dict[str, Any] = {"max_demos": ns.max_demos, "seed": ns.seed, "embed": ns.embed}
     if ns.max_calls is not None:
         options["max_calls"] = ns.max_calls
