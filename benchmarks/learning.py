@@ -378,6 +378,12 @@ def train_one(
         "values": {name: _short(value) for name, value in model.state_dict().items()},
         "recipe": next((o.chosen for o in optimizers if isinstance(o, RecipeSearch)), None),
         "search_calls": next((o.used for o in optimizers if isinstance(o, RecipeSearch)), None),
+        # auto's whole account (every recipe's score on every example, the intervals):
+        # what another confidence level would have chosen can be read from it.
+        "search": next(
+            (o.search_report for o in optimizers if isinstance(o, RecipeSearch) and o.chosen),
+            None,
+        ),
         "sizes": [len(load_examples(folder / f"{s}.jsonl")) for s in ("train", "val", "test")],
     }
 
