@@ -157,9 +157,9 @@ def test_it_chooses_the_recipe_known_to_be_best() -> None:
 
 
 def test_a_tie_goes_to_the_simpler_recipe() -> None:
-    """A pool wins two examples more than a fixed list (those only the nearest pair
-    answers), which a paired bootstrap cannot tell from luck: the list is chosen, and
-    the history says why."""
+    """A pool wins two examples of 20 more than a fixed list (those only the nearest
+    pair answers), which a paired bootstrap at 90% cannot tell from luck: the list is
+    chosen, and the history says why."""
     targets = dict(dataset())
     targets["A zebra crossing fee."] = "billing"
     targets["The zebra fee again."] = "billing"
@@ -175,7 +175,9 @@ def test_a_tie_goes_to_the_simpler_recipe() -> None:
 
     model = Classify()
     data = list(targets.items())
-    search = RecipeSearch(model.parameters(), folds=4, k_choices=(2,), label_methods=(), seed=4)
+    search = RecipeSearch(
+        model.parameters(), folds=4, k_choices=(2,), label_methods=(), seed=4, confidence=0.9
+    )
     trainer = Trainer(model, ExactMatch(), search, data[:14], data[14:], max_steps=1)
     with mock({"fast": answer}):
         history = trainer.fit_sync()

@@ -99,7 +99,8 @@ cross-validation (5) over --data and --val together, each fold's demonstrations
 drawn from the other folds only, by successive halving within --max-calls LLM
 requests (600: every call of the runs it scores, a calibrated label call twice,
 and every instruction proposal).  The simplest recipe the best one does not beat
-with support (the 90% paired-bootstrap interval of its gain reaches 0) is
+with support (the 68% paired-bootstrap interval of its gain, about one standard
+error, reaches 0) is
 installed, fitted on every labelled pair; the gate keeps it only if that
 cross-validated score beats the values in place on the same examples (not on
 --val, now among the demonstrations).  The choice (list or pool, k, the label

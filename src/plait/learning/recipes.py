@@ -20,7 +20,9 @@ with evidence that a small validation set cannot give:
 4. among the recipes scored on every example, the best mean wins, *unless* a
    simpler one is not beaten by it with support (the paired-bootstrap interval of
    the best's gain over it, at ``confidence``, reaches 0): then the simplest such
-   recipe is chosen.  A tie goes to the simpler;
+   recipe is chosen.  A tie goes to the simpler.  The default level, 68%, is the
+   one-standard-error rule of choosing by cross-validation: a more complex recipe
+   must gain at least about one standard error of the paired difference;
 5. the chosen recipe is installed fitted on every labelled pair (a pool of all of
    them, or a list drawn from all of them).
 
@@ -171,7 +173,8 @@ class RecipeSearch(DemoSearch):
         rewriter: An alias that proposes new instructions (none without it).
         instructions: Instructions proposed per learnable system prompt.
         confidence: The level of the paired-bootstrap interval that must lie
-            above 0 for a more complex recipe to beat a simpler one.
+            above 0 for a more complex recipe to beat a simpler one (0.68: about
+            one standard error; 0.9 or 0.95 prefer the simpler more strongly).
         eta: ``1/eta`` of the recipes go on at each rung of the halving.
         threshold: The loss score a run needs to count as passed.
         seed: Fixes the folds and every draw of demonstrations.
@@ -243,7 +246,7 @@ class RecipeSearch(DemoSearch):
         label_methods: Sequence[str] | None = None,
         rewriter: str | None = None,
         instructions: int = 2,
-        confidence: float = 0.9,
+        confidence: float = 0.68,
         eta: int = 2,
         threshold: float = 1.0,
         seed: int = 0,
