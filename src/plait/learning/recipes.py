@@ -759,9 +759,9 @@ class _Search:
         chosen: Recipe | None = None
         for recipe in finalists:  # simplest first
             diffs = [scores[best][i] - scores[recipe][i] for i in range(n)]
-            low, high = paired_interval(
-                diffs, random.Random(f"ci:{owner.seed}:{recipe.name}"), owner.confidence
-            )
+            # The same resamples for every comparison: the same differences get the
+            # same interval, whichever recipe they belong to.
+            low, high = paired_interval(diffs, random.Random(f"ci:{owner.seed}"), owner.confidence)
             supported = recipe != best and low > 0
             comparisons.append(
                 {
