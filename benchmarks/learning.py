@@ -514,7 +514,10 @@ def section(
         "`response_format=Literal[...]`; `calibrated` = with "
         '`label_method="calibrated"`; `knn` = demonstrations chosen per input '
         "(`knn_demos(k=4)`); `bootstrap` = `BootstrapFewShot(max_demos=4, candidates=3)`; "
-        "`search` = `DemoSearch(candidates=16, max_demos=4)`; `refit` = "
+        "`search` = `DemoSearch(candidates=16, max_demos=4)`; `auto` = "
+        "`RecipeSearch(max_calls=1000)` (the recipe chosen by 5-fold cross-validation "
+        "over training and validation, one step; `auto (confidence 0.9)` a run before its "
+        "default level became 0.68); `refit` = "
         "`Trainer(refit=True)` (every training and validation pair joins the pools once "
         "training has ended). Calls = what the pipeline and the optimizers asked; sent = "
         "what reached the model (identical requests are answered once per invocation by "
