@@ -1,6 +1,6 @@
-"""Learning on the embedded model (issues 13 and 24): does training leave a pipeline better?
+"""Learning on the embedded model (issues 13, 24 and 36): does training leave a pipeline better?
 
-Three small tasks with exact answers, bundled in ``benchmarks/data/learning/<task>/``
+Small tasks with exact answers, bundled in ``benchmarks/data/learning/<task>/``
 (``train``, ``val`` and a held-out ``test`` split, made by ``make_data.py``):
 
 * ``extract``: the order id in a customer message;
@@ -9,22 +9,43 @@ Three small tasks with exact answers, bundled in ``benchmarks/data/learning/<tas
   stage ``classify`` labels the message given it; the output is ``"<label> <id>"``),
   where each stage needs demonstrations of its own.
 
+and four unlike those in kind, which no recipe was tuned on (30 training, 10
+validation and 60 test examples each):
+
+* ``sentiment``: a short product review's verdict, ``positive`` or ``negative``
+  (negations, understatement, mixed reviews);
+* ``field``: the due date in an invoice email of 80 to 150 words holding six dates;
+* ``arithmetic``: a word problem's number (one or two operations, small numbers);
+* ``review``: a two-stage pipeline on a longer review (stage ``find`` names the
+  product reviewed, stage ``judge`` gives the sentiment; ``"<sentiment> <product>"``).
+
 The pipelines run on the embedded SmolLM2-135M-Instruct (temperature 0) with a
 learnable instruction and learnable demonstrations.  A configuration names what
 it uses, joined by ``+``:
 
 * ``labels``: the label stage has ``response_format=Literal[...]`` (`plait.labels`;
   the embedded model's default method) instead of answering in free text;
+  ``calibrated``: with ``label_method="calibrated"`` (implies ``labels``);
 * ``knn``: demonstrations chosen per input from a pool (``knn_demos(k=4)``,
   `plait.demos`) instead of one fixed list;
 * ``bootstrap``: `BootstrapFewShot(max_demos=4, candidates=3)`, the optimizer
   before issue 24; ``search``: `DemoSearch(candidates=16, max_demos=4)`;
-  ``sfa``, ``textgrad``: the instruction rewriters, on the same model;
+  ``sfa``, ``textgrad``: the instruction rewriters, on the same model (the
+  optimizers are named in one table, ``OPTIMIZERS``);
+* ``auto``: `RecipeSearch` (``plait train --optimizer auto``): the recipe (a fixed
+  list or a pool, ``k``, the label method) chosen per task by 5-fold
+  cross-validation over the training and validation examples, within
+  ``--max-calls`` requests (1000), in one step (``max_steps=1``); ``auto`` on the
+  command line names each task's own (``labels+auto`` where the task has a label
+  stage, so the label method is among the choices);
 * ``refit``: ``Trainer(refit=True)``: once training has ended, every training and
   validation example's pairs join the pools (with ``knn``).
 
-For the two-stage task the optimizers get ``stage_targets`` (the id for ``find``,
-the label for ``classify``), so each stage has labelled pairs of its own.
+For the two-stage tasks the optimizers get ``stage_targets`` (for ``triage`` the id
+for ``find`` and the label for ``classify``; for ``review`` the product for ``find``
+and the sentiment for ``judge``), so each stage has labelled pairs of its own.  The
+test split is never used for a choice: it is scored before training (reported as
+the start) and once training has ended.
 
 Each run trains a fresh copy with `Trainer` (ExactMatch loss, the validation gate,
 ``test_data`` scored before the first update and after the last), for every seed
@@ -59,13 +80,20 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import plait
 from plait.handlers import cache
-from plait.learning import BootstrapFewShot, DemoSearch, SFAOptimizer, TextGradOptimizer
+from plait.learning import (
+    BootstrapFewShot,
+    DemoSearch,
+    RecipeSearch,
+    SFAOptimizer,
+    TextGradOptimizer,
+)
 from plait.learning.losses import ExactMatch
 from plait.learning.trainer import Trainer, load_examples
 from plait.resources.manager import LOCAL_DEFAULT
@@ -87,7 +115,35 @@ EXTRACT_WHY = "The task instruction: what to extract from the message and how to
 CLASSIFY = "Classify the customer's message."
 CLASSIFY_WHY = "The task instruction: which label to give a message and how to answer."
 
-TASKS = ("extract", "classify", "triage")
+Sentiment = Literal["positive", "negative"]
+SENTIMENT = "Is this product review positive or negative?"
+SENTIMENT_WHY = "The task instruction: which verdict to give a review and how to answer."
+FIELD = "Extract the date the invoice's payment is due from the email."
+FIELD_WHY = "The task instruction: which date to extract from the email and how to answer."
+ARITHMETIC = "Solve the word problem."
+ARITHMETIC_WHY = "The task instruction: what to compute and how to write the answer."
+PRODUCT = "Name the product this review is about."
+PRODUCT_WHY = "The task instruction: which product to name from the review and how to answer."
+
+TASKS = ("extract", "classify", "triage", "sentiment", "field", "arithmetic", "review")
+#: What the documentation recommends (labels, kNN pools, DemoSearch, refit), per task.
+RECOMMENDED = {
+    "extract": "knn+search+refit",
+    "classify": "labels+knn+search+refit",
+    "triage": "labels+knn+search+refit",
+    "sentiment": "labels+knn+search+refit",
+    "field": "knn+search+refit",
+    "arithmetic": "knn+search+refit",
+    "review": "labels+knn+search+refit",
+}
+#: Plain `BootstrapFewShot` with a fixed list of demonstrations (with ``labels`` on a
+#: task that has a label stage: what a user of labels gets), per task.
+LABEL_TASKS = ("classify", "triage", "sentiment", "review")
+BASELINE = {task: "labels+bootstrap" if task in LABEL_TASKS else "bootstrap" for task in TASKS}
+#: `RecipeSearch`, with ``labels`` on a task that has a label stage, per task.
+AUTO = {task: "labels+auto" if task in LABEL_TASKS else "auto" for task in TASKS}
+#: The call budget of ``auto`` (``--max-calls`` sets it for a run).
+SEARCH_BUDGET = {"max_calls": 1000}
 CONFIGS: dict[str, tuple[str, ...]] = {
     "extract": ("bootstrap", "knn+bootstrap", "search", "knn+search", "knn+search+refit"),
     "classify": (
@@ -106,8 +162,12 @@ CONFIGS: dict[str, tuple[str, ...]] = {
         "labels+knn+search",
         "labels+knn+search+refit",
     ),
+    **{
+        task: (BASELINE[task], RECOMMENDED[task])
+        for task in ("sentiment", "field", "arithmetic", "review")
+    },
 }
-FEATURES = ("labels", "knn", "bootstrap", "search", "sfa", "textgrad", "refit")
+CONFIGS = {task: (*configs, AUTO[task]) for task, configs in CONFIGS.items()}
 DSPY_RESULTS = HERE / "results" / "dspy_learning.json"
 DSPY_NAMES = {"bfsrs": "DSPy BootstrapFewShotWithRandomSearch", "mipro": "DSPy MIPROv2"}
 #: How a run's adapter is named in the table (ChatAdapter alone is the benchmark's own).
@@ -118,19 +178,48 @@ def demos_for(knn: bool) -> Any:
     return plait.knn_demos(k=4) if knn else []
 
 
+@dataclass(frozen=True)
+class Recipe:
+    """What a configuration asks of the pipeline: how its calls answer and see demos."""
+
+    labels: bool = False
+    knn: bool = False
+    label_method: Literal["grammar", "logprob", "calibrated"] | None = None
+
+    @classmethod
+    def of(cls, features: set[str]) -> Recipe:
+        calibrated = "calibrated" in features
+        return cls(
+            labels="labels" in features or calibrated,
+            knn="knn" in features,
+            label_method="calibrated" if calibrated else None,
+        )
+
+    def call(
+        self, instruction: str, why: str, labels: Any = None, max_tokens: int = 24
+    ) -> plait.LLMInference:
+        """A call with a learnable instruction and demonstrations; ``labels`` (a
+        ``Literal``) constrains its answer when the configuration has ``labels``."""
+        constrained = labels is not None and self.labels
+        return plait.LLMInference(
+            "student",
+            system_prompt=plait.Parameter(instruction, description=why),
+            demos=demos_for(self.knn),
+            temperature=0,
+            max_tokens=max_tokens,
+            response_format=labels if constrained else None,
+            label_method=self.label_method if constrained else None,
+        )
+
+
 class OneStage(plait.Module):
     """One call with a learnable instruction and demonstrations."""
 
-    def __init__(self, instruction: str, why: str, labels: bool, knn: bool) -> None:
+    def __init__(
+        self, recipe: Recipe, instruction: str, why: str, labels: Any = None, max_tokens: int = 24
+    ) -> None:
         super().__init__()
-        self.answer = plait.LLMInference(
-            "student",
-            system_prompt=plait.Parameter(instruction, description=why),
-            demos=demos_for(knn),
-            temperature=0,
-            max_tokens=24,
-            response_format=Topic if labels else None,
-        )
+        self.answer = recipe.call(instruction, why, labels, max_tokens)
 
     def forward(self, message: str) -> Any:
         return self.answer(message)
@@ -139,23 +228,10 @@ class OneStage(plait.Module):
 class Triage(plait.Module):
     """Find the order id, then classify the message given it: ``"<label> <id>"``."""
 
-    def __init__(self, labels: bool, knn: bool) -> None:
+    def __init__(self, recipe: Recipe) -> None:
         super().__init__()
-        self.find = plait.LLMInference(
-            "student",
-            system_prompt=plait.Parameter(EXTRACT, description=EXTRACT_WHY),
-            demos=demos_for(knn),
-            temperature=0,
-            max_tokens=24,
-        )
-        self.classify = plait.LLMInference(
-            "student",
-            system_prompt=plait.Parameter(CLASSIFY, description=CLASSIFY_WHY),
-            demos=demos_for(knn),
-            temperature=0,
-            max_tokens=24,
-            response_format=Topic if labels else None,
-        )
+        self.find = recipe.call(EXTRACT, EXTRACT_WHY)
+        self.classify = recipe.call(CLASSIFY, CLASSIFY_WHY, Topic)
 
     def forward(self, message: str) -> Any:
         order = self.find(message)
@@ -163,44 +239,84 @@ class Triage(plait.Module):
         return f"{label} {order}"
 
 
-#: What each stage of the two-stage task should answer, from an example's target.
-TRIAGE_STAGES = {
-    "find": lambda target: target.split(" ", 1)[1],
-    "classify": lambda target: target.split(" ", 1)[0],
+class Review(plait.Module):
+    """Name the product reviewed, then judge the review given it: ``"<sentiment> <product>"``."""
+
+    def __init__(self, recipe: Recipe) -> None:
+        super().__init__()
+        self.find = recipe.call(PRODUCT, PRODUCT_WHY)
+        self.judge = recipe.call(SENTIMENT, SENTIMENT_WHY, Sentiment)
+
+    def forward(self, review: str) -> Any:
+        product = self.find(review)
+        verdict = self.judge(f"Review: {review}\nProduct: {product}")
+        return f"{verdict} {product}"
+
+
+def _head(target: str) -> str:
+    return target.split(" ", 1)[0]
+
+
+def _tail(target: str) -> str:
+    return target.split(" ", 1)[1]
+
+
+#: What each stage of a two-stage task should answer, from an example's target.
+TRIAGE_STAGES = {"find": _tail, "classify": _head}
+REVIEW_STAGES = {"find": _tail, "judge": _head}
+
+#: Each task's pipeline for a configuration, and its stages' targets (``stage_targets``).
+PIPELINES: dict[str, Callable[[Recipe], tuple[plait.Module, dict[str, Any]]]] = {
+    "extract": lambda r: (OneStage(r, EXTRACT, EXTRACT_WHY), {}),
+    "classify": lambda r: (OneStage(r, CLASSIFY, CLASSIFY_WHY, Topic), {}),
+    "triage": lambda r: (Triage(r), TRIAGE_STAGES),
+    "sentiment": lambda r: (OneStage(r, SENTIMENT, SENTIMENT_WHY, Sentiment), {}),
+    "field": lambda r: (OneStage(r, FIELD, FIELD_WHY), {}),
+    "arithmetic": lambda r: (OneStage(r, ARITHMETIC, ARITHMETIC_WHY, max_tokens=12), {}),
+    "review": lambda r: (Review(r), REVIEW_STAGES),
 }
 
 
 def build(task: str, features: set[str]) -> tuple[plait.Module, dict[str, Any]]:
-    labels, knn = "labels" in features, "knn" in features
-    if task == "extract":
-        return OneStage(EXTRACT, EXTRACT_WHY, False, knn), {}
-    if task == "classify":
-        return OneStage(CLASSIFY, CLASSIFY_WHY, labels, knn), {}
-    return Triage(labels, knn), TRIAGE_STAGES
+    """``task``'s pipeline for a configuration's features, and its stage targets."""
+    if task not in PIPELINES:
+        raise SystemExit(f"unknown task {task!r}; known: {', '.join(PIPELINES)}")
+    return PIPELINES[task](Recipe.of(features))
+
+
+#: An optimizer a configuration can name: (the pipeline, its stage targets, the seed)
+#: -> the optimizer.  One line per optimizer; a configuration names any of them.
+OPTIMIZERS: dict[str, Callable[[plait.Module, dict[str, Any], int], Any]] = {
+    "bootstrap": lambda model, stages, seed: BootstrapFewShot(
+        model.parameters(), max_demos=4, candidates=3, seed=seed, stage_targets=stages
+    ),
+    "search": lambda model, stages, seed: DemoSearch(
+        model.parameters(), candidates=16, max_demos=4, seed=seed, stage_targets=stages
+    ),
+    "sfa": lambda model, stages, seed: SFAOptimizer(model.parameters(), alias="optimizer"),
+    "textgrad": lambda model, stages, seed: TextGradOptimizer(
+        model.parameters(), alias="optimizer"
+    ),
+    "auto": lambda model, stages, seed: RecipeSearch(
+        model.parameters(),
+        max_calls=SEARCH_BUDGET["max_calls"],
+        seed=seed,
+        stage_targets=stages,
+    ),
+}
+#: What a configuration may name besides an optimizer.
+MODIFIERS = ("labels", "calibrated", "knn", "refit")
+
+
+def features_known() -> tuple[str, ...]:
+    return MODIFIERS + tuple(OPTIMIZERS)
 
 
 def make_optimizers(
     features: list[str], model: plait.Module, stages: dict[str, Any], seed: int
 ) -> list[Any]:
-    made: list[Any] = []
-    for part in features:
-        if part == "bootstrap":
-            made.append(
-                BootstrapFewShot(
-                    model.parameters(), max_demos=4, candidates=3, seed=seed, stage_targets=stages
-                )
-            )
-        elif part == "search":
-            made.append(
-                DemoSearch(
-                    model.parameters(), candidates=16, max_demos=4, seed=seed, stage_targets=stages
-                )
-            )
-        elif part == "sfa":
-            made.append(SFAOptimizer(model.parameters(), alias="optimizer"))
-        elif part == "textgrad":
-            made.append(TextGradOptimizer(model.parameters(), alias="optimizer"))
-    return made
+    """The optimizers a configuration names, in its order."""
+    return [OPTIMIZERS[part](model, stages, seed) for part in features if part in OPTIMIZERS]
 
 
 def train_one(
@@ -213,14 +329,18 @@ def train_one(
     timeout: float | None = None,
 ) -> dict[str, Any]:
     parts = config.split("+")
-    unknown = [p for p in parts if p not in FEATURES]
+    unknown = [p for p in parts if p not in features_known()]
     if unknown:
-        raise SystemExit(f"unknown feature(s) {unknown} in {config!r}; known: {FEATURES}")
+        raise SystemExit(
+            f"unknown feature(s) {unknown} in {config!r}; known: {', '.join(features_known())}"
+        )
     model, stages = build(task, set(parts))
     folder = DATA / task
     optimizers = make_optimizers(parts, model, stages, seed)
     if not optimizers:
-        raise SystemExit(f"{config!r} names no optimizer (bootstrap, search, sfa, textgrad)")
+        raise SystemExit(f"{config!r} names no optimizer ({', '.join(OPTIMIZERS)})")
+    if "auto" in parts:  # it chooses the recipe in one step; later steps change nothing
+        steps = 1
     trainer = Trainer(
         model,
         ExactMatch(),
@@ -256,6 +376,14 @@ def train_one(
         "sent": requests_sent() - sent,
         "wall": wall,
         "values": {name: _short(value) for name, value in model.state_dict().items()},
+        "recipe": next((o.chosen for o in optimizers if isinstance(o, RecipeSearch)), None),
+        "search_calls": next((o.used for o in optimizers if isinstance(o, RecipeSearch)), None),
+        # auto's whole account (every recipe's score on every example, the intervals):
+        # what another confidence level would have chosen can be read from it.
+        "search": next(
+            (o.search_report for o in optimizers if isinstance(o, RecipeSearch) and o.chosen),
+            None,
+        ),
         "sizes": [len(load_examples(folder / f"{s}.jsonl")) for s in ("train", "val", "test")],
     }
 
@@ -383,9 +511,13 @@ def section(
         f"{args.batch_size}, at most {args.steps} steps, the validation gate (strictly "
         "better), the held-out test split scored before the first update and after the "
         "last. Configurations: `labels` = the label stage answers with "
-        "`response_format=Literal[...]`; `knn` = demonstrations chosen per input "
+        "`response_format=Literal[...]`; `calibrated` = with "
+        '`label_method="calibrated"`; `knn` = demonstrations chosen per input '
         "(`knn_demos(k=4)`); `bootstrap` = `BootstrapFewShot(max_demos=4, candidates=3)`; "
-        "`search` = `DemoSearch(candidates=16, max_demos=4)`; `refit` = "
+        "`search` = `DemoSearch(candidates=16, max_demos=4)`; `auto` = "
+        "`RecipeSearch(max_calls=1000)` (the recipe chosen by 5-fold cross-validation "
+        "over training and validation, one step; `auto (confidence 0.9)` a run before its "
+        "default level became 0.68); `refit` = "
         "`Trainer(refit=True)` (every training and validation pair joins the pools once "
         "training has ended). Calls = what the pipeline and the optimizers asked; sent = "
         "what reached the model (identical requests are answered once per invocation by "
@@ -412,6 +544,7 @@ def section(
                 f"({group['test_end_min']:.0%}–{group['test_end_max']:.0%}) | "
                 f"{group['calls']:.0f} | {group['sent']:.0f} | {group['wall']:.0f} |"
             )
+    lines += ["", *landmarks(groups)]
     lines += [
         "",
         "Every plait run:",
@@ -440,6 +573,37 @@ def section(
     return "\n".join(lines) + "\n"
 
 
+def landmarks(groups: list[dict[str, Any]]) -> list[str]:
+    """Per task, plain bootstrap and the best single configuration measured: what a
+    recipe chosen by validation is to be compared with (at least the first, close to
+    the second)."""
+    lines = [
+        "Per task, plain `BootstrapFewShot` (a fixed list of four demonstrations; with "
+        "`labels` on a task with a label stage) and the best configuration measured "
+        "(highest mean held-out end score):",
+        "",
+        "| task | plain bootstrap | mean (min–max) | best configuration | mean (min–max) |",
+        "|---|---|---:|---|---:|",
+    ]
+    for task in dict.fromkeys(group["task"] for group in groups):
+        mine = [g for g in groups if g["task"] == task]
+        best = max(mine, key=lambda g: g["test_end"])
+        base = next((g for g in mine if g["config"] == BASELINE.get(task)), None)
+        lines.append(
+            f"| {task} | {base['config'] if base else BASELINE.get(task, '')} | "
+            + (f"{_score(base)} |" if base else "not measured |")
+            + f" {best['config']} | {_score(best)} |"
+        )
+    return lines
+
+
+def _score(group: dict[str, Any]) -> str:
+    return (
+        f"{group['test_end']:.0%} ({group['test_end_min']:.0%}–{group['test_end_max']:.0%}, "
+        f"{group['seeds']} seeds)"
+    )
+
+
 def splice(text: str, block: str) -> str:
     """``text`` with its learning section replaced by ``block`` (appended if absent)."""
     if START in text and END in text:
@@ -462,11 +626,20 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", default=",".join(TASKS))
     parser.add_argument(
-        "--configs", default="", help="comma-separated; default: each task's own list"
+        "--configs",
+        default="",
+        help="comma-separated; default: each task's own list; 'baseline' is each task's "
+        "plain bootstrap, 'recommended' the recipe the documentation recommends for it",
     )
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--steps", type=int, default=4, help="max optimizer steps per run")
     parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument(
+        "--max-calls",
+        type=int,
+        default=SEARCH_BUDGET["max_calls"],
+        help="auto: the call budget of the choice of recipe",
+    )
     parser.add_argument("--output", type=Path, default=RESULTS)
     parser.add_argument("--json", type=Path, default=JSON_RESULTS)
     parser.add_argument("--no-write", action="store_true", help="print only")
@@ -495,6 +668,7 @@ def main() -> int:
         help="DSPy's results to compare with (benchmarks/dspy_learning.py's files)",
     )
     args = parser.parse_args()
+    SEARCH_BUDGET["max_calls"] = args.max_calls
     started = time.perf_counter()
     rows = merged(args.merge) if args.merge else run_all(args)
     elapsed = time.perf_counter() - started
@@ -518,7 +692,7 @@ def run_all(args: argparse.Namespace) -> list[dict[str, Any]]:
     with tempfile.TemporaryDirectory() as scratch, cache(Path(scratch) / "calls.db") as calls:
         for task in args.tasks.split(","):
             configs = args.configs.split(",") if args.configs else CONFIGS[task]
-            for config in configs:
+            for config in (resolve(task, name) for name in configs):
                 for seed in (int(s) for s in args.seeds.split(",")):
                     row = train_one(
                         task, config, seed, args.steps, args.batch_size, calls, args.timeout
@@ -535,6 +709,13 @@ def run_all(args: argparse.Namespace) -> list[dict[str, Any]]:
                         flush=True,
                     )
     return rows
+
+
+def resolve(task: str, config: str) -> str:
+    """``config``, or for ``baseline`` / ``recommended`` the task's own (`BASELINE`,
+    `RECOMMENDED`): one command line names each task's plain bootstrap."""
+    named = {"baseline": BASELINE, "recommended": RECOMMENDED, "auto": AUTO}
+    return named.get(config, {}).get(task, config)
 
 
 def merged(paths: list[Path]) -> list[dict[str, Any]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from functools import partial
 from typing import Any, ClassVar
@@ -14,7 +15,13 @@ from plait.demos import (
     is_pool,
     normalize_demo_value,
 )
-from plait.labels import LABEL_METHODS, LabelMethod, label_choices, labels_instruction
+from plait.labels import (
+    LABEL_METHOD_DESCRIPTION,
+    LabelMethod,
+    check_label_method,
+    label_choices,
+    labels_instruction,
+)
 from plait.module import BackwardContext, BackwardResult, Module
 from plait.parameter import Parameter
 from plait.structured import schema_for
@@ -45,9 +52,15 @@ class LLMInference(Module):
     ``"logprob"`` (each label scored by its log-probability) or ``"calibrated"``
     (scored, less the label prior of a content-free input); None is the endpoint's
     best (`plait.labels.DEFAULT_LOCAL_METHOD` on the embedded model, a schema with an
-    ``enum`` elsewhere).  Its demonstrations answer with the label itself: an answer
-    that states a label (in any case, as the reply's JSON ``{"value": "billing"}``, or
-    an `Enum` member) is kept, saved and shown to the model as that label's text.
+    ``enum`` elsewhere).  The method is held by a `Parameter` named ``label_method``
+    (``label_method_parameter``; ``requires_grad=False``: no rewriter touches it),
+    so a method chosen by training (`plait.learning.RecipeSearch`) is saved in
+    ``state_dict()``, checkpoints and ``parameters.json`` and loaded back by
+    ``--parameters``; a file written before it existed leaves the method given
+    here.  ``call.label_method`` reads (and sets) the method in force.  Its demonstrations
+    answer with the label itself: an answer that states a label (in any case, as
+    the reply's JSON ``{"value": "billing"}``, or an `Enum` member) is kept, saved
+    and shown to the model as that label's text.
 
     ``n`` asks for that many samples of the same request: the call returns a list
     of ``n`` outputs, each a request of its own with its own seed (`plait.sampling`),
@@ -107,7 +120,6 @@ class LLMInference(Module):
     temperature: float | None
     max_tokens: int | None
     response_format: Any
-    label_method: str | None
     system_prompt: Parameter | None
     demos: Parameter | None
     n: int
@@ -142,11 +154,7 @@ class LLMInference(Module):
         if response_format is not None:
             schema_for(response_format)  # a bad type is an error now, not at the first call
         if label_method is not None:
-            if label_method not in LABEL_METHODS:
-                raise ValueError(
-                    f"label_method must be one of {', '.join(LABEL_METHODS)} (or None for the "
-                    f"endpoint's best), got {label_method!r}"
-                )
+            check_label_method(label_method)
             if labels is None:
                 raise ValueError(
                     "label_method is only for a response_format of labels (a Literal of "
@@ -154,7 +162,6 @@ class LLMInference(Module):
                     f"response_format={response_format!r}"
                 )
         self.response_format = response_format
-        self.label_method = label_method
         if isinstance(system_prompt, Parameter):
             self.system_prompt = system_prompt
         elif isinstance(system_prompt, str):
@@ -181,6 +188,74 @@ class LLMInference(Module):
             )
         else:
             self.demos = None
+        # A label call's method is a value like its prompt: saved, loaded, chosen by
+        # training.  Fixed for the rewriters (requires_grad=False): it is not text.
+        # Registered by hand under the name "label_method", which stays the attribute
+        # that reads the method itself (`label_method` below).
+        method = None
+        if labels is not None:
+            method = Parameter(
+                label_method,
+                description=LABEL_METHOD_DESCRIPTION,
+                requires_grad=False,
+                check=check_label_method,
+            )
+            self._parameters["label_method"] = method
+            method._owner = weakref.ref(self)
+            method._name = "label_method"
+        object.__setattr__(self, "_label_method", method)
+
+    @property
+    def label_method_parameter(self) -> Parameter | None:
+        """The `Parameter` holding a label call's method (None for any other call).
+
+        Named ``label_method`` in ``state_dict()``; what `plait.learning.RecipeSearch`
+        sets when it chooses a method.
+        """
+        param: Parameter | None = self.__dict__.get("_label_method")
+        return param
+
+    @property
+    def label_method(self) -> str | None:
+        """How this call chooses its label now (the ``label_method`` parameter's value).
+
+        ``"grammar"``, ``"logprob"``, ``"calibrated"``, or None for the endpoint's
+        best (and for a call that does not answer with labels).  Setting it sets the
+        parameter; a call without labels takes only None.
+
+        Examples:
+            >>> from typing import Literal
+            >>> import plait
+            >>> call = plait.LLMInference("fast", response_format=Literal["yes", "no"])
+            >>> print(call.label_method)
+            None
+            >>> call.load_state_dict({"label_method": "calibrated"})
+            >>> call.label_method
+            'calibrated'
+        """
+        param = self.label_method_parameter
+        if param is None:
+            return None
+        value = param.current()
+        return value if isinstance(value, str) else None
+
+    @label_method.setter
+    def label_method(self, value: str | None) -> None:
+        param = self.label_method_parameter
+        if param is None:
+            if value is not None:
+                raise ValueError(
+                    "label_method is only for a response_format of labels (a Literal of "
+                    'texts or a text Enum, e.g. response_format=Literal["yes", "no"])'
+                )
+            return
+        param.value = check_label_method(value)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "label_method":  # the method's value, not a new attribute
+            type(self).label_method.__set__(self, value)  # type: ignore[attr-defined]
+            return
+        super().__setattr__(name, value)
 
     def input_text(self, prompt: Any) -> str:
         """The text of ``prompt`` as the last user turn carries it.
@@ -307,8 +382,9 @@ class LLMInference(Module):
             parts.append(f"max_tokens={self.max_tokens}")
         if self.response_format is not None:
             parts.append(f"response_format={getattr(self.response_format, '__name__', '?')}")
-        if self.label_method is not None:
-            parts.append(f"label_method={self.label_method!r}")
+        method = self.label_method
+        if method is not None:
+            parts.append(f"label_method={method!r}")
         if self.n != 1:
             parts.append(f"n={self.n}")
         if self.demos is not None:

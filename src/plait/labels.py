@@ -56,7 +56,9 @@ __all__ = [
     "CONTENT_FREE",
     "DEFAULT_LOCAL_METHOD",
     "LABEL_METHODS",
+    "LABEL_METHOD_DESCRIPTION",
     "LabelMethod",
+    "check_label_method",
     "choose_label",
     "label_choices",
     "label_output",
@@ -80,6 +82,42 @@ one token where the grammar spells the label out, so it is faster; ``"calibrated
 does better with a few fixed demonstrations, at a second request per prompt.  The
 Benchmarks page has the figures, measured with ``python benchmarks/labels.py``.
 """
+
+LABEL_METHOD_DESCRIPTION = (
+    "How the call chooses its label: grammar (decoding constrained to the labels), logprob "
+    "(each label scored by its log-probability), calibrated (scored, less the prior of a "
+    "content-free input), or null for the endpoint's best."
+)
+"""The description of a label call's ``label_method`` `Parameter`."""
+
+
+def check_label_method(value: Any) -> Any:
+    """``value`` if it is a label method (or None, the endpoint's best).
+
+    The check of the ``label_method`` parameter, so a saved method loads back only
+    if it is one of `LABEL_METHODS`.
+
+    Args:
+        value: A method name, or None.
+
+    Returns:
+        ``value`` unchanged.
+
+    Raises:
+        ValueError: ``value`` is neither None nor one of `LABEL_METHODS`.
+
+    Examples:
+        >>> from plait.labels import check_label_method
+        >>> check_label_method("calibrated")
+        'calibrated'
+    """
+    if value is not None and value not in LABEL_METHODS:
+        raise ValueError(
+            f"label_method must be one of {', '.join(LABEL_METHODS)} (or None for the "
+            f"endpoint's best), got {value!r}"
+        )
+    return value
+
 
 CONTENT_FREE = "N/A"
 """The content-free input whose label distribution is the prior ``"calibrated"`` divides by."""

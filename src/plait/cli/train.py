@@ -42,7 +42,7 @@ from plait.target import Target, TargetError, code_files
 
 __all__ = ["build_parser", "main"]
 
-OPTIMIZERS = ("sfa", "textgrad", "bootstrap", "search", "reflective")
+OPTIMIZERS = ("sfa", "textgrad", "bootstrap", "search", "reflective", "auto")
 #: Files the command writes into --out.
 PARAMETERS_FILE = "parameters.json"
 HISTORY_JSON = "history.json"
@@ -99,6 +99,27 @@ never exceeded, and the run ends ("budget") once what is left cannot pay for
 another step; with it and no --epochs, the run goes on over as many epochs as
 the budget allows.
 `--optimizer bootstrap --optimizer sfa` learns both in one run.
+
+--optimizer auto (plait.learning.RecipeSearch) chooses the recipe for this task
+instead of you: fixed lists of demonstrations against pools chosen per input
+(BM25; embeddings too with --embed ALIAS), each of --k-choices pairs per call
+(2,4,8), every label method the label calls' providers run (grammar, logprob,
+calibrated on the embedded model and OpenAI-compatible endpoints; grammar on
+Anthropic; --label-methods narrows them), and with --instructions N new
+instructions by --optimizer-alias.  Each recipe is scored by --folds-fold
+cross-validation (5) over --data and --val together, each fold's demonstrations
+drawn from the other folds only, by successive halving within --max-calls LLM
+requests (600: every call of the runs it scores, a calibrated label call twice,
+and every instruction proposal).  The simplest recipe the best one does not beat
+with support (the 68% paired-bootstrap interval of its gain, about one standard
+error, reaches 0) is
+installed, fitted on every labelled pair; the gate keeps it only if that
+cross-validated score beats the values in place on the same examples (not on
+--val, now among the demonstrations).  The choice (list or pool, k, the label
+method) is saved in parameters.json, so eval, run and serve --parameters use it;
+history.json holds every recipe's score on every example, the intervals, the
+calls used and why the winner won.  It runs as one step (--max-steps 1 unless
+given); alone, not with another --optimizer.
 
 Demonstrations chosen per input: --demos knn [--k N] turns every LLMInference
 built with demos into a pool (plait.knn_demos) from which each call is shown
@@ -172,6 +193,25 @@ def build_parser() -> argparse.ArgumentParser:
         type=positive_int,
         metavar="N",
         help="reflective: examples its candidates may be scored on in all (no limit)",
+    )
+    parser.add_argument(
+        "--max-calls",
+        type=positive_int,
+        metavar="N",
+        help="auto: LLM requests the choice of recipe may spend (600)",
+    )
+    parser.add_argument(
+        "--folds", type=positive_int, metavar="N", help="auto: cross-validation folds (5)"
+    )
+    parser.add_argument(
+        "--k-choices",
+        metavar="LIST",
+        help="auto: pairs per call to try, comma-separated (2,4,8)",
+    )
+    parser.add_argument(
+        "--label-methods",
+        metavar="LIST",
+        help="auto: label methods to try, comma-separated (all the provider runs)",
     )
     parser.add_argument(
         "--demos",
@@ -342,13 +382,17 @@ def _train(ns: argparse.Namespace, err: IO[str]) -> int:
             f"{ns.target} cannot be trained: {exc} (training saves every value in "
             f"{PARAMETERS_FILE})"
         ) from None
+    _check_auto_options(ns, ns.optimizer or ["sfa"])
     if ns.refit and ns.val is None:
         raise UsageError(
             "--refit adds every labelled example to the demonstration pools once --val has "
             "chosen how they are picked: give --val"
         )
-    if ns.embed is not None and ns.demos != "knn":
-        raise UsageError("--embed ranks a pool chosen per input: give --demos knn with it")
+    auto = "auto" in (ns.optimizer or [])
+    if ns.embed is not None and ns.demos != "knn" and not auto:
+        raise UsageError(
+            "--embed ranks a pool chosen per input: give --demos knn (or --optimizer auto) with it"
+        )
     if ns.refit and ns.demos != "knn":
         raise UsageError("--refit grows pools chosen per input: give --demos knn with it")
     train_size = _check_data(ns, module, err)
@@ -366,6 +410,7 @@ def _train(ns: argparse.Namespace, err: IO[str]) -> int:
         _remove_checkpoint(checkpoint)
     loss = make_loss(ns, module)
     optimizer = _make_optimizers(ns, module, resources)
+    max_steps = ns.max_steps if ns.max_steps is not None or not auto else 1
     display = _Progress(err, ns.quiet)
     trainer = Trainer(
         module,
@@ -379,7 +424,7 @@ def _train(ns: argparse.Namespace, err: IO[str]) -> int:
         checkpoint_dir=checkpoint,
         resources=resources,
         seed=ns.seed,
-        max_steps=ns.max_steps,
+        max_steps=max_steps,
         input_field=ns.input_field,
         target_field=ns.target_field or "target",
         on_event=display.event,
@@ -427,6 +472,15 @@ def _train(ns: argparse.Namespace, err: IO[str]) -> int:
     spent = _metric_calls(history)
     if spent is not None:
         print(f"plait train: {spent}", file=err)
+    for chooser in optimizer:
+        chosen = getattr(chooser, "chosen", None)
+        if isinstance(chosen, dict):  # --optimizer auto
+            print(
+                f"plait train: recipe chosen: {chosen['name']} ({chooser.used} of "
+                f"{chooser.max_calls} calls); why, and every recipe's scores: "
+                f"{out / HISTORY_JSON}",
+                file=err,
+            )
     if ns.test is not None:
         print(
             f"plait train: held-out test ({ns.test}): {_fmt(history.initial_test_score)} "
@@ -493,17 +547,20 @@ def _make_optimizers(ns: argparse.Namespace, module: Module, resources: Any) -> 
     from plait.learning.search import DemoSearch
 
     names = ns.optimizer or ["sfa"]
+    _check_auto_options(ns, names)
+    if ns.max_metric_calls is not None and "reflective" not in names:
+        raise UsageError("--max-metric-calls goes with --optimizer reflective")
+    if "auto" in names:
+        return [_make_auto(ns, module, resources)]
     learns_demos = {"bootstrap", "search"} & set(names)
     if ns.teacher_alias is not None and not learns_demos:
         raise UsageError("--teacher-alias goes with --optimizer bootstrap or search")
     if ns.candidates is not None and not learns_demos:
         raise UsageError("--candidates goes with --optimizer bootstrap or search")
     if ns.instructions is not None and "search" not in names:
-        raise UsageError("--instructions goes with --optimizer search")
+        raise UsageError("--instructions goes with --optimizer search or auto")
     if len(set(names)) != len(names):
         raise UsageError(f"--optimizer names one twice ({', '.join(names)}): name each once")
-    if ns.max_metric_calls is not None and "reflective" not in names:
-        raise UsageError("--max-metric-calls goes with --optimizer reflective")
     if "reflective" in names and (len(names) > 1 or ns.val is None):
         raise UsageError(
             "--optimizer reflective scores its candidates on --val and is the run's only "
@@ -553,6 +610,80 @@ def _make_optimizers(ns: argparse.Namespace, module: Module, resources: Any) -> 
             optimizer.rewriter.max_tokens = ns.optimizer_max_tokens
         made.append(optimizer.bind(resources))
     return made
+
+
+def _check_auto_options(ns: argparse.Namespace, names: list[str]) -> None:
+    """--optimizer auto runs alone, and its options go with it only."""
+    given = [
+        flag
+        for flag, value in (
+            ("--max-calls", ns.max_calls),
+            ("--folds", ns.folds),
+            ("--k-choices", ns.k_choices),
+            ("--label-methods", ns.label_methods),
+        )
+        if value is not None
+    ]
+    if "auto" not in names:
+        if given:
+            raise UsageError(f"{', '.join(given)} go(es) with --optimizer auto")
+        return
+    if len(names) > 1:
+        raise UsageError(
+            "--optimizer auto chooses the whole recipe in one step: run it alone, not with "
+            f"{', '.join(n for n in names if n != 'auto')}"
+        )
+    if ns.refit:
+        raise UsageError(
+            "--refit goes with bootstrap or search: --optimizer auto already fits the recipe "
+            "it chooses on every --data and --val example"
+        )
+    for flag, value in (("--candidates", ns.candidates), ("--teacher-alias", ns.teacher_alias)):
+        if value is not None:
+            raise UsageError(f"{flag} goes with --optimizer bootstrap or search, not auto")
+
+
+def _make_auto(ns: argparse.Namespace, module: Module, resources: Any) -> Any:
+    """--optimizer auto: a `RecipeSearch` with the command's options."""
+    from plait.learning.bootstrap import demo_parameters
+    from plait.learning.recipes import RecipeSearch
+
+    if not demo_parameters(module.parameters()):
+        raise UsageError(
+            f"--optimizer auto: {ns.target} has no demonstrations to learn; build its "
+            "LLMInference calls with demos=[] (LLMInference(alias, prompt, demos=[]))"
+        )
+    if ns.embed is not None:  # only pools it tries call it: say so before anything is paid
+        from plait.resources.manager import ResourceManager
+
+        config = ResourceManager.coerce(resources).config
+        if config and ns.embed not in config:
+            raise UsageError(
+                f"--embed {ns.embed}: the resources do not configure that alias (they "
+                f"configure: {', '.join(sorted(config))}); add it, or name a configured one"
+            )
+    options: dict[str, Any] = {"max_demos": ns.max_demos, "seed": ns.seed, "embed": ns.embed}
+    if ns.max_calls is not None:
+        options["max_calls"] = ns.max_calls
+    if ns.folds is not None:
+        options["folds"] = ns.folds
+    if ns.k_choices is not None:
+        options["k_choices"] = _int_list(ns.k_choices, "--k-choices")
+    if ns.label_methods is not None:
+        options["label_methods"] = [m.strip() for m in ns.label_methods.split(",") if m.strip()]
+    if ns.instructions is not None:
+        options.update(rewriter=ns.optimizer_alias, instructions=ns.instructions)
+    try:
+        return RecipeSearch(module.parameters(), **options).bind(resources)
+    except ValueError as exc:
+        raise UsageError(f"--optimizer auto: {exc}") from None
+
+
+def _int_list(text: str, flag: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise UsageError(f"{flag} takes comma-separated whole numbers, e.g. 2,4,8") from None
 
 
 def _choose_per_input(ns: argparse.Namespace, module: Module) -> None:

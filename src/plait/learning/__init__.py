@@ -13,6 +13,8 @@ validation score improves.
 * Optimizers: `SFAOptimizer` and `TextGradOptimizer` rewrite prompts from
   feedback; `BootstrapFewShot` learns demonstrations from the runs that passed;
   `DemoSearch` searches many demonstration sets (and instructions) on validation;
+  `RecipeSearch` chooses the recipe (lists or pools, ``k``, the label method,
+  instructions) per task by cross-validation.
   `ReflectiveSearch` rewrites instructions from the failures it reads, keeping a
   Pareto frontier of candidates within a budget of metric calls.
 * State: `snapshot` freezes every value as a `ParameterState` so a step can be
@@ -42,6 +44,7 @@ from plait.learning.optimizers import (
     SFAOptimizer,
     TextGradOptimizer,
 )
+from plait.learning.recipes import RecipeSearch
 from plait.learning.reflective import ReflectiveSearch
 from plait.learning.search import DemoSearch
 from plait.learning.state import (
@@ -71,6 +74,7 @@ __all__ = [
     "Optimizer",
     "OptimizerStepError",
     "ParameterState",
+    "RecipeSearch",
     "ReflectiveSearch",
     "RubricJudge",
     "SFAOptimizer",

@@ -472,14 +472,18 @@ class DemoSearch(BootstrapFewShot):
         )
 
 
-def paired_interval(diffs: Sequence[float], rng: random.Random) -> tuple[float, float]:
-    """The 95% paired-bootstrap interval of the mean of ``diffs`` (per-example score
-    differences between two candidates on the same examples)."""
+def paired_interval(
+    diffs: Sequence[float], rng: random.Random, level: float = 0.95
+) -> tuple[float, float]:
+    """The paired-bootstrap interval of the mean of ``diffs`` (per-example score
+    differences between two candidates on the same examples), two-sided at ``level``
+    (0.95: the 2.5th and 97.5th percentiles of the resampled means)."""
     n = len(diffs)
     if n == 0:
         return (0.0, 0.0)
     means = sorted(_mean([diffs[rng.randrange(n)] for _ in range(n)]) for _ in range(RESAMPLES))
-    return (means[int(0.025 * RESAMPLES)], means[int(0.975 * RESAMPLES) - 1])
+    tail = (1.0 - level) / 2
+    return (means[int(tail * RESAMPLES)], means[int((1.0 - tail) * RESAMPLES) - 1])
 
 
 def _one_per_label(pairs: list[tuple[Any, Any]], labels: Sequence[str]) -> list[tuple[Any, Any]]:

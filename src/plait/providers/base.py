@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from plait._digest import digest
 from plait._secrets import scrub
+from plait.labels import DEFAULT_LOCAL_METHOD
 from plait.providers.ratelimits import parse_retry_after
 from plait.structured import canonical_schema_json
 
@@ -24,6 +25,23 @@ PROVIDERS: dict[str, str] = {
 `EndpointConfig` checks ``provider`` names against it and `make_provider` imports
 from it: ``"openai"`` (every OpenAI-compatible server), ``"anthropic"`` and
 ``"local"`` (the embedded model)."""
+LABEL_METHODS_BY_PROVIDER: dict[str, tuple[str, ...]] = {
+    "openai": ("grammar", "logprob", "calibrated"),
+    "anthropic": ("grammar",),
+    "local": ("grammar", "logprob", "calibrated"),
+}
+"""Provider name -> the label methods (`plait.labels`) its endpoints can run.
+
+Scoring a label (``"logprob"``, ``"calibrated"``) needs the reply's
+log-probabilities: the embedded model and OpenAI-compatible endpoints return them
+(`plait.providers.scoring`), Anthropic's API does not, so there only the
+constrained reply (``"grammar"``: a tool schema with an ``enum``) runs."""
+#: Provider name -> the method a label call with ``label_method=None`` runs there.
+DEFAULT_LABEL_METHOD: dict[str, str] = {
+    "openai": "grammar",
+    "anthropic": "grammar",
+    "local": DEFAULT_LOCAL_METHOD,
+}
 #: provider name -> "module:Class" of its batch API (`BatchAPI`), for the providers
 #: that sell one.
 BATCH_APIS: dict[str, str] = {
@@ -33,6 +51,8 @@ BATCH_APIS: dict[str, str] = {
 
 __all__ = [
     "BATCH_APIS",
+    "DEFAULT_LABEL_METHOD",
+    "LABEL_METHODS_BY_PROVIDER",
     "PROVIDERS",
     "RETRYABLE_STATUS",
     "BatchAPI",
