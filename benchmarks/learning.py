@@ -499,7 +499,8 @@ def section(
         f"`.venv/bin/python benchmarks/learning.py --merge {' '.join(map(str, args.merge))}` "
         "(rows of the runs listed there)"
         if args.merge
-        else f"`.venv/bin/python benchmarks/learning.py --seeds {args.seeds}` in {elapsed:.0f} s"
+        else f"`.venv/bin/python benchmarks/learning.py {' '.join(sys.argv[1:])}` "
+        f"in {elapsed:.0f} s"
     )
     lines = [
         START,

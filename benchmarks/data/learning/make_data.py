@@ -304,9 +304,14 @@ ITEMS = ["apples", "pencils", "stickers", "books", "marbles", "cookies", "cards"
 
 
 def arithmetic_example(rng: random.Random) -> tuple[str, str]:
-    """A word problem of one or two operations on small numbers, and its answer."""
+    """A word problem of one or two operations on small numbers, and its answer.
+
+    The numbers are one digit (a product or a quotient at most 15): what a 135M model
+    can at times get right once shown how to answer, so the task is not 0% whatever
+    is learned.
+    """
     name, item = rng.choice(NAMES), rng.choice(ITEMS)
-    a, b, c = rng.randrange(2, 20), rng.randrange(2, 10), rng.randrange(1, 6)
+    a, b, c = rng.randrange(2, 10), rng.randrange(1, 6), rng.randrange(1, 4)
     kind = rng.randrange(6)
     if kind == 0:
         text = f"{name} has {a} {item} and buys {b} more. How many {item} does {name} have now?"
@@ -316,7 +321,7 @@ def arithmetic_example(rng: random.Random) -> tuple[str, str]:
         text = f"{name} had {a} {item} and gave {b} to a friend. How many {item} are left?"
         return text, str(a - b)
     if kind == 2:
-        a = rng.randrange(2, 10)
+        a, b = rng.randrange(2, 6), rng.randrange(2, 4)
         text = f"A box holds {a} {item}. How many {item} are in {b} boxes?"
         return text, str(a * b)
     if kind == 3:
@@ -326,14 +331,14 @@ def arithmetic_example(rng: random.Random) -> tuple[str, str]:
         )
         return text, str(a + b - c)
     if kind == 4:
-        a = rng.randrange(2, 8)
+        a, b = rng.randrange(2, 5), rng.randrange(2, 4)
         text = (
             f"There are {a} bags with {b} {item} in each, and {c} {item} are eaten or lost. "
             f"How many {item} remain?"
         )
         return text, str(a * b - c)
-    b = rng.randrange(2, 6)
-    a = b * rng.randrange(2, 8)
+    b = rng.randrange(2, 4)
+    a = b * rng.randrange(2, 6)
     text = f"{name} shares {a} {item} equally among {b} friends. How many {item} does each get?"
     return text, str(a // b)
 
