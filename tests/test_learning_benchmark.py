@@ -133,7 +133,8 @@ def test_merging_the_published_run_files_still_reports_them(
     lines = learning.landmarks(groups)
     body = "\n".join(lines)
     # Files from before plain bootstrap was measured: it is said to be missing.
-    assert "| extract | bootstrap | not measured | knn+search+refit | 97% (97%–97%, 3 seeds) |" in body
+    extract = "| extract | bootstrap | not measured | knn+search+refit | 97% (97%–97%, 3 seeds) |"
+    assert extract in body
     # A task's baseline, once measured, is reported with its mean and range.
     fake = [
         dict(rows[0], task="sentiment", config="labels+bootstrap", seed=s, test_end=e)
