@@ -150,7 +150,9 @@ class RecipeSearch(DemoSearch):
     The call budget counts the LLM requests the choice makes: every call of the
     pipeline's runs it scores (a ``calibrated`` label call counts twice, for the
     prior it may measure) and every instruction proposal.  The Trainer's own
-    minibatch and validation passes are not in it.
+    minibatch and validation passes are not in it.  When it cannot pay for every
+    recipe, the instruction proposals are left out first, then the label-method
+    variants, then the other ``k``: every kind of demonstrations is tried.
 
     The search runs through the Trainer's passes (`TrainingBatch.run_examples`), so
     with a ``checkpoint_dir`` a run killed mid-search and started again is answered
@@ -577,19 +579,34 @@ class _Search:
         in_place: Mapping[str, str],
     ) -> tuple[list[Recipe], list[tuple[Recipe, str]]]:
         """The recipes whose halving fits in what is left of the budget, counting the
-        dearest survivors at every rung; the most complex are left out first."""
+        dearest survivors at every rung.  They are left out breadth first: instruction
+        proposals, then label-method variants, then other ``k``, so every kind of
+        demonstrations (a list, each kind of pool) at the method in place is tried
+        before a variant of one kind; left out simplest-last in the simplicity order,
+        a small budget would drop every pool before any method variant of a list."""
         kept = list(recipes)
         dropped: list[tuple[Recipe, str]] = []
         while self._planned(kept, folds, per_example, in_place) > (
             self.owner.max_calls - self.owner.used
         ):
-            removable = [r for r in kept if not self._protected(r)]
+            removable = sorted((r for r in kept if not self._protected(r)), key=self._trim_order)
             if not removable:
                 break
             last = removable[-1]
             kept.remove(last)
             dropped.append((last, "over the call budget"))
         return kept, dropped
+
+    def _trim_order(self, recipe: Recipe) -> tuple[int, int, int, int, int, str]:
+        """Where a recipe stands when the budget leaves some out: the last goes first."""
+        return (
+            int(recipe.instruction is not None),
+            _METHOD_RANK[recipe.label_method],
+            int(recipe.k not in (None, self.owner.max_demos)),
+            DEMO_KINDS.index(recipe.demos),
+            recipe.k or 0,
+            recipe.name,
+        )
 
     def _planned(
         self,
