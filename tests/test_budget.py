@@ -163,6 +163,16 @@ def test_nested_budgets_count_each_call_once(
     assert any(is_refusal(o, "max_calls") for o in out)
 
 
+def test_one_budget_entered_twice_counts_each_call_once(
+    server: FakeOpenAIServer, resources: plait.ResourceConfig
+) -> None:
+    limit = budget(max_calls=100)
+    with limit, limit:
+        FanOutFanIn().bind(resources=resources).run_sync(["a", "b", "c"])
+    assert limit.calls == server.stats()["requests_total"] == 9
+    assert limit.tokens == served_tokens(server)
+
+
 def test_a_zero_budget_refuses_everything(
     server: FakeOpenAIServer, resources: plait.ResourceConfig
 ) -> None:

@@ -42,7 +42,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from plait.effects import Handler, Message, current_run
-from plait.resources.endpoint import CallTiming
+from plait.resources.endpoint import attach_gate
 from plait.resources.limits import _wake
 from plait.resources.pricing import Prices
 
@@ -54,7 +54,6 @@ if TYPE_CHECKING:
 __all__ = ["Budget", "BudgetExceeded", "budget"]
 
 #: Where a message keeps the budgets watching it (handler id -> ticket).
-_TICKETS = "budget_tickets"
 
 
 class BudgetExceeded(RuntimeError):
@@ -253,29 +252,10 @@ class Budget(Handler):
         Args:
             msg: The LLM call's message.
         """
-        if msg.done or msg.meta.get("cache") == "hit" or msg.fn is None:
-            return
-        timing = msg.meta.get("timing")
-        if not isinstance(timing, CallTiming):
-            return
-        tickets = msg.meta.setdefault(_TICKETS, {})
-        if id(self) in tickets:  # the same budget entered twice: count the call once
-            return
         # Nothing is checked here: a handler outside this one may still answer the call
         # (then it costs nothing), and a call created now may wait a long time for its
         # slot.  The endpoint asks the ticket when it admits the request.
-        ticket = tickets[id(self)] = _Ticket(self, msg.name)
-        timing.gates.append(ticket)
-
-    def postprocess_llm(self, msg: Message) -> None:
-        """Stop watching the call once it is done.
-
-        Args:
-            msg: The LLM call's message.
-        """
-        tickets = msg.meta.get(_TICKETS)
-        if tickets:
-            tickets.pop(id(self), None)
+        attach_gate(msg, self, lambda: _Ticket(self, msg.name))
 
     def _admit(
         self, ticket: _Ticket, endpoint: Endpoint, estimate: Usage

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from plait.effects import Handler, Message
-from plait.resources.endpoint import CallTiming
+from plait.resources.endpoint import attach_gate
 
 if TYPE_CHECKING:
     from plait.providers.base import LLMRequest, Usage
@@ -84,7 +84,6 @@ def current_phase() -> str | None:
 _ACCOUNT: ContextVar[tuple[Any, ...] | None] = ContextVar("plait_spend_account", default=None)
 
 #: Where a call's message keeps the ledgers watching it (handler id -> its gate).
-_GATES = "spend_gates"
 
 
 @dataclass(slots=True)
@@ -272,17 +271,8 @@ class SpendLedger(Handler):
         Args:
             msg: The LLM call's message.
         """
-        if msg.done or msg.meta.get("cache") == "hit" or msg.fn is None:
-            return
-        timing = msg.meta.get("timing")
-        if not isinstance(timing, CallTiming):
-            return
-        gates = msg.meta.setdefault(_GATES, {})
-        if id(self) in gates:  # the same ledger entered twice: count the call once
-            return
         label = self.fixed if self.fixed is not None else (_ACCOUNT.get(), current_phase())
-        gate = gates[id(self)] = _Gate(self, label)
-        timing.gates.append(gate)
+        attach_gate(msg, self, lambda: _Gate(self, label))
 
     def label(self) -> Label:
         """The account and phase in force here (what a pass sent to workers is filed under).

@@ -339,19 +339,9 @@ class LeasedBudget(Handler):
         return any(v is not None for v in (spec.max_calls, spec.max_tokens, spec.max_cost))
 
     def process_llm(self, msg: Any) -> None:
-        from plait.resources.endpoint import CallTiming
+        from plait.resources.endpoint import attach_gate
 
-        if msg.done or msg.meta.get("cache") == "hit" or msg.fn is None:
-            return
-        timing = msg.meta.get("timing")
-        key = f"leased_budget.{id(self):x}"
-        if not isinstance(timing, CallTiming) or key in msg.meta:
-            return
-        msg.meta[key] = True
-        timing.gates.append(_LeasedTicket(self, msg.name))
-
-    def postprocess_llm(self, msg: Any) -> None:
-        msg.meta.pop(f"leased_budget.{id(self):x}", None)
+        attach_gate(msg, self, lambda: _LeasedTicket(self, msg.name))
 
     def report(self) -> tuple[int, int, float, int]:
         local = self.local

@@ -18,9 +18,9 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Awaitable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, MutableMapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from plait._secrets import scrub
 from plait.providers.base import (
@@ -134,6 +134,9 @@ class AdmissionGate(Protocol):
         ...
 
 
+G = TypeVar("G", bound=AdmissionGate)
+
+
 @dataclass(slots=True)
 class CallTiming:
     """Where one call's time went, filled in as it happens; profilers read it.
@@ -144,9 +147,68 @@ class CallTiming:
 
     spans: list[Span] = field(default_factory=list)
     gates: list[AdmissionGate] = field(default_factory=list)
+    #: Whose each gate is (the owner held, so its id is not reused while the call lives).
+    owners: list[tuple[object, AdmissionGate]] = field(default_factory=list)
 
     def add(self, kind: str, start: float, end: float, **info: Any) -> None:
         self.spans.append(Span(kind, start, end, info))
+
+    def add_gate(self, owner: object, make: Callable[[], G]) -> G | None:
+        """Give ``owner`` (a handler) its gate on this call, once.
+
+        A handler entered twice around one call (the same budget in nested scopes)
+        must count the call once, so a second ask adds nothing.
+
+        Args:
+            owner: The handler the gate reports to.
+            make: Makes the gate; called only when ``owner`` has none here yet.
+
+        Returns:
+            The new gate, or None when ``owner`` already has one on this call.
+        """
+        if any(held is owner for held, _ in self.owners):
+            return None
+        gate = make()
+        self.owners.append((owner, gate))
+        self.gates.append(gate)
+        return gate
+
+
+class _CallMessage(Protocol):
+    """What `attach_gate` reads of an LLM call's message (`plait.effects.Message`)."""
+
+    @property
+    def done(self) -> bool: ...
+
+    @property
+    def fn(self) -> object: ...
+
+    @property
+    def meta(self) -> MutableMapping[str, Any]: ...
+
+
+def attach_gate(msg: _CallMessage, owner: object, make: Callable[[], G]) -> G | None:
+    """Give a handler its `AdmissionGate` on a call that may still be sent, once.
+
+    The one way a handler (a budget, a spend ledger) watches a call's requests: a
+    call already answered (done, or a cache hit) sends nothing, and one whose
+    message carries no `CallTiming` never reaches an endpoint that reads gates.
+
+    Args:
+        msg: The LLM call's message.
+        owner: The handler the gate reports to.
+        make: Makes the gate; called only when one is attached.
+
+    Returns:
+        The attached gate, or None when the call will not be sent or ``owner``
+        already watches it.
+    """
+    if msg.done or msg.fn is None or msg.meta.get("cache") == "hit":
+        return None
+    timing = msg.meta.get("timing")
+    if not isinstance(timing, CallTiming):
+        return None
+    return timing.add_gate(owner, make)
 
 
 class UnseenTiming(CallTiming):
