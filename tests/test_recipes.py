@@ -195,14 +195,11 @@ def test_the_budget_is_honoured_and_reported() -> None:
     """Every request the search makes is counted; the most complex recipes are left out
     to stay within it, the baselines never."""
     counted: list[str | None] = []
-    # The trainer scores validation before its first step (evaluating too) and runs the
-    # minibatch (training) just before the search: count from there.
-    started: list[bool] = []
+    phases: list[str | None] = []
 
     def answer(request: LLMRequest) -> str:
-        if current_phase() == "training":
-            started.append(True)
-        elif started and current_phase() in ("evaluating", "proposing"):
+        phases.append(current_phase())
+        if current_phase() in ("evaluating", "proposing"):
             counted.append(current_phase())
         _, answers = shown(request)
         return answers[-1] if answers else "billing"
@@ -214,9 +211,13 @@ def test_the_budget_is_honoured_and_reported() -> None:
     history = fit(model, search, answer)
     report = search_report(history)
     assert report["budget"]["max_calls"] == 60
-    # After the search, the gate scores on validation whatever it installed.
-    gate = len(dataset()) - 12 if history.steps[0].trials[0]["tried"] else 0
-    assert report["budget"]["used"] == len(counted) - gate == search.used <= 60
+    # Validation is scored before the first step, and after the search the gate scores
+    # there whatever it installed; the Trainer runs no minibatch the search would not read.
+    val_size = len(dataset()) - 12
+    gate = val_size if history.steps[0].trials[0]["tried"] else 0
+    assert report["budget"]["used"] == len(counted) - val_size - gate == search.used <= 60
+    assert "training" not in phases
+    assert history.steps[0].train_score is None
     assert report["not_tried"], "a budget this small leaves recipes out"
     assert {n["reason"] for n in report["not_tried"]} == {"over the call budget"}
     finalists = {r["name"] for r in report["recipes"] if r["finalist"]}

@@ -149,8 +149,9 @@ class RecipeSearch(DemoSearch):
 
     The call budget counts the LLM requests the choice makes: every call of the
     pipeline's runs it scores (a ``calibrated`` label call counts twice, for the
-    prior it may measure) and every instruction proposal.  The Trainer's own
-    minibatch and validation passes are not in it.  When it cannot pay for every
+    prior it may measure) and every instruction proposal.  The Trainer's
+    validation passes are not in it; it runs no minibatch pass for this
+    optimizer, whose step reports no batch score.  When it cannot pay for every
     recipe, the instruction proposals are left out first, then the label-method
     variants, then the other ``k``: every kind of demonstrations is tried.
 
@@ -236,6 +237,11 @@ class RecipeSearch(DemoSearch):
         ```
     """
 
+    runs_minibatch = True
+    """The search scores its own runs of every labelled example, so the Trainer's
+    minibatch pass would be paid for and never read (the step reports no batch score)."""
+    minibatch_score: float | None = None
+
     def __init__(
         self,
         params: Iterable[Parameter],
@@ -318,6 +324,18 @@ class RecipeSearch(DemoSearch):
             "label_methods": None if self.label_methods is None else list(self.label_methods),
             "confidence": self.confidence,
         }
+
+    async def observe(self, batch: TrainingBatch) -> None:
+        """Keep the Trainer's passes for `step`.
+
+        The search gathers its pairs from its own runs of every labelled example,
+        so the minibatch is not run here.
+
+        Args:
+            batch: The minibatch and the Trainer's passes.
+        """
+        self._evaluate = batch.evaluate
+        self._batch = batch
 
     async def step(self) -> dict[str, Any]:
         """Choose the recipe by cross-validation and install it (at the first step only).
