@@ -565,3 +565,29 @@ def test_rows_held_for_input_order_are_never_dropped_without_a_word() -> None:
     gap(2, "in 2", plait.Value(plait.ValueKind.TEXT, "x"))
     with pytest.raises(RuntimeError, match=r"without a row for input 0, so the 2 row"):
         gap.finish()
+
+
+def test_relative_paths_hold_on_a_cluster_whose_workers_run_elsewhere(
+    server: FakeOpenAIServer, ray_cluster: Any, tmp_path: Path
+) -> None:
+    """Workers of a cluster the run joins have their own working directory: the
+    paths the user typed relative to theirs still name the run's files there."""
+    work = tmp_path / "project"
+    work.mkdir()
+    docs = [f"doc {i}" for i in range(6)]
+    (work / "in.jsonl").write_text("".join(json.dumps({"doc": d}) + "\n" for d in docs))
+    (work / "r.toml").write_text(
+        f'[fast]\nprovider = "openai"\nmodel = "cluster-relative"\nbase_url = "{server.base_url}"\n'
+        'api_key_env = "PLAIT_TEST_KEY"\nmax_concurrent = 8\n'
+    )
+    target = f"{ROOT / 'tests' / 'pipelines.py'}:TwoSteps"
+    address = ray_cluster.get_runtime_context().gcs_address
+    command = [sys.executable, "-m", "plait.cli", "run", target, "--input", "in.jsonl"]
+    command += ["--output", "out.jsonl", "--resources", "r.toml", "--checkpoint", "ckpt"]
+    command += ["--workers", "2", "--ray-address", address, "-q"]
+    env = dict(os.environ, PLAIT_TEST_KEY="sk-test")
+    done = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    rows = [json.loads(line) for line in (work / "out.jsonl").read_text().splitlines()]
+    assert {r["index"]: r["output"] for r in rows} == {i: two_steps(d) for i, d in enumerate(docs)}
+    assert (work / "ckpt").is_dir()

@@ -143,6 +143,7 @@ def make_spec(
         options=keep,
         pipeline=pipeline_name(module),
         producer=producer_identity(module, manager, options.get("seed")),
-        checkpoint_dir=str(checkpoint.directory) if checkpoint is not None else None,
+        # Absolute: a worker of a cluster the run joined has its own working directory.
+        checkpoint_dir=str(checkpoint.directory.resolve()) if checkpoint is not None else None,
         secrets=secrets,
     )
