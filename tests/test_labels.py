@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import json
 import math
 from typing import Any, Literal
 
@@ -344,3 +345,24 @@ def test_concurrent_calls_share_one_prior_measurement_and_a_failure_is_not_kept(
         return await priors.get("other", works)
 
     assert asyncio.run(fail_then_succeed()) == ({"yes": 0.0, "no": 0.0}, True)
+
+
+def test_a_stored_label_reply_keeps_each_labels_probability() -> None:
+    """What a cache or a checkpoint stores of a scored label call reads back with its
+    probabilities: a resumed run's replies are the ones the first run got."""
+    from plait.handlers.llm import response_from_json, response_to_json
+    from plait.providers import LLMResponse, Usage
+
+    request = LLMRequest(
+        alias="fast", messages=[{"role": "user", "content": "hi"}], response_format=Topic
+    )
+    scores = {"billing": 0.7, "shipping": 0.1, "technical": 0.1, "account": 0.1}
+    stored = response_to_json(
+        LLMResponse("billing", "billing", Usage(12, 1), "m", "stop", label_scores=scores)
+    )
+    back = response_from_json(json.loads(json.dumps(stored)), request)
+    assert back.label_scores == scores
+    assert back.text == back.parsed == "billing" and back.usage.prompt_tokens == 12
+    plain = LLMRequest(alias="fast", messages=[{"role": "user", "content": "hi"}])
+    unscored = response_from_json(response_to_json(LLMResponse("hi")), plain)
+    assert unscored.label_scores is None

@@ -114,14 +114,18 @@ def response_to_json(response: LLMResponse) -> dict[str, Any]:
         response: The reply.
 
     Returns:
-        Its text, usage, model and finish reason.
+        Its text, usage, model, finish reason and, for a label scored by its
+        log-probability, each label's probability.
     """
-    return {
+    stored: dict[str, Any] = {
         "text": response.text,
         "usage": [response.usage.prompt_tokens, response.usage.completion_tokens],
         "model": response.model,
         "finish_reason": response.finish_reason,
     }
+    if response.label_scores is not None:  # a resumed or cached label call keeps them
+        stored["label_scores"] = dict(response.label_scores)
+    return stored
 
 
 def response_from_json(data: dict[str, Any], request: LLMRequest) -> LLMResponse:
@@ -144,12 +148,16 @@ def response_from_json(data: dict[str, Any], request: LLMRequest) -> LLMResponse
     else:
         parsed = parse_reply(request.response_format, text) if request.response_format else None
     prompt, completion = data.get("usage") or (0, 0)
+    scores = data.get("label_scores")
     return LLMResponse(
         text,
         parsed,
         Usage(int(prompt), int(completion)),
         str(data.get("model") or ""),
         data.get("finish_reason"),
+        label_scores=(
+            {str(k): float(v) for k, v in scores.items()} if isinstance(scores, dict) else None
+        ),
     )
 
 
