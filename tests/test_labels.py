@@ -266,6 +266,26 @@ def test_calibration_on_an_openai_endpoint_measures_the_prior_once(
     assert sent.count("N/A") == 1 and len(sent) == 3
 
 
+def test_a_prior_measured_by_a_stored_call_is_not_measured_again(
+    server: FakeOpenAIServer, tmp_path: Any
+) -> None:
+    """A second run whose first call is answered from the cache (as a resumed run's
+    are from its checkpoint) takes the prior that call was divided by: the next call
+    on the same prompt sends only itself."""
+    from plait.handlers import cache
+
+    first, second = "[[top:bill -0.5|ship -0.9]]", "[[top:ship -0.4|bill -0.6]]"
+    model, resources = _remote(server, "calibrated")
+    with plait.ExecutionSettings(resources=resources), cache(tmp_path / "calls.db"):
+        assert model.run_sync(first) == "billing"
+    assert len(server.stats()["requests"]) == 2  # the call and its prior
+    model, resources = _remote(server, "calibrated")  # new endpoints, nothing measured
+    with plait.ExecutionSettings(resources=resources), cache(tmp_path / "calls.db"):
+        assert model.run_sync([first, second]) == ["billing", "shipping"]
+    sent = [r["body"]["messages"][-1]["content"] for r in server.stats(bodies=True)["requests"]]
+    assert sent[2:] == [second]
+
+
 def test_with_no_label_among_the_alternatives_the_schema_answers(
     server: FakeOpenAIServer,
 ) -> None:

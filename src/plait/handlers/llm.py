@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from plait._digest import json_digest
 from plait.providers.base import LLMRequest, LLMResponse, Usage
+from plait.providers.scoring import remember_prior
 from plait.structured import canonical_schema_json, parse_reply
 
 if TYPE_CHECKING:
@@ -115,7 +116,7 @@ def response_to_json(response: LLMResponse) -> dict[str, Any]:
 
     Returns:
         Its text, usage, model, finish reason and, for a label scored by its
-        log-probability, each label's probability.
+        log-probability, each label's probability (and a calibrated one's prior).
     """
     stored: dict[str, Any] = {
         "text": response.text,
@@ -125,11 +126,16 @@ def response_to_json(response: LLMResponse) -> dict[str, Any]:
     }
     if response.label_scores is not None:  # a resumed or cached label call keeps them
         stored["label_scores"] = dict(response.label_scores)
+    if response.label_prior is not None:
+        stored["label_prior"] = response.label_prior
     return stored
 
 
 def response_from_json(data: dict[str, Any], request: LLMRequest) -> LLMResponse:
     """The reply stored by `response_to_json`, validated again against the request's type.
+
+    A calibrated label's prior is kept for the calls still to come on its prompt
+    (`plait.providers.scoring.remember_prior`): a resumed run does not measure it again.
 
     Args:
         data: What `response_to_json` returned.
@@ -148,7 +154,9 @@ def response_from_json(data: dict[str, Any], request: LLMRequest) -> LLMResponse
     else:
         parsed = parse_reply(request.response_format, text) if request.response_format else None
     prompt, completion = data.get("usage") or (0, 0)
-    scores = data.get("label_scores")
+    scores, prior = data.get("label_scores"), data.get("label_prior")
+    if isinstance(prior, dict):  # later calls on its prompt need not measure it again
+        remember_prior(prior)
     return LLMResponse(
         text,
         parsed,
@@ -158,6 +166,7 @@ def response_from_json(data: dict[str, Any], request: LLMRequest) -> LLMResponse
         label_scores=(
             {str(k): float(v) for k, v in scores.items()} if isinstance(scores, dict) else None
         ),
+        label_prior=prior if isinstance(prior, dict) else None,
     )
 
 

@@ -157,10 +157,9 @@ class RecipeSearch(DemoSearch):
 
     The search runs through the Trainer's passes (`TrainingBatch.run_examples`), so
     with a ``checkpoint_dir`` a run killed mid-search and started again is answered
-    every call the killed one completed, and makes the same choice.  One exception:
-    the content-free prior of a ``calibrated`` label call is measured by the
-    endpoint outside the call log, so a resumed run measures it again (one request
-    per distinct prompt).
+    every call the killed one completed, and makes the same choice; a
+    ``calibrated`` call's stored reply brings back the content-free prior it was
+    divided by, so the prior is not measured again either.
 
     Args:
         params: The pipeline's parameters (``model.parameters()``).

@@ -197,6 +197,10 @@ class LLMResponse:
             ``{"token", "logprob", "top"}`` per token.
         label_scores: For a label chosen by its log-probability: each label's
             probability.
+        label_prior: For a ``"calibrated"`` label: the content-free prior it was
+            divided by, ``{"key": ..., "scores": {...}}`` (the key a digest of
+            the prompt it was measured on), so a stored reply spares a resumed
+            run measuring it again.
         limits: The rate limits the reply's headers stated, which the endpoint
             adopts; None when it stated none.
     """
@@ -211,6 +215,7 @@ class LLMResponse:
     batch: tuple[str, float, float] | None = None
     logprobs: list[dict[str, Any]] | None = None
     label_scores: dict[str, float] | None = None
+    label_prior: dict[str, Any] | None = None
     limits: ReportedLimits | None = None
 
     @property

@@ -19,7 +19,25 @@ from plait._digest import digest
 from plait.labels import CONTENT_FREE, UNSEEN, choose_label, label_scores, normalized
 from plait.providers.base import LLMRequest, LLMResponse
 
-__all__ = ["LabelPriors", "score_labels"]
+__all__ = ["LabelPriors", "remember_prior", "score_labels"]
+
+
+#: Priors read back from stored replies (a checkpoint, a cache), by prompt key: every
+#: provider consults them before measuring, so a resumed run does not pay again for
+#: a prior its first run measured.  Keys name the alias, so endpoints do not share.
+_REMEMBERED: dict[str, dict[str, float]] = {}
+
+
+def remember_prior(stored: Mapping[str, Any]) -> None:
+    """Keep the prior a stored ``"calibrated"`` reply was divided by (its
+    `LLMResponse.label_prior`) for the calls still to be made on that prompt.
+
+    Args:
+        stored: The reply's ``label_prior``.
+    """
+    key, scores = stored.get("key"), stored.get("scores")
+    if isinstance(key, str) and isinstance(scores, Mapping):
+        _REMEMBERED.setdefault(key, {str(k): float(v) for k, v in scores.items()})
 
 
 class LabelPriors:
@@ -40,7 +58,7 @@ class LabelPriors:
         self, key: str, measure: Callable[[], Awaitable[dict[str, float]]]
     ) -> tuple[dict[str, float], bool]:
         """The prior for ``key`` and whether this call measured it."""
-        known = self._known.get(key)
+        known = self._known.get(key) or _REMEMBERED.get(key)
         if known is not None:
             return known, False
         loop = asyncio.get_running_loop()
@@ -99,8 +117,11 @@ async def score_labels(
             extra.append(measured)
             return label_scores(_first_token_alternatives(measured), choices)
 
-        key = digest([request.messages[:-1], list(choices), request.extra], fallback=str)
+        key = digest(
+            [request.alias, request.messages[:-1], list(choices), request.extra], fallback=str
+        )
         prior, _ = await priors.get(key, measure)
+        response.label_prior = {"key": key, "scores": dict(prior)}
         for measured in extra:  # the prior's request is this call's to account for
             response.usage.prompt_tokens += measured.usage.prompt_tokens
             response.usage.completion_tokens += measured.usage.completion_tokens
