@@ -564,3 +564,33 @@ def test_a_tight_budget_keeps_every_kind_of_demonstrations_before_other_methods(
     # What goes first is the label-method variants.
     assert all(" + " in name for name in dropped), dropped
     assert report["chosen"].startswith("bm25")
+
+
+def test_the_fixed_list_installed_is_the_one_cross_validation_scored_best() -> None:
+    """The model answers billing only when one pair (an input like no other, so no
+    pool ranks it near anything) is among those shown: the lists that hold it win
+    their folds.  The list installed is such a list, not a new draw nobody scored."""
+    key = "Qwerty zxcv."
+
+    def answer(request: LLMRequest) -> str:
+        inputs, _ = shown(request)
+        return targets[request.messages[-1]["content"]] if key in inputs else "shipping"
+
+    targets = {key: "billing", **dict(dataset())}
+    data = list(targets.items())
+    model = Classify()
+    search = RecipeSearch(model.parameters(), folds=4, k_choices=(4,), label_methods=(), seed=0)
+    trainer = Trainer(model, ExactMatch(), search, data[:14], data[14:], max_steps=1)
+    with mock({"fast": answer}):
+        history = trainer.fit_sync()
+    report = search_report(history)
+    assert report["chosen"] == "list k=4"
+    fold_scores = {r["name"]: r["fold_means"] for r in report["recipes"]}["list k=4"]
+    assert min(fold_scores) < max(fold_scores)  # some folds' lists hold the pair, some not
+    installed = model.classify.demos.value
+    assert isinstance(installed, list) and len(installed) == 4
+    assert key in [pair["input"] for pair in installed]
+    with mock({"fast": answer}):
+        assert model.run_sync("My refund question, the first one.") == "billing"
+    best = fold_scores.index(max(fold_scores)) + 1
+    assert report["installed"].startswith(f"the list of fold {best},")

@@ -113,7 +113,8 @@ requests (600: every call of the runs it scores, a calibrated label call twice,
 and every instruction proposal).  The simplest recipe the best one does not beat
 with support (the 68% paired-bootstrap interval of its gain, about one standard
 error, reaches 0) is
-installed, fitted on every labelled pair; the gate keeps it only if that
+installed (a pool of every labelled pair, or the fixed list that scored best in
+cross-validation); the gate keeps it only if that
 cross-validated score beats the values in place on the same examples (not on
 --val, now among the demonstrations).  The choice (list or pool, k, the label
 method) is saved in parameters.json, so eval, run and serve --parameters use it;
@@ -806,8 +807,12 @@ class _Progress:
             line = f"initial validation score {_fmt(tally.val)}"
         else:
             verdict = "kept" if record.kept else "rolled back"
+            # A step whose optimizer ran no minibatch (auto) has no batch score to show.
+            batch = (
+                "" if record.train_score is None else f" · batch score {_fmt(record.train_score)}"
+            )
             line = (
-                f"{tally.headline()} · batch score {_fmt(record.train_score)} · {verdict}"
+                f"{tally.headline()}{batch} · {verdict}"
                 f" · changed: {', '.join(record.changed) or 'nothing'}"
             )
         print(f"plait train: {line}", file=self.stream, flush=True)

@@ -23,8 +23,10 @@ with evidence that a small validation set cannot give:
    recipe is chosen.  A tie goes to the simpler.  The default level, 68%, is the
    one-standard-error rule of choosing by cross-validation: a more complex recipe
    must gain at least about one standard error of the paired difference;
-5. the chosen recipe is installed fitted on every labelled pair (a pool of all of
-   them, or a list drawn from all of them).
+5. the chosen recipe is installed: a pool holds every labelled pair; a fixed
+   list is the one cross-validation scored best (the list of the fold whose
+   held-out examples it answered best), since which pairs a list holds matters
+   as much as how many.
 
 The simplicity order (simplest first): the values in place; then recipes that
 keep the instruction before those that change it; among those, a fixed list
@@ -141,7 +143,8 @@ class RecipeSearch(DemoSearch):
     validation examples together (a fold's demonstrations come only from the other
     folds' pairs), by successive halving within ``max_calls``.  The simplest recipe
     the best one does not beat with support (paired bootstrap at ``confidence``)
-    is installed, fitted on every labelled pair.  It searches once, at the
+    is installed (a pool of every labelled pair, or the fixed list that scored best
+    in cross-validation).  It searches once, at the
     `Trainer`'s first step (later steps change nothing), so train it with
     ``max_steps=1``.  ``search_report`` (the history's ``trials[].search``) holds
     every recipe tried, its score on every example, the intervals, the calls used
@@ -860,8 +863,36 @@ class _Search:
             evidence=f"{owner.search_report['method']}: {after:.3f} against {before:.3f} for "
             f"the values in place, on the same {n} examples",
         )
-        values = self._values(chosen, pairs, "final", written)
+        values = self._final_values(chosen, scores, pairs, written)
         return install(self._slots(), values)
+
+    def _final_values(
+        self,
+        chosen: Recipe,
+        scores: dict[Recipe, dict[int, float]],
+        pairs: list[dict[str, list[tuple[Any, Any]]]],
+        written: Mapping[str, list[str]],
+    ) -> dict[str, Any]:
+        """The values ``chosen`` installs, fitted on every labelled pair.
+
+        A fixed list is the exception: which ``k`` pairs it holds matters as much as
+        ``k``, and cross-validation has already scored one list per fold on examples
+        it never saw.  The list of the fold that scored best is installed (what
+        `BootstrapFewShot` does with its candidates), not a new draw no call has
+        scored.
+        """
+        if chosen.demos != "list":
+            return self._values(chosen, pairs, "final", written)
+        folds = self._folds()
+        means = [_mean([scores[chosen][i] for i in fold]) for fold in folds]
+        fold = max(range(len(folds)), key=lambda f: (means[f], -f))
+        held = set(folds[fold])
+        training = [pairs[i] for i in range(len(pairs)) if i not in held]
+        self.owner.search_report["installed"] = (
+            f"the list of fold {fold + 1}, which scored best on its held-out examples "
+            f"({means[fold]:.3f}; the folds' lists: " + ", ".join(f"{m:.3f}" for m in means) + ")"
+        )
+        return self._values(chosen, training, f"fold:{fold}", written)
 
 
 def _label_calls(owner: RecipeSearch) -> dict[str, LLMInference]:
