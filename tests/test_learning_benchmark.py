@@ -133,7 +133,10 @@ def test_merging_the_published_run_files_still_reports_them(
     lines = learning.landmarks(groups)
     body = "\n".join(lines)
     # Files from before plain bootstrap was measured: it is said to be missing.
-    extract = "| extract | bootstrap | not measured | knn+search+refit | 97% (97%–97%, 3 seeds) |"
+    extract = (
+        "| extract | bootstrap | not measured | knn+search+refit | 97% (97%–97%, 3 seeds) "
+        "| auto | not measured |"
+    )
     assert extract in body
     # A task's baseline, once measured, is reported with its mean and range.
     fake = [
@@ -142,6 +145,19 @@ def test_merging_the_published_run_files_still_reports_them(
     ]
     body = "\n".join(learning.landmarks(learning.summary(rows + fake)))
     assert "| sentiment | labels+bootstrap | 75% (50%–100%, 3 seeds) |" in body
+    # auto is judged against both: plain bootstrap, and the best single configuration.
+    assert learning.auto_missed(learning.summary(rows + fake)) == []
+    auto = [dict(row, config="labels+auto", test_end=0.70) for row in fake]
+    groups = learning.summary(rows + fake + auto)
+    assert "| labels+auto | 70% (70%–70%, 3 seeds) |" in "\n".join(learning.landmarks(groups))
+    assert learning.auto_missed(groups) == [
+        "sentiment: auto's mean 70% < plain bootstrap's 75%",
+        "sentiment: auto's mean 70% is more than 2% below labels+bootstrap's 75%",
+    ]
+    close = [dict(row, config="labels+auto", test_end=0.74) for row in fake]
+    assert learning.auto_missed(learning.summary(rows + fake + close)) == [
+        "sentiment: auto's mean 74% < plain bootstrap's 75%"
+    ]
 
 
 def test_an_unknown_feature_or_task_is_refused_with_the_known_ones(
