@@ -53,8 +53,6 @@ if TYPE_CHECKING:
 
 __all__ = ["Budget", "BudgetExceeded", "budget"]
 
-#: Where a message keeps the budgets watching it (handler id -> ticket).
-
 
 class BudgetExceeded(RuntimeError):
     """A call was not started because a `Budget` limit had been reached.

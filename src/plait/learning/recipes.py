@@ -475,7 +475,7 @@ class _Search:
             "comparisons": comparisons,
             **({"instructions": written} if written else {}),
         }
-        return self._install(chosen, best, scores, pairs, written)
+        return self._install(chosen, best, scores, folds, pairs, written)
 
     # -- label methods ---------------------------------------------------------------
     def _methods(self) -> tuple[list[str | None], dict[str, str], dict[str, str]]:
@@ -508,6 +508,13 @@ class _Search:
         tried: list[str | None] = [None]
         tried += [m for m in offered if any(in_place[p] != m for p in in_place)]
         return tried, in_place, providers
+
+    def _example_cost(
+        self, recipe: Recipe, per_example: float, in_place: Mapping[str, str]
+    ) -> float:
+        """The requests scoring ``recipe`` on one example is expected to make: the
+        calls of a run with the values in place, and a prior per calibrated call."""
+        return per_example + self._calibrated(recipe.label_method, in_place)
 
     def _calibrated(self, method: str | None, in_place: Mapping[str, str]) -> int:
         """How many label calls run ``"calibrated"`` under ``method`` (None: in place)."""
@@ -635,8 +642,9 @@ class _Search:
         per_example: float,
         in_place: Mapping[str, str],
     ) -> float:
+        # The values in place were scored by the first run of every example.
         cost = {
-            r: 0.0 if r == Recipe() else per_example + self._calibrated(r.label_method, in_place)
+            r: 0.0 if r == Recipe() else self._example_cost(r, per_example, in_place)
             for r in recipes
         }
         total, alive, done = 0.0, list(recipes), 0
@@ -674,9 +682,7 @@ class _Search:
                 for f in range(size):
                     if all(i in scores[recipe] for i in folds[f]):
                         continue
-                    estimate = len(folds[f]) * (
-                        per_example + self._calibrated(recipe.label_method, in_place)
-                    )
+                    estimate = len(folds[f]) * self._example_cost(recipe, per_example, in_place)
                     if owner.used + estimate > owner.max_calls:
                         continue  # left unscored: it cannot be a finalist
                     await self._score(recipe, f, folds, pairs, scores, in_place, written)
@@ -710,9 +716,7 @@ class _Search:
     ) -> None:
         """Score ``recipe`` on one fold, its demonstrations drawn from the other folds."""
         assert self.batch.run_examples is not None
-        held = set(folds[fold])
-        training = [pairs[i] for i in range(len(pairs)) if i not in held]
-        values = self._values(recipe, training, f"fold:{fold}", written)
+        values = self._fold_values(recipe, fold, folds, pairs, written)
         slots = self._slots()
         before = {key: param.value for key, param in slots.items()}
         try:
@@ -729,6 +733,20 @@ class _Search:
             self.owner.used += self._cost(run, calibrated)
 
     # -- values ----------------------------------------------------------------------
+    def _fold_values(
+        self,
+        recipe: Recipe,
+        fold: int,
+        folds: list[list[int]],
+        pairs: list[dict[str, list[tuple[Any, Any]]]],
+        written: Mapping[str, list[str]],
+    ) -> dict[str, Any]:
+        """What ``recipe`` sets to be scored on ``fold``: demonstrations drawn only
+        from the other folds' pairs (the same draw every time it is asked)."""
+        held = set(folds[fold])
+        training = [pairs[i] for i in range(len(pairs)) if i not in held]
+        return self._values(recipe, training, f"fold:{fold}", written)
+
     def _slots(self) -> dict[str, Parameter]:
         """Every value a recipe may set: demonstrations by stage, label methods and
         instructions by their slots."""
@@ -821,6 +839,7 @@ class _Search:
         chosen: Recipe,
         best: Recipe,
         scores: dict[Recipe, dict[int, float]],
+        folds: list[list[int]],
         pairs: list[dict[str, list[tuple[Any, Any]]]],
         written: Mapping[str, list[str]],
     ) -> dict[str, Any]:
@@ -863,13 +882,14 @@ class _Search:
             evidence=f"{owner.search_report['method']}: {after:.3f} against {before:.3f} for "
             f"the values in place, on the same {n} examples",
         )
-        values = self._final_values(chosen, scores, pairs, written)
+        values = self._final_values(chosen, scores, folds, pairs, written)
         return install(self._slots(), values)
 
     def _final_values(
         self,
         chosen: Recipe,
         scores: dict[Recipe, dict[int, float]],
+        folds: list[list[int]],
         pairs: list[dict[str, list[tuple[Any, Any]]]],
         written: Mapping[str, list[str]],
     ) -> dict[str, Any]:
@@ -883,16 +903,13 @@ class _Search:
         """
         if chosen.demos != "list":
             return self._values(chosen, pairs, "final", written)
-        folds = self._folds()
         means = [_mean([scores[chosen][i] for i in fold]) for fold in folds]
         fold = max(range(len(folds)), key=lambda f: (means[f], -f))
-        held = set(folds[fold])
-        training = [pairs[i] for i in range(len(pairs)) if i not in held]
         self.owner.search_report["installed"] = (
             f"the list of fold {fold + 1}, which scored best on its held-out examples "
             f"({means[fold]:.3f}; the folds' lists: " + ", ".join(f"{m:.3f}" for m in means) + ")"
         )
-        return self._values(chosen, training, f"fold:{fold}", written)
+        return self._fold_values(chosen, fold, folds, pairs, written)
 
 
 def _label_calls(owner: RecipeSearch) -> dict[str, LLMInference]:

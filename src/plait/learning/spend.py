@@ -83,8 +83,6 @@ def current_phase() -> str | None:
 #: each request under it and the call's phase.
 _ACCOUNT: ContextVar[tuple[Any, ...] | None] = ContextVar("plait_spend_account", default=None)
 
-#: Where a call's message keeps the ledgers watching it (handler id -> its gate).
-
 
 @dataclass(slots=True)
 class Spend:

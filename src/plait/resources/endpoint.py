@@ -147,8 +147,9 @@ class CallTiming:
 
     spans: list[Span] = field(default_factory=list)
     gates: list[AdmissionGate] = field(default_factory=list)
-    #: Whose each gate is (the owner held, so its id is not reused while the call lives).
-    owners: list[tuple[object, AdmissionGate]] = field(default_factory=list)
+    #: The handlers that have a gate here (held, not by id: one cannot be mistaken
+    #: for another that reused a collected one's id).
+    owners: list[object] = field(default_factory=list)
 
     def add(self, kind: str, start: float, end: float, **info: Any) -> None:
         self.spans.append(Span(kind, start, end, info))
@@ -166,10 +167,10 @@ class CallTiming:
         Returns:
             The new gate, or None when ``owner`` already has one on this call.
         """
-        if any(held is owner for held, _ in self.owners):
+        if any(held is owner for held in self.owners):
             return None
         gate = make()
-        self.owners.append((owner, gate))
+        self.owners.append(owner)
         self.gates.append(gate)
         return gate
 
