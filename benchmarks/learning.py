@@ -578,10 +578,23 @@ def section(
     return "\n".join(lines) + "\n"
 
 
-def landmarks(groups: list[dict[str, Any]]) -> list[str]:
-    """Per task, plain bootstrap, the best single configuration measured (auto is a
-    choice among recipes, not one) and ``auto``: at least the first, within
-    `AUTO_MARGIN` of the second."""
+Group = dict[str, Any]
+
+
+def standing(groups: list[Group], task: str) -> tuple[Group | None, Group | None, Group | None]:
+    """``task``'s plain bootstrap, its best single configuration (``auto`` is a choice
+    among configurations, not one) and ``auto``, each None where not measured."""
+    mine = [g for g in groups if g["task"] == task]
+    single = [g for g in mine if "auto" not in g["config"]]
+    best = max(single, key=lambda g: g["test_end"]) if single else None
+    base = next((g for g in mine if g["config"] == BASELINE.get(task)), None)
+    auto = next((g for g in mine if g["config"] == AUTO.get(task)), None)
+    return base, best, auto
+
+
+def landmarks(groups: list[Group]) -> list[str]:
+    """Per task, plain bootstrap, the best single configuration measured and ``auto``:
+    at least the first, within `AUTO_MARGIN` of the second."""
     lines = [
         "Per task, plain `BootstrapFewShot` (a fixed list of four demonstrations; with "
         "`labels` on a task with a label stage), the best single configuration measured "
@@ -593,13 +606,11 @@ def landmarks(groups: list[dict[str, Any]]) -> list[str]:
         "|---|---|---:|---|---:|---|---:|",
     ]
     for task in dict.fromkeys(group["task"] for group in groups):
-        mine = [g for g in groups if g["task"] == task]
-        single = [g for g in mine if "auto" not in g["config"]] or mine
-        best = max(single, key=lambda g: g["test_end"])
-        base = next((g for g in mine if g["config"] == BASELINE.get(task)), None)
-        auto = next((g for g in mine if g["config"] == AUTO.get(task)), None)
+        base, best, auto = standing(groups, task)
+        if best is None:  # only auto measured: the best of its rows
+            best = max((g for g in groups if g["task"] == task), key=lambda g: g["test_end"])
         lines.append(
-            f"| {task} | {base['config'] if base else BASELINE.get(task, '')} | "
+            f"| {task} | {BASELINE.get(task, '')} | "
             + (f"{_score(base)} |" if base else "not measured |")
             + f" {best['config']} | {_score(best)} |"
             + f" {AUTO.get(task, 'auto')} | "
@@ -608,29 +619,24 @@ def landmarks(groups: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def auto_missed(groups: list[dict[str, Any]]) -> list[str]:
+def auto_missed(groups: list[Group]) -> list[str]:
     """Tasks where ``auto``'s mean is below plain bootstrap's, or more than
     `AUTO_MARGIN` below the best single configuration's (where both were measured)."""
     out = []
     for task in dict.fromkeys(group["task"] for group in groups):
-        mine = [g for g in groups if g["task"] == task]
-        auto = next((g for g in mine if g["config"] == AUTO.get(task)), None)
+        base, best, auto = standing(groups, task)
         if auto is None:
             continue
-        base = next((g for g in mine if g["config"] == BASELINE.get(task)), None)
         if base is not None and auto["test_end"] < base["test_end"] - 1e-9:
             out.append(
                 f"{task}: auto's mean {auto['test_end']:.0%} < plain bootstrap's "
                 f"{base['test_end']:.0%}"
             )
-        single = [g for g in mine if "auto" not in g["config"]]
-        if single:
-            best = max(single, key=lambda g: g["test_end"])
-            if auto["test_end"] < best["test_end"] - AUTO_MARGIN - 1e-9:
-                out.append(
-                    f"{task}: auto's mean {auto['test_end']:.0%} is more than "
-                    f"{AUTO_MARGIN:.0%} below {best['config']}'s {best['test_end']:.0%}"
-                )
+        if best is not None and auto["test_end"] < best["test_end"] - AUTO_MARGIN - 1e-9:
+            out.append(
+                f"{task}: auto's mean {auto['test_end']:.0%} is more than "
+                f"{AUTO_MARGIN:.0%} below {best['config']}'s {best['test_end']:.0%}"
+            )
     return out
 
 
