@@ -45,6 +45,29 @@ def test_a_failed_node_reaches_the_caller_with_its_cause(
     assert stats["requests_total"] == 2
 
 
+class TwoFailures(plait.Module):
+    """Two calls that both fail; the one written first answers last."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = Echo("first")
+        self.second = Echo("second")
+
+    def forward(self, text: str) -> Any:
+        return [self.first(text + " [[latency_ms:400]]"), self.second(text)]
+
+
+def test_the_failure_reported_is_the_first_written_not_the_first_to_fail(
+    resources: plait.ResourceConfig,
+) -> None:
+    """Which call fails first depends on timing; what the caller sees must not."""
+    pipeline = TwoFailures().bind(resources=resources)
+    [value] = pipeline.run_sync(["x [[status:400]]"])
+    assert isinstance(value, plait.Value) and value.kind is plait.ValueKind.ERROR
+    assert value.meta["module_path"] == "first"
+    assert [error["module_path"] for error in value.meta["errors"]] == ["first", "second"]
+
+
 def test_a_batch_keeps_every_slot(resources: plait.ResourceConfig) -> None:
     pipeline = TwoBranches().bind(resources=resources)
     out = pipeline.run_sync(["a", "b[[status:404]]", "c"])

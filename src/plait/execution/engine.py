@@ -192,8 +192,14 @@ class Engine:
             raise self.code_error
 
     def output_of(self, graph: Graph, results: dict[int, Value]) -> Value:
+        """The input's result: its output, or its first failure in the order the calls
+        were written (not the order they failed in, which depends on timing), with
+        every failure listed in ``meta["errors"]``."""
         failures = [
-            v for v in results.values() if v.kind is ValueKind.ERROR and not v.meta.get("recovered")
+            results[node_id]
+            for node_id in sorted(results)
+            if results[node_id].kind is ValueKind.ERROR
+            and not results[node_id].meta.get("recovered")
         ]
         if failures:
             original = [v for v in failures if not v.meta.get("short_circuited")] or failures
