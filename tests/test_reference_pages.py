@@ -127,9 +127,13 @@ def test_the_resources_page_has_a_row_for_every_key_with_its_default_and_meaning
         assert name in rows, f"{name} is not on resources-toml.md"
         assert field.description is not None
         assert " ".join(field.description.split())[:40] in rows[name]
-        if field.default is not None:
-            shown = str(field.default).lower() if isinstance(field.default, bool) else None
-            assert (shown or str(field.default)) in rows[name], name
+        default = field.default
+        if isinstance(default, bool):
+            assert str(default).lower() in rows[name], name
+        elif isinstance(default, tuple):  # a list in TOML
+            assert "[" + ", ".join(f'"{item}"' for item in default) + "]" in rows[name], name
+        elif default is not None:
+            assert str(default) in rows[name], name
 
 
 def test_a_key_without_a_description_fails_the_build() -> None:

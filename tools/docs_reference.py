@@ -169,6 +169,9 @@ def _type_text(annotation: Any) -> str:
         return " or ".join(_type_text(arg) for arg in kept)
     if origin is typing.Literal:
         return "one of " + ", ".join(_code(f'"{arg}"') for arg in args)
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+        item = _type_text(args[0])
+        return f"list of {item[len('one of ') :] if item.startswith('one of ') else item + 's'}"
     names = {str: "string", int: "integer", float: "number", bool: "boolean"}
     if annotation in names:
         return names[annotation]
@@ -192,6 +195,8 @@ def _toml_value(value: Any) -> str:
         return _code("true" if value else "false")
     if isinstance(value, str):
         return _code(f'"{value}"')
+    if isinstance(value, tuple):
+        return _code("[" + ", ".join(f'"{item}"' for item in value) + "]")
     return _code(repr(value))
 
 

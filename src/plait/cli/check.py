@@ -30,9 +30,12 @@ from plait.resources.config import (
     ConfigurationError,
     EndpointConfig,
     ResourceConfig,
+    check_fallbacks,
+    fallback_chain,
     read_resource_file,
 )
 from plait.resources.manager import LOCAL_DEFAULT, ResourceManager
+from plait.resources.routing import breaker_for
 
 __all__ = ["AliasCheck", "build_parser", "check_alias", "main"]
 
@@ -43,6 +46,8 @@ DESCRIPTION = """\
 Check every alias of a resource file (or the embedded local model, without
 --resources), one row each:
   config       the alias's settings are valid
+  fallbacks    (an alias with fallbacks) the chain a failed call follows, the
+               failures that move it on, and the endpoint's circuit breaker
   key          the API key is there (api_key, or the variable api_key_env names)
   endpoint     base_url accepts a connection (local: the model file and llama.cpp)
   model        one tiny request (a few tokens) gets an answer; skipped with --no-call
@@ -113,8 +118,12 @@ def main(argv: list[str]) -> int:
         print(f"plait check: error: {exc}", file=sys.stderr)
         return 2
 
+    graph = _fallbacks(Path(ns.resources)) if ns.resources else {}
+
     async def everything() -> list[AliasCheck]:
-        checks = [check_alias(alias, spec, ns.timeout, not ns.no_call) for alias, spec in specs]
+        checks = [
+            check_alias(alias, spec, ns.timeout, not ns.no_call, graph) for alias, spec in specs
+        ]
         return list(await asyncio.gather(*checks))
 
     results = run_blocking(everything())
@@ -138,6 +147,15 @@ def _specs(path: str | None, only: list[str]) -> list[tuple[str, Any]]:
     return [(name, aliases[name]) for name in names]
 
 
+def _fallbacks(file: Path) -> dict[str, tuple[str, ...]]:
+    """Each alias's ``fallbacks`` in the file, as written (judged with the chain step)."""
+    graph: dict[str, tuple[str, ...]] = {}
+    for alias, spec in _read(file).items():
+        names = spec.get("fallbacks") if isinstance(spec, Mapping) else None
+        graph[str(alias)] = tuple(str(n) for n in names) if isinstance(names, list) else ()
+    return graph
+
+
 def _read(file: Path) -> Mapping[str, Any]:
     data = read_resource_file(file)
     if not data:
@@ -146,12 +164,20 @@ def _read(file: Path) -> Mapping[str, Any]:
 
 
 # -- the steps ----------------------------------------------------------------------------------
-async def check_alias(alias: str, spec: Any, timeout: float, call: bool) -> AliasCheck:
+async def check_alias(
+    alias: str,
+    spec: Any,
+    timeout: float,
+    call: bool,
+    fallbacks: Mapping[str, tuple[str, ...]] | None = None,
+) -> AliasCheck:
     result = AliasCheck(alias)
     config = _config(result, alias, spec)
     if config is None:
         return result
     result.endpoint = _describe(config)
+    if config.fallbacks and not _chain(result, alias, config, fallbacks or {}):
+        return result
     if not _key(result, config):
         return result
     provider_ok = await _reachable(result, config, timeout)
@@ -172,8 +198,9 @@ def _config(result: AliasCheck, alias: str, spec: Any) -> EndpointConfig | None:
         result.failed("config", f"expected a table of settings, got {type(spec).__name__}")
         return None
     settings = dict(spec)
-    # Whether the key variable is set is the next step's business: validate the rest here.
-    rest = {k: v for k, v in settings.items() if k != "api_key_env"}
+    # Whether the key variable is set is the next step's business, and the aliases the
+    # fallbacks name are the chain step's: validate the rest here.
+    rest = {k: v for k, v in settings.items() if k not in ("api_key_env", "fallbacks")}
     try:
         ResourceConfig({alias: rest})
         config = EndpointConfig(**settings)
@@ -185,6 +212,26 @@ def _config(result: AliasCheck, alias: str, spec: Any) -> EndpointConfig | None:
         return None
     result.passed("config", "valid")
     return config
+
+
+def _chain(
+    result: AliasCheck, alias: str, config: EndpointConfig, fallbacks: Mapping[str, tuple[str, ...]]
+) -> bool:
+    """The chain a failed call of ``alias`` follows, what moves it on, and the breaker."""
+    try:
+        check_fallbacks(fallbacks)
+    except ConfigurationError as exc:
+        result.failed("fallbacks", str(exc))
+        return False
+    chain = " -> ".join(fallback_chain(fallbacks, alias))
+    breaker = breaker_for(config)
+    result.passed(
+        "fallbacks",
+        f"{chain}; moves on after: {', '.join(config.fallback_on) or 'nothing'}; circuit "
+        f"breaker {breaker.state} (opens after {config.breaker_failures} failures in a row, "
+        f"probes after {config.breaker_cooldown_s:g} s)",
+    )
+    return True
 
 
 def _describe(config: EndpointConfig) -> str:

@@ -115,8 +115,9 @@ def response_to_json(response: LLMResponse) -> dict[str, Any]:
         response: The reply.
 
     Returns:
-        Its text, usage, model, finish reason and, for a label scored by its
-        log-probability, each label's probability (and a calibrated one's prior).
+        Its text, usage, model, finish reason, the fallback alias that answered
+        (if one did) and, for a label scored by its log-probability, each label's
+        probability (and a calibrated one's prior).
     """
     stored: dict[str, Any] = {
         "text": response.text,
@@ -128,6 +129,8 @@ def response_to_json(response: LLMResponse) -> dict[str, Any]:
         stored["label_scores"] = dict(response.label_scores)
     if response.label_prior is not None:
         stored["label_prior"] = response.label_prior
+    if response.fallback is not None:  # which alias answered, for a resumed run's report
+        stored["fallback"] = response.fallback
     return stored
 
 
@@ -167,6 +170,7 @@ def response_from_json(data: dict[str, Any], request: LLMRequest) -> LLMResponse
             {str(k): float(v) for k, v in scores.items()} if isinstance(scores, dict) else None
         ),
         label_prior=prior if isinstance(prior, dict) else None,
+        fallback=str(data["fallback"]) if data.get("fallback") else None,
     )
 
 

@@ -482,6 +482,8 @@ class Telemetry(Handler):
         response = msg.value if isinstance(msg.value, LLMResponse) else None
         if response is not None:
             attributes.update(_response_attributes(response))
+            if response.fallback is not None:  # priced as the alias that answered bills it
+                config = _fallback_config(msg, response.fallback)
             cost = _cost(config, response)
             if cost is not None:
                 attributes["plait.cost_usd"] = cost
@@ -614,6 +616,15 @@ def _config_of(msg: Message) -> Any:
         return None
 
 
+def _fallback_config(msg: Message, alias: str) -> Any:
+    """The configuration of the fallback ``alias`` that answered the call, if known."""
+    resources = msg.meta.get("resources")
+    try:
+        return resources.config_for(alias) if resources is not None else None
+    except Exception:
+        return None
+
+
 def _model_of(msg: Message) -> str:
     config = _config_of(msg)
     return str(config.model) if config is not None and config.model else ""
@@ -696,6 +707,8 @@ def _response_attributes(response: LLMResponse) -> dict[str, Any]:
         attributes["gen_ai.usage.cache_creation.input_tokens"] = usage.cache_write_tokens
     if response.model:
         attributes["gen_ai.response.model"] = response.model
+    if response.fallback is not None:  # another alias answered (its model is the one above)
+        attributes["plait.fallback"] = response.fallback
     if response.finish_reason:
         attributes["gen_ai.response.finish_reasons"] = [response.finish_reason]
     return attributes

@@ -237,12 +237,18 @@ class AnthropicProvider:
             return _http_error(exc)
         if isinstance(exc, anthropic.APITimeoutError):
             return ProviderError(
-                f"request to {where} timed out after {self.config.timeout} s", retryable=True
+                f"request to {where} timed out after {self.config.timeout} s",
+                retryable=True,
+                transport="timeout",
             )
         if isinstance(exc, anthropic.APIConnectionError):
             cause = exc.__cause__
             detail = f"{type(cause).__name__}: {cause}" if cause is not None else exc.message
-            return ProviderError(f"connection to {where} failed: {scrub(detail)}", retryable=True)
+            return ProviderError(
+                f"connection to {where} failed: {scrub(detail)}",
+                retryable=True,
+                transport="connection",
+            )
         message = exc.message if isinstance(exc, anthropic.APIError) else str(exc)
         return ProviderError(f"unusable reply from {where}: {scrub(message)}")
 

@@ -203,6 +203,8 @@ class LLMResponse:
             run measuring it again.
         limits: The rate limits the reply's headers stated, which the endpoint
             adopts; None when it stated none.
+        fallback: The alias that answered when the call's own alias could not and
+            one of its ``fallbacks`` did (None: the call's own alias answered).
     """
 
     text: str
@@ -217,6 +219,7 @@ class LLMResponse:
     label_scores: dict[str, float] | None = None
     label_prior: dict[str, Any] | None = None
     limits: ReportedLimits | None = None
+    fallback: str | None = None
 
     @property
     def payload(self) -> Any:
@@ -263,6 +266,8 @@ class ProviderError(RuntimeError):
             capacity now: worth another attempt, but not a sign this client sends
             too fast.
         limits: The rate limits the refusal's headers stated.
+        transport: For a request that got no reply: ``"timeout"`` (it ran over the
+            alias's ``timeout``) or ``"connection"`` (refused or dropped).
     """
 
     def __init__(
@@ -274,6 +279,7 @@ class ProviderError(RuntimeError):
         retry_after: float | None = None,
         unavailable: bool = False,
         limits: ReportedLimits | None = None,
+        transport: str | None = None,
     ) -> None:
         super().__init__(scrub(message))
         self.status = status
@@ -281,6 +287,7 @@ class ProviderError(RuntimeError):
         self.retry_after = retry_after
         self.unavailable = unavailable
         self.limits = limits
+        self.transport = transport
 
 
 class ReplyFormatError(ProviderError):

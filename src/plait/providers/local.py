@@ -381,7 +381,8 @@ class LocalProvider:
             stop.set()
             raise ProviderError(
                 f"the local model did not finish within timeout={self.config.timeout} s; "
-                "lower max_tokens or raise the alias's timeout (the generation was stopped)"
+                "lower max_tokens or raise the alias's timeout (the generation was stopped)",
+                transport="timeout",
             ) from None
         except BaseException:
             stop.set()  # the caller gave up: the generation stops at its next token

@@ -187,10 +187,10 @@ class OpenAIProvider:
         as the retryable `ProviderError` every request to it raises."""
         if isinstance(exc, TimeoutError):
             message = f"request to {self.shown_url} timed out after {self.config.timeout} s"
-        else:
-            detail = f"{type(exc).__name__}: {scrub(str(exc))}"
-            message = f"connection to {self.shown_url} failed: {detail}"
-        return ProviderError(message, retryable=True)
+            return ProviderError(message, retryable=True, transport="timeout")
+        detail = f"{type(exc).__name__}: {scrub(str(exc))}"
+        message = f"connection to {self.shown_url} failed: {detail}"
+        return ProviderError(message, retryable=True, transport="connection")
 
     def reply(self, body: Any, raw: bytes) -> LLMResponse:
         """A chat completion's JSON ``body`` (None: ``raw`` was not JSON) as an

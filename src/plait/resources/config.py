@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
-__all__ = ["ConfigurationError", "EndpointConfig", "ResourceConfig", "read_resource_file"]
+__all__ = [
+    "DEFAULT_FALLBACK_ON",
+    "ConfigurationError",
+    "EndpointConfig",
+    "FailureKind",
+    "ResourceConfig",
+    "check_fallbacks",
+    "fallback_chain",
+    "read_resource_file",
+]
 
 
 #: The variable each provider's own SDK reads for its base URL when none is given.
@@ -18,6 +27,18 @@ _BASE_URL_VARIABLES = {"openai": "OPENAI_BASE_URL", "anthropic": "ANTHROPIC_BASE
 
 class ConfigurationError(ValueError):
     """A resource configuration that cannot work; the message says how to fix it."""
+
+
+#: The kinds of failure `EndpointConfig.fallback_on` can name (`plait.resources.routing`).
+FailureKind = Literal["server_error", "connection", "timeout", "rate_limit", "not_found", "auth"]
+#: What moves a call on to a fallback unless the alias says otherwise.
+DEFAULT_FALLBACK_ON: tuple[FailureKind, ...] = (
+    "server_error",
+    "connection",
+    "timeout",
+    "rate_limit",
+    "not_found",
+)
 
 
 class EndpointConfig(BaseModel):
@@ -133,6 +154,38 @@ class EndpointConfig(BaseModel):
         "says is spent, may pause this endpoint, in seconds. A server asking for more is "
         "waited on this long (then the request goes), and a call still refused after its "
         "retries fails saying how long the server wanted.",
+    )
+    fallbacks: tuple[str, ...] = Field(
+        default=(),
+        description="Other aliases to send a call to, in order, when this one cannot "
+        "answer it (see `fallback_on`); each fallback's own fallbacks follow it. The call "
+        "keeps its messages and settings and takes the fallback's model, limits and "
+        "prices; its usage and cost are counted under the alias that answered.",
+    )
+    fallback_on: tuple[FailureKind, ...] = Field(
+        default=DEFAULT_FALLBACK_ON,
+        description="Which failures move a call on to the next alias in `fallbacks`, "
+        "after this alias's retries: `server_error` (HTTP 5xx), `connection` (refused or "
+        "dropped), `timeout`, `rate_limit` (a 429 still refused after the retries, or "
+        "one asking to wait longer than `max_retry_after_s`, which moves on at once), "
+        "`not_found` (HTTP 404: a model withdrawn or misnamed) and `auth` (HTTP 401 or "
+        "403: a key revoked; not moved by default). Any other failure, a 400 above all, "
+        "would fail anywhere and fails the call.",
+    )
+    breaker_failures: int = Field(
+        default=5,
+        ge=1,
+        description="With `fallbacks` (or as one): this many failed requests in a row "
+        "open the endpoint's circuit breaker, and calls go straight to the next alias "
+        "until `breaker_cooldown_s` has passed. The breaker belongs to the endpoint and "
+        "is shared by every run of the process.",
+    )
+    breaker_cooldown_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="How long an open circuit breaker sends calls past its endpoint; then "
+        "one call probes it (half-open): a reply closes the breaker, a failure opens it "
+        "for another cooldown.",
     )
     input_price_per_mtok: float | None = Field(
         default=None,
@@ -458,6 +511,7 @@ class ResourceConfig(Mapping[str, EndpointConfig]):
             _check_key_reference(alias, parsed[alias])
             _check_base_url(alias, parsed[alias])
         self._aliases = parsed
+        check_fallbacks(self.fallbacks())
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> ResourceConfig:
@@ -511,9 +565,86 @@ class ResourceConfig(Mapping[str, EndpointConfig]):
     def __len__(self) -> int:
         return len(self._aliases)
 
+    def fallbacks(self) -> dict[str, tuple[str, ...]]:
+        """Each alias's ``fallbacks`` (what `fallback_chain` follows).
+
+        Returns:
+            Alias -> the aliases it falls back on, in order.
+        """
+        return {alias: config.fallbacks for alias, config in self._aliases.items()}
+
     def __repr__(self) -> str:
         inner = ", ".join(f"{a!r}: {c.provider}/{c.model}" for a, c in self._aliases.items())
         return f"ResourceConfig({{{inner}}})"
+
+
+def check_fallbacks(fallbacks: Mapping[str, Sequence[str]]) -> None:
+    """Every fallback names another configured alias, once, and no chain leads back to
+    where it started (a call would go round it forever).
+
+    Args:
+        fallbacks: Each configured alias's ``fallbacks``.
+
+    Raises:
+        ConfigurationError: A fallback names its own alias, an alias nobody
+            configured, or one already named; or the fallbacks form a cycle.
+    """
+    for alias, names in fallbacks.items():
+        seen: set[str] = set()
+        for fallback in names:
+            if fallback == alias:
+                raise ConfigurationError(
+                    f"alias {alias!r}: fallbacks names the alias itself; name other aliases "
+                    "(a retry of the same endpoint is max_retries)"
+                )
+            if fallback not in fallbacks:
+                known = ", ".join(sorted(a for a in fallbacks if a != alias)) or "none"
+                raise ConfigurationError(
+                    f"alias {alias!r}: fallback {fallback!r} is not a configured alias "
+                    f"(the others are: {known}); add it to the resources or remove it"
+                )
+            if fallback in seen:
+                raise ConfigurationError(
+                    f"alias {alias!r}: fallbacks names {fallback!r} twice; name it once"
+                )
+            seen.add(fallback)
+    for alias in fallbacks:
+        _find_cycle(fallbacks, alias, [])
+
+
+def _find_cycle(fallbacks: Mapping[str, Sequence[str]], alias: str, path: list[str]) -> None:
+    if alias in path:
+        loop = " -> ".join([*path[path.index(alias) :], alias])
+        raise ConfigurationError(
+            f"the fallbacks form a cycle: {loop}; a chain of fallbacks must end (remove one "
+            "of these fallbacks)"
+        )
+    for fallback in fallbacks[alias]:
+        _find_cycle(fallbacks, fallback, [*path, alias])
+
+
+def fallback_chain(fallbacks: Mapping[str, Sequence[str]], alias: str) -> list[str]:
+    """The aliases a call to ``alias`` may try, in order: itself, then each fallback
+    followed by that fallback's own chain, each alias once.
+
+    Args:
+        fallbacks: Each configured alias's ``fallbacks`` (checked by `check_fallbacks`).
+        alias: The alias called.
+
+    Returns:
+        ``[alias, ...]``; just ``[alias]`` when it has no fallbacks.
+    """
+    chain: list[str] = []
+
+    def visit(name: str) -> None:
+        if name in chain:
+            return
+        chain.append(name)
+        for fallback in fallbacks[name]:
+            visit(fallback)
+
+    visit(alias)
+    return chain
 
 
 def _explain(alias: str, exc: ValidationError) -> str:

@@ -35,6 +35,7 @@ from plait.providers.ratelimits import ReportedLimits
 from plait.resources.config import ConfigurationError, EndpointConfig
 from plait.resources.limits import Priority, PriorityLimiter
 from plait.resources.rate import RateGovernor
+from plait.resources.routing import CircuitBreaker, CircuitOpen, failure_kind
 from plait.resources.usage import AliasUsage
 from plait.structured import parse_reply, reask_instruction
 
@@ -241,6 +242,10 @@ class Endpoint:
         usage: Where its requests, tokens and errors are counted.
         tier: How its requests are served, and so priced: ``"standard"``,
             ``"flex"`` (the provider's flex tier) or ``"batch"`` (its batch API).
+        fallbacks: The endpoints a call moves on to, in order, when this one cannot
+            answer it (the alias's chain after itself, `fallback_chain`).
+        breaker: The circuit breaker of its remote endpoint, when it is part of a
+            chain of fallbacks (its own, or another alias's).
     """
 
     alias: str
@@ -250,6 +255,8 @@ class Endpoint:
     provider: Provider
     usage: AliasUsage
     tier: str = "standard"
+    fallbacks: tuple[Endpoint, ...] = ()
+    breaker: CircuitBreaker | None = None
 
     def complete(
         self,
@@ -280,11 +287,74 @@ class Endpoint:
                 without embeddings.
         """
         timing = timing if timing is not None else CallTiming()
+        if self.fallbacks:
+            return self._complete_routed(request, priority, timing)
+        return self._complete_here(request, priority, timing, None)
+
+    def _complete_here(
+        self,
+        request: LLMRequest,
+        priority: float | Priority,
+        timing: CallTiming,
+        route: _Route | None,
+    ) -> Coroutine[Any, Any, LLMResponse]:
+        """`complete` at this endpoint alone; ``route`` when it is one stop of a chain."""
         if request.embed and not getattr(self.provider, "embeds", False):
             return _refused(self._no_embeddings())
         if request.response_format is None:
-            return self._send_with_retries(request, priority, timing)
-        return self._complete_structured(request, priority, timing)
+            return self._send_with_retries(request, priority, timing, route)
+        return self._complete_structured(request, priority, timing, route)
+
+    async def _complete_routed(
+        self, request: LLMRequest, priority: float | Priority, timing: CallTiming
+    ) -> LLMResponse:
+        """`complete` along the alias's chain: each endpoint in turn, skipping one whose
+        breaker is open (unless it is the last), until one answers or a failure that
+        would fail anywhere ends the call."""
+        chain = (self, *self.fallbacks)
+        tried: list[str] = []
+        last = len(chain) - 1
+        for position, endpoint in enumerate(chain):
+            breaker = endpoint.breaker
+            verdict = breaker.admit() if breaker is not None else True
+            if verdict is False and position < last:
+                tried.append(f"{endpoint.alias}: circuit breaker open")
+                endpoint.usage.moved_on += 1
+                continue
+            sent = request if endpoint is self else replace(request, alias=endpoint.alias)
+            route = _Route(breaker, endpoint.config.fallback_on, position == last)
+            first = len(timing.spans)
+            try:
+                response = await endpoint._complete_here(sent, priority, timing, route)
+            except CircuitOpen:
+                tried.append(f"{endpoint.alias}: circuit breaker open")
+                endpoint.usage.moved_on += 1
+                continue
+            except ProviderError as failure:
+                kind = failure_kind(failure)
+                if kind is None or kind not in endpoint.config.fallback_on:
+                    if breaker is not None and verdict is None:
+                        breaker.abandoned()
+                    if not tried:
+                        raise
+                    raise _after(failure, tried) from failure
+                tried.append(f"{endpoint.alias}: {failure}")
+                if position == last:
+                    raise _after(failure, tried[:-1], exhausted=True) from failure
+                endpoint.usage.moved_on += 1
+                continue
+            except BaseException:
+                if breaker is not None and verdict is None:
+                    breaker.abandoned()
+                raise
+            finally:
+                if len(chain) > 1:
+                    for span in timing.spans[first:]:
+                        span.info["alias"] = endpoint.alias
+            if endpoint is not self:
+                response.fallback = endpoint.alias
+            return response
+        raise AssertionError("unreachable: the last endpoint of a chain is always tried")
 
     def _no_embeddings(self) -> ConfigurationError:
         return ConfigurationError(
@@ -296,10 +366,14 @@ class Endpoint:
         )
 
     async def _complete_structured(
-        self, request: LLMRequest, priority: float | Priority, timing: CallTiming
+        self,
+        request: LLMRequest,
+        priority: float | Priority,
+        timing: CallTiming,
+        route: _Route | None = None,
     ) -> LLMResponse:
         """`complete` for a request with a ``response_format``: validate, re-ask once."""
-        response = await self._send_with_retries(request, priority, timing)
+        response = await self._send_with_retries(request, priority, timing, route)
         try:
             response.parsed = parse_reply(request.response_format, response.text)
             return response
@@ -319,7 +393,7 @@ class Endpoint:
                     },
                 ],
             )
-        second = await self._send_with_retries(reask, priority, timing)
+        second = await self._send_with_retries(reask, priority, timing, route)
         second.attempts += response.attempts
         try:
             second.parsed = parse_reply(request.response_format, second.text)
@@ -328,7 +402,11 @@ class Endpoint:
         return second
 
     async def _send_with_retries(
-        self, request: LLMRequest, priority: float | Priority, timing: CallTiming
+        self,
+        request: LLMRequest,
+        priority: float | Priority,
+        timing: CallTiming,
+        route: _Route | None = None,
     ) -> LLMResponse:
         usage, governor, limiter, gates = self.usage, self.governor, self.limiter, timing.gates
         # Estimated only when something takes it: a gate's reservation, a TPM limit, a
@@ -347,6 +425,9 @@ class Endpoint:
             try:
                 slot = time.monotonic()
                 timing.add("queue", queued, slot)
+                if route is not None and route.closed():
+                    # Its breaker opened while this call waited for the slot.
+                    raise CircuitOpen(f"alias {self.alias!r}: circuit breaker open")
                 if gates or not governor.open_at(slot):
                     if expected is None:
                         expected = estimate_usage(request)
@@ -385,6 +466,8 @@ class Endpoint:
                     governor.settle(estimate, reported or None)
                     if response.limits is not None:
                         self._learn(response.limits, estimate)
+                    if route is not None and route.breaker is not None:
+                        route.breaker.succeeded()
                     response.attempts = attempt
                     return response
                 if failure.limits is not None:
@@ -404,6 +487,9 @@ class Endpoint:
                 usage.rate_limited += 1
                 asked = self._asked_wait(failure)
                 governor.rate_limited(None if asked is None else self._server_wait(*asked))
+            if route is not None and route.moves_on(failure, asked, cap):
+                usage.failed += 1
+                raise failure
             if not failure.retryable or attempt > self.config.max_retries:
                 usage.failed += 1
                 if failure.retryable:
@@ -411,6 +497,7 @@ class Endpoint:
                         f"{failure} (gave up after {attempt} attempts{_asked(asked, cap)})",
                         status=failure.status,
                         retryable=False,
+                        transport=failure.transport,
                     ) from failure
                 raise failure
             usage.retries += 1
@@ -510,6 +597,53 @@ class Endpoint:
             for gate in admitted:
                 gate.withdraw()
             await wait
+
+
+@dataclass(slots=True)
+class _Route:
+    """One stop of a chain of fallbacks: the endpoint's breaker, the failures that move a
+    call on from it, and whether it is the last stop (which keeps its retries whole)."""
+
+    breaker: CircuitBreaker | None
+    fallback_on: tuple[str, ...]
+    last: bool
+
+    def closed(self) -> bool:
+        """Whether the endpoint's breaker is open and another stop follows: a call
+        still waiting to be sent here moves on instead."""
+        return not self.last and self.breaker is not None and self.breaker.is_open()
+
+    def moves_on(self, failure: ProviderError, asked: tuple[float, str] | None, cap: float) -> bool:
+        """Count a failed request against the breaker, and say whether the call should
+        leave this endpoint now rather than retry here: its breaker just opened, or a
+        429 asks to wait longer than the alias allows."""
+        kind = failure_kind(failure)
+        if kind is None or kind not in self.fallback_on:
+            return False
+        if self.breaker is not None:
+            self.breaker.failed()
+        if self.last:
+            return False
+        if kind == "rate_limit" and asked is not None and asked[0] > cap:
+            return True
+        return self.breaker is not None and self.breaker.is_open()
+
+
+def _after(failure: ProviderError, tried: list[str], exhausted: bool = False) -> ProviderError:
+    """``failure``, saying which aliases the call tried before it (raised from it)."""
+    before = "; ".join(tried)
+    if exhausted:
+        message = f"{failure} (every alias of the chain failed; before it: {before})"
+    else:
+        message = f"{failure} (after falling back from: {before})"
+    return type(failure)(
+        message,
+        status=failure.status,
+        retry_after=failure.retry_after,
+        unavailable=failure.unavailable,
+        limits=failure.limits,
+        transport=failure.transport,
+    )
 
 
 async def _refused(error: Exception) -> LLMResponse:

@@ -16,11 +16,17 @@ from typing import Any
 
 from plait.providers import make_provider
 from plait.providers.base import LLMRequest
-from plait.resources.config import ConfigurationError, EndpointConfig, ResourceConfig
+from plait.resources.config import (
+    ConfigurationError,
+    EndpointConfig,
+    ResourceConfig,
+    fallback_chain,
+)
 from plait.resources.endpoint import Endpoint
 from plait.resources.limits import PriorityLimiter
 from plait.resources.pricing import Prices
 from plait.resources.rate import RateGovernor
+from plait.resources.routing import breaker_for
 from plait.resources.usage import AliasUsage, record_for
 
 __all__ = ["LOCAL_DEFAULT", "Endpoint", "ResourceManager"]
@@ -232,6 +238,13 @@ class ResourceManager:
         if found is not None:
             return found
         endpoint = self._endpoints[alias] = self._make_endpoint(alias, *self._settings(alias))
+        if self.config and endpoint.config.fallbacks:
+            # Its chain, each endpoint the one its alias has here (with its own limits).
+            chain = fallback_chain(self.config.fallbacks(), alias)
+            endpoint.fallbacks = tuple([self.endpoint(other) for other in chain[1:]])
+            for member in (endpoint, *endpoint.fallbacks):
+                if member.breaker is None:
+                    member.breaker = breaker_for(member.config)
         return endpoint
 
     def _settings(self, alias: str) -> tuple[EndpointConfig, AliasUsage]:

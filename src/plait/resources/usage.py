@@ -46,6 +46,9 @@ class AliasUsage:
     #: 429s that said the tier (flex) had no capacity, retried like any other.
     unavailable: int = 0
     reasks: int = 0
+    #: Calls this alias handed on to the next alias of a chain of fallbacks (it failed
+    #: them, or its circuit breaker was open).
+    moved_on: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
     #: Requests served by a batch API and on the flex tier (part of ``requests``), and
@@ -155,6 +158,7 @@ class AliasUsage:
             "rate_limited": self.rate_limited,
             "unavailable": self.unavailable,
             "reasks": self.reasks,
+            "moved_on": self.moved_on,
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "batch_requests": self.batch_requests,
@@ -187,6 +191,7 @@ _COUNTERS = (
     "rate_limited",
     "unavailable",
     "reasks",
+    "moved_on",
     "prompt_tokens",
     "completion_tokens",
     "batch_requests",
@@ -285,17 +290,27 @@ class UsageReport:
         from rich.table import Table
 
         table = Table(title="plait usage")
-        columns = ("alias", "model", "requests", "batched", "retries", "429s", "tokens in")
-        for name in (*columns, "cached in", "tokens out", "p50", "p90", "cost"):
+        # Which alias answered a call is the row its request and cost are counted in;
+        # calls an alias handed on to a fallback get a column when there are any.
+        moved = any(row.get("moved_on") for row in self.rows)
+        columns = ("alias", "model", "requests", "batched", "retries", "429s")
+        for name in (*columns, *(("moved on",) if moved else ()), "tokens in", "cached in"):
             table.add_column(name, justify="left" if name in ("alias", "model") else "right")
+        for name in ("tokens out", "p50", "p90", "cost"):
+            table.add_column(name, justify="right")
         for row in self.rows:
-            table.add_row(
+            cells = [
                 row["alias"],
                 f"{row['provider']}/{row['model']}",
                 str(row["requests"]),
                 str(row["batch_requests"]),
                 str(row["retries"]),
                 str(row["rate_limited"]),
+            ]
+            if moved:
+                cells.append(str(row.get("moved_on", 0)))
+            table.add_row(
+                *cells,
                 f"{row['prompt_tokens']:,}",
                 f"{row['cache_read_tokens']:,}",
                 f"{row['completion_tokens']:,}",
