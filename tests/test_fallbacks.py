@@ -379,3 +379,20 @@ def test_plait_check_shows_each_chain_and_refuses_a_cycle(
     refused = plait_cli("check", "--resources", looped, "--no-call")
     assert refused.returncode == 1
     assert "cycle: smart -> backup -> smart" in " ".join(refused.stderr.split())
+
+
+def test_many_calls_at_once_through_a_flapping_primary_each_come_back_once(
+    primary: FakeOpenAIServer, backup: FakeOpenAIServer
+) -> None:
+    """Half the primary's requests fail at random and its breaker opens, probes and
+    closes again and again while 64 calls are in flight: every input gets its own
+    answer, once, from one of the two."""
+    primary.configure(rate_500=0.5, seed=7)
+    settings = {"max_concurrent": 16, "breaker_failures": 3, "breaker_cooldown_s": 0.001}
+    resources = chain(primary, backup, max_retries=0, **settings)
+    llm = plait.LLMInference("smart", "S.").bind(resources=resources, max_concurrent=64)
+    inputs = [f"input {i} \ud800 {float('nan')}" for i in range(300)]
+    assert llm.run_sync(inputs) == [f"[S.] {text}" for text in inputs]
+    answered = primary.stats()["status_counts"].get("200", 0)
+    assert answered + backup.stats()["status_counts"]["200"] == 300
+    assert plait.usage()["smart"]["moved_on"] == 300 - answered

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, ClassVar
 
@@ -84,13 +84,24 @@ class LLMInference(Module):
         n: How many samples of the request to make (the call then returns a list).
         label_method: How a label is chosen: ``"grammar"``, ``"logprob"``,
             ``"calibrated"``, or None for the endpoint's best.
+        validate: A function of each reply (the parsed object, or the text) that
+            rejects it by raising ``ValueError`` or ``AssertionError`` (a pydantic
+            validation error is a ``ValueError``) or by returning False; the error
+            is sent back to the model for another answer.
+        max_reasks: How many times a rejected reply (one ``validate`` rejects, or
+            one that does not parse into ``response_format``) is sent back; then the
+            input's result is an ERROR naming the last error.
+        max_tokens_per_call: The most tokens (prompts and replies) one call's
+            attempts may spend together; a re-ask that would go over is not sent.
 
     Raises:
-        ValueError: When ``alias`` is empty, ``n`` or ``max_tokens`` is not a
-            positive integer, ``temperature`` is not a number, the demonstrations
-            are not input/output pairs, or ``label_method`` is unknown or given
-            without a label type.
-        TypeError: When ``system_prompt`` is neither text nor a `Parameter`,
+        ValueError: When ``alias`` is empty, ``n``, ``max_tokens`` or
+            ``max_tokens_per_call`` is not a positive integer, ``max_reasks`` is
+            negative, ``temperature`` is not a number, the demonstrations are not
+            input/output pairs, or ``label_method`` is unknown or given without a
+            label type.
+        TypeError: When ``validate`` is not callable, ``system_prompt`` is neither
+            text nor a `Parameter`,
             ``response_format`` is a type with no JSON schema, or its labels are
             empty or differ only in case.
 
@@ -123,6 +134,9 @@ class LLMInference(Module):
     system_prompt: Parameter | None
     demos: Parameter | None
     n: int
+    validate: Callable[[Any], Any] | None
+    max_reasks: int
+    max_tokens_per_call: int | None
 
     def __init__(
         self,
@@ -134,8 +148,33 @@ class LLMInference(Module):
         demos: Sequence[Any] | Parameter | None = None,
         n: int = 1,
         label_method: LabelMethod | None = None,
+        validate: Callable[[Any], Any] | None = None,
+        max_reasks: int = 1,
+        max_tokens_per_call: int | None = None,
     ) -> None:
         super().__init__()
+        if validate is not None and not callable(validate):
+            raise TypeError(
+                "LLMInference(validate=...) takes a function of the reply (raise ValueError "
+                f"or AssertionError, or return False, to reject it), got {type(validate).__name__}"
+            )
+        if isinstance(max_reasks, bool) or not isinstance(max_reasks, int) or max_reasks < 0:
+            raise ValueError(
+                "LLMInference(max_reasks=...) is how many times a rejected reply is sent back "
+                f"for another answer, an integer >= 0; got {max_reasks!r}"
+            )
+        if max_tokens_per_call is not None and (
+            isinstance(max_tokens_per_call, bool)
+            or not isinstance(max_tokens_per_call, int)
+            or max_tokens_per_call < 1
+        ):
+            raise ValueError(
+                "LLMInference(max_tokens_per_call=...) bounds the tokens of a call's attempts "
+                f"together, a positive integer or None; got {max_tokens_per_call!r}"
+            )
+        self.validate = validate
+        self.max_reasks = max_reasks
+        self.max_tokens_per_call = max_tokens_per_call
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(
                 f"LLMInference(n=...) is the number of samples, a positive integer; got {n!r}"

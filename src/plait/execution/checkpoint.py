@@ -37,7 +37,7 @@ from plait.effects import Handler, Message, current_stack
 from plait.execution.codec import decode, encode
 from plait.handlers.llm import response_from_json, response_to_json
 from plait.module import llm_aliases
-from plait.providers.base import LLMRequest, LLMResponse
+from plait.providers.base import LLMRequest, LLMResponse, reply_checks
 from plait.structured import canonical_schema_json
 
 if TYPE_CHECKING:
@@ -196,6 +196,12 @@ def call_settings_of(module: Any) -> dict[str, str]:
                 getattr(part, "max_tokens", None),
                 canonical_schema_json(schema) if schema is not None else None,
                 *([part.n] if getattr(part, "n", 1) != 1 else []),
+                # What a reply must pass (absent unless set: earlier hashes hold).
+                *reply_checks(
+                    getattr(part, "validate", None),
+                    getattr(part, "max_reasks", 1),
+                    getattr(part, "max_tokens_per_call", None),
+                ),
             ]
             calls[path or "(root)"] = json_digest(settings, size=8)
     return calls

@@ -322,6 +322,9 @@ class Engine:
             max_tokens=module.max_tokens,
             response_format=module.response_format,
             label_method=module.label_method,
+            validate=module.validate,
+            max_reasks=module.max_reasks,
+            max_tokens_per_call=module.max_tokens_per_call,
             # All but the input's own message are the site's (system prompt, demos).
             prefix_messages=len(messages) - 1,
             cache_key=self.cache_keys.get(node.path) or self._cache_key(node.path),

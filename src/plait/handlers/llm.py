@@ -100,6 +100,9 @@ def request_key(msg: Message, namespace: str = "") -> str:
     }
     if request.label_method is not None:  # absent, the keys made before it existed hold
         fields["label_method"] = request.label_method
+    checks = request.checks()
+    if checks:  # likewise
+        fields["checks"] = checks
     return json_digest(
         fields,
         default=str,

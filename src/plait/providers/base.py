@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -64,6 +64,7 @@ __all__ = [
     "ReplyFormatError",
     "Usage",
     "logprobs_of",
+    "reply_checks",
     "status_error",
 ]
 
@@ -100,6 +101,15 @@ class LLMRequest:
         embed: An embedding request: each message's text is embedded, and the
             reply's ``parsed`` is their vectors, in order.  Only endpoints whose
             provider embeds take it.
+        validate: Checks each reply's payload (the parsed object, or the text):
+            raising ``ValueError`` or ``AssertionError`` (a pydantic validation
+            error is a ``ValueError``), or returning False, rejects it, and the error is
+            sent back for another answer (see ``max_reasks``).
+        max_reasks: How many times a reply that does not parse into the
+            ``response_format`` or that ``validate`` rejects is sent back with its
+            error for another answer.
+        max_tokens_per_call: The most tokens (prompt and reply) all of the call's
+            attempts may spend together; None: no bound.
 
     Examples:
         >>> from plait.providers import LLMRequest
@@ -121,6 +131,9 @@ class LLMRequest:
     cache_key: str | None = None
     label_method: str | None = None
     embed: bool = False
+    validate: Callable[[Any], Any] | None = None
+    max_reasks: int = 1
+    max_tokens_per_call: int | None = None
 
     @property
     def prompt_text(self) -> str:
@@ -147,7 +160,42 @@ class LLMRequest:
             parts.append(self.label_method)
         if self.embed:  # likewise
             parts.append("embed")
+        parts.extend(self.checks())
         return digest([*parts, self.extra], fallback=str)
+
+    def checks(self) -> list[Any]:
+        """What the reply must pass that changes which reply is kept.
+
+        Returns:
+            `reply_checks` of the request's validator and re-ask bounds.
+        """
+        return reply_checks(self.validate, self.max_reasks, self.max_tokens_per_call)
+
+
+def reply_checks(
+    validate: Callable[[Any], Any] | None, max_reasks: int, max_tokens_per_call: int | None
+) -> list[Any]:
+    """A call's reply checks as keys and versions name them: the validator's name and
+    the bounds on re-asking, each only when set (keys made before they existed hold).
+
+    Args:
+        validate: The call's validator, if any.
+        max_reasks: Its re-asks (1 is the default, and left out).
+        max_tokens_per_call: Its bound on the tokens of all its attempts, if any.
+
+    Returns:
+        The parts that are set, as text.
+    """
+    found: list[Any] = []
+    if validate is not None:
+        module = getattr(validate, "__module__", None) or type(validate).__module__
+        name = getattr(validate, "__qualname__", None) or type(validate).__qualname__
+        found.append(f"validate={module}.{name}")
+    if max_reasks != 1:
+        found.append(f"max_reasks={max_reasks}")
+    if max_tokens_per_call is not None:
+        found.append(f"max_tokens_per_call={max_tokens_per_call}")
+    return found
 
 
 @dataclass(slots=True)
@@ -291,8 +339,9 @@ class ProviderError(RuntimeError):
 
 
 class ReplyFormatError(ProviderError):
-    """The endpoint answered, but not in the ``response_format`` asked for (after one
-    re-ask): the model's failure, not the transport's, so it is never retried."""
+    """The endpoint answered, but not in the ``response_format`` asked for, or its
+    ``validate`` rejected every answer (after the request's re-asks): the model's
+    failure, not the transport's, so it is never retried."""
 
 
 def status_error(

@@ -7,9 +7,11 @@ governor (RPM, TPM, Retry-After, and the limits replies state, which it learns),
 one attempt by the provider, and on failure a retry with exponential backoff and
 jitter, or after a 429 exactly as long as the server said (the slot is given back
 while waiting).
-A retry re-sends this one request; it never re-runs upstream work.  For a
-structured request the reply is validated, and an invalid one is re-asked once
-with the validation error.
+A retry re-sends this one request; it never re-runs upstream work.  A reply the
+request checks (its ``response_format``, its ``validate``) that fails is sent back
+with the error, up to the request's ``max_reasks`` and within its
+``max_tokens_per_call``.  An alias with ``fallbacks`` walks its chain here too
+(`plait.resources.routing`).
 """
 
 from __future__ import annotations
@@ -264,10 +266,12 @@ class Endpoint:
         priority: float | Priority = 0.0,
         timing: CallTiming | None = None,
     ) -> Coroutine[Any, Any, LLMResponse]:
-        """Send ``request`` with limits, retries and (for structured output) one re-ask.
+        """Send ``request`` with limits, retries, re-asks and fallbacks.
 
-        For a request with a ``response_format`` the reply is validated (its
-        ``parsed``), and an invalid one is re-asked once with the error.
+        For a request with a ``response_format`` the reply is parsed (its
+        ``parsed``) and with a ``validate`` checked; one that fails is re-asked
+        with the error, up to ``max_reasks`` times.  An alias with ``fallbacks``
+        moves the call on along its chain when this endpoint cannot answer it.
 
         Args:
             request: The request.
@@ -282,7 +286,8 @@ class Endpoint:
             ProviderError: When awaited: the endpoint refused or failed the request
                 after its retries.
             ReplyFormatError: When awaited: the reply is not of the
-                ``response_format`` asked for, even after the re-ask.
+                ``response_format`` asked for, or ``validate`` rejects it, even
+                after the re-asks.
             ConfigurationError: When awaited: an embedding request to a provider
                 without embeddings.
         """
@@ -301,9 +306,9 @@ class Endpoint:
         """`complete` at this endpoint alone; ``route`` when it is one stop of a chain."""
         if request.embed and not getattr(self.provider, "embeds", False):
             return _refused(self._no_embeddings())
-        if request.response_format is None:
+        if request.response_format is None and request.validate is None:
             return self._send_with_retries(request, priority, timing, route)
-        return self._complete_structured(request, priority, timing, route)
+        return self._complete_checked(request, priority, timing, route)
 
     async def _complete_routed(
         self, request: LLMRequest, priority: float | Priority, timing: CallTiming
@@ -365,41 +370,61 @@ class Endpoint:
             "embed= out to rank demonstrations by BM25, which needs no model"
         )
 
-    async def _complete_structured(
+    async def _complete_checked(
         self,
         request: LLMRequest,
         priority: float | Priority,
         timing: CallTiming,
         route: _Route | None = None,
     ) -> LLMResponse:
-        """`complete` for a request with a ``response_format``: validate, re-ask once."""
-        response = await self._send_with_retries(request, priority, timing, route)
-        try:
-            response.parsed = parse_reply(request.response_format, response.text)
-            return response
-        except ValueError as first_error:
-            self.usage.reasks += 1
-            reask = replace(
+        """`complete` for a request whose reply is checked: parsed into its
+        ``response_format``, then passed to its ``validate``.  A reply that fails is
+        sent back with the error for another answer, up to ``max_reasks`` times and
+        within ``max_tokens_per_call``.  Each re-ask holds the original messages and
+        the last answer only, so its cost does not grow with the attempts before it.
+        Every attempt is a request of its own: counted in usage, and admitted by the
+        call's gates (a budget), as it is sent."""
+        attempt = request
+        spent = 0
+        reasks = 0
+        attempts = 0
+        while True:
+            response = await self._send_with_retries(attempt, priority, timing, route)
+            attempts += response.attempts
+            response.attempts = attempts
+            spent += response.usage.total_tokens
+            try:
+                if request.response_format is not None:
+                    response.parsed = parse_reply(request.response_format, response.text)
+                if request.validate is not None:
+                    _validate(request.validate, response.payload)
+                return response
+            except (ValueError, AssertionError) as exc:
+                error = _reason(exc)
+            if reasks >= request.max_reasks:
+                tried = "" if reasks == 0 else f" (also after re-asking {_times(reasks)})"
+                raise ReplyFormatError(f"{error}{tried}")
+            attempt = replace(
                 request,
                 messages=[
                     *request.messages,
                     {"role": "assistant", "content": response.text},
-                    {
-                        "role": "user",
-                        "content": (
-                            f"That reply is not valid: {first_error}. "
-                            + reask_instruction(request.response_format)
-                        ),
-                    },
+                    {"role": "user", "content": _reask_text(request, error)},
                 ],
             )
-        second = await self._send_with_retries(reask, priority, timing, route)
-        second.attempts += response.attempts
-        try:
-            second.parsed = parse_reply(request.response_format, second.text)
-        except ValueError as exc:
-            raise ReplyFormatError(f"{exc} (also after re-asking once with the error)") from exc
-        return second
+            bound = request.max_tokens_per_call
+            if bound is not None:
+                prompt = estimate_usage(attempt).prompt_tokens
+                room = bound - spent - prompt
+                if room < 1:
+                    raise ReplyFormatError(
+                        f"{error} (no re-ask: the call's attempts spent {spent} tokens and "
+                        f"another needs about {prompt} for its prompt, over "
+                        f"max_tokens_per_call={bound})"
+                    )
+                attempt.max_tokens = min(attempt.max_tokens or room, room)
+            reasks += 1
+            self.usage.reasks += 1
 
     async def _send_with_retries(
         self,
@@ -597,6 +622,32 @@ class Endpoint:
             for gate in admitted:
                 gate.withdraw()
             await wait
+
+
+def _validate(check: Callable[[Any], Any], payload: Any) -> None:
+    """Run a request's ``validate`` on a reply's payload; False rejects it too."""
+    if check(payload) is False:
+        name = getattr(check, "__name__", type(check).__name__)
+        raise ValueError(f"the reply was rejected by {name}")
+
+
+def _reason(exc: BaseException) -> str:
+    """What was wrong with a reply, as the re-ask and the final error say it."""
+    text = str(exc)
+    if isinstance(exc, AssertionError):
+        return f"the reply failed a check: {text}" if text else "the reply failed a check"
+    return text if text.strip() else type(exc).__name__
+
+
+def _reask_text(request: LLMRequest, error: str) -> str:
+    text = f"That reply is not valid: {error}."
+    if request.response_format is not None:
+        return f"{text} {reask_instruction(request.response_format)}"
+    return f"{text} Answer again, correcting it."
+
+
+def _times(count: int) -> str:
+    return "once" if count == 1 else f"{count} times"
 
 
 @dataclass(slots=True)
