@@ -17,7 +17,6 @@ from plait.handlers.budgeting import budget
 from plait.testing import FakeOpenAIServer
 
 
-
 def second_answer(reply: str) -> None:
     """Accept only an answer given after a re-ask."""
     assert "not valid" in reply, "say it again"
