@@ -93,6 +93,15 @@ class LLMInference(Module):
             input's result is an ERROR naming the last error.
         max_tokens_per_call: The most tokens (prompts and replies) one call's
             attempts may spend together; a re-ask that would go over is not sent.
+        escalate_to: A cascade: the alias (or aliases, in order) that answer the
+            call again when ``accept`` rejects the answer of ``alias`` (and of each
+            tier before). Each tier's calls are calls of their own alias: counted,
+            priced, cached and checkpointed there.
+        accept: With ``escalate_to``, whether a tier's answer is kept: a function of
+            the reply (the parsed object, or the text) that rejects it by returning
+            False or raising ``ValueError`` or ``AssertionError``; or a number in
+            (0, 1], the least probability of the chosen label (for a label call
+            scored by ``label_method="logprob"`` or ``"calibrated"``).
 
     Raises:
         ValueError: When ``alias`` is empty, ``n``, ``max_tokens`` or
@@ -137,6 +146,8 @@ class LLMInference(Module):
     validate: Callable[[Any], Any] | None
     max_reasks: int
     max_tokens_per_call: int | None
+    escalate_to: tuple[str, ...]
+    accept: Callable[[Any], Any] | float | None
 
     def __init__(
         self,
@@ -151,8 +162,19 @@ class LLMInference(Module):
         validate: Callable[[Any], Any] | None = None,
         max_reasks: int = 1,
         max_tokens_per_call: int | None = None,
+        escalate_to: str | Sequence[str] | None = None,
+        accept: Callable[[Any], Any] | float | None = None,
     ) -> None:
         super().__init__()
+        self.escalate_to = _tiers(alias, escalate_to, accept)
+        if self.escalate_to and not callable(accept) and label_choices(response_format) is None:
+            raise ValueError(
+                f"LLMInference(accept={accept!r}) accepts a reply by its label's probability, "
+                "so the call must answer with labels (response_format=Literal[...] and "
+                "label_method='logprob' or 'calibrated'); for any other reply give accept a "
+                "function of the reply"
+            )
+        self.accept = accept
         if validate is not None and not callable(validate):
             raise TypeError(
                 "LLMInference(validate=...) takes a function of the reply (raise ValueError "
@@ -433,3 +455,39 @@ class LLMInference(Module):
             else:
                 parts.append(f"demos={len(count) if isinstance(count, list) else '?'}")
         return ", ".join(parts)
+
+
+def _tiers(alias: str, escalate_to: str | Sequence[str] | None, accept: Any) -> tuple[str, ...]:
+    """A cascade's aliases after ``alias``, checked with its ``accept``."""
+    if escalate_to is None:
+        if accept is not None:
+            raise ValueError(
+                "LLMInference(accept=...) judges a tier of a cascade: give escalate_to too "
+                "(the alias that answers again when accept rejects the answer)"
+            )
+        return ()
+    tiers = (escalate_to,) if isinstance(escalate_to, str) else tuple(escalate_to)
+    if not tiers or not all(isinstance(t, str) and t for t in tiers):
+        raise ValueError(
+            "LLMInference(escalate_to=...) is an alias, or a list of aliases, to answer "
+            f"again; got {escalate_to!r}"
+        )
+    if alias in tiers or len(set(tiers)) != len(tiers):
+        raise ValueError(
+            f"LLMInference(escalate_to={escalate_to!r}) names an alias twice in the cascade "
+            f"from {alias!r} (a cascade to itself would pay again for the same answer); "
+            "escalate to other aliases"
+        )
+    if accept is None:
+        raise ValueError(
+            "LLMInference(escalate_to=...) needs accept=: a function of the reply, or the "
+            "least label probability to keep a tier's answer"
+        )
+    if isinstance(accept, bool) or not (
+        callable(accept) or (isinstance(accept, int | float) and 0 < accept <= 1)
+    ):
+        raise ValueError(
+            "LLMInference(accept=...) is a function of the reply or a probability in "
+            f"(0, 1]; got {accept!r}"
+        )
+    return tiers

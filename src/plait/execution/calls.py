@@ -22,6 +22,7 @@ from __future__ import annotations
 import time
 import weakref
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from plait._text import as_text
@@ -337,6 +338,47 @@ class CallSite:
         meta["model"] = response.model
         return Value(ValueKind.RESPONSE, response, ref=ref, meta=meta)
 
+    async def cascade(
+        self,
+        request: LLMRequest,
+        tiers: tuple[str, ...],
+        accept: Callable[[Any], Any] | float,
+        *,
+        module: Any = None,
+        upstream: Callable[[], list[str]] | None = None,
+        ref: str | None = None,
+    ) -> Value:
+        """An `LLMInference` node's call answered by a cascade: ``request`` at its own
+        alias, then again at each alias of ``tiers`` while ``accept`` rejects the
+        answer (or the tier could not give one in the format asked for).  Each tier's
+        request is an ``"llm"`` message of its own, so handlers, usage and
+        checkpoints see it at its alias.
+
+        Returns:
+            What the node outputs (`module_output`) for the answer kept: the last
+            tier's whatever ``accept`` says of it.
+        """
+        from plait.providers.base import ReplyFormatError
+        from plait.resources.usage import record_for
+
+        current = request
+        for tier in (None, *tiers):
+            if tier is not None:
+                record_for(current.alias).escalated += 1
+                current = replace(current, alias=tier)
+            reply = await self.invoke(current, module=module, upstream=upstream, ref=ref)
+            last = tier == tiers[-1]
+            if reply.kind is ValueKind.ERROR:
+                if last or not isinstance(reply.payload, ReplyFormatError):
+                    return reply
+                continue  # the tier could not answer in the format asked for
+            if last or _accepted(accept, reply.payload, self.name):
+                output = module_output(reply)
+                if tier is not None:
+                    output.meta["escalated_to"] = tier
+                return output
+        raise AssertionError("unreachable: the last tier's answer is always kept")
+
     async def call(self, request: LLMRequest) -> Value:
         """A functional call: seeded here unless it gives itself a seed, then invoked."""
         if "seed" not in request.extra:
@@ -387,6 +429,27 @@ def as_response(reply: Any) -> LLMResponse:
     if reply is None:
         return LLMResponse("")
     return LLMResponse(as_text(reply), reply)
+
+
+def _accepted(accept: Callable[[Any], Any] | float, response: LLMResponse, name: str) -> bool:
+    """Whether a cascade keeps a tier's answer: ``accept`` of its payload, or its
+    label's probability at least ``accept``."""
+    if not callable(accept):
+        scores = response.label_scores
+        if not scores:
+            from plait.resources.config import ConfigurationError
+
+            raise ConfigurationError(
+                f"{name}: accept={accept!r} keeps an answer by its label's probability, but "
+                "this reply has none: give the call label_method='logprob' or 'calibrated' "
+                "on an endpoint that returns log-probabilities, or accept a function of the "
+                "reply"
+            )
+        return max(scores.values()) >= accept
+    try:
+        return accept(response.payload) is not False
+    except (ValueError, AssertionError):
+        return False
 
 
 #: The meta of a call no handler saw.

@@ -196,6 +196,8 @@ def call_settings_of(module: Any) -> dict[str, str]:
                 getattr(part, "max_tokens", None),
                 canonical_schema_json(schema) if schema is not None else None,
                 *([part.n] if getattr(part, "n", 1) != 1 else []),
+                # A cascade's tiers and what keeps an answer (absent unless set).
+                *_cascade_of(part),
                 # What a reply must pass (absent unless set: earlier hashes hold).
                 *reply_checks(
                     getattr(part, "validate", None),
@@ -205,6 +207,15 @@ def call_settings_of(module: Any) -> dict[str, str]:
             ]
             calls[path or "(root)"] = json_digest(settings, size=8)
     return calls
+
+
+def _cascade_of(call: Any) -> list[Any]:
+    tiers = getattr(call, "escalate_to", ())
+    if not tiers:
+        return []
+    accept = call.accept
+    judged = accept if not callable(accept) else getattr(accept, "__qualname__", repr(accept))
+    return [f"escalate_to={list(tiers)}", f"accept={judged}"]
 
 
 def code_of(module: Any, *functions: Any) -> dict[str, str]:

@@ -335,6 +335,15 @@ class Engine:
         ref = f"node:{node.id}"
 
         def invoke(call: LLMRequest) -> Coroutine[Any, Any, Value]:
+            if module.escalate_to:
+                return site.cascade(
+                    call,
+                    module.escalate_to,
+                    module.accept,
+                    module=module,
+                    upstream=upstream,
+                    ref=ref,
+                )
             return site.invoke(call, module=module, upstream=upstream, ref=ref, output=True)
 
         if len(calls) == 1:

@@ -49,6 +49,9 @@ class AliasUsage:
     #: Calls this alias handed on to the next alias of a chain of fallbacks (it failed
     #: them, or its circuit breaker was open).
     moved_on: int = 0
+    #: Calls of a cascade whose answer here was not accepted, answered again by the
+    #: next tier's alias.
+    escalated: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
     #: Requests served by a batch API and on the flex tier (part of ``requests``), and
@@ -159,6 +162,7 @@ class AliasUsage:
             "unavailable": self.unavailable,
             "reasks": self.reasks,
             "moved_on": self.moved_on,
+            "escalated": self.escalated,
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "batch_requests": self.batch_requests,
@@ -192,6 +196,7 @@ _COUNTERS = (
     "unavailable",
     "reasks",
     "moved_on",
+    "escalated",
     "prompt_tokens",
     "completion_tokens",
     "batch_requests",
