@@ -177,6 +177,13 @@ def test_reply_directive_sets_exact_text(server: FakeOpenAIServer) -> None:
     assert reply.content == '{"answer": [1, 2]} and more'
 
 
+def test_a_directive_for_one_model_steers_only_its_requests(server: FakeOpenAIServer) -> None:
+    text = "hi [[reply@cheap:from cheap]] [[status@broken:503]]"
+    assert chat(server, user(text), model="cheap").content == "from cheap"
+    assert chat(server, user(text), model="strong").content == "hi"
+    assert chat(server, user(text), model="broken").status == 503
+
+
 def test_directives_are_removed_from_the_echo(server: FakeOpenAIServer) -> None:
     reply = chat(server, user("ping [[latency_ms:1]]"))
 

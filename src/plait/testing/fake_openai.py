@@ -8,7 +8,9 @@ Replies are a pure function of the request so that tests can predict them:
 
 * the reply echoes the last user message, prefixed with ``[<system prompt>] `` when a system
   message is present;
-* directives in the last user message steer a single request: ``[[status:429]]``,
+* directives in the last user message steer a single request (``[[NAME@MODEL:...]]``
+  steers only a request for that model, so two tiers of a cascade can answer apart):
+  ``[[status:429]]``,
   ``[[latency_ms:250]]``, ``[[reply:any text]]`` and ``[[gate:NAME]]``, which parks the
   request (it counts as in flight) until ``POST /_gate {"open": "NAME"}``; ``/_stats``
   counts the requests parked at each gate, so a test waits for a state, never for time
@@ -154,7 +156,9 @@ class PlaceholderLog:
         return {"total": self.total, "requests": list(self.records)}
 
 
-_DIRECTIVE = re.compile(r"\[\[(status|latency_ms|reply|gate|sample|top):(.*?)\]\]", re.DOTALL)
+_DIRECTIVE = re.compile(
+    r"\[\[(status|latency_ms|reply|gate|sample|top)(?:@([^:\]]+))?:(.*?)\]\]", re.DOTALL
+)
 _JSON_HEADERS: Final = {"Content-Type": "application/json"}
 _MAX_SCHEMA_DEPTH: Final = 64
 # Values for string formats that pydantic validates, so structured replies parse as models.
@@ -820,7 +824,7 @@ def _content_text(content: Any) -> str:
 class _Directives:
     __slots__ = ("gate", "latency_ms", "reply", "sample", "status", "text", "top")
 
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, model: str = "") -> None:
         self.gate: str | None = None
         self.sample: int | None = None
         self.status: int | None = None
@@ -833,7 +837,9 @@ class _Directives:
         found = False
         for match in _DIRECTIVE.finditer(text):
             found = True
-            name, value = match.group(1), match.group(2)
+            name, scope, value = match.group(1), match.group(2), match.group(3)
+            if scope is not None and scope != model:
+                continue  # ``[[name@MODEL:...]]`` steers requests for that model only
             if name == "status":
                 if not (value.isascii() and value.isdigit() and len(value) == 3):
                     raise _BadRequest(f"invalid directive [[status:{value}]]")
@@ -1451,7 +1457,7 @@ def _plan_body(body: Any) -> _Plan:
     if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
         raise _BadRequest("seed must be an integer")
 
-    directives = _Directives(last_user)
+    directives = _Directives(last_user, model)
     structured = None
     if directives.reply is None:
         structured = _structured_reply(body.get("response_format"))
