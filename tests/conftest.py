@@ -81,6 +81,8 @@ FAKE_OPENAI_DEFAULTS: dict[str, Any] = {
     "rate_drop": 0,
     "rate_timeout": 0,
     "rate_flex_unavailable": 0,
+    "rate_stall": 0,
+    "stall_s": 10.0,
     "retry_after_s": 1.0,
     "timeout_hang_s": 30.0,
     "seed": 0,

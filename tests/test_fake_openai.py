@@ -29,6 +29,8 @@ _DEFAULT_CONFIG: dict[str, Any] = {
     "rate_drop": 0.0,
     "rate_timeout": 0.0,
     "rate_flex_unavailable": 0.0,
+    "rate_stall": 0.0,
+    "stall_s": 10.0,
     "retry_after_s": 1.0,
     "timeout_hang_s": 30.0,
     "seed": 0,

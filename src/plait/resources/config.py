@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -17,6 +18,7 @@ __all__ = [
     "ResourceConfig",
     "check_fallbacks",
     "fallback_chain",
+    "parse_hedge_after",
     "read_resource_file",
 ]
 
@@ -187,6 +189,21 @@ class EndpointConfig(BaseModel):
         "one call probes it (half-open): a reply closes the breaker, a failure opens it "
         "for another cooldown.",
     )
+    hedge_after: float | str | None = Field(
+        default=None,
+        description="Send a second copy of a request still unanswered after this long: "
+        'seconds, or a quantile of the alias\'s observed latency such as `"p95"` (read '
+        "once 20 replies are in). The first reply wins and the other copy is cancelled; "
+        "a copy goes only if it can at once (a free slot, no wait under the rate limits, "
+        "a budget admitting it). Unset: no hedging.",
+    )
+    max_hedge_fraction: float = Field(
+        default=0.1,
+        ge=0,
+        le=1,
+        description="With `hedge_after`: the most second copies, as a share of the "
+        "alias's requests that could be hedged.",
+    )
     input_price_per_mtok: float | None = Field(
         default=None,
         ge=0,
@@ -310,6 +327,11 @@ class EndpointConfig(BaseModel):
         return {**data, "base_url": found} if found else data
 
     @model_validator(mode="after")
+    def _check_hedge_after(self) -> EndpointConfig:
+        parse_hedge_after(self.hedge_after)
+        return self
+
+    @model_validator(mode="after")
     def _check_provider(self) -> EndpointConfig:
         from plait.providers.base import PROVIDERS
 
@@ -342,6 +364,36 @@ class EndpointConfig(BaseModel):
             ``(provider, base_url, model)``.
         """
         return (self.provider, self.base_url or "", self.model)
+
+
+_QUANTILE = re.compile(r"^p(\d{1,2}(?:\.\d+)?)$")
+
+
+def parse_hedge_after(value: float | str | None) -> tuple[float | None, float | None]:
+    """``hedge_after`` as ``(seconds, quantile)``: one is set, or neither.
+
+    Args:
+        value: Seconds (a positive number), a quantile such as ``"p95"``, or None.
+
+    Returns:
+        ``(seconds, None)``, ``(None, 0.95)`` or ``(None, None)``.
+
+    Raises:
+        ValueError: Neither a positive number nor ``"pNN"`` with NN in (0, 100).
+    """
+    if value is None:
+        return None, None
+    if isinstance(value, str):
+        found = _QUANTILE.match(value.strip())
+        if found is None or not 0 < float(found.group(1)) < 100:
+            raise ValueError(
+                f"hedge_after={value!r}: give seconds (a number > 0) or a quantile of the "
+                'alias\'s latency such as "p95" (p followed by a number between 0 and 100)'
+            )
+        return None, float(found.group(1)) / 100
+    if isinstance(value, bool) or not value > 0 or value == float("inf"):
+        raise ValueError(f"hedge_after={value!r}: seconds must be a finite number > 0")
+    return float(value), None
 
 
 def _check_key_reference(alias: str, config: EndpointConfig) -> None:

@@ -35,6 +35,7 @@ from plait.providers.base import (
 )
 from plait.providers.ratelimits import ReportedLimits
 from plait.resources.config import ConfigurationError, EndpointConfig
+from plait.resources.hedging import Hedging, NotNow, close_wait, drop, first_reply
 from plait.resources.limits import Priority, PriorityLimiter
 from plait.resources.rate import RateGovernor
 from plait.resources.routing import CircuitBreaker, CircuitOpen, failure_kind
@@ -248,6 +249,8 @@ class Endpoint:
             answer it (the alias's chain after itself, `fallback_chain`).
         breaker: The circuit breaker of its remote endpoint, when it is part of a
             chain of fallbacks (its own, or another alias's).
+        hedging: When the alias hedges slow requests (``hedge_after``): when to
+            send a second copy, and how many have gone.
     """
 
     alias: str
@@ -259,6 +262,7 @@ class Endpoint:
     tier: str = "standard"
     fallbacks: tuple[Endpoint, ...] = ()
     breaker: CircuitBreaker | None = None
+    hedging: Hedging | None = None
 
     def complete(
         self,
@@ -469,7 +473,10 @@ class Endpoint:
                 usage.requests += 1
                 sent = True
                 try:
-                    response = await self.provider.send(request)
+                    if self.hedging is None:
+                        response = await self.provider.send(request)
+                    else:
+                        response = await self._send_hedged(request, timing, estimate, attempt)
                 except ProviderError as exc:
                     failure: ProviderError = exc
                     timing.add(
@@ -534,6 +541,89 @@ class Endpoint:
                 delay = backoff_delay(attempt, failure.retry_after, cap)
             await asyncio.sleep(delay)
             timing.add("backoff", pause, time.monotonic(), attempt=attempt)
+
+    async def _send_hedged(
+        self, request: LLMRequest, timing: CallTiming, estimate: int, attempt: int
+    ) -> LLMResponse:
+        """One attempt of ``request``, with a second copy sent if the first has had no
+        reply after the alias's ``hedge_after`` (`plait.resources.hedging`): the first
+        reply of either wins and the other is cancelled.  The copy goes only if it can
+        go at once (a free slot, no wait under the rate limits, every gate admitting
+        it) and within ``max_hedge_fraction``; else the call waits for its first copy.
+        """
+        hedging = self.hedging
+        assert hedging is not None
+        delay = hedging.delay(self.usage)
+        if delay is None:
+            return await self.provider.send(request)
+        hedging.calls += 1
+        first = asyncio.ensure_future(self.provider.send(request))
+        try:
+            done, _ = await asyncio.wait({first}, timeout=delay)
+            if done:
+                return first.result()
+            held = await self._hold_copy(request, timing, estimate) if hedging.may_copy() else None
+            if held is None:
+                return await first
+            gates, paced = held
+            hedging.copies += 1
+            self.usage.requests += 1
+            self.usage.hedged += 1
+            started = time.monotonic()
+            second = asyncio.ensure_future(self.provider.send(request))
+            won = False
+            try:
+                response = await first_reply(first, second)
+                won = second.done() and not second.cancelled() and second.exception() is None
+                return response
+            finally:
+                drop(second)
+                timing.add(
+                    "request",
+                    started,
+                    time.monotonic(),
+                    attempt=attempt,
+                    hedge=True,
+                    status="won" if won else "lost",
+                )
+                self.limiter.release()
+                for gate in gates:
+                    gate.settle(None)  # the copy's own usage is unknown once one is cancelled
+                if paced:
+                    self.governor.settle(paced, None)
+        finally:
+            drop(first)
+
+    async def _hold_copy(
+        self, request: LLMRequest, timing: CallTiming, estimate: int
+    ) -> tuple[list[AdmissionGate], int] | None:
+        """What a hedged copy holds if it may go now: a concurrency slot, the gates
+        that admitted it, and the tokens the rate governor drew for it (0: none);
+        None when it would have to wait for any of them."""
+        governor = self.governor
+        paced = 0
+        if not governor.open_at(time.monotonic()):
+            paced = estimate or estimate_tokens(request)
+            if not governor.paces_locally or governor.wait_time(paced) > 0:
+                return None
+        if not self.limiter.try_acquire():
+            return None
+        admitted: list[AdmissionGate] = []
+        try:
+            for gate in timing.gates:
+                wait = await gate.admit(self, request, estimate_usage(request))
+                if wait is not None:
+                    close_wait(wait)
+                    raise NotNow
+                admitted.append(gate)
+            if paced:
+                await governor.admit(paced)  # nothing to wait for: it draws and returns
+        except BaseException:  # a refusal, a wait, or the call cancelled meanwhile
+            for gate in admitted:
+                gate.withdraw()
+            self.limiter.release()
+            return None
+        return admitted, paced
 
     def _learn(self, limits: ReportedLimits, estimate: int) -> None:
         """A reply stated its endpoint's limits: the governor paces by them (unless this

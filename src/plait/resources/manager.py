@@ -23,6 +23,7 @@ from plait.resources.config import (
     fallback_chain,
 )
 from plait.resources.endpoint import Endpoint
+from plait.resources.hedging import Hedging
 from plait.resources.limits import PriorityLimiter
 from plait.resources.pricing import Prices
 from plait.resources.rate import RateGovernor
@@ -275,7 +276,10 @@ class ResourceManager:
         if not self.config:
             say_embedded(alias)
         governor = shared_governor(config)
-        return Endpoint(alias, config, governor.limiter, governor, make_provider(config), usage)
+        endpoint = Endpoint(alias, config, governor.limiter, governor, make_provider(config), usage)
+        if config.hedge_after is not None:
+            endpoint.hedging = Hedging(config.hedge_after, config.max_hedge_fraction)
+        return endpoint
 
     def check_aliases(self, aliases: set[str]) -> None:
         """Fail before any work starts if the pipeline names an alias nobody configured.

@@ -52,6 +52,8 @@ class AliasUsage:
     #: Calls of a cascade whose answer here was not accepted, answered again by the
     #: next tier's alias.
     escalated: int = 0
+    #: Second copies of slow requests (``hedge_after``), part of ``requests``.
+    hedged: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
     #: Requests served by a batch API and on the flex tier (part of ``requests``), and
@@ -163,6 +165,7 @@ class AliasUsage:
             "reasks": self.reasks,
             "moved_on": self.moved_on,
             "escalated": self.escalated,
+            "hedged": self.hedged,
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "batch_requests": self.batch_requests,
@@ -197,6 +200,7 @@ _COUNTERS = (
     "reasks",
     "moved_on",
     "escalated",
+    "hedged",
     "prompt_tokens",
     "completion_tokens",
     "batch_requests",

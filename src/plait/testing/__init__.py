@@ -610,7 +610,8 @@ class FakeOpenAIServer(_FakeServerProcess):
         Args:
             **config: Settings to change, such as ``latency_ms``, ``jitter_ms``,
                 ``rate_429``, ``rate_500``, ``rate_timeout``, ``rate_drop`` (the
-                share of requests that fail so), ``retry_after_s``,
+                share of requests that fail so), ``rate_stall`` with ``stall_s``
+                (the share answered that many seconds late), ``retry_after_s``,
                 ``answer_like_demos`` (answer as the demonstration next to the
                 input), ``gate_texts``, ``reply_headers``, ``rpm_limit``,
                 ``tpm_limit`` and the ``batch_*`` settings (see

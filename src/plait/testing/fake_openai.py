@@ -11,7 +11,9 @@ Replies are a pure function of the request so that tests can predict them:
 * directives in the last user message steer a single request (``[[NAME@MODEL:...]]``
   steers only a request for that model, so two tiers of a cascade can answer apart):
   ``[[status:429]]``,
-  ``[[latency_ms:250]]``, ``[[reply:any text]]`` and ``[[gate:NAME]]``, which parks the
+  ``[[latency_ms:250]]``, ``[[stall_once:SECONDS]]`` (the first request with this body
+  since the last reset is answered that much later, a copy of it at once: a slow
+  replica, for tests of hedging), ``[[reply:any text]]`` and ``[[gate:NAME]]``, which parks the
   request (it counts as in flight) until ``POST /_gate {"open": "NAME"}``; ``/_stats``
   counts the requests parked at each gate, so a test waits for a state, never for time
   (``POST /_config {"gate_texts": {"TEXT": "NAME"}}`` parks requests whose last user
@@ -157,7 +159,8 @@ class PlaceholderLog:
 
 
 _DIRECTIVE = re.compile(
-    r"\[\[(status|latency_ms|reply|gate|sample|top)(?:@([^:\]]+))?:(.*?)\]\]", re.DOTALL
+    r"\[\[(status|latency_ms|reply|gate|sample|top|stall_once)(?:@([^:\]]+))?:(.*?)\]\]",
+    re.DOTALL,
 )
 _JSON_HEADERS: Final = {"Content-Type": "application/json"}
 _MAX_SCHEMA_DEPTH: Final = 64
@@ -472,8 +475,15 @@ def _go_duration(seconds: float) -> str:
 class _Config:
     """Mutable server behaviour; everything ``POST /_config`` may change."""
 
-    _RATES: Final = ("rate_429", "rate_500", "rate_drop", "rate_timeout", "rate_flex_unavailable")
-    _DURATIONS: Final = ("latency_ms", "jitter_ms", "retry_after_s", "timeout_hang_s")
+    _RATES: Final = (
+        "rate_429",
+        "rate_500",
+        "rate_drop",
+        "rate_timeout",
+        "rate_flex_unavailable",
+        "rate_stall",
+    )
+    _DURATIONS: Final = ("latency_ms", "jitter_ms", "retry_after_s", "timeout_hang_s", "stall_s")
 
     def __init__(self, *, latency_ms: float, seed: int) -> None:
         self.latency_ms = latency_ms
@@ -487,6 +497,11 @@ class _Config:
         self.rate_flex_unavailable = 0.0
         self.retry_after_s = 1.0
         self.timeout_hang_s = 30.0
+        #: The share of requests answered only after ``stall_s`` more seconds (a slow
+        #: replica: the reply is a good one, late); drawn only while it is above 0, so
+        #: a seed's other faults fall where they did before it existed.
+        self.rate_stall = 0.0
+        self.stall_s = 10.0
         self.seed = seed
         self.quote_key_in_401 = False
         #: Text -> gate name: a request whose last user message contains the text parks at
@@ -822,7 +837,7 @@ def _content_text(content: Any) -> str:
 
 
 class _Directives:
-    __slots__ = ("gate", "latency_ms", "reply", "sample", "status", "text", "top")
+    __slots__ = ("gate", "latency_ms", "reply", "sample", "stall_once", "status", "text", "top")
 
     def __init__(self, text: str, model: str = "") -> None:
         self.gate: str | None = None
@@ -831,6 +846,7 @@ class _Directives:
         self.latency_ms: float | None = None
         self.reply: str | None = None
         self.top: list[tuple[str, float]] | None = None
+        self.stall_once: float | None = None
         self.text = text
         if "[[" not in text:
             return
@@ -855,6 +871,14 @@ class _Directives:
                 if not 0.0 <= latency < math.inf:
                     raise _BadRequest("[[latency_ms:N]] needs a non-negative number")
                 self.latency_ms = latency
+            elif name == "stall_once":
+                try:
+                    stall = float(value)
+                except ValueError:
+                    raise _BadRequest(f"invalid directive [[stall_once:{value}]]") from None
+                if not 0.0 <= stall < math.inf:
+                    raise _BadRequest("[[stall_once:SECONDS]] needs a non-negative number")
+                self.stall_once = stall
             elif name == "gate":
                 if not value.strip():
                     raise _BadRequest("[[gate:NAME]] needs a name")
@@ -936,6 +960,8 @@ class FakeOpenAIApp:
         self.placeholders_seen = PlaceholderLog("fake OpenAI server")
         # Gates: requests carrying [[gate:NAME]] wait on gates[NAME] until it is opened.
         self._gates: dict[str, asyncio.Event] = {}
+        #: The requests (by key) a ``[[stall_once:...]]`` directive has already stalled.
+        self._stalled_once: set[str] = set()
         self._parked: dict[str, int] = {}
         #: The batch API's files and batches (see :mod:`plait.testing.fake_batches`).
         self.batches = BatchStore(self, self.config.batch)
@@ -1021,6 +1047,7 @@ class FakeOpenAIApp:
 
     async def reset(self, request: web.Request) -> web.Response:
         self._stats.reset(time.monotonic())
+        self._stalled_once.clear()
         self._set_limit(*self._limit_settings().values())  # the same limit, a fresh count
         self.batches.reset()
         # Open every gate, so a test that failed half-way never leaves requests parked for
@@ -1196,6 +1223,8 @@ class FakeOpenAIApp:
         # Drawn for flex requests only, so other requests' faults stay where they were.
         unavailable = plan.service_tier == "flex" and rng.random() < config.rate_flex_unavailable
 
+        stalled = config.rate_stall > 0 and rng.random() < config.rate_stall
+
         directives = plan.directives
         if directives.status is not None:
             drop = hang = limited = failed = unavailable = False
@@ -1205,6 +1234,11 @@ class FakeOpenAIApp:
             delay_s = directives.latency_ms / 1000.0
         else:
             delay_s = (config.latency_ms + jitter) / 1000.0
+        if directives.stall_once is not None and plan.key not in self._stalled_once:
+            self._stalled_once.add(plan.key)  # the first such request only: a slow replica
+            delay_s += directives.stall_once
+        elif stalled:
+            delay_s += config.stall_s
         delay_s -= time.monotonic() - t_start
         if delay_s > 0.0:
             await asyncio.sleep(delay_s)
