@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 import time
 from collections.abc import Awaitable, Callable, Coroutine, MutableMapping
@@ -35,7 +36,14 @@ from plait.providers.base import (
 )
 from plait.providers.ratelimits import ReportedLimits
 from plait.resources.config import ConfigurationError, EndpointConfig
-from plait.resources.hedging import Hedging, NotNow, close_wait, drop, first_reply
+from plait.resources.hedging import (
+    UNKNOWN_DELAY_POLL_S,
+    Hedging,
+    NotNow,
+    close_wait,
+    drop,
+    first_reply,
+)
 from plait.resources.limits import Priority, PriorityLimiter
 from plait.resources.rate import RateGovernor
 from plait.resources.routing import CircuitBreaker, CircuitOpen, failure_kind
@@ -547,22 +555,30 @@ class Endpoint:
     ) -> LLMResponse:
         """One attempt of ``request``, with a second copy sent if the first has had no
         reply after the alias's ``hedge_after`` (`plait.resources.hedging`): the first
-        reply of either wins and the other is cancelled.  The copy goes only if it can
-        go at once (a free slot, no wait under the rate limits, every gate admitting
-        it) and within ``max_hedge_fraction``; else the call waits for its first copy.
+        reply of either wins and the other is cancelled.  The copy takes the next free
+        concurrency slot before any waiting call, and goes only if nothing else would
+        hold it (the rate limits, a gate) and within ``max_hedge_fraction``; else the
+        call waits for its first copy.  A quantile not known yet when the attempt was
+        sent (too few replies) is read again while it waits.
         """
         hedging = self.hedging
         assert hedging is not None
-        delay = hedging.delay(self.usage)
-        if delay is None:
-            return await self.provider.send(request)
         hedging.calls += 1
+        sent = time.monotonic()
         first = asyncio.ensure_future(self.provider.send(request))
         try:
-            done, _ = await asyncio.wait({first}, timeout=delay)
-            if done:
-                return first.result()
-            held = await self._hold_copy(request, timing, estimate) if hedging.may_copy() else None
+            while True:
+                delay = hedging.delay(self.usage)
+                left = UNKNOWN_DELAY_POLL_S if delay is None else sent + delay - time.monotonic()
+                if left > 0:
+                    done, _ = await asyncio.wait({first}, timeout=left)
+                    if done:
+                        return first.result()
+                if delay is not None and time.monotonic() >= sent + delay:
+                    break
+            if not hedging.may_copy():
+                return await first
+            held = await self._hold_copy(request, timing, estimate, first)
             if held is None:
                 return await first
             gates, paced = held
@@ -595,11 +611,16 @@ class Endpoint:
             drop(first)
 
     async def _hold_copy(
-        self, request: LLMRequest, timing: CallTiming, estimate: int
+        self,
+        request: LLMRequest,
+        timing: CallTiming,
+        estimate: int,
+        first: asyncio.Future[LLMResponse],
     ) -> tuple[list[AdmissionGate], int] | None:
-        """What a hedged copy holds if it may go now: a concurrency slot, the gates
-        that admitted it, and the tokens the rate governor drew for it (0: none);
-        None when it would have to wait for any of them."""
+        """What a hedged copy holds once it may go: a concurrency slot (the next one
+        free, ahead of every waiting call), the gates that admitted it, and the tokens
+        the rate governor drew for it (0: none).  None when the first copy replied
+        meanwhile, or the copy would have to wait under the rate limits or at a gate."""
         governor = self.governor
         paced = 0
         if not governor.open_at(time.monotonic()):
@@ -607,7 +628,17 @@ class Endpoint:
             if not governor.paces_locally or governor.wait_time(paced) > 0:
                 return None
         if not self.limiter.try_acquire():
-            return None
+            slot = asyncio.ensure_future(self.limiter.acquire(-math.inf))
+            racing: set[asyncio.Future[Any]] = {first, slot}
+            await asyncio.wait(racing, return_when=asyncio.FIRST_COMPLETED)
+            if not slot.done():
+                slot.cancel()  # the first copy replied: no slot needed
+                await asyncio.wait({slot})
+                if slot.cancelled():
+                    return None
+            if first.done():
+                self.limiter.release()
+                return None
         admitted: list[AdmissionGate] = []
         try:
             for gate in timing.gates:

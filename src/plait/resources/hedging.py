@@ -24,10 +24,20 @@ from plait.resources.config import parse_hedge_after
 if TYPE_CHECKING:
     from plait.resources.usage import AliasUsage
 
-__all__ = ["Hedging", "NotNow", "close_wait", "drop", "first_reply", "parse_hedge_after"]
+__all__ = [
+    "UNKNOWN_DELAY_POLL_S",
+    "Hedging",
+    "NotNow",
+    "close_wait",
+    "drop",
+    "first_reply",
+    "parse_hedge_after",
+]
 
 #: Replies seen before a quantile ``hedge_after`` hedges at all.
 MIN_SAMPLES = 20
+#: How often a request sent before the latency quantile could be read looks again.
+UNKNOWN_DELAY_POLL_S = 0.5
 #: Replies between two readings of the latency quantile (sorting the sample is not free).
 _REREAD = 64
 
