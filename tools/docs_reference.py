@@ -169,9 +169,15 @@ def _type_text(annotation: Any) -> str:
         return " or ".join(_type_text(arg) for arg in kept)
     if origin is typing.Literal:
         return "one of " + ", ".join(_code(f'"{arg}"') for arg in args)
+    if origin is dict:
+        return "table of settings"
     if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
         item = _type_text(args[0])
-        return f"list of {item[len('one of ') :] if item.startswith('one of ') else item + 's'}"
+        if item.startswith("one of "):
+            return f"list of {item[len('one of ') :]}"
+        if item == "table of settings":
+            return "list of tables of settings"
+        return f"list of {item}s"
     names = {str: "string", int: "integer", float: "number", bool: "boolean"}
     if annotation in names:
         return names[annotation]

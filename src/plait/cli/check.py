@@ -48,6 +48,7 @@ Check every alias of a resource file (or the embedded local model, without
   config       the alias's settings are valid
   fallbacks    (an alias with fallbacks) the chain a failed call follows, the
                failures that move it on, and the endpoint's circuit breaker
+  deployments  (an alias with deployments) each one, its limits and circuit breaker
   key          the API key is there (api_key, or the variable api_key_env names)
   endpoint     base_url accepts a connection (local: the model file and llama.cpp)
   model        one tiny request (a few tokens) gets an answer; skipped with --no-call
@@ -178,16 +179,28 @@ async def check_alias(
     result.endpoint = _describe(config)
     if config.fallbacks and not _chain(result, alias, config, fallbacks or {}):
         return result
+    if config.deployments:
+        _deployments(result, config)
+        result.endpoint = f"{len(config.deployments)} deployments"
+    for each in config.deployment_configs() or [config]:
+        # The alias's own settings only describe its deployments: each is checked.
+        await _works(result, alias, each, timeout, call)
+    return result
+
+
+async def _works(
+    result: AliasCheck, alias: str, config: EndpointConfig, timeout: float, call: bool
+) -> None:
+    """The key, endpoint and model steps for one endpoint (the alias's, or a deployment's)."""
     if not _key(result, config):
-        return result
+        return
     provider_ok = await _reachable(result, config, timeout)
     if not provider_ok:
-        return result
+        return
     if not call:
         result.passed("model", "not called (--no-call)")
-        return result
+        return
     await _answers(result, alias, config, timeout)
-    return result
 
 
 def _config(result: AliasCheck, alias: str, spec: Any) -> EndpointConfig | None:
@@ -232,6 +245,17 @@ def _chain(
         f"probes after {config.breaker_cooldown_s:g} s)",
     )
     return True
+
+
+def _deployments(result: AliasCheck, config: EndpointConfig) -> None:
+    """Each deployment of the alias, with its limits and circuit breaker."""
+    shown = []
+    for own in config.deployment_configs():
+        limits = f"{own.max_concurrent} at once"
+        if own.requests_per_minute:
+            limits += f", {own.requests_per_minute}/min"
+        shown.append(f"{_describe(own)} ({limits}; circuit breaker {breaker_for(own).state})")
+    result.passed("deployments", "; ".join(shown))
 
 
 def _describe(config: EndpointConfig) -> str:

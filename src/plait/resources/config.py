@@ -189,6 +189,16 @@ class EndpointConfig(BaseModel):
         "one call probes it (half-open): a reply closes the breaker, a failure opens it "
         "for another cooldown.",
     )
+    deployments: tuple[dict[str, Any], ...] = Field(
+        default=(),
+        description="Several deployments of the alias's model (other keys, regions or "
+        "providers serving it), each a table of the settings it changes (`base_url`, "
+        "`api_key_env`, `provider`, `model`, its limits...); the alias's own settings are "
+        "their defaults. Each deployment has its own limits, and a call goes to the one "
+        "with the most headroom (configured, or learned from the replies' headers), and on "
+        "to another when it fails as `fallback_on` says. Prices stay the alias's (a "
+        "deployment at other prices is another alias, as a fallback).",
+    )
     hedge_after: float | str | None = Field(
         default=None,
         description="Send a second copy of a request still unanswered after this long: "
@@ -327,6 +337,30 @@ class EndpointConfig(BaseModel):
         return {**data, "base_url": found} if found else data
 
     @model_validator(mode="after")
+    def _check_deployments(self) -> EndpointConfig:
+        for index, own in enumerate(self.deployments, 1):
+            kept = sorted(set(own) & _NOT_PER_DEPLOYMENT)
+            if kept:
+                raise ValueError(
+                    f"deployments[{index}] sets {', '.join(kept)}, which belong to the alias "
+                    "(a deployment at other prices, or with its own fallbacks or deployments, "
+                    "is another alias: name it in fallbacks)"
+                )
+            unknown = sorted(set(own) - set(type(self).model_fields))
+            if unknown:
+                raise ValueError(f"deployments[{index}]: unknown setting(s) {', '.join(unknown)}")
+        if self.deployments:
+            configs = self.deployment_configs()
+            keys = [config.endpoint_key() for config in configs]
+            if len(set(keys)) != len(keys):
+                raise ValueError(
+                    "two deployments are the same endpoint (provider, base_url and model), and "
+                    "plait keeps one set of limits per endpoint, so they would not add up: give "
+                    "each its own base_url or model"
+                )
+        return self
+
+    @model_validator(mode="after")
     def _check_hedge_after(self) -> EndpointConfig:
         parse_hedge_after(self.hedge_after)
         return self
@@ -344,6 +378,29 @@ class EndpointConfig(BaseModel):
         if not self.model and self.provider != "local":
             raise ValueError(f"provider {self.provider!r} needs a model name")
         return self
+
+    def deployment_configs(self) -> list[EndpointConfig]:
+        """Each of ``deployments`` as a whole configuration: the alias's settings with the
+        deployment's own over them.
+
+        Returns:
+            One configuration per deployment, in order; empty without deployments.
+        """
+        if not self.deployments:
+            return []
+        base = self.model_dump(exclude={"deployments", "fallbacks"}, exclude_unset=False)
+        base["api_key"] = self.api_key
+        made = []
+        for own in self.deployments:
+            settings = {**base, **own}
+            if "api_key_env" in own and "api_key" not in own:
+                settings["api_key"] = None
+            if "api_key" in own and "api_key_env" not in own:
+                settings["api_key_env"] = None
+            if own.get("provider", self.provider) != self.provider and "base_url" not in own:
+                settings["base_url"] = None  # another provider's own URL, not the alias's
+            made.append(EndpointConfig(**settings))
+        return made
 
     def resolved_api_key(self) -> str | None:
         """The key to send, read when it is needed so a rotated variable is picked up.
@@ -365,6 +422,21 @@ class EndpointConfig(BaseModel):
         """
         return (self.provider, self.base_url or "", self.model)
 
+
+#: What a deployment cannot set: prices, and what makes routing recursive.
+_NOT_PER_DEPLOYMENT = frozenset(
+    {
+        "deployments",
+        "fallbacks",
+        "input_price_per_mtok",
+        "output_price_per_mtok",
+        "batch_price_factor",
+        "flex_price_factor",
+        "cache_read_price_factor",
+        "cache_write_price_factor",
+        "cache_write_1h_price_factor",
+    }
+)
 
 _QUANTILE = re.compile(r"^p(\d{1,2}(?:\.\d+)?)$")
 
@@ -562,6 +634,10 @@ class ResourceConfig(Mapping[str, EndpointConfig]):
                 raise ConfigurationError(_explain(alias, exc)) from None
             _check_key_reference(alias, parsed[alias])
             _check_base_url(alias, parsed[alias])
+            for index, deployment in enumerate(parsed[alias].deployment_configs(), 1):
+                where = f"{alias}.deployments[{index}]"
+                _check_key_reference(where, deployment)
+                _check_base_url(where, deployment)
         self._aliases = parsed
         check_fallbacks(self.fallbacks())
 

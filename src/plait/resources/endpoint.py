@@ -259,6 +259,9 @@ class Endpoint:
             chain of fallbacks (its own, or another alias's).
         hedging: When the alias hedges slow requests (``hedge_after``): when to
             send a second copy, and how many have gone.
+        deployments: For an alias with ``deployments``, one endpoint per deployment
+            (each with its own limits); this one then only chooses among them.
+        label: A deployment's name in the usage report (``provider/model @ host``).
     """
 
     alias: str
@@ -271,6 +274,8 @@ class Endpoint:
     fallbacks: tuple[Endpoint, ...] = ()
     breaker: CircuitBreaker | None = None
     hedging: Hedging | None = None
+    deployments: tuple[Endpoint, ...] = ()
+    label: str = ""
 
     def complete(
         self,
@@ -316,11 +321,79 @@ class Endpoint:
         route: _Route | None,
     ) -> Coroutine[Any, Any, LLMResponse]:
         """`complete` at this endpoint alone; ``route`` when it is one stop of a chain."""
+        if self.deployments:
+            return self._complete_pooled(request, priority, timing, route)
         if request.embed and not getattr(self.provider, "embeds", False):
             return _refused(self._no_embeddings())
         if request.response_format is None and request.validate is None:
             return self._send_with_retries(request, priority, timing, route)
         return self._complete_checked(request, priority, timing, route)
+
+    async def _complete_pooled(
+        self,
+        request: LLMRequest,
+        priority: float | Priority,
+        timing: CallTiming,
+        route: _Route | None,
+    ) -> LLMResponse:
+        """`complete` for an alias with ``deployments``: at the deployment with the most
+        headroom, and on to the next best when one fails in a way ``fallback_on`` names
+        (or its breaker is open).  The last deployment tried keeps its retries whole
+        unless the alias has fallbacks of its own after it."""
+        left = list(self.deployments)
+        tried: list[str] = []
+        failure: ProviderError | None = None
+        while left:
+            member = self._pick(left, request)
+            left.remove(member)
+            breaker = member.breaker
+            if breaker is not None and breaker.is_open() and left:
+                tried.append(f"{member.label}: circuit breaker open")
+                continue
+            last = not left and (route is None or route.last)
+            stop = _Route(breaker, member.config.fallback_on, last)
+            first = len(timing.spans)
+            try:
+                response = await member._complete_here(request, priority, timing, stop)
+            except CircuitOpen:
+                tried.append(f"{member.label}: circuit breaker open")
+                continue
+            except ProviderError as exc:
+                kind = failure_kind(exc)
+                if kind is None or kind not in member.config.fallback_on:
+                    raise
+                tried.append(f"{member.label}: {exc}")
+                failure = exc
+                continue
+            finally:
+                for span in timing.spans[first:]:
+                    span.info["deployment"] = member.label
+            self.usage.count_deployment(member.label)
+            return response
+        if failure is None:
+            raise CircuitOpen(f"alias {self.alias!r}: every deployment's circuit breaker is open")
+        raise _after(failure, tried[:-1], exhausted=True) from failure
+
+    def _pick(self, members: list[Endpoint], request: LLMRequest) -> Endpoint:
+        """The deployment with the most headroom now: the shortest wait under its rate
+        limits, then the fewest calls held or waiting per slot; ties go round."""
+        now = time.monotonic()
+        estimate = 0
+        best: Endpoint | None = None
+        best_key: tuple[float, float, int] | None = None
+        turn = self.usage.requests
+        for index, member in enumerate(members):
+            governor, limiter = member.governor, member.limiter
+            wait = 0.0
+            if not governor.open_at(now) and governor.paces_locally:
+                estimate = estimate or estimate_tokens(request)
+                wait = governor.peek(estimate)
+            load = (limiter.held + limiter.waiting) / max(limiter.limit, 1)
+            key = (wait, load, (index - turn) % len(members))
+            if best_key is None or key < best_key:
+                best, best_key = member, key
+        assert best is not None
+        return best
 
     async def _complete_routed(
         self, request: LLMRequest, priority: float | Priority, timing: CallTiming
@@ -625,19 +698,29 @@ class Endpoint:
         paced = 0
         if not governor.open_at(time.monotonic()):
             paced = estimate or estimate_tokens(request)
+            # wait_time takes the request's share when it may go now (put back below
+            # if the copy does not go after all).
             if not governor.paces_locally or governor.wait_time(paced) > 0:
                 return None
         if not self.limiter.try_acquire():
             slot = asyncio.ensure_future(self.limiter.acquire(-math.inf))
             racing: set[asyncio.Future[Any]] = {first, slot}
-            await asyncio.wait(racing, return_when=asyncio.FIRST_COMPLETED)
+            try:
+                await asyncio.wait(racing, return_when=asyncio.FIRST_COMPLETED)
+            except BaseException:  # the call was cancelled: the slot, if it comes, goes back
+                slot.add_done_callback(self._give_back_slot)
+                slot.cancel()
+                if paced:
+                    governor.put_back(paced)
+                raise
             if not slot.done():
                 slot.cancel()  # the first copy replied: no slot needed
                 await asyncio.wait({slot})
-                if slot.cancelled():
-                    return None
-            if first.done():
-                self.limiter.release()
+            if slot.cancelled() or first.done():
+                if not slot.cancelled():
+                    self.limiter.release()
+                if paced:
+                    governor.put_back(paced)
                 return None
         admitted: list[AdmissionGate] = []
         try:
@@ -647,14 +730,19 @@ class Endpoint:
                     close_wait(wait)
                     raise NotNow
                 admitted.append(gate)
-            if paced:
-                await governor.admit(paced)  # nothing to wait for: it draws and returns
         except BaseException:  # a refusal, a wait, or the call cancelled meanwhile
             for gate in admitted:
                 gate.withdraw()
             self.limiter.release()
+            if paced:
+                governor.put_back(paced)
             return None
         return admitted, paced
+
+    def _give_back_slot(self, slot: asyncio.Future[None]) -> None:
+        """A slot acquired for a copy that will not be sent goes back."""
+        if not slot.cancelled() and slot.exception() is None:
+            self.limiter.release()
 
     def _learn(self, limits: ReportedLimits, estimate: int) -> None:
         """A reply stated its endpoint's limits: the governor paces by them (unless this

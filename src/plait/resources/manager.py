@@ -275,6 +275,27 @@ class ResourceManager:
         its remote endpoint (`plait.resources.batching.BatchResources` makes another)."""
         if not self.config:
             say_embedded(alias)
+        if config.deployments:
+            members = tuple([self._live(alias, own, usage) for own in config.deployment_configs()])
+            for member in members:
+                member.breaker = breaker_for(member.config)
+                member.label = _label(member.config)
+            chooser = members[0]
+            return Endpoint(
+                alias,
+                config,
+                chooser.limiter,
+                chooser.governor,
+                chooser.provider,
+                usage,
+                deployments=members,
+            )
+        return self._live(alias, config, usage)
+
+    @staticmethod
+    def _live(alias: str, config: EndpointConfig, usage: AliasUsage) -> Endpoint:
+        """An endpoint that sends: ``config``'s provider under the process-wide limits
+        of its remote endpoint, hedging if the configuration says so."""
         governor = shared_governor(config)
         endpoint = Endpoint(alias, config, governor.limiter, governor, make_provider(config), usage)
         if config.hedge_after is not None:
@@ -301,3 +322,16 @@ class ResourceManager:
                 f"configure only: {known}. Add them to the ResourceConfig passed to bind(), "
                 "run() or ExecutionSettings"
             )
+
+
+def _label(config: EndpointConfig) -> str:
+    """A deployment's name in reports: ``provider/model @ host`` (no credentials)."""
+    from urllib.parse import urlsplit
+
+    try:
+        host = urlsplit(config.base_url or "").hostname or "default"
+        port = urlsplit(config.base_url or "").port
+    except ValueError:
+        host, port = "default", None
+    where = f"{host}:{port}" if port else host
+    return f"{config.provider}/{config.model or 'default'} @ {where}"

@@ -350,6 +350,36 @@ class RateGovernor:
                 self._successes = 0
                 self.limiter.set_limit(current + 1)
 
+    def peek(self, estimated_tokens: int) -> float:
+        """How long a request of ``estimated_tokens`` would wait now, taking nothing:
+        `wait_time` without its side (where to send a call, among several endpoints).
+
+        Args:
+            estimated_tokens: The request's estimated tokens.
+
+        Returns:
+            Seconds to wait, 0 when it could go now.
+        """
+        wait = self.wait_time(estimated_tokens)
+        if wait <= 0:
+            self.put_back(estimated_tokens)
+        return wait
+
+    def put_back(self, estimated_tokens: int) -> None:
+        """Undo a `wait_time` that returned 0 (took a request and its tokens) for a
+        request that will not be sent after all."""
+        if self.requests is not None:
+            self.requests.adjust(1)
+        if self.tokens is not None:
+            self.tokens.adjust(estimated_tokens)
+        now = time.monotonic()
+        with self._lock:
+            requests, tokens = self.request_window, self.token_window
+            if requests is not None and now < requests.until:
+                requests.left += 1
+            if tokens is not None and now < tokens.until:
+                tokens.left += estimated_tokens
+
     def refund(self, estimated_tokens: int) -> None:
         """A request that never reached the endpoint gives its tokens back."""
         if self.tokens is not None:

@@ -72,9 +72,16 @@ class AliasUsage:
     reported: ReportedLimits | None = None
     configured_limits: tuple[int | None, int | None] = (None, None)
     effective_limits: tuple[int | None, int | None] = (None, None)
+    #: For an alias with deployments: the calls each deployment answered, by its label.
+    deployments: dict[str, int] = field(default_factory=dict)
     _latencies: list[float] = field(default_factory=list, repr=False)
     _seen: int = field(default=0, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def count_deployment(self, label: str) -> None:
+        """One more call answered by the deployment ``label``."""
+        with self._lock:
+            self.deployments[label] = self.deployments.get(label, 0) + 1
 
     def add_latency(self, seconds: float) -> None:
         with self._lock:
@@ -178,6 +185,7 @@ class AliasUsage:
             "latency_p99_s": self.latency_percentile(0.99),
             "cost_usd": self.cost,
             "limits": self.limits(),
+            "deployments": dict(self.deployments),
         }
 
 
