@@ -375,8 +375,9 @@ class Endpoint:
         raise _after(failure, tried[:-1], exhausted=True) from failure
 
     def _pick(self, members: list[Endpoint], request: LLMRequest) -> Endpoint:
-        """The deployment with the most headroom now: the shortest wait under its rate
-        limits, then the fewest calls held or waiting per slot; ties go round."""
+        """The deployment that would send ``request`` soonest: the wait under its rate
+        limits plus the calls already queued there at its rate (or, unpaced, whether a
+        slot is free), then the fewest calls per slot; ties go round."""
         now = time.monotonic()
         estimate = 0
         best: Endpoint | None = None
@@ -384,12 +385,18 @@ class Endpoint:
         turn = self.usage.requests
         for index, member in enumerate(members):
             governor, limiter = member.governor, member.limiter
+            queued = limiter.held + limiter.waiting
+            per_minute = None
             wait = 0.0
             if not governor.open_at(now) and governor.paces_locally:
                 estimate = estimate or estimate_tokens(request)
                 wait = governor.peek(estimate)
-            load = (limiter.held + limiter.waiting) / max(limiter.limit, 1)
-            key = (wait, load, (index - turn) % len(members))
+                per_minute = governor.effective()[0]
+            if per_minute:
+                soonest = wait + queued * 60.0 / per_minute
+            else:  # in rounds of its slots: none while one is free
+                soonest = wait + max(0, queued - limiter.limit + 1) / max(limiter.limit, 1)
+            key = (soonest, queued / max(limiter.limit, 1), (index - turn) % len(members))
             if best_key is None or key < best_key:
                 best, best_key = member, key
         assert best is not None
