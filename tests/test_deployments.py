@@ -150,3 +150,15 @@ def test_plait_check_lists_each_deployment(servers: list[FakeOpenAIServer], tmp_
     detail = {s["step"]: s["detail"] for s in row["steps"]}["deployments"]
     assert f"127.0.0.1:{east.port}/v1 (16 at once, 600/min; circuit breaker closed)" in detail
     assert f"127.0.0.1:{west.port}/v1 (16 at once; circuit breaker closed)" in detail
+
+
+def test_a_batch_run_sends_an_alias_with_deployments_through_its_first(
+    servers: list[FakeOpenAIServer], tmp_path: Any
+) -> None:
+    for server in servers:
+        server.configure(batch_turnaround_s=0.0)
+    resources = pooled(servers, batch_idle_s=0.0, batch_poll_s=0.1)
+    llm = plait.LLMInference("fast", "S.").bind(resources=resources)
+    out = llm.run_sync(["a", "b"], backend="batch", checkpoint_dir=tmp_path / "ckpt")
+    assert out == ["[S.] a", "[S.] b"]
+    assert [s.batches()["batches_created"] for s in servers] == [1, 0, 0]

@@ -703,6 +703,10 @@ class BatchResources(ResourceManager):
         from plait.providers import make_batch_api
 
         self.ledger.open()  # here, once the run holds its checkpoint's lock
+        if config.deployments:
+            # A batch API has its own quota, far above a deployment's rate: the alias's
+            # batches go through its first deployment.
+            config = config.deployment_configs()[0]
         queue = BatchQueue(make_batch_api(config), self.ledger, alias, config, usage)
         self.queues.append(queue)
         limiter = PriorityLimiter(_UNBOUNDED)
