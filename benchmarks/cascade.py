@@ -21,17 +21,15 @@ equal accuracy.
 from __future__ import annotations
 
 import argparse
-import datetime
 import random
-from pathlib import Path
 from typing import Any, Literal
+
+from sections import write_section  # beside this file
 
 import plait
 from plait.resources.usage import reset_usage, usage
 from plait.testing import FakeOpenAIServer
 
-HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "RESULTS.md"
 SECTION = "## 17. A cascade against the strong model alone (issue 37)"
 LABELS = ("spam", "ham")
 PRICES = {
@@ -121,16 +119,12 @@ def main() -> None:
     text = table(alone, cascade, args)
     print(text)
     if args.write:
-        command = (
-            f"`.venv/bin/python benchmarks/cascade.py --n {args.n} --right {args.right:g} "
-            f"--seed {args.seed}`"
+        write_section(
+            SECTION,
+            f".venv/bin/python benchmarks/cascade.py --n {args.n} --right {args.right:g} "
+            f"--seed {args.seed}",
+            text,
         )
-        day = datetime.date.today().isoformat()
-        existing = RESULTS.read_text(encoding="utf-8").rstrip("\n")
-        if SECTION in existing:
-            raise SystemExit(f"{RESULTS} already has {SECTION!r}: remove it first")
-        block = f"\n\n{SECTION}\n\nMeasured {day} with {command}:\n\n{text}\n"
-        RESULTS.write_text(existing + block, encoding="utf-8")
 
 
 if __name__ == "__main__":

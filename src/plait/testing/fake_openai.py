@@ -864,21 +864,9 @@ class _Directives:
                     raise _BadRequest("[[status:NNN]] supports 200 and 400-599")
                 self.status = status
             elif name == "latency_ms":
-                try:
-                    latency = float(value)
-                except ValueError:
-                    raise _BadRequest(f"invalid directive [[latency_ms:{value}]]") from None
-                if not 0.0 <= latency < math.inf:
-                    raise _BadRequest("[[latency_ms:N]] needs a non-negative number")
-                self.latency_ms = latency
+                self.latency_ms = _non_negative(name, value)
             elif name == "stall_once":
-                try:
-                    stall = float(value)
-                except ValueError:
-                    raise _BadRequest(f"invalid directive [[stall_once:{value}]]") from None
-                if not 0.0 <= stall < math.inf:
-                    raise _BadRequest("[[stall_once:SECONDS]] needs a non-negative number")
-                self.stall_once = stall
+                self.stall_once = _non_negative(name, value)
             elif name == "gate":
                 if not value.strip():
                     raise _BadRequest("[[gate:NAME]] needs a name")
@@ -894,6 +882,17 @@ class _Directives:
         if found:
             # Directives are usually appended to a prompt with a space; drop that padding too.
             self.text = _DIRECTIVE.sub("", text).strip()
+
+
+def _non_negative(name: str, value: str) -> float:
+    """A directive's number (``[[latency_ms:N]]``, ``[[stall_once:N]]``), checked."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise _BadRequest(f"invalid directive [[{name}:{value}]]") from None
+    if not 0.0 <= number < math.inf:
+        raise _BadRequest(f"[[{name}:N]] needs a non-negative number")
+    return number
 
 
 def _top_directive(value: str) -> list[tuple[str, float]]:
