@@ -591,3 +591,33 @@ def test_relative_paths_hold_on_a_cluster_whose_workers_run_elsewhere(
     rows = [json.loads(line) for line in (work / "out.jsonl").read_text().splitlines()]
     assert {r["index"]: r["output"] for r in rows} == {i: two_steps(d) for i, d in enumerate(docs)}
     assert (work / "ckpt").is_dir()
+
+
+def test_a_breaker_one_worker_opened_is_open_for_the_next_workers(
+    server: FakeOpenAIServer,
+) -> None:
+    """A run's workers find the primary failing and open its breaker through the broker;
+    the next run's workers (new processes, breakers of their own) skip it from their
+    first call."""
+    with FakeOpenAIServer() as primary:
+        primary.configure(rate_500=1.0)
+        smart = {
+            "model": "p",
+            "base_url": primary.base_url,
+            "api_key": "sk-test",
+            "max_retries": 0,
+            "max_concurrent": 1,
+            "breaker_failures": 2,
+            "breaker_cooldown_s": 3600,
+            "fallbacks": ["backup"],
+        }
+        backup = {"model": "b", "base_url": server.base_url, "api_key": "sk-test"}
+        resources = plait.ResourceConfig({"smart": smart, "backup": backup})
+        llm = plait.LLMInference("smart", "S.").bind(resources=resources)
+        first = [f"a{i}" for i in range(20)]
+        assert llm.run_sync(first, workers=2) == [f"[S.] {t}" for t in first]
+        paid = primary.stats()["requests_total"]
+        assert 2 <= paid <= 4  # two failures in a row open it, in one worker or both
+        again = [f"b{i}" for i in range(20)]
+        assert llm.run_sync(again, workers=2) == [f"[S.] {t}" for t in again]
+        assert primary.stats()["requests_total"] == paid

@@ -90,3 +90,21 @@ def test_a_429_pauses_everyone_and_halves_the_limit() -> None:
         assert reply["limit"] == 4
 
     asyncio.run(scenario())
+
+
+def test_a_breaker_opened_by_one_worker_is_open_for_all_until_closed() -> None:
+    async def scenario() -> None:
+        broker = LimitBroker()
+        assert await broker.breakers() == {}
+        await broker.breaker_opened("openai|http://a/v1|m", 30.0)
+        open_for = await broker.breakers()
+        assert (
+            list(open_for) == ["openai|http://a/v1|m"]
+            and 29 < open_for["openai|http://a/v1|m"] <= 30
+        )
+        await broker.breaker_closed("openai|http://a/v1|m")
+        assert await broker.breakers() == {}
+        await broker.breaker_opened("openai|http://b/v1|m", 0.0)  # a cooldown already over
+        assert await broker.breakers() == {}
+
+    asyncio.run(scenario())

@@ -199,6 +199,8 @@ class LimitBroker:
         self._seen: dict[str, float] = {}
         self._changed: asyncio.Condition | None = None
         self._budgets: dict[str, dict[str, Any]] = {}
+        #: Per endpoint, when its circuit breaker (opened by some worker) closes again.
+        self._breakers: dict[str, float] = {}
         self.syncs = 0
 
     # -- the one call a worker makes --------------------------------------------------
@@ -328,6 +330,22 @@ class LimitBroker:
             del holds[worker]
         ledger["held_tokens"] = sum(h[0] for h in holds.values())
         ledger["held_cost"] = sum(h[1] for h in holds.values())
+
+    # -- circuit breakers (`plait.ray.breakers`) ---------------------------------------
+    async def breaker_opened(self, key: str, cooldown_s: float) -> None:
+        """A worker opened ``key``'s breaker: every worker skips it for ``cooldown_s``."""
+        self._breakers[key] = time.monotonic() + cooldown_s
+
+    async def breaker_closed(self, key: str) -> None:
+        """A worker's probe found ``key`` answering: its breaker closes for every worker."""
+        self._breakers.pop(key, None)
+
+    async def breakers(self) -> dict[str, float]:
+        """The endpoints whose breakers are open now, with the seconds they stay open."""
+        now = time.monotonic()
+        for key in [k for k, until in self._breakers.items() if until <= now]:
+            del self._breakers[key]
+        return {key: until - now for key, until in self._breakers.items()}
 
     async def forget(self, worker: str) -> None:
         """``worker`` is gone: its slots go back at once."""

@@ -189,6 +189,10 @@ class PipelineWorker:
             return LeasedGovernor(config, limits, worker_id)
 
         use_governors(governor)
+        from plait.ray.breakers import SharedBreaker
+        from plait.resources.routing import use_breakers
+
+        use_breakers(lambda config: SharedBreaker(config, limits))
         self._state: Any = None
         self.load(spec)
 

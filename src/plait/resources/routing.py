@@ -29,6 +29,7 @@ __all__ = [
     "breaker_for",
     "failure_kind",
     "reset_breakers",
+    "use_breakers",
 ]
 
 BreakerState = Literal["closed", "open", "half-open"]
@@ -161,6 +162,21 @@ class CircuitBreaker:
 
 _lock = threading.Lock()
 _breakers: dict[tuple[str, str, str], CircuitBreaker] = {}
+_factory: list[Callable[[EndpointConfig], CircuitBreaker]] = []
+
+
+def use_breakers(factory: Callable[[EndpointConfig], CircuitBreaker] | None) -> None:
+    """Make this process's breakers with ``factory`` (None: local ones).
+
+    A Ray worker (`plait.ray`) installs breakers that share their state through the
+    cluster's broker, so an endpoint one worker found failing is skipped by all.
+
+    Args:
+        factory: Makes the breaker of an endpoint from its configuration.
+    """
+    with _lock:
+        _factory[:] = [factory] if factory is not None else []
+        _breakers.clear()
 
 
 def breaker_for(config: EndpointConfig) -> CircuitBreaker:
@@ -176,13 +192,16 @@ def breaker_for(config: EndpointConfig) -> CircuitBreaker:
     with _lock:
         breaker = _breakers.get(key)
         if breaker is None:
-            breaker = _breakers[key] = CircuitBreaker(
-                config.breaker_failures, config.breaker_cooldown_s
-            )
+            make = _factory[0] if _factory else _local_breaker
+            breaker = _breakers[key] = make(config)
         else:
             breaker.failures = config.breaker_failures
             breaker.cooldown_s = config.breaker_cooldown_s
         return breaker
+
+
+def _local_breaker(config: EndpointConfig) -> CircuitBreaker:
+    return CircuitBreaker(config.breaker_failures, config.breaker_cooldown_s)
 
 
 def reset_breakers() -> None:
