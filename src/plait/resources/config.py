@@ -380,8 +380,9 @@ class EndpointConfig(BaseModel):
         return self
 
     def deployment_configs(self) -> list[EndpointConfig]:
-        """Each of ``deployments`` as a whole configuration: the alias's settings with the
-        deployment's own over them.
+        """Each of ``deployments`` as a whole configuration.
+
+        A deployment's own settings override the alias's, which are its defaults.
 
         Returns:
             One configuration per deployment, in order; empty without deployments.
