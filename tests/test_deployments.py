@@ -162,3 +162,13 @@ def test_a_batch_run_sends_an_alias_with_deployments_through_its_first(
     out = llm.run_sync(["a", "b"], backend="batch", checkpoint_dir=tmp_path / "ckpt")
     assert out == ["[S.] a", "[S.] b"]
     assert [s.batches()["batches_created"] for s in servers] == [1, 0, 0]
+
+
+def test_a_hedged_copy_goes_to_another_deployment(servers: list[FakeOpenAIServer]) -> None:
+    """The first deployment to get the request stalls on it (a slow replica); the copy
+    goes to the other deployment, which answers at once."""
+    resources = pooled(servers[:2], hedge_after=0.2, max_hedge_fraction=1.0, timeout=60)
+    llm = plait.LLMInference("fast", "S.").bind(resources=resources)
+    assert llm.run_sync("x [[stall_once:60]]") == "[S.] x"
+    assert [s.stats()["requests_total"] for s in servers[:2]] == [1, 1]
+    assert plait.usage()["fast"]["hedged"] == 1

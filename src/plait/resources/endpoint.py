@@ -21,7 +21,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import Awaitable, Callable, Coroutine, MutableMapping
+from collections.abc import Awaitable, Callable, Coroutine, MutableMapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeVar
 
@@ -262,6 +262,8 @@ class Endpoint:
         deployments: For an alias with ``deployments``, one endpoint per deployment
             (each with its own limits); this one then only chooses among them.
         label: A deployment's name in the usage report (``provider/model @ host``).
+        siblings: A deployment's fellow deployments of its alias, where a hedged
+            copy of its slow request goes.
     """
 
     alias: str
@@ -276,6 +278,7 @@ class Endpoint:
     hedging: Hedging | None = None
     deployments: tuple[Endpoint, ...] = ()
     label: str = ""
+    siblings: tuple[Endpoint, ...] = ()
 
     def complete(
         self,
@@ -375,32 +378,8 @@ class Endpoint:
         raise _after(failure, tried[:-1], exhausted=True) from failure
 
     def _pick(self, members: list[Endpoint], request: LLMRequest) -> Endpoint:
-        """The deployment that would send ``request`` soonest: the wait under its rate
-        limits plus the calls already queued there at its rate (or, unpaced, whether a
-        slot is free), then the fewest calls per slot; ties go round."""
-        now = time.monotonic()
-        estimate = 0
-        best: Endpoint | None = None
-        best_key: tuple[float, float, int] | None = None
-        turn = self.usage.requests
-        for index, member in enumerate(members):
-            governor, limiter = member.governor, member.limiter
-            queued = limiter.held + limiter.waiting
-            per_minute = None
-            wait = 0.0
-            if not governor.open_at(now) and governor.paces_locally:
-                estimate = estimate or estimate_tokens(request)
-                wait = governor.peek(estimate)
-                per_minute = governor.effective()[0]
-            if per_minute:
-                soonest = wait + queued * 60.0 / per_minute
-            else:  # in rounds of its slots: none while one is free
-                soonest = wait + max(0, queued - limiter.limit + 1) / max(limiter.limit, 1)
-            key = (soonest, queued / max(limiter.limit, 1), (index - turn) % len(members))
-            if best_key is None or key < best_key:
-                best, best_key = member, key
-        assert best is not None
-        return best
+        """The deployment that would send ``request`` soonest (`_soonest`); ties go round."""
+        return _soonest(members, request, self.usage.requests)
 
     async def _complete_routed(
         self, request: LLMRequest, priority: float | Priority, timing: CallTiming
@@ -658,7 +637,10 @@ class Endpoint:
                     break
             if not hedging.may_copy():
                 return await first
-            held = await self._hold_copy(request, timing, estimate, first)
+            # A deployment's copy goes to the fellow deployment that would send it
+            # soonest: the slow one may well be this one.
+            target = _soonest(self.siblings, request, hedging.copies) if self.siblings else self
+            held = await target._hold_copy(request, timing, estimate, first)
             if held is None:
                 return await first
             gates, paced = held
@@ -666,7 +648,7 @@ class Endpoint:
             self.usage.requests += 1
             self.usage.hedged += 1
             started = time.monotonic()
-            second = asyncio.ensure_future(self.provider.send(request))
+            second = asyncio.ensure_future(target.provider.send(request))
             won = False
             try:
                 response = await first_reply(first, second)
@@ -681,12 +663,13 @@ class Endpoint:
                     attempt=attempt,
                     hedge=True,
                     status="won" if won else "lost",
+                    copy_to=target.label if target is not self else None,
                 )
-                self.limiter.release()
+                target.limiter.release()
                 for gate in gates:
                     gate.settle(None)  # the copy's own usage is unknown once one is cancelled
                 if paced:
-                    self.governor.settle(paced, None)
+                    target.governor.settle(paced, None)
         finally:
             drop(first)
 
@@ -838,6 +821,34 @@ class Endpoint:
             for gate in admitted:
                 gate.withdraw()
             await wait
+
+
+def _soonest(members: Sequence[Endpoint], request: LLMRequest, turn: int) -> Endpoint:
+    """The endpoint that would send ``request`` soonest: the wait under its rate limits
+    plus the calls already queued there at its rate (or, unpaced, whether a slot is
+    free), then the fewest calls per slot; ties go round by ``turn``."""
+    now = time.monotonic()
+    estimate = 0
+    best: Endpoint | None = None
+    best_key: tuple[float, float, int] | None = None
+    for index, member in enumerate(members):
+        governor, limiter = member.governor, member.limiter
+        queued = limiter.held + limiter.waiting
+        per_minute = None
+        wait = 0.0
+        if not governor.open_at(now) and governor.paces_locally:
+            estimate = estimate or estimate_tokens(request)
+            wait = governor.peek(estimate)
+            per_minute = governor.effective()[0]
+        if per_minute:
+            soonest = wait + queued * 60.0 / per_minute
+        else:  # in rounds of its slots: none while one is free
+            soonest = wait + max(0, queued - limiter.limit + 1) / max(limiter.limit, 1)
+        key = (soonest, queued / max(limiter.limit, 1), (index - turn) % len(members))
+        if best_key is None or key < best_key:
+            best, best_key = member, key
+    assert best is not None
+    return best
 
 
 def _validate(check: Callable[[Any], Any], payload: Any) -> None:

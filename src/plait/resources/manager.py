@@ -280,6 +280,7 @@ class ResourceManager:
             for member in members:
                 member.breaker = breaker_for(member.config)
                 member.label = _label(member.config)
+                member.siblings = tuple([other for other in members if other is not member])
             chooser = members[0]
             return Endpoint(
                 alias,
