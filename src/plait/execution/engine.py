@@ -195,13 +195,14 @@ class Engine:
         """The input's result: its output, or its first failure in the order the calls
         were written (not the order they failed in, which depends on timing), with
         every failure listed in ``meta["errors"]``."""
-        failures = [
-            results[node_id]
-            for node_id in sorted(results)
-            if results[node_id].kind is ValueKind.ERROR
-            and not results[node_id].meta.get("recovered")
+        failed = [
+            (node_id, value)
+            for node_id, value in results.items()
+            if value.kind is ValueKind.ERROR and not value.meta.get("recovered")
         ]
-        if failures:
+        if failed:
+            # Sorted only when something failed: an input that succeeded pays no sort.
+            failures = [value for _, value in sorted(failed, key=_node_id)]
             original = [v for v in failures if not v.meta.get("short_circuited")] or failures
             first = original[0]
             meta = dict(first.meta)
@@ -708,6 +709,10 @@ async def _within(handlers: tuple[Handler, ...], work: Coroutine[Any, Any, T]) -
             work.close()
             raise
         return await work
+
+
+def _node_id(failed: tuple[int, Value]) -> int:
+    return failed[0]
 
 
 def _short_circuit(node: Node, cause: Value) -> Value:
