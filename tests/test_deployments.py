@@ -172,3 +172,24 @@ def test_a_hedged_copy_goes_to_another_deployment(servers: list[FakeOpenAIServer
     assert llm.run_sync("x [[stall_once:60]]") == "[S.] x"
     assert [s.stats()["requests_total"] for s in servers[:2]] == [1, 1]
     assert plait.usage()["fast"]["hedged"] == 1
+
+
+def test_an_alias_whose_deployments_all_fail_falls_back_on_another_alias(
+    servers: list[FakeOpenAIServer],
+) -> None:
+    east, west, backup = servers
+    east.configure(rate_500=1.0)
+    west.configure(rate_500=1.0)
+    deployments = [{"base_url": east.base_url}, {"base_url": west.base_url}]
+    fast = {"model": "m", "api_key": "sk-test", "max_retries": 0, "deployments": deployments}
+    resources = plait.ResourceConfig(
+        {
+            "fast": {**fast, "fallbacks": ["backup"]},
+            "backup": {"model": "b", "base_url": backup.base_url, "api_key": "sk-test"},
+        }
+    )
+    llm = plait.LLMInference("fast", "S.").bind(resources=resources)
+    inputs = [f"q{i}" for i in range(12)]
+    assert llm.run_sync(inputs) == [f"[S.] {q}" for q in inputs]
+    assert served([backup]) == [12]
+    assert plait.usage()["fast"]["moved_on"] == 12

@@ -339,47 +339,28 @@ class Endpoint:
         timing: CallTiming,
         route: _Route | None,
     ) -> LLMResponse:
-        """`complete` for an alias with ``deployments``: at the deployment with the most
-        headroom, and on to the next best when one fails in a way ``fallback_on`` names
-        (or its breaker is open).  The last deployment tried keeps its retries whole
-        unless the alias has fallbacks of its own after it."""
+        """`complete` for an alias with ``deployments``: at the deployment that would
+        send it soonest (`_soonest`), and on to the next when one fails in a way
+        ``fallback_on`` names or its breaker sends the call on.  The last deployment
+        tried keeps its retries whole unless the alias has fallbacks after it."""
         left = list(self.deployments)
         tried: list[str] = []
         failure: ProviderError | None = None
         while left:
-            member = self._pick(left, request)
+            member = _soonest(left, request, self.usage.requests)
             left.remove(member)
-            breaker = member.breaker
-            if breaker is not None and breaker.is_open() and left:
-                tried.append(f"{member.label}: circuit breaker open")
-                continue
             last = not left and (route is None or route.last)
-            stop = _Route(breaker, member.config.fallback_on, last)
-            first = len(timing.spans)
-            try:
-                response = await member._complete_here(request, priority, timing, stop)
-            except CircuitOpen:
-                tried.append(f"{member.label}: circuit breaker open")
-                continue
-            except ProviderError as exc:
-                kind = failure_kind(exc)
-                if kind is None or kind not in member.config.fallback_on:
-                    raise
-                tried.append(f"{member.label}: {exc}")
-                failure = exc
-                continue
-            finally:
-                for span in timing.spans[first:]:
-                    span.info["deployment"] = member.label
-            self.usage.count_deployment(member.label)
-            return response
+            outcome = await member._try_stop(
+                request, priority, timing, last, member.label, "deployment"
+            )
+            if isinstance(outcome, LLMResponse):
+                self.usage.count_deployment(member.label)
+                return outcome
+            tried.append(outcome.note)
+            failure = outcome.failure or failure
         if failure is None:
             raise CircuitOpen(f"alias {self.alias!r}: every deployment's circuit breaker is open")
         raise _after(failure, tried[:-1], exhausted=True) from failure
-
-    def _pick(self, members: list[Endpoint], request: LLMRequest) -> Endpoint:
-        """The deployment that would send ``request`` soonest (`_soonest`); ties go round."""
-        return _soonest(members, request, self.usage.requests)
 
     async def _complete_routed(
         self, request: LLMRequest, priority: float | Priority, timing: CallTiming
@@ -391,46 +372,68 @@ class Endpoint:
         tried: list[str] = []
         last = len(chain) - 1
         for position, endpoint in enumerate(chain):
-            breaker = endpoint.breaker
-            verdict = breaker.admit() if breaker is not None else True
-            if verdict is False and position < last:
-                tried.append(f"{endpoint.alias}: circuit breaker open")
-                endpoint.usage.moved_on += 1
-                continue
             sent = request if endpoint is self else replace(request, alias=endpoint.alias)
-            route = _Route(breaker, endpoint.config.fallback_on, position == last)
-            first = len(timing.spans)
+            tag = "alias" if len(chain) > 1 else None
             try:
-                response = await endpoint._complete_here(sent, priority, timing, route)
-            except CircuitOpen:
-                tried.append(f"{endpoint.alias}: circuit breaker open")
-                endpoint.usage.moved_on += 1
-                continue
+                outcome = await endpoint._try_stop(
+                    sent, priority, timing, position == last, endpoint.alias, tag
+                )
             except ProviderError as failure:
-                kind = failure_kind(failure)
-                if kind is None or kind not in endpoint.config.fallback_on:
-                    if breaker is not None and verdict is None:
-                        breaker.abandoned()
-                    if not tried:
-                        raise
-                    raise _after(failure, tried) from failure
-                tried.append(f"{endpoint.alias}: {failure}")
-                if position == last:
-                    raise _after(failure, tried[:-1], exhausted=True) from failure
-                endpoint.usage.moved_on += 1
-                continue
-            except BaseException:
-                if breaker is not None and verdict is None:
-                    breaker.abandoned()
-                raise
-            finally:
-                if len(chain) > 1:
-                    for span in timing.spans[first:]:
-                        span.info["alias"] = endpoint.alias
-            if endpoint is not self:
-                response.fallback = endpoint.alias
-            return response
+                if not tried:
+                    raise
+                raise _after(failure, tried) from failure
+            if isinstance(outcome, LLMResponse):
+                if endpoint is not self:
+                    outcome.fallback = endpoint.alias
+                return outcome
+            tried.append(outcome.note)
+            if position == last:
+                assert outcome.failure is not None  # the last stop is always tried
+                raise _after(outcome.failure, tried[:-1], exhausted=True) from outcome.failure
+            endpoint.usage.moved_on += 1
         raise AssertionError("unreachable: the last endpoint of a chain is always tried")
+
+    async def _try_stop(
+        self,
+        request: LLMRequest,
+        priority: float | Priority,
+        timing: CallTiming,
+        last: bool,
+        name: str,
+        tag: str | None,
+    ) -> LLMResponse | _MovedOn:
+        """One stop of a chain of fallbacks or of a pool of deployments: this endpoint,
+        unless its breaker sends the call on (never at the ``last`` stop).
+
+        Returns the reply, or why the call moved on (`_MovedOn`, with the failure when
+        one was met); a failure ``fallback_on`` does not name is raised.  The spans of
+        the attempts here are marked ``tag: name``.
+        """
+        breaker = self.breaker
+        verdict = breaker.admit() if breaker is not None else True
+        if verdict is False and not last:
+            return _MovedOn(f"{name}: circuit breaker open")
+        first = len(timing.spans)
+        try:
+            return await self._complete_here(
+                request, priority, timing, _Route(breaker, self.config.fallback_on, last)
+            )
+        except CircuitOpen:
+            return _MovedOn(f"{name}: circuit breaker open")
+        except ProviderError as failure:
+            if failure_kind(failure) in self.config.fallback_on:
+                return _MovedOn(f"{name}: {failure}", failure)
+            if breaker is not None and verdict is None:
+                breaker.abandoned()  # a probe that says nothing of the endpoint
+            raise
+        except BaseException:
+            if breaker is not None and verdict is None:
+                breaker.abandoned()
+            raise
+        finally:
+            if tag is not None:
+                for span in timing.spans[first:]:
+                    span.info[tag] = name
 
     def _no_embeddings(self) -> ConfigurationError:
         return ConfigurationError(
@@ -875,6 +878,15 @@ def _reask_text(request: LLMRequest, error: str) -> str:
 
 def _times(count: int) -> str:
     return "once" if count == 1 else f"{count} times"
+
+
+@dataclass(slots=True)
+class _MovedOn:
+    """Why a call left a stop of a chain or a pool: a note for the final error, and the
+    failure it met there (None: the stop's breaker sent it on unsent)."""
+
+    note: str
+    failure: ProviderError | None = None
 
 
 @dataclass(slots=True)

@@ -244,7 +244,9 @@ class ResourceManager:
             chain = fallback_chain(self.config.fallbacks(), alias)
             endpoint.fallbacks = tuple([self.endpoint(other) for other in chain[1:]])
             for member in (endpoint, *endpoint.fallbacks):
-                if member.breaker is None:
+                # An alias with deployments sends nothing itself: each deployment has
+                # its breaker already, and the alias's own settings name no endpoint.
+                if member.breaker is None and not member.deployments:
                     member.breaker = breaker_for(member.config)
         return endpoint
 
