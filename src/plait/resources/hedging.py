@@ -5,8 +5,9 @@ connection), and the batch waits for its slowest call.  An alias with
 ``hedge_after`` sends a second copy of a request that has had no reply after that
 long (seconds, or a quantile of the alias's observed latency such as ``"p95"``); the
 first reply wins and the other copy is cancelled.  ``max_hedge_fraction`` bounds the
-copies as a share of the alias's requests.  A copy is sent only when it can go at
-once: a free concurrency slot, nothing to wait for under the rate limits, and every
+copies as a share of the alias's requests.  A copy takes the next free concurrency
+slot ahead of every waiting call (of a fellow deployment, for an alias with several),
+and goes only when nothing else would hold it: no wait under the rate limits, every
 admission gate (a budget) agreeing; otherwise the call waits for its first copy.
 
 Both copies are the same request, seed included, so an endpoint that honours seeds
