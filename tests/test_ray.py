@@ -75,6 +75,26 @@ def test_a_batch_on_workers_gives_the_one_process_results_in_order(
     assert plait.usage()["fast"]["requests"] == 180  # every worker's counters, added up
 
 
+def test_usage_counts_each_deployment_s_calls_across_workers() -> None:
+    """An alias with two deployments, run on two workers: `usage()` in the driver
+    adds up how many calls each deployment answered in every worker."""
+    with FakeOpenAIServer() as east, FakeOpenAIServer() as west:
+        deployments = [{"base_url": east.base_url}, {"base_url": west.base_url}]
+        fast = {"model": "m", "api_key": "sk-test", "deployments": deployments}
+        resources = plait.ResourceConfig({"fast": fast})
+        inputs = [f"doc {i}" for i in range(40)]
+        plait.reset_usage()
+        rows = Echo("fast").bind(resources=resources).run_sync(inputs, workers=2)
+        assert rows == [echo("fast", t) for t in inputs]
+        answered = {
+            label: server.stats()["requests_total"]
+            for label, server in (("east", east), ("west", west))
+        }
+        by_deployment = plait.usage()["fast"]["deployments"]
+    assert sum(by_deployment.values()) == 40 == sum(answered.values())
+    assert sorted(by_deployment.values()) == sorted(answered.values())
+
+
 def test_max_concurrent_holds_across_four_workers(server: FakeOpenAIServer) -> None:
     """Four workers share one alias's limit of 8: all 8 slots get used (every request
     parks at a gate until 8 wait there, a state, not a timing) and never a ninth."""

@@ -228,10 +228,13 @@ def snapshot_records() -> list[dict[str, Any]]:
     for record in records:
         with record._lock:
             latencies = list(record._latencies)
+            deployments = dict(record.deployments)
         if len(latencies) > _SHIPPED_LATENCIES:
             latencies = random.sample(latencies, _SHIPPED_LATENCIES)
         fields = {name: getattr(record, name) for name in (*_NAMES, *_COUNTERS, *_LIMITS)}
-        fields.update(prices=record.prices, latencies=latencies, seen=record._seen)
+        fields.update(
+            prices=record.prices, latencies=latencies, seen=record._seen, deployments=deployments
+        )
         out.append(fields)
     return out
 
@@ -252,8 +255,9 @@ def _combined() -> list[AliasUsage]:
     for record in local:
         with record._lock:
             latencies = list(record._latencies)
+            fields = {**record.__dict__, "deployments": dict(record.deployments)}
         copy = AliasUsage(record.alias, record.provider, record.model)
-        _add(copy, record.__dict__, latencies)
+        _add(copy, fields, latencies)
         merged[record.alias] = copy
     for row in remote:
         target = merged.get(row["alias"])
@@ -272,6 +276,8 @@ def _add(target: AliasUsage, source: dict[str, Any], latencies: list[float]) -> 
             setattr(target, name, source[name])
     if not target.prices.known:
         target.prices = source["prices"]
+    for label, calls in source.get("deployments", {}).items():
+        target.deployments[label] = target.deployments.get(label, 0) + calls
     target._latencies.extend(latencies)
 
 
