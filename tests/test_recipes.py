@@ -138,7 +138,7 @@ def test_it_chooses_the_recipe_known_to_be_best() -> None:
     history = fit(model, search, answer)
     report = search_report(history)
     assert report["chosen"] == report["best"] == "bm25 k=2 + calibrated"
-    assert "beats every simpler recipe" in report["why"]
+    assert "beats with support the plain list k=4 and every simpler recipe" in report["why"]
     # Every recipe's score on every example, and its place in the simplicity order.
     named = {r["name"]: r for r in report["recipes"]}
     assert named["in place"]["mean"] == pytest.approx(0.5)
@@ -156,13 +156,20 @@ def test_it_chooses_the_recipe_known_to_be_best() -> None:
     assert "1.000 against 0.500" in trial["decided_by"]
 
 
-def test_a_tie_goes_to_the_simpler_recipe() -> None:
-    """A pool wins two examples of 20 more than a fixed list (those only the nearest
-    pair answers), which a paired bootstrap at 90% cannot tell from luck: the list is
-    chosen, and the history says why."""
+def zebra_dataset() -> dict[str, str]:
+    """`dataset`, with two messages only the nearest demonstration can tell."""
     targets = dict(dataset())
     targets["A zebra crossing fee."] = "billing"
     targets["The zebra fee again."] = "billing"
+    return targets
+
+
+def test_a_tie_goes_to_the_plain_list() -> None:
+    """A pool wins two examples of 20 more than the plain list of four pairs (those
+    only the nearest pair answers), which a paired bootstrap at 90% cannot tell from
+    luck: the plain list, what `BootstrapFewShot` installs, is chosen over the pool
+    and over the simpler list of two, and the history says why."""
+    targets = zebra_dataset()
 
     def answer(request: LLMRequest) -> str:
         inputs, answers = shown(request)
@@ -183,11 +190,45 @@ def test_a_tie_goes_to_the_simpler_recipe() -> None:
         history = trainer.fit_sync()
     report = search_report(history)
     assert report["best"] == "bm25 k=2"
+    assert report["chosen"] == "list k=4"
+    assert "the tie goes to the plain list, what BootstrapFewShot installs" in report["why"]
+    versus = {c["recipe"]: c for c in report["comparisons"]}
+    assert not versus["list k=2"]["beaten_with_support"]  # simpler, and tied too
+    plain = versus["list k=4"]
+    assert plain["best_wins"] == 2 and plain["best_losses"] == 0
+    assert plain["interval"][0] <= 0 < plain["best_minus_this"]
+    assert isinstance(model.classify.demos.value, list) and len(model.classify.demos.value) == 4
+
+
+def test_a_tie_goes_to_the_simpler_recipe_when_the_plain_list_is_beaten() -> None:
+    """A model that four demonstrations confuse: the plain list of four is beaten with
+    support, and the pool's two-example gain over the list of two is not supported,
+    so the simpler list of two is chosen."""
+    targets = zebra_dataset()
+
+    def answer(request: LLMRequest) -> str:
+        inputs, answers = shown(request)
+        text = request.messages[-1]["content"]
+        if not answers or len(answers) > 2:
+            return "shipping" if targets[text] == "billing" else "billing"
+        if "zebra" in text:
+            return targets[text] if "zebra" in inputs[-1] else "shipping"
+        return targets[text]
+
+    model = Classify()
+    data = list(targets.items())
+    search = RecipeSearch(
+        model.parameters(), folds=4, k_choices=(2,), label_methods=(), seed=4, confidence=0.9
+    )
+    trainer = Trainer(model, ExactMatch(), search, data[:14], data[14:], max_steps=1)
+    with mock({"fast": answer}):
+        history = trainer.fit_sync()
+    report = search_report(history)
+    versus = {c["recipe"]: c for c in report["comparisons"]}
+    assert versus["list k=4"]["beaten_with_support"]
+    assert report["best"] == "bm25 k=2"
     assert report["chosen"] == "list k=2"
     assert "the tie goes to the simpler recipe" in report["why"]
-    versus = {c["recipe"]: c for c in report["comparisons"]}["list k=2"]
-    assert versus["best_wins"] == 2 and versus["best_losses"] == 0
-    assert versus["interval"][0] <= 0 < versus["best_minus_this"]
     assert isinstance(model.classify.demos.value, list) and len(model.classify.demos.value) == 2
 
 

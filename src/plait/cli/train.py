@@ -110,9 +110,11 @@ instructions by --optimizer-alias.  Each recipe is scored by --folds-fold
 cross-validation (5) over --data and --val together, each fold's demonstrations
 drawn from the other folds only, by successive halving within --max-calls LLM
 requests (600: every call of the runs it scores, a calibrated label call twice,
-and every instruction proposal).  The simplest recipe the best one does not beat
+and every instruction proposal).  The best recipe is installed only if it beats
 with support (the 68% paired-bootstrap interval of its gain, about one standard
-error, reaches 0) is
+error, lies above 0) the plain fixed list of --max-demos pairs (what bootstrap
+installs) and every simpler recipe; otherwise the tie goes to the plain list,
+then to the simplest recipe it does not beat, and that one is
 installed (a pool of every labelled pair, or the fixed list that scored best in
 cross-validation); the gate keeps it only if that
 cross-validated score beats the values in place on the same examples (not on

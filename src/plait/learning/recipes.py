@@ -17,12 +17,16 @@ with evidence that a small validation set cannot give:
    (every recipe on the first fold, the better ``1/eta`` on more, and so on to
    all of them), within ``max_calls`` LLM requests; the values in place and a
    plain fixed list (what `BootstrapFewShot` installs) always go to the end;
-4. among the recipes scored on every example, the best mean wins, *unless* a
-   simpler one is not beaten by it with support (the paired-bootstrap interval of
-   the best's gain over it, at ``confidence``, reaches 0): then the simplest such
-   recipe is chosen.  A tie goes to the simpler.  The default level, 68%, is the
-   one-standard-error rule of choosing by cross-validation: a more complex recipe
-   must gain at least about one standard error of the paired difference;
+4. among the recipes scored on every example, the best mean wins, *unless* the
+   plain fixed list of ``max_demos`` pairs (what `BootstrapFewShot` installs, the
+   recipe known to do well on most tasks) or a simpler recipe is not beaten by it
+   with support (the paired-bootstrap interval of the best's gain over it, at
+   ``confidence``, reaches 0): then the plain list is chosen if it is such a
+   recipe, and otherwise the simplest one.  So a tie goes to the plain list, then
+   to the simpler: a recipe other than the plain list is installed only on
+   evidence that it does better on this task.  The default level, 68%, is the
+   one-standard-error rule of choosing by cross-validation: a recipe must gain
+   at least about one standard error of the paired difference;
 5. the chosen recipe is installed: a pool holds every labelled pair; a fixed
    list is the one cross-validation scored best (the list of the fold whose
    held-out examples it answered best), since which pairs a list holds matters
@@ -141,10 +145,12 @@ class RecipeSearch(DemoSearch):
     the label calls' providers run, and, with a ``rewriter``, new instructions.
     Each recipe is scored by ``folds``-fold cross-validation over the training and
     validation examples together (a fold's demonstrations come only from the other
-    folds' pairs), by successive halving within ``max_calls``.  The simplest recipe
-    the best one does not beat with support (paired bootstrap at ``confidence``)
-    is installed (a pool of every labelled pair, or the fixed list that scored best
-    in cross-validation).  It searches once, at the
+    folds' pairs), by successive halving within ``max_calls``.  The best recipe
+    is installed only if it beats the plain fixed list of ``max_demos`` pairs with
+    support (paired bootstrap at ``confidence``); otherwise the plain list is, or,
+    where the best does not beat a simpler recipe either, the simplest such one
+    (a pool of every labelled pair, or the fixed list that scored best in
+    cross-validation).  It searches once, at the
     `Trainer`'s first step (later steps change nothing), so train it with
     ``max_steps=1``.  ``search_report`` (the history's ``trials[].search``) holds
     every recipe tried, its score on every example, the intervals, the calls used
@@ -805,13 +811,14 @@ class _Search:
     def _choose(
         self, finalists: list[Recipe], scores: dict[Recipe, dict[int, float]]
     ) -> tuple[Recipe, list[dict[str, Any]], Recipe]:
-        """The simplest finalist the best one does not beat with support."""
+        """The finalist to install: the best, unless it does not beat with support the
+        plain list (chosen then) or a simpler recipe (the simplest such one then)."""
         owner = self.owner
         n = len(self.examples)
         means = {r: _mean([scores[r][i] for i in range(n)]) for r in finalists}
         best = min(finalists, key=lambda r: (-means[r], r.complexity()))
         comparisons: list[dict[str, Any]] = []
-        chosen: Recipe | None = None
+        tied: list[Recipe] = []  # the finalists the best does not beat with support
         for recipe in finalists:  # simplest first
             diffs = [scores[best][i] - scores[recipe][i] for i in range(n)]
             # The same resamples for every comparison: the same differences get the
@@ -829,9 +836,11 @@ class _Search:
                     "beaten_with_support": supported,
                 }
             )
-            if chosen is None and not supported:
-                chosen = recipe
-        assert chosen is not None  # the best is never beaten by itself
+            if not supported:
+                tied.append(recipe)
+        # The plain list is the recipe to beat: a tie goes to it, then to the simpler.
+        plain = Recipe("list", owner.max_demos)
+        chosen = plain if plain in tied else tied[0]  # the best is always tied with itself
         return chosen, comparisons, best
 
     def _install(
@@ -848,17 +857,28 @@ class _Search:
         incumbent = Recipe()
         before = _mean([scores[incumbent][i] for i in range(n)])
         after = _mean([scores[chosen][i] for i in range(n)])
+        plain = Recipe("list", owner.max_demos)
         if chosen != incumbent and after <= before:
             why = (
-                f"{chosen.name} was the simplest recipe {best.name} does not beat with support, "
+                f"{chosen.name} was the recipe {best.name} does not beat with support, "
                 f"but it scores no better than the values in place ({after:.3f} <= "
                 f"{before:.3f}): the values in place are kept"
             )
             chosen, after = incumbent, before
-        elif chosen == best:
+        elif chosen == plain:
             why = (
-                f"{best.name} scored best ({after:.3f}) and beats every simpler recipe with "
-                f"support (the {owner.confidence:.0%} interval of its gain lies above 0)"
+                f"the plain {plain.name}, what BootstrapFewShot installs, scored best ({after:.3f})"
+                if best == plain
+                else f"{best.name} scored best ({_mean([scores[best][i] for i in range(n)]):.3f}) "
+                f"but its gain over the plain {plain.name} ({after:.3f}) is not supported at "
+                f"{owner.confidence:.0%} (the interval reaches 0): the tie goes to the plain "
+                "list, what BootstrapFewShot installs"
+            )
+        elif chosen == best:
+            against = f"the plain {plain.name} and " if len(scores.get(plain, {})) == n else ""
+            why = (
+                f"{best.name} scored best ({after:.3f}) and beats with support {against}every "
+                f"simpler recipe (the {owner.confidence:.0%} interval of its gain lies above 0)"
             )
         else:
             why = (
