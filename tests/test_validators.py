@@ -158,6 +158,37 @@ def test_bad_validator_settings_are_refused_where_the_call_is_made() -> None:
         plait.LLMInference("fast", max_tokens_per_call=0)
 
 
+def test_the_functional_calls_re_ask_as_llm_inference_does(
+    server: FakeOpenAIServer, resources: plait.ResourceConfig
+) -> None:
+    """`complete` and `chat_complete` take the same reply checks as `LLMInference`."""
+    import asyncio
+
+    import plait.functional as F
+
+    async def calls() -> tuple[plait.Value, plait.Value]:
+        good = await F.complete(
+            "fast", "x", system="S.", validate=second_answer, resources=resources
+        )
+        bad = await F.chat_complete(
+            "fast",
+            [F.system("S."), F.user("y")],
+            validate=never,
+            max_reasks=2,
+            resources=resources,
+        )
+        return good, bad
+
+    good, bad = asyncio.run(calls())
+    assert F.text_of(good).startswith("[S.] That reply is not valid: the reply failed a check")
+    assert bad.is_error and "also after re-asking 2 times" in bad.meta["message"]
+    assert len(requests(server)) == 2 + 3
+    with pytest.raises(TypeError, match=r"complete\(validate=\.\.\.\) takes a function"):
+        asyncio.run(F.complete("fast", "x", validate="digits", resources=resources))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"chat_complete\(max_reasks=\.\.\.\)"):
+        asyncio.run(F.chat_complete("fast", [F.user("x")], max_reasks=-1, resources=resources))
+
+
 def test_a_validator_is_part_of_the_cache_key(
     server: FakeOpenAIServer, resources: plait.ResourceConfig
 ) -> None:

@@ -67,12 +67,12 @@ from __future__ import annotations
 
 import difflib
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from plait._text import as_text, prompt_text
 from plait.execution.calls import CallSite
-from plait.providers.base import LLMRequest, LLMResponse
+from plait.providers.base import LLMRequest, LLMResponse, check_reply_checks
 from plait.values import ExecutionError, Value, ValueKind, error_value
 
 __all__ = [
@@ -101,7 +101,16 @@ _RESERVED_EXTRA = {
     "n": "plait reads one reply per request; for n samples use LLMInference(n=...), or make "
     "n calls (inside a seeded run each gets its own seed)",
 }
-_NAMED = ("temperature", "max_tokens", "response_format", "resources", "name")
+_NAMED = (
+    "temperature",
+    "max_tokens",
+    "response_format",
+    "resources",
+    "name",
+    "validate",
+    "max_reasks",
+    "max_tokens_per_call",
+)
 
 
 # -- message builders ---------------------------------------------------------------------
@@ -217,6 +226,9 @@ async def chat_complete(
     response_format: Any = None,
     resources: Any = None,
     name: str | None = None,
+    validate: Callable[[Any], Any] | None = None,
+    max_reasks: int = 1,
+    max_tokens_per_call: int | None = None,
     **extra: Any,
 ) -> Value:
     """Send one chat request to ``alias``; a `Value` of kind RESPONSE (or ERROR) comes back.
@@ -238,6 +250,15 @@ async def chat_complete(
         name: The module path handlers and profiles see (inside a module it is
             appended to the module's path; default: that path, or
             ``"chat_complete"``).
+        validate: A function of the reply (the parsed object, or the text) that
+            rejects it by raising ``ValueError`` or ``AssertionError`` or by
+            returning False; the error is sent back for another answer.
+        max_reasks: How many times a rejected reply (one ``validate`` rejects, or
+            one that does not parse into ``response_format``) is sent back with
+            its error for another answer; then the call is an ERROR naming the
+            last error.
+        max_tokens_per_call: The most tokens (prompts and replies) the call's
+            attempts may spend together; None: no bound.
         **extra: Any other provider field (``seed``, ``top_p``, ``stop``,
             ``tools``...), sent as it is.
 
@@ -248,16 +269,26 @@ async def chat_complete(
     Raises:
         TypeError: When an argument can never work (an alias that is not a
             string, a keyword that is not a provider field, malformed messages).
-        ValueError: When the messages are empty or malformed, or ``max_tokens`` is
-            not a positive integer.
+        ValueError: When the messages are empty or malformed, or ``max_tokens``,
+            ``max_reasks`` or ``max_tokens_per_call`` is out of its range.
         plait.ConfigurationError: When the resources do not
             configure ``alias``.
     """
     _check_call(alias, temperature, max_tokens, response_format, name, extra)
+    check_reply_checks(validate, max_reasks, max_tokens_per_call, "chat_complete")
     site = CallSite.here(resources, name, "chat_complete")
-    return await _send_messages(
-        site, alias, messages, temperature, max_tokens, response_format, extra
+    request = LLMRequest(
+        alias=alias,
+        messages=[],
+        temperature=temperature,
+        max_tokens=max_tokens,
+        response_format=response_format,
+        extra=dict(extra),
+        validate=validate,
+        max_reasks=max_reasks,
+        max_tokens_per_call=max_tokens_per_call,
     )
+    return await _send_messages(site, request, messages)
 
 
 async def complete(
@@ -271,6 +302,9 @@ async def complete(
     resources: Any = None,
     name: str | None = None,
     demos: Any = None,
+    validate: Callable[[Any], Any] | None = None,
+    max_reasks: int = 1,
+    max_tokens_per_call: int | None = None,
     **extra: Any,
 ) -> Value:
     """One user turn (with an optional system prompt): the request an `LLMInference` makes.
@@ -291,6 +325,9 @@ async def complete(
         name: As in `chat_complete` (default: ``"complete"``).
         demos: Input/output pairs (`plait.demos`), sent between the system prompt
             and the prompt as user/assistant turns.
+        validate: As in `chat_complete`.
+        max_reasks: As in `chat_complete`.
+        max_tokens_per_call: As in `chat_complete`.
         **extra: Provider fields, as in `chat_complete`.
 
     Returns:
@@ -325,6 +362,7 @@ async def complete(
         ```
     """
     _check_call(alias, temperature, max_tokens, response_format, name, extra)
+    check_reply_checks(validate, max_reasks, max_tokens_per_call, "complete")
     if prompt is None:
         raise TypeError("complete() needs a prompt (text, a Value or an object), got None")
     messages: list[dict[str, Any]] = []
@@ -338,33 +376,28 @@ async def complete(
         messages.extend(demo_messages(normalize_demos(demos, "complete(demos=...)", labels)))
     messages.append({"role": "user", "content": _prompt_content(prompt, "prompt")})
     site = CallSite.here(resources, name, "complete")
-    return await _send_messages(
-        site, alias, messages, temperature, max_tokens, response_format, extra
-    )
-
-
-async def _send_messages(
-    site: CallSite,
-    alias: str,
-    messages: Any,
-    temperature: float | None,
-    max_tokens: int | None,
-    response_format: Any,
-    extra: dict[str, Any],
-) -> Value:
-    """Check the messages and the alias, then make the one request both calls describe."""
-    checked, failed = _checked_messages(messages)
-    site.check_alias(alias)
-    if failed is not None:
-        return error_value(failed.payload, module_path=site.name, cause=failed)
     request = LLMRequest(
         alias=alias,
-        messages=checked,
+        messages=[],
         temperature=temperature,
         max_tokens=max_tokens,
         response_format=response_format,
         extra=dict(extra),
+        validate=validate,
+        max_reasks=max_reasks,
+        max_tokens_per_call=max_tokens_per_call,
     )
+    return await _send_messages(site, request, messages)
+
+
+async def _send_messages(site: CallSite, request: LLMRequest, messages: Any) -> Value:
+    """Check the messages and the alias, then make the one request both calls describe
+    (``request`` with ``messages`` in place)."""
+    checked, failed = _checked_messages(messages)
+    site.check_alias(request.alias)
+    if failed is not None:
+        return error_value(failed.payload, module_path=site.name, cause=failed)
+    request.messages = checked
     return await site.call(request)
 
 

@@ -24,6 +24,7 @@ from plait.labels import (
 )
 from plait.module import BackwardContext, BackwardResult, Module
 from plait.parameter import Parameter
+from plait.providers.base import check_reply_checks
 from plait.structured import schema_for
 from plait.values import Value
 
@@ -175,25 +176,7 @@ class LLMInference(Module):
                 "function of the reply"
             )
         self.accept = accept
-        if validate is not None and not callable(validate):
-            raise TypeError(
-                "LLMInference(validate=...) takes a function of the reply (raise ValueError "
-                f"or AssertionError, or return False, to reject it), got {type(validate).__name__}"
-            )
-        if isinstance(max_reasks, bool) or not isinstance(max_reasks, int) or max_reasks < 0:
-            raise ValueError(
-                "LLMInference(max_reasks=...) is how many times a rejected reply is sent back "
-                f"for another answer, an integer >= 0; got {max_reasks!r}"
-            )
-        if max_tokens_per_call is not None and (
-            isinstance(max_tokens_per_call, bool)
-            or not isinstance(max_tokens_per_call, int)
-            or max_tokens_per_call < 1
-        ):
-            raise ValueError(
-                "LLMInference(max_tokens_per_call=...) bounds the tokens of a call's attempts "
-                f"together, a positive integer or None; got {max_tokens_per_call!r}"
-            )
+        check_reply_checks(validate, max_reasks, max_tokens_per_call, "LLMInference")
         self.validate = validate
         self.max_reasks = max_reasks
         self.max_tokens_per_call = max_tokens_per_call

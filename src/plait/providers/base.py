@@ -63,6 +63,7 @@ __all__ = [
     "ProviderError",
     "ReplyFormatError",
     "Usage",
+    "check_reply_checks",
     "logprobs_of",
     "reply_checks",
     "status_error",
@@ -170,6 +171,43 @@ class LLMRequest:
             `reply_checks` of the request's validator and re-ask bounds.
         """
         return reply_checks(self.validate, self.max_reasks, self.max_tokens_per_call)
+
+
+def check_reply_checks(
+    validate: Any, max_reasks: Any, max_tokens_per_call: Any, where: str
+) -> None:
+    """Refuse reply checks that can never work, naming the argument and the fix.
+
+    Args:
+        validate: A validator: a function of the reply, or None.
+        max_reasks: Re-asks after a rejected reply: an integer >= 0.
+        max_tokens_per_call: A bound on the tokens of a call's attempts together: a
+            positive integer, or None.
+        where: The call that took them, as the messages name it (``"LLMInference"``).
+
+    Raises:
+        TypeError: When ``validate`` is not callable.
+        ValueError: When a bound is not an integer in its range.
+    """
+    if validate is not None and not callable(validate):
+        raise TypeError(
+            f"{where}(validate=...) takes a function of the reply (raise ValueError "
+            f"or AssertionError, or return False, to reject it), got {type(validate).__name__}"
+        )
+    if isinstance(max_reasks, bool) or not isinstance(max_reasks, int) or max_reasks < 0:
+        raise ValueError(
+            f"{where}(max_reasks=...) is how many times a rejected reply is sent back "
+            f"for another answer, an integer >= 0; got {max_reasks!r}"
+        )
+    if max_tokens_per_call is not None and (
+        isinstance(max_tokens_per_call, bool)
+        or not isinstance(max_tokens_per_call, int)
+        or max_tokens_per_call < 1
+    ):
+        raise ValueError(
+            f"{where}(max_tokens_per_call=...) bounds the tokens of a call's attempts "
+            f"together, a positive integer or None; got {max_tokens_per_call!r}"
+        )
 
 
 def reply_checks(
