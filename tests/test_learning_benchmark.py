@@ -158,6 +158,13 @@ def test_merging_the_published_run_files_still_reports_them(
     assert learning.auto_missed(learning.summary(rows + fake + close)) == [
         "sentiment: auto's mean 74% < plain bootstrap's 75%"
     ]
+    # Plain bootstrap is the better of free text and labels: a user can run either.
+    free = [dict(row, config="bootstrap", test_end=0.8) for row in fake]
+    groups = learning.summary(rows + fake + free + close)
+    assert "| sentiment | bootstrap | 80% (80%–80%, 3 seeds) |" in "\n".join(
+        learning.landmarks(groups)
+    )
+    assert "sentiment: auto's mean 74% < plain bootstrap's 80%" in learning.auto_missed(groups)
 
 
 def test_an_unknown_feature_or_task_is_refused_with_the_known_ones(
