@@ -1,29 +1,31 @@
 """DSPy's optimizers on plait's learning benchmark: the same model, data and held-out sets.
 
 The baseline for ``benchmarks/learning.py``: DSPy's ``BootstrapFewShotWithRandomSearch``
-and ``MIPROv2`` train DSPy programs on the three tasks of
-``benchmarks/data/learning/`` (``extract``, ``classify`` and the two-stage
-``triage``), on the embedded SmolLM2-135M-Instruct served by plait's own
-OpenAI-compatible server (``benchmarks/serve_local.py``, started here as a
-subprocess with plait's venv: the model runs in plait's runtime with the settings of
-plait's default local alias), at temperature 0 with DSPy's cache off, so every
-request is real and counted by the server.
+(``bfsrs``), ``MIPROv2`` (``mipro``) and ``GEPA`` (``gepa``) train DSPy programs on the
+seven tasks of ``benchmarks/data/learning/`` (``extract``, ``classify``, the two-stage
+``triage``, ``sentiment``, ``field``, ``arithmetic`` and the two-stage ``review``), on
+the embedded SmolLM2-135M-Instruct served by plait's own OpenAI-compatible server
+(``benchmarks/serve_local.py``, started here as a subprocess with plait's venv: the
+model runs in plait's runtime with the settings of plait's default local alias), at
+temperature 0 with DSPy's cache off, so every request is real and counted by the server.
 
 Runs in DSPy's own venv (``make dspy-venv`` builds ``benchmarks/.dspy-venv``)::
 
     benchmarks/.dspy-venv/bin/python benchmarks/dspy_learning.py \\
-        [--tasks extract,classify,triage] [--optimizers bfsrs,mipro] [--seeds 0,1,2]
+        [--tasks extract,classify,...] [--optimizers bfsrs,mipro,gepa] [--seeds 0,1,2]
 
 Per task, optimizer and seed: held-out exact-match accuracy on ``test.jsonl`` before
 and after training (trainset = ``train.jsonl``, valset = ``val.jsonl``), validation
-accuracy before and after, the requests the server answered and the wall time
-(both for the whole run: the evaluations before and after included; the requests of
-the compile step alone are kept too).  Results are merged into
-``benchmarks/results/dspy_learning.json`` (keyed by task, optimizer and seed, so runs
-made by separate invocations add up), and a markdown table of every stored run is
-printed with, per task and optimizer, the mean and the min-max over seeds.
+accuracy after, the requests the server answered and the wall time (for the compile
+step and the evaluations after it; the requests of the compile step alone are kept
+too).  Results are merged into ``benchmarks/results/dspy_learning.json`` (keyed by
+task, optimizer and seed, so runs made by separate invocations add up), and a markdown
+table of every stored run is printed with, per task and optimizer, the mean and the
+min-max over seeds.  ``--quick`` is a smoke test, not a measurement: the first 5
+examples of each split and the smallest budgets; its rows are marked ``smoke`` and
+never stored in the default results file.
 
-The programs, as DSPy writes them:
+The programs, as DSPy writes them (the starting instructions are plait's, word for word):
 
 * ``extract``: ``dspy.Predict(message -> order_id)``, instruction "Extract the order
   number from the customer's message."
@@ -31,13 +33,27 @@ The programs, as DSPy writes them:
   account])``, instruction "Classify the customer's message."
 * ``triage``: two ``dspy.Predict`` stages, each with its own demonstrations: the
   extraction above, then ``(message, order_id) -> label``; the answer is
-  ``f"{label} {order_id}"``.  Each example carries ``order_id`` and ``label`` split
-  from its target (the same information), so labeled demonstrations fill each stage.
+  ``f"{label} {order_id}"``.
+* ``sentiment``: ``dspy.Predict(review -> sentiment: Literal[positive, negative])``,
+  instruction "Is this product review positive or negative?"
+* ``field``: ``dspy.Predict(email -> due_date)``, instruction "Extract the date the
+  invoice's payment is due from the email."
+* ``arithmetic``: ``dspy.Predict(problem -> answer)``, instruction "Solve the word
+  problem."
+* ``review``: two stages, ``find`` = ``dspy.Predict(review -> product)`` ("Name the
+  product this review is about."), then ``judge`` = ``dspy.Predict(review, product ->
+  sentiment: Literal[positive, negative])`` ("Is this product review positive or
+  negative?"); the answer is ``f"{sentiment} {product}"``.
 
-The metric is exact match after stripping whitespace, as plait's ``ExactMatch``.
-Seeds: ``MIPROv2`` takes the run's seed as its own ``seed``;
-``BootstrapFewShotWithRandomSearch`` has no seed (its candidate seeds are always
--3..N-1), so the run's seed shuffles the trainset it is given (seed 0 included).
+Each example carries, besides its target, each output field's share of it (for the
+two-stage tasks the target split at its first space: the same information), so
+labeled demonstrations fill every stage.
+
+The metric is exact match after stripping whitespace, as plait's ``ExactMatch``; GEPA's
+adds a sentence of feedback (``feedback_metric``).  Seeds: ``MIPROv2`` and ``GEPA``
+take the run's seed as their own ``seed``; ``BootstrapFewShotWithRandomSearch`` has no
+seed (its candidate seeds are always -3..N-1), so the run's seed shuffles the trainset
+it is given (seed 0 included).
 """
 
 from __future__ import annotations
@@ -55,6 +71,7 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -80,13 +97,20 @@ except ImportError:
     )
 
 from dspy.propose.grounded_proposer import GroundedProposer  # noqa: E402
+from dspy.teleprompt.gepa.gepa_utils import DspyAdapter  # noqa: E402
+from dspy.teleprompt.gepa.instruction_proposal import InstructionProposer  # noqa: E402
 from dspy.teleprompt.utils import get_signature  # noqa: E402
 
 LABELS = ("billing", "shipping", "technical", "account")
 Label = Literal["billing", "shipping", "technical", "account"]
-TASKS = ("extract", "classify", "triage")
-OPTIMIZERS = ("bfsrs", "mipro")
-OPTIMIZER_NAMES = {"bfsrs": "BootstrapFewShotWithRandomSearch", "mipro": "MIPROv2"}
+Verdict = Literal["positive", "negative"]
+TASKS = ("extract", "classify", "triage", "sentiment", "field", "arithmetic", "review")
+OPTIMIZERS = ("bfsrs", "mipro", "gepa")
+OPTIMIZER_NAMES = {
+    "bfsrs": "BootstrapFewShotWithRandomSearch",
+    "mipro": "MIPROv2",
+    "gepa": "GEPA",
+}
 
 
 class ExtractOrder(dspy.Signature):
@@ -145,27 +169,136 @@ class Triage(dspy.Module):
         return dspy.Prediction(order_id=order, label=label, answer=f"{label} {order}")
 
 
+class JudgeReview(dspy.Signature):
+    """Is this product review positive or negative?"""
+
+    review: str = dspy.InputField()
+    sentiment: Verdict = dspy.OutputField()
+
+
+class FindDueDate(dspy.Signature):
+    """Extract the date the invoice's payment is due from the email."""
+
+    email: str = dspy.InputField()
+    due_date: str = dspy.OutputField()
+
+
+class SolveProblem(dspy.Signature):
+    """Solve the word problem."""
+
+    problem: str = dspy.InputField()
+    answer: str = dspy.OutputField()
+
+
+class NameProduct(dspy.Signature):
+    """Name the product this review is about."""
+
+    review: str = dspy.InputField()
+    product: str = dspy.OutputField()
+
+
+class JudgeWithProduct(dspy.Signature):
+    """Is this product review positive or negative?"""
+
+    review: str = dspy.InputField()
+    product: str = dspy.InputField()
+    sentiment: Verdict = dspy.OutputField()
+
+
+class Sentiment(dspy.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.judge = dspy.Predict(JudgeReview)
+
+    def forward(self, review: str) -> dspy.Prediction:
+        found = self.judge(review=review)
+        return dspy.Prediction(sentiment=found.sentiment, answer=str(found.sentiment))
+
+
+class Field(dspy.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.extract = dspy.Predict(FindDueDate)
+
+    def forward(self, email: str) -> dspy.Prediction:
+        found = self.extract(email=email)
+        return dspy.Prediction(due_date=found.due_date, answer=str(found.due_date))
+
+
+class Arithmetic(dspy.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.solve = dspy.Predict(SolveProblem)
+
+    def forward(self, problem: str) -> dspy.Prediction:
+        return dspy.Prediction(answer=str(self.solve(problem=problem).answer))
+
+
+class Review(dspy.Module):
+    """Stage ``find`` names the product, stage ``judge`` gives the review's sentiment
+    given it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.find = dspy.Predict(NameProduct)
+        self.judge = dspy.Predict(JudgeWithProduct)
+
+    def forward(self, review: str) -> dspy.Prediction:
+        product = str(self.find(review=review).product).strip()
+        verdict = str(self.judge(review=review, product=product).sentiment).strip()
+        return dspy.Prediction(product=product, sentiment=verdict, answer=f"{verdict} {product}")
+
+
+def _whole(field: str) -> Callable[[str], dict[str, str]]:
+    """A one-stage target: the value of the program's one output field."""
+    return lambda target: {field: target}
+
+
+def _split(first: str, rest: str) -> Callable[[str], dict[str, str]]:
+    """A two-stage target ``"<first> <rest>"``: the value of each stage's output field."""
+
+    def fields(target: str) -> dict[str, str]:
+        head, tail = target.split(" ", 1)
+        return {first: head, rest: tail}
+
+    return fields
+
+
+@dataclass(frozen=True)
+class Task:
+    """A task as DSPy runs it: its program, the name of the program's input field, and
+    the value of each output field from an example's target (the same information,
+    split, so that labeled demos fill every stage)."""
+
+    program: Callable[[], dspy.Module]
+    input: str
+    fields: Callable[[str], dict[str, str]]
+
+
+SPECS: dict[str, Task] = {
+    "extract": Task(Extract, "message", _whole("order_id")),
+    "classify": Task(Classify, "message", _whole("label")),
+    "triage": Task(Triage, "message", _split("label", "order_id")),
+    "sentiment": Task(Sentiment, "review", _whole("sentiment")),
+    "field": Task(Field, "email", _whole("due_date")),
+    "arithmetic": Task(Arithmetic, "problem", _whole("answer")),
+    "review": Task(Review, "review", _split("sentiment", "product")),
+}
 PROGRAMS: dict[str, Callable[[], dspy.Module]] = {
-    "extract": Extract,
-    "classify": Classify,
-    "triage": Triage,
+    name: spec.program for name, spec in SPECS.items()
 }
 
 
 def load(task: str, split: str) -> list[dspy.Example]:
-    """A split as DSPy examples: ``message`` in, the target and its fields out."""
+    """A split as DSPy examples: the task's input field in; the target, and each output
+    field's share of it, out."""
+    spec = SPECS[task]
     examples = []
     path = DATA / task / f"{split}.jsonl"
     for line in path.read_text(encoding="utf-8").splitlines():
         row = json.loads(line)
-        fields: dict[str, str] = {"message": row["input"], "target": row["target"]}
-        if task == "extract":
-            fields["order_id"] = row["target"]
-        elif task == "classify":
-            fields["label"] = row["target"]
-        else:
-            fields["label"], fields["order_id"] = row["target"].split(" ", 1)
-        examples.append(dspy.Example(**fields).with_inputs("message"))
+        fields = {spec.input: row["input"], "target": row["target"], **spec.fields(row["target"])}
+        examples.append(dspy.Example(**fields).with_inputs(spec.input))
     return examples
 
 
@@ -174,6 +307,44 @@ def exact_match(example: dspy.Example, prediction: dspy.Prediction, trace: Any =
     ExactMatch); 0.0 otherwise, a failed parse included."""
     answer = getattr(prediction, "answer", None)
     return float(answer is not None and str(answer).strip() == str(example.target).strip())
+
+
+def feedback_metric(
+    example: dspy.Example,
+    prediction: dspy.Prediction,
+    trace: Any = None,
+    pred_name: str | None = None,
+    pred_trace: Any = None,
+) -> dspy.Prediction:
+    """GEPA's metric: `exact_match`'s score, with a sentence saying what was wrong.
+
+    Asked about one stage (``pred_name``, ``pred_trace`` holding that stage's call), the
+    sentence is about that stage's own output fields, compared with the example's
+    share of the target (a two-stage program's stages each hear about their own
+    field); otherwise about the program's answer.  The score is always the program's
+    (GEPA keeps the program-level score either way).
+    """
+    score = exact_match(example, prediction)
+    if pred_trace:
+        predictor, _inputs, outputs = pred_trace[0]
+        stage = list(predictor.signature.output_fields)
+        notes = []
+        for name in stage:
+            expected = str(example.get(name, "")).strip()
+            got = str(outputs.get(name, "")).strip()
+            if got == expected:
+                notes.append(f"{name} correct: {expected!r}.")
+            else:
+                notes.append(f"{name} wrong: expected {expected!r}, got {got!r}.")
+        if len(example.labels()) - 1 > len(stage):  # the target, and each stage's field
+            whole = "right" if score else f"wrong (expected {str(example.target).strip()!r})"
+            notes.append(f"The pipeline's whole answer was {whole}.")
+        return dspy.Prediction(score=score, feedback=" ".join(notes))
+    answer = str(getattr(prediction, "answer", "")).strip()
+    if score:
+        return dspy.Prediction(score=score, feedback=f"Correct: the answer is {answer!r}.")
+    expected = str(example.target).strip()
+    return dspy.Prediction(score=score, feedback=f"Wrong: expected {expected!r}, got {answer!r}.")
 
 
 #: MIPROv2's instruction proposals: written, and failed to parse (kept as the original).
@@ -202,6 +373,57 @@ def _guarded_propose(self: GroundedProposer, *args: Any, **kwargs: Any) -> str:
 
 
 GroundedProposer.propose_instruction_for_predictor = _guarded_propose  # type: ignore[method-assign]
+
+
+#: GEPA's reflections: instructions written, proposals that raised (GEPA skips the
+#: iteration; its engine retries a failed proposal once, and each try counts), and
+#: iterations with no example to reflect on (every reply of the parent's minibatch
+#: unparseable, when parse failures are not shown as feedback).
+REFLECTIONS = {"written": 0, "failed": 0, "no_examples": 0}
+
+
+class CountedProposer(InstructionProposer):
+    """DSPy's own GEPA instruction proposer (the default one), counted in `REFLECTIONS`;
+    what it does is unchanged, a failure included (re-raised for GEPA to handle)."""
+
+    def __call__(
+        self,
+        candidate: dict[str, str],
+        reflective_dataset: Any,
+        components_to_update: list[str],
+    ) -> dict[str, str]:
+        try:
+            written = super().__call__(candidate, reflective_dataset, components_to_update)
+        except Exception:
+            REFLECTIONS["failed"] += 1
+            raise
+        REFLECTIONS["written"] += len(written)
+        return written
+
+
+_reflective_dataset = DspyAdapter.make_reflective_dataset
+
+
+def _counted_reflective_dataset(self: DspyAdapter, *args: Any, **kwargs: Any) -> Any:
+    """GEPA's reflective dataset as DSPy builds it, counting the iterations where there is
+    none (DSPy raises, and GEPA skips the iteration)."""
+    try:
+        return _reflective_dataset(self, *args, **kwargs)
+    except Exception:
+        REFLECTIONS["no_examples"] += 1
+        raise
+
+
+DspyAdapter.make_reflective_dataset = _counted_reflective_dataset  # type: ignore[method-assign]
+
+
+def reflection_max_tokens(instructions: list[str]) -> int:
+    """The reflection LM's ``max_tokens``: plait's rule for its rewriter's default budget
+    (``plait.learning.optimizers.rewrite_max_tokens``) on the longest starting
+    instruction: room for a rewrite of ``max(4 * len, len + 400)`` characters at about
+    four characters a token, plus 64 tokens for the structured reply, at most 4096."""
+    size = max(len(text) for text in instructions)
+    return min(4096, max(4 * size, size + 400) // 4 + 64)
 
 
 class Server:
@@ -278,7 +500,16 @@ def evaluate(program: dspy.Module, devset: list[dspy.Example], threads: int) -> 
     return float(run(program).score) / 100.0
 
 
+def gepa_budget(args: argparse.Namespace) -> dict[str, Any]:
+    """GEPA's budget: ``auto`` when ``--gepa-auto`` names one, else ``max_metric_calls``."""
+    if args.gepa_auto != "none":
+        return {"auto": args.gepa_auto}
+    return {"max_metric_calls": args.gepa_budget}
+
+
 def optimizer_for(name: str, args: argparse.Namespace, seed: int, prompt_lm: dspy.LM) -> Any:
+    """The optimizer ``name``; ``prompt_lm`` is MIPROv2's prompt model or GEPA's
+    reflection LM (the same served model, with their own sampling settings)."""
     if name == "bfsrs":
         return dspy.BootstrapFewShotWithRandomSearch(
             metric=exact_match,
@@ -303,6 +534,17 @@ def optimizer_for(name: str, args: argparse.Namespace, seed: int, prompt_lm: dsp
             seed=seed,
             **settings,
         )
+    if name == "gepa":
+        return dspy.GEPA(
+            metric=feedback_metric,
+            reflection_lm=prompt_lm,
+            instruction_proposer=CountedProposer(),
+            add_format_failure_as_feedback=args.gepa_format_feedback,
+            num_threads=args.threads,
+            seed=seed,
+            track_stats=True,
+            **gepa_budget(args),
+        )
     raise SystemExit(f"unknown optimizer {name!r}; known: {', '.join(OPTIMIZERS)}")
 
 
@@ -319,6 +561,8 @@ def compile_with(
         shuffled = list(train)
         random.Random(seed).shuffle(shuffled)
         return optimizer.compile(program, trainset=shuffled, valset=val)
+    if name == "gepa":  # its seed was given to the optimizer
+        return optimizer.compile(program, trainset=train, valset=val)
     extra: dict[str, Any] = {}
     if args.mipro_auto == "none":
         extra |= {"num_trials": args.mipro_trials, "minibatch": False}
@@ -358,12 +602,14 @@ def start_scores(server: Server, task: str, args: argparse.Namespace) -> dict[st
     }
 
 
-def reused_start(path: Path | None, task: str) -> dict[str, Any] | None:
-    """The untrained program's score on ``task`` as a results file already holds it."""
+def reused_start(path: Path | None, task: str, tests: int) -> dict[str, Any] | None:
+    """The untrained program's score on ``task`` as a results file already holds it
+    (from a run scored on as many test examples, ``tests``: a smoke run's start is not
+    a measurement's)."""
     if path is None or not path.exists():
         return None
     for row in json.loads(path.read_text())["runs"]:
-        if row["task"] == task:
+        if row["task"] == task and row["sizes"][2] == tests:
             names = ("test_start", "start_requests", "start_wall_s")
             return {name: row[name] for name in names} | {"reused_from": str(path)}
     return None
@@ -385,11 +631,12 @@ def run_one(
         f"openai/{server.model}",
         api_base=server.base,
         api_key="none",
-        max_tokens=args.prompt_max_tokens,
         cache=False,
+        **prompt_settings(name, program, args),
     )
     load_start = os.getloadavg()[0]
-    proposals = dict(PROPOSALS)
+    counts = REFLECTIONS if name == "gepa" else PROPOSALS  # the instructions written
+    before_counts = dict(counts)
     before = server.stats()
     started = time.perf_counter()
     optimizer = optimizer_for(name, args, seed, prompt_lm)
@@ -418,12 +665,46 @@ def run_one(
         "start_requests": start["start_requests"],
         "start_wall_s": start["start_wall_s"],
         "load_average": [load_start, os.getloadavg()[0]],
-        "proposals_written": PROPOSALS["written"] - proposals["written"],
-        "proposals_failed": PROPOSALS["failed"] - proposals["failed"],
+        "proposals_written": counts["written"] - before_counts["written"],
+        "proposals_failed": counts["failed"] - before_counts["failed"],
+        **(gepa_account(trained, before_counts) if name == "gepa" else {}),
         "sizes": [len(train), len(val), len(test)],
-        "settings": settings_of(name, args),
+        "smoke": bool(args.limit),
+        "settings": settings_of(name, args)
+        | ({"prompt_lm": prompt_settings(name, program, args)} if name != "bfsrs" else {}),
         "program": describe(trained),
         "finished": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    }
+
+
+def prompt_settings(name: str, program: dspy.Module, args: argparse.Namespace) -> dict[str, Any]:
+    """The sampling settings of the model that writes instructions (the same served model
+    as the task's): MIPROv2's prompt model, ``--prompt-max-tokens`` at MIPROv2's own
+    proposal temperature; GEPA's reflection LM, as plait's rewriter (``ReflectiveSearch``'s
+    temperature 0.7, and plait's default budget for a rewrite of the longest starting
+    instruction unless ``--reflection-max-tokens`` is given).  BFSRS writes none."""
+    if name == "gepa":
+        start = [p.signature.instructions for _, p in program.named_predictors()]
+        tokens = args.reflection_max_tokens or reflection_max_tokens(start)
+        return {"temperature": args.reflection_temperature, "max_tokens": tokens}
+    return {"max_tokens": args.prompt_max_tokens}
+
+
+def gepa_account(trained: dspy.Module, before: dict[str, int]) -> dict[str, Any]:
+    """What GEPA's search did: its candidates and their validation scores, the metric
+    calls it spent, and the iterations it had no example to reflect on (`REFLECTIONS`,
+    this run's share; ``before``: the counts when it started)."""
+    found = trained.detailed_results
+    return {
+        "reflections_without_examples": REFLECTIONS["no_examples"] - before["no_examples"],
+        "gepa": {
+            "total_metric_calls": found.total_metric_calls,
+            "full_val_evals": found.num_full_val_evals,
+            "candidates": len(found.candidates),
+            "best": found.best_idx,
+            "val_scores": found.val_aggregate_scores,
+            "parents": found.parents,
+        },
     }
 
 
@@ -438,6 +719,13 @@ def settings_of(name: str, args: argparse.Namespace) -> dict[str, Any]:
     }
     if name == "bfsrs":
         return common | {"num_candidate_programs": args.candidates}
+    if name == "gepa":  # GEPA searches instructions only: it adds no demos
+        return {k: v for k, v in common.items() if "demos" not in k} | {
+            **gepa_budget(args),
+            "reflection_minibatch_size": 3,
+            "add_format_failure_as_feedback": args.gepa_format_feedback,
+            "instruction_proposer": "InstructionProposer (DSPy's default, JSONAdapter)",
+        }
     mipro: dict[str, Any] = {"auto": args.mipro_auto, "prompt_max_tokens": args.prompt_max_tokens}
     if args.mipro_auto == "none":
         mipro |= {"num_candidates": args.mipro_candidates, "num_trials": args.mipro_trials}
@@ -454,6 +742,11 @@ def store(path: Path, *new: dict[str, Any]) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     if path.exists():
         rows = json.loads(path.read_text())["runs"]
+    if path.resolve() == RESULTS.resolve():  # smoke rows (--limit, --quick) measure nothing
+        skipped = [key(row) for row in new if row.get("smoke")]
+        if skipped:
+            print(f"not stored in {RESULTS.name} (smoke runs): {skipped}", flush=True)
+        new = tuple(row for row in new if not row.get("smoke"))
     replaced = {key(row) for row in new}
     rows = [r for r in rows if key(r) not in replaced] + list(new)
     rows.sort(key=lambda r: (TASKS.index(r["task"]), OPTIMIZERS.index(r["optimizer"]), r["seed"]))
@@ -470,7 +763,8 @@ def table(rows: list[dict[str, Any]]) -> str:
     ]
     for r in rows:
         lines.append(
-            f"| {r['task']} | {r['optimizer_class']} | {r['seed']} | {r['test_start']:.0%} | "
+            f"| {r['task']}{' (smoke)' if r.get('smoke') else ''} | {r['optimizer_class']} | "
+            f"{r['seed']} | {r['test_start']:.0%} | "
             f"{r['test_end']:.0%} | {r['val_end']:.0%} | {r['requests']} | {r['wall_s']:.0f} |"
         )
     lines += [
@@ -481,7 +775,8 @@ def table(rows: list[dict[str, Any]]) -> str:
     ]
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in rows:
-        groups.setdefault((r["task"], r["optimizer_class"]), []).append(r)
+        task = r["task"] + (" (smoke)" if r.get("smoke") else "")
+        groups.setdefault((task, r["optimizer_class"]), []).append(r)
 
     def spread(values: list[float], fmt: str) -> str:
         return (
@@ -498,6 +793,17 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"{spread([r['wall_s'] for r in group], '.0f')} |"
         )
     return "\n".join(lines)
+
+
+#: ``--quick``: the smallest budgets the script runs with (a smoke test, not a measurement).
+QUICK = {
+    "limit": 5,
+    "candidates": 1,
+    "mipro_candidates": 2,
+    "mipro_trials": 2,
+    "gepa_budget": 20,
+    "gepa_auto": "none",
+}
 
 
 def main() -> int:
@@ -523,6 +829,34 @@ def main() -> int:
         help="MIPROv2's prompt model's budget (the same model, writing instructions)",
     )
     parser.add_argument(
+        "--gepa-budget",
+        type=int,
+        default=300,
+        help="GEPA's max_metric_calls (examples scored, minibatch and validation alike; "
+        "plait's ReflectiveSearch benchmark: 300), with --gepa-auto none",
+    )
+    parser.add_argument("--gepa-auto", choices=("light", "medium", "heavy", "none"), default="none")
+    parser.add_argument(
+        "--reflection-temperature",
+        type=float,
+        default=0.7,
+        help="GEPA's reflection LM (the same model): plait's ReflectiveSearch's 0.7",
+    )
+    parser.add_argument(
+        "--reflection-max-tokens",
+        type=int,
+        default=0,
+        help="GEPA's reflection budget; 0: plait's rewriter's default for the task's "
+        "longest starting instruction (169-179 tokens here)",
+    )
+    parser.add_argument(
+        "--gepa-format-feedback",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="GEPA's add_format_failure_as_feedback: show the reflection LM the replies "
+        "that did not parse (DSPy's default: off, and such replies are left out)",
+    )
+    parser.add_argument(
         "--adapter",
         choices=("chat", "chat+json", "json"),
         default="chat",
@@ -536,6 +870,15 @@ def main() -> int:
     parser.add_argument("--mipro-candidates", type=int, default=3, help="with --mipro-auto none")
     parser.add_argument("--mipro-trials", type=int, default=5, help="with --mipro-auto none")
     parser.add_argument("--limit", type=int, default=0, help="smoke test: first N of each split")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke test, NOT a measurement: the smallest budgets the script runs with "
+        f"(--limit {QUICK['limit']} unless given, BFSRS {QUICK['candidates']} candidate, "
+        f"MIPROv2 {QUICK['mipro_candidates']} candidates and {QUICK['mipro_trials']} "
+        f"trials, GEPA {QUICK['gepa_budget']} metric calls); its rows are marked smoke and "
+        "stored only in an --output other than the default results file",
+    )
     parser.add_argument(
         "--reuse-start",
         type=Path,
@@ -558,6 +901,10 @@ def main() -> int:
             rows = store(args.output, *json.loads(extra.read_text())["runs"])
         print(table(rows))
         return 0
+    if args.quick:
+        for name, value in QUICK.items():
+            if name != "limit" or not args.limit:
+                setattr(args, name, value)
     tasks = args.tasks.split(",")
     optimizers = args.optimizers.split(",")
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -587,7 +934,8 @@ def main() -> int:
         dspy.configure(lm=task_lm, adapter=adapter, max_errors=10**9)
         rows: list[dict[str, Any]] = []
         for task in tasks:
-            start = reused_start(args.reuse_start, task) or start_scores(server, task, args)
+            tests = len(load(task, "test")[: args.limit or None])
+            start = reused_start(args.reuse_start, task, tests) or start_scores(server, task, args)
             print(
                 f"{task}: untrained test {start['test_start']:.0%} "
                 f"({start['start_requests']} requests, {start['start_wall_s']:.0f} s)",
@@ -596,10 +944,10 @@ def main() -> int:
             for name in optimizers:
                 for seed in seeds:
                     row = run_one(server, task, name, seed, start, args)
-                    if not args.limit:
-                        rows = store(args.output, row)
+                    if row["smoke"] and args.output.resolve() == RESULTS.resolve():
+                        rows.append(row)  # printed, not stored: it measures nothing
                     else:
-                        rows.append(row)
+                        rows = store(args.output, row)
                     print(
                         f"{task}/{name}/seed {seed}: test {row['test_start']:.0%} -> "
                         f"{row['test_end']:.0%}, val end {row['val_end']:.0%}, "
