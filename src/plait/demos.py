@@ -220,6 +220,8 @@ def is_pool(value: Any) -> bool:
     Returns:
         True for a pool (`knn_demos`), False for a list of pairs.
     """
+    if value is None or type(value) is list:  # most calls: no ABC check on their path
+        return False
     return isinstance(value, Mapping) and "pool" in value
 
 

@@ -364,7 +364,8 @@ class LLMInference(Module):
             messages.append({"role": "system", "content": content})
         elif labels is not None:
             messages.append({"role": "system", "content": labels_instruction(labels)})
-        prompt = self.input_text(prompt)
+        if type(prompt) is not str:  # text, the usual prompt, needs no call
+            prompt = self.input_text(prompt)
         if self.demos is not None:
             where = f"the demonstrations of {self.qualified_path or 'this LLMInference'}"
             shown = choose_demos(self.demos.current(), prompt, labels, where, similarity)

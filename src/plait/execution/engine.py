@@ -322,7 +322,8 @@ class Engine:
             temperature=module.temperature,
             max_tokens=module.max_tokens,
             response_format=module.response_format,
-            label_method=module.label_method,
+            # Only a call that answers with labels has a method to read.
+            label_method=module.label_method if module.response_format is not None else None,
             validate=module.validate,
             max_reasks=module.max_reasks,
             max_tokens_per_call=module.max_tokens_per_call,

@@ -279,6 +279,18 @@ def _seconds(value: str, per_second: float) -> float | None:
 def openai_limits(headers: Headers) -> ReportedLimits | None:
     """OpenAI's spelling; None when the reply states no limit at all (or its headers
     could not be read: see `_read`)."""
+    try:
+        # Asked of every reply, and many servers state nothing: four lookups, no parse.
+        get = headers.get
+        if (
+            get("x-ratelimit-limit-requests") is None
+            and get("x-ratelimit-limit-tokens") is None
+            and get("retry-after-ms") is None
+            and get("retry-after") is None
+        ):
+            return None
+    except Exception:  # a header type that misbehaves: `_read` says so once
+        pass
     return _read(_openai_limits, headers)
 
 

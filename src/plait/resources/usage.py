@@ -113,7 +113,8 @@ class AliasUsage:
                 self.batch_requests += 1
             elif tier == "flex":
                 self.flex_requests += 1
-            self.spent += self.prices.cost(used, tier)
+            if self.prices.known:  # unpriced, every reply costs 0 and `cost` says None
+                self.spent += self.prices.cost(used, tier)
 
     def note_limits(
         self,
