@@ -171,7 +171,11 @@ CONFIGS: dict[str, tuple[str, ...]] = {
 }
 CONFIGS = {task: (*configs, AUTO[task]) for task, configs in CONFIGS.items()}
 DSPY_RESULTS = HERE / "results" / "dspy_learning.json"
-DSPY_NAMES = {"bfsrs": "DSPy BootstrapFewShotWithRandomSearch", "mipro": "DSPy MIPROv2"}
+DSPY_NAMES = {
+    "bfsrs": "DSPy BootstrapFewShotWithRandomSearch",
+    "mipro": "DSPy MIPROv2",
+    "gepa": "DSPy GEPA",
+}
 #: How a run's adapter is named in the table (ChatAdapter alone is the benchmark's own).
 ADAPTERS = {"chat": "", "chat+json": " (DSPy's default adapter)", "json": " (JSONAdapter)"}
 
