@@ -164,6 +164,19 @@ def zebra_dataset() -> dict[str, str]:
     return targets
 
 
+def search_zebras(model: Classify, targets: dict[str, str], answer: Any) -> dict[str, Any]:
+    """`RecipeSearch` (lists of 2 and 4, BM25 pools of 2; 4 folds; 90%) on ``targets``
+    answered by ``answer``: the search's report."""
+    data = list(targets.items())
+    search = RecipeSearch(
+        model.parameters(), folds=4, k_choices=(2,), label_methods=(), seed=4, confidence=0.9
+    )
+    trainer = Trainer(model, ExactMatch(), search, data[:14], data[14:], max_steps=1)
+    with mock({"fast": answer}):
+        history = trainer.fit_sync()
+    return search_report(history)
+
+
 def test_a_tie_goes_to_the_plain_list() -> None:
     """A pool wins two examples of 20 more than the plain list of four pairs (those
     only the nearest pair answers), which a paired bootstrap at 90% cannot tell from
@@ -181,14 +194,7 @@ def test_a_tie_goes_to_the_plain_list() -> None:
         return targets[text]
 
     model = Classify()
-    data = list(targets.items())
-    search = RecipeSearch(
-        model.parameters(), folds=4, k_choices=(2,), label_methods=(), seed=4, confidence=0.9
-    )
-    trainer = Trainer(model, ExactMatch(), search, data[:14], data[14:], max_steps=1)
-    with mock({"fast": answer}):
-        history = trainer.fit_sync()
-    report = search_report(history)
+    report = search_zebras(model, targets, answer)
     assert report["best"] == "bm25 k=2"
     assert report["chosen"] == "list k=4"
     assert "the tie goes to the plain list, what BootstrapFewShot installs" in report["why"]
@@ -216,14 +222,7 @@ def test_a_tie_goes_to_the_simpler_recipe_when_the_plain_list_is_beaten() -> Non
         return targets[text]
 
     model = Classify()
-    data = list(targets.items())
-    search = RecipeSearch(
-        model.parameters(), folds=4, k_choices=(2,), label_methods=(), seed=4, confidence=0.9
-    )
-    trainer = Trainer(model, ExactMatch(), search, data[:14], data[14:], max_steps=1)
-    with mock({"fast": answer}):
-        history = trainer.fit_sync()
-    report = search_report(history)
+    report = search_zebras(model, targets, answer)
     versus = {c["recipe"]: c for c in report["comparisons"]}
     assert versus["list k=4"]["beaten_with_support"]
     assert report["best"] == "bm25 k=2"

@@ -277,17 +277,8 @@ async def chat_complete(
     _check_call(alias, temperature, max_tokens, response_format, name, extra)
     check_reply_checks(validate, max_reasks, max_tokens_per_call, "chat_complete")
     site = CallSite.here(resources, name, "chat_complete")
-    request = LLMRequest(
-        alias=alias,
-        messages=[],
-        temperature=temperature,
-        max_tokens=max_tokens,
-        response_format=response_format,
-        extra=dict(extra),
-        validate=validate,
-        max_reasks=max_reasks,
-        max_tokens_per_call=max_tokens_per_call,
-    )
+    checks = (validate, max_reasks, max_tokens_per_call)
+    request = _request(alias, temperature, max_tokens, response_format, extra, *checks)
     return await _send_messages(site, request, messages)
 
 
@@ -376,7 +367,24 @@ async def complete(
         messages.extend(demo_messages(normalize_demos(demos, "complete(demos=...)", labels)))
     messages.append({"role": "user", "content": _prompt_content(prompt, "prompt")})
     site = CallSite.here(resources, name, "complete")
-    request = LLMRequest(
+    checks = (validate, max_reasks, max_tokens_per_call)
+    request = _request(alias, temperature, max_tokens, response_format, extra, *checks)
+    return await _send_messages(site, request, messages)
+
+
+def _request(
+    alias: str,
+    temperature: float | None,
+    max_tokens: int | None,
+    response_format: Any,
+    extra: dict[str, Any],
+    validate: Callable[[Any], Any] | None,
+    max_reasks: int,
+    max_tokens_per_call: int | None,
+) -> LLMRequest:
+    """The request `complete` and `chat_complete` describe, its messages still to be
+    checked and set (`_send_messages`)."""
+    return LLMRequest(
         alias=alias,
         messages=[],
         temperature=temperature,
@@ -387,7 +395,6 @@ async def complete(
         max_reasks=max_reasks,
         max_tokens_per_call=max_tokens_per_call,
     )
-    return await _send_messages(site, request, messages)
 
 
 async def _send_messages(site: CallSite, request: LLMRequest, messages: Any) -> Value:
