@@ -348,6 +348,23 @@ def test_a_label_calls_demonstrations_show_its_labels_as_the_labelled_pairs_do(
     assert all(label_of(d["output"], ["billing", "shipping"]) for d in tried)
 
 
+def test_a_label_calls_demonstrations_show_every_label_when_its_passed_runs_do_not() -> None:
+    """A model that answers "billing" to everything passes on the billing examples only;
+    a list of those alone would teach it to go on doing so.  Each candidate shows both
+    labels: a labelled shipping pair takes the place of one billing pair."""
+    data = [(f"Message {i} about money.", "billing") for i in range(6)]
+    data += [(f"Message {i} about a parcel.", "shipping") for i in range(6, 8)]
+    model = Triage(Literal["billing", "shipping"])
+    boot = BootstrapFewShot(model.parameters(), max_demos=4, candidates=3, seed=1)
+    trainer = Trainer(model, ExactMatch(), boot, data, data, batch_size=8, max_steps=1)
+    with mock({"fast": lambda request: "billing"}):
+        history = trainer.fit_sync()
+    tried = history.steps[0].trials[0]["tried"]["classify.demos"]
+    shown = [d["output"] for d in tried]
+    assert len(shown) == 4 and shown.count("billing") == 3 and shown.count("shipping") == 1
+    assert all(d["input"].endswith("about a parcel.") for d in tried if d["output"] == "shipping")
+
+
 def write_target(tmp_path: Path, server: FakeOpenAIServer, demos: bool = True) -> tuple[str, Path]:
     target = tmp_path / "copy.py"
     extra = ", demos=[]" if demos else ""

@@ -19,7 +19,10 @@ stage's own input and output.  So the optimizer
 When no run has passed yet (a start near 0% is the usual case), it falls back to
 *labelled* demonstrations: for the stage whose output is the pipeline's output,
 the stage's recorded input paired with the example's target.  Bootstrapped pairs
-come first; labelled ones fill the remaining places.
+come first; labelled ones fill the remaining places.  A set for a call that
+answers with labels shows every label the gathered pairs hold (while it has a place
+to give): a model that answers one label to everything passes on exactly the
+examples of that label, and a set made of those runs alone would teach it to go on.
 
 It only sets demonstrations (`LLMInference(..., demos=[])` parameters); give the
 `Trainer` a list, ``[BootstrapFewShot(...), SFAOptimizer(...)]``, to rewrite the
@@ -277,7 +280,8 @@ class BootstrapFewShot:
     (or ``demos=knn_demos(...)``): from each run whose loss passed it takes the
     input and output *each stage* saw, so every stage of a multi-stage pipeline
     gets its own.  While no run has passed yet it falls back to labelled pairs
-    (the last stage's input with the example's target).  Each step it proposes
+    (the last stage's input with the example's target).  A set for a label call
+    shows each of its labels the pairs hold.  Each step it proposes
     ``candidates`` sets, scores them on validation when there is one, and
     installs the best; the `Trainer`'s gate then keeps it only if validation
     improves.  Give the `Trainer` a list, ``[BootstrapFewShot(...),
@@ -561,11 +565,15 @@ class BootstrapFewShot:
             passed = list(self.passed.get(path, {}).items())
             rng.shuffle(passed)
             picked = passed[: self.max_demos]
+            used = {inp for inp, _ in picked}
+            labelled = [p for p in self.labelled.get(path, {}).items() if p[0] not in used]
+            rng.shuffle(labelled)
             if len(picked) < self.max_demos:
-                used = {inp for inp, _ in picked}
-                labelled = [p for p in self.labelled.get(path, {}).items() if p[0] not in used]
-                rng.shuffle(labelled)
                 picked += labelled[: self.max_demos - len(picked)]
+            labels = labels_of(param.owner)
+            if labels is not None:
+                spare = [*passed[self.max_demos :], *labelled]
+                picked = _covering(picked, spare, labels)
             if picked:
                 chosen[path] = normalize_demos(picked, f"the demonstrations for {path}")
         return chosen
@@ -682,6 +690,36 @@ def install(stages: Mapping[str, Parameter], value: Mapping[str, Any]) -> dict[s
             param.apply_update(demos)
             applied[param.qualified_name] = demos
     return applied
+
+
+def _covering(
+    picked: list[tuple[Any, Any]], spare: Sequence[tuple[Any, Any]], labels: Sequence[str]
+) -> list[tuple[Any, Any]]:
+    """``picked`` with every label that ``spare`` can show and ``picked`` does not,
+    each taking the place of a pair of the label shown most (while one is shown twice).
+
+    A label call shown only some of its labels leans to those: a model that answers
+    the majority label to everything passes on exactly those examples, and a list
+    made of its passed runs alone would teach it to go on doing so.
+    """
+    picked = list(picked)
+    shown = {label: sum(1 for _, out in picked if out == label) for label in labels}
+    taken = {inp for inp, _ in picked}
+    for label in labels:
+        if shown[label]:
+            continue
+        most = max(labels, key=lambda name: shown[name])
+        if shown[most] < 2:
+            break  # no label can give up a place
+        fill = next((pair for pair in spare if pair[1] == label and pair[0] not in taken), None)
+        if fill is None:
+            continue
+        place = max(i for i, (_, out) in enumerate(picked) if out == most)
+        picked[place] = fill
+        taken.add(fill[0])
+        shown[most] -= 1
+        shown[label] += 1
+    return picked
 
 
 def _ordered_pairs(passed: Mapping[Any, Any], labelled: Mapping[Any, Any]) -> list[Example]:
