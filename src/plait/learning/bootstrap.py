@@ -565,15 +565,17 @@ class BootstrapFewShot:
             passed = list(self.passed.get(path, {}).items())
             rng.shuffle(passed)
             picked = passed[: self.max_demos]
-            used = {inp for inp, _ in picked}
-            labelled = [p for p in self.labelled.get(path, {}).items() if p[0] not in used]
-            rng.shuffle(labelled)
-            if len(picked) < self.max_demos:
-                picked += labelled[: self.max_demos - len(picked)]
             labels = labels_of(param.owner)
-            if labels is not None:
-                spare = [*passed[self.max_demos :], *labelled]
-                picked = _covering(picked, spare, labels)
+            if len(picked) < self.max_demos or labels is not None:
+                # (Drawn only when needed: a call without labels whose passed pairs
+                # fill its set draws the same sets as before labels were covered.)
+                used = {inp for inp, _ in picked}
+                labelled = [p for p in self.labelled.get(path, {}).items() if p[0] not in used]
+                rng.shuffle(labelled)
+                picked += labelled[: self.max_demos - len(picked)]
+                if labels is not None:
+                    spare = [*passed[self.max_demos :], *labelled]
+                    picked = _covering(picked, spare, labels)
             if picked:
                 chosen[path] = normalize_demos(picked, f"the demonstrations for {path}")
         return chosen
