@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import Callable, Coroutine
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from plait._digest import hex_digest
@@ -202,7 +203,7 @@ class Engine:
         ]
         if failed:
             # Sorted only when something failed: an input that succeeded pays no sort.
-            failures = [value for _, value in sorted(failed, key=_node_id)]
+            failures = [value for _, value in sorted(failed, key=itemgetter(0))]
             original = [v for v in failures if not v.meta.get("short_circuited")] or failures
             first = original[0]
             meta = dict(first.meta)
@@ -710,10 +711,6 @@ async def _within(handlers: tuple[Handler, ...], work: Coroutine[Any, Any, T]) -
             work.close()
             raise
         return await work
-
-
-def _node_id(failed: tuple[int, Value]) -> int:
-    return failed[0]
 
 
 def _short_circuit(node: Node, cause: Value) -> Value:

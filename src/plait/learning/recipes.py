@@ -595,9 +595,15 @@ class _Search:
                             found.add(Recipe(kind, k, method, instruction))
         return sorted(found, key=lambda r: (r.complexity(), r.name))
 
+    @property
+    def _plain(self) -> Recipe:
+        """The plain fixed list of ``max_demos`` pairs: what `BootstrapFewShot` installs,
+        scored to the end and the recipe to beat."""
+        return Recipe("list", self.owner.max_demos)
+
     def _protected(self, recipe: Recipe) -> bool:
         """The baselines always scored to the end: the values in place, the plain list."""
-        return recipe == Recipe() or recipe == Recipe("list", self.owner.max_demos)
+        return recipe == Recipe() or recipe == self._plain
 
     def _folds(self) -> list[list[int]]:
         order = list(range(len(self.examples)))
@@ -839,7 +845,7 @@ class _Search:
             if not supported:
                 tied.append(recipe)
         # The plain list is the recipe to beat: a tie goes to it, then to the simpler.
-        plain = Recipe("list", owner.max_demos)
+        plain = self._plain
         chosen = plain if plain in tied else tied[0]  # the best is always tied with itself
         return chosen, comparisons, best
 
@@ -857,7 +863,7 @@ class _Search:
         incumbent = Recipe()
         before = _mean([scores[incumbent][i] for i in range(n)])
         after = _mean([scores[chosen][i] for i in range(n)])
-        plain = Recipe("list", owner.max_demos)
+        plain = self._plain
         if chosen != incumbent and after <= before:
             why = (
                 f"{chosen.name} was the recipe {best.name} does not beat with support, "

@@ -280,14 +280,12 @@ def openai_limits(headers: Headers) -> ReportedLimits | None:
     """OpenAI's spelling; None when the reply states no limit at all (or its headers
     could not be read: see `_read`)."""
     try:
-        # Asked of every reply, and many servers state nothing: four lookups, no parse.
+        # Asked of every reply, and many servers state nothing: a lookup each, no parse.
         get = headers.get
-        if (
-            get("x-ratelimit-limit-requests") is None
-            and get("x-ratelimit-limit-tokens") is None
-            and get("retry-after-ms") is None
-            and get("retry-after") is None
-        ):
+        for name in _OPENAI_STATED:
+            if get(name) is not None:
+                break
+        else:
             return None
     except Exception:  # a header type that misbehaves: `_read` says so once
         pass
@@ -323,6 +321,17 @@ def _read(
                 scrub(str(exc)),
             )
         return None
+
+
+#: The headers without which `_openai_limits` finds no limit stated (it returns None):
+#: the two limits it reads first and `_retry_after`'s two spellings.  A header that
+#: states a limit on its own belongs here too.
+_OPENAI_STATED = (
+    "x-ratelimit-limit-requests",
+    "x-ratelimit-limit-tokens",
+    "retry-after-ms",
+    "retry-after",
+)
 
 
 def _openai_limits(headers: Headers) -> ReportedLimits | None:

@@ -371,9 +371,9 @@ class Endpoint:
         chain = (self, *self.fallbacks)
         tried: list[str] = []
         last = len(chain) - 1
+        tag = "alias" if last else None  # spans name the alias only where there are two
         for position, endpoint in enumerate(chain):
             sent = request if endpoint is self else replace(request, alias=endpoint.alias)
-            tag = "alias" if len(chain) > 1 else None
             try:
                 outcome = await endpoint._try_stop(
                     sent, priority, timing, position == last, endpoint.alias, tag
