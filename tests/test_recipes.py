@@ -364,7 +364,7 @@ def test_the_chosen_label_method_goes_from_train_to_eval_run_and_serve(
         project,
         *TRAIN,
         *("--test", "test.jsonl", "--optimizer", "auto", "--folds", "3", "--loss", "exact"),
-        *("--out", "runs/triage", "-q"),
+        *("--candidates", "3", "--out", "runs/triage", "-q"),
     )
     assert train.returncode == 0, train.stderr
     parameters = json.loads((project / "runs/triage/parameters.json").read_text())
@@ -373,6 +373,7 @@ def test_the_chosen_label_method_goes_from_train_to_eval_run_and_serve(
     report = history["steps"][0]["trials"][0]["search"]
     assert report["chosen"] == "in place + logprob"
     assert report["label_methods"]["tried"] == ["logprob", "calibrated"]
+    assert report["lists"]["wanted"] == 3  # --candidates: the lists searched
     assert history["final_test_score"] == 1.0 > history["initial_test_score"]
 
     server.reset()
@@ -560,6 +561,7 @@ def test_auto_options_are_checked_before_any_call(project: Path, server: Any) ->
         (["--refit"], "--refit goes with bootstrap or search"),
         (["--k-choices", "2,x"], "--k-choices takes comma-separated whole numbers"),
         (["--label-methods", "vote"], "label_methods holds 'vote'"),
+        (["--teacher-alias", "fast"], "--teacher-alias goes with --optimizer bootstrap"),
     ):
         refused = plait_in(project, *TRAIN, "--optimizer", "auto", *extra, "--out", "runs/x")
         assert refused.returncode == 2, refused.stderr
@@ -604,10 +606,13 @@ def test_a_tight_budget_keeps_every_kind_of_demonstrations_before_other_methods(
     assert report["chosen"].startswith("bm25")
 
 
-def test_the_fixed_list_installed_is_the_one_cross_validation_scored_best() -> None:
+@pytest.mark.parametrize("lists", [10, 0])
+def test_the_fixed_list_installed_is_the_one_cross_validation_scored_best(lists: int) -> None:
     """The model answers billing only when one pair (an input like no other, so no
-    pool ranks it near anything) is among those shown: the lists that hold it win
-    their folds.  The list installed is such a list, not a new draw nobody scored."""
+    pool ranks it near anything) is among those shown: the lists that hold it win.
+    The list installed is such a list, not a new draw nobody scored: the candidate
+    list that scored best on the examples it does not hold (or, with ``lists=0``, the
+    list of the fold that scored best)."""
     key = "Qwerty zxcv."
 
     def answer(request: LLMRequest) -> str:
@@ -617,18 +622,70 @@ def test_the_fixed_list_installed_is_the_one_cross_validation_scored_best() -> N
     targets = {key: "billing", **dict(dataset())}
     data = list(targets.items())
     model = Classify()
-    search = RecipeSearch(model.parameters(), folds=4, k_choices=(4,), label_methods=(), seed=0)
+    search = RecipeSearch(
+        model.parameters(), folds=4, k_choices=(4,), label_methods=(), lists=lists, seed=0
+    )
     trainer = Trainer(model, ExactMatch(), search, data[:14], data[14:], max_steps=1)
     with mock({"fast": answer}):
         history = trainer.fit_sync()
     report = search_report(history)
     assert report["chosen"] == "list k=4"
-    fold_scores = {r["name"]: r["fold_means"] for r in report["recipes"]}["list k=4"]
-    assert min(fold_scores) < max(fold_scores)  # some folds' lists hold the pair, some not
     installed = model.classify.demos.value
     assert isinstance(installed, list) and len(installed) == 4
     assert key in [pair["input"] for pair in installed]
     with mock({"fast": answer}):
         assert model.run_sync("My refund question, the first one.") == "billing"
+    if lists:
+        searched = report["lists"]
+        assert searched["searched"] and searched["candidates"] == lists
+        means = searched["means"]
+        assert min(means) < max(means)  # some candidates hold the pair, some not
+        best = means.index(max(means))
+        assert searched["best"] == best
+        assert report["installed"].startswith(f"candidate list {best + 1} of {lists},")
+        return
+    assert report["lists"] == {"k": 4, "wanted": 0, "searched": False, "why": "lists=0"}
+    fold_scores = {r["name"]: r["fold_means"] for r in report["recipes"]}["list k=4"]
+    assert min(fold_scores) < max(fold_scores)  # some folds' lists hold the pair, some not
     best = fold_scores.index(max(fold_scores)) + 1
     assert report["installed"].startswith(f"the list of fold {best},")
+
+
+def test_no_example_is_ever_answered_with_its_own_pair_shown() -> None:
+    """Cross-validation is honest only if no run the search scores shows the example's
+    own pair: every recipe's draws, every pool and every candidate list of the plain
+    recipe leave it out; and the plain list answering a fold is a candidate holding
+    none of that fold's examples (the choice among candidates is cross-validated too)."""
+    searching: list[bool] = []
+    leaks: list[str] = []
+    asked_during_search: list[str] = []
+
+    class Watched(RecipeSearch):
+        async def step(self) -> dict[str, Any]:
+            searching.append(True)
+            try:
+                return await super().step()
+            finally:
+                searching.clear()
+
+    def answer(request: LLMRequest) -> str:
+        inputs, answers = shown(request)
+        asked = request.messages[-1]["content"]
+        if searching:
+            asked_during_search.append(asked)
+            if asked in inputs:
+                leaks.append(asked)
+        return answers[-1] if answers else "billing"
+
+    model = Classify()
+    search = Watched(model.parameters(), max_calls=400, folds=3, lists=4, label_methods=())
+    history = fit(model, search, answer)
+    report = search_report(history)
+    assert report["lists"]["searched"] and report["lists"]["candidates"] == 4
+    assert len(asked_during_search) == search.used  # every request was counted
+    assert leaks == []
+    for fold, j in zip(report["folds"], report["lists"]["chosen_per_fold"], strict=True):
+        assert not set(fold) & set(report["lists"]["holds"][j])
+    # The plain list was scored on every example without a run of its own.
+    plain = {r["name"]: r for r in report["recipes"]}["list k=4"]
+    assert None not in plain["scores"]

@@ -110,13 +110,18 @@ instructions by --optimizer-alias.  Each recipe is scored by --folds-fold
 cross-validation (5) over --data and --val together, each fold's demonstrations
 drawn from the other folds only, by successive halving within --max-calls LLM
 requests (600: every call of the runs it scores, a calibrated label call twice,
-and every instruction proposal).  The best recipe is installed only if it beats
+and every instruction proposal).  The plain fixed list of --max-demos pairs is
+searched first: --candidates lists (10) are drawn, each showing every label of a
+label call, and each is scored on every example it holds none of (within half
+the budget left; fewer lists than folds are not searched); a fold is answered by
+the list chosen without its examples.  The best recipe is installed only if it beats
 with support (the 68% paired-bootstrap interval of its gain, about one standard
 error, lies above 0) the plain fixed list of --max-demos pairs (what bootstrap
 installs) and every simpler recipe; otherwise the tie goes to the plain list,
 then to the simplest recipe it does not beat, and that one is
 installed (a pool of every labelled pair, or the fixed list that scored best in
-cross-validation); the gate keeps it only if that
+cross-validation: for the plain list, the candidate best on the examples it holds
+none of); the gate keeps it only if that
 cross-validated score beats the values in place on the same examples (not on
 --val, now among the demonstrations).  The choice (list or pool, k, the label
 method) is saved in parameters.json, so eval, run and serve --parameters use it;
@@ -183,7 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--candidates",
         type=positive_int,
         metavar="N",
-        help="bootstrap, search: demonstration sets scored on validation per step (4, 16)",
+        help="bootstrap, search: demonstration sets scored on validation per step (4, 16); "
+        "auto: candidate lists searched for the plain list (10)",
     )
     parser.add_argument(
         "--instructions",
@@ -559,7 +565,7 @@ def _make_optimizers(ns: argparse.Namespace, module: Module, resources: Any) -> 
     if ns.teacher_alias is not None and not learns_demos:
         raise UsageError("--teacher-alias goes with --optimizer bootstrap or search")
     if ns.candidates is not None and not learns_demos:
-        raise UsageError("--candidates goes with --optimizer bootstrap or search")
+        raise UsageError("--candidates goes with --optimizer bootstrap, search or auto")
     if ns.instructions is not None and "search" not in names:
         raise UsageError("--instructions goes with --optimizer search or auto")
     if len(set(names)) != len(names):
@@ -641,9 +647,8 @@ def _check_auto_options(ns: argparse.Namespace, names: list[str]) -> None:
             "--refit goes with bootstrap or search: --optimizer auto already fits the recipe "
             "it chooses on every --data and --val example"
         )
-    for flag, value in (("--candidates", ns.candidates), ("--teacher-alias", ns.teacher_alias)):
-        if value is not None:
-            raise UsageError(f"{flag} goes with --optimizer bootstrap or search, not auto")
+    if ns.teacher_alias is not None:
+        raise UsageError("--teacher-alias goes with --optimizer bootstrap or search, not auto")
 
 
 def _make_auto(ns: argparse.Namespace, module: Module, resources: Any) -> Any:
@@ -670,6 +675,8 @@ def _make_auto(ns: argparse.Namespace, module: Module, resources: Any) -> Any:
         options["max_calls"] = ns.max_calls
     if ns.folds is not None:
         options["folds"] = ns.folds
+    if ns.candidates is not None:
+        options["lists"] = ns.candidates
     if ns.k_choices is not None:
         options["k_choices"] = _int_list(ns.k_choices, "--k-choices")
     if ns.label_methods is not None:

@@ -13,11 +13,18 @@ with evidence that a small validation set cannot give:
 2. the examples are split into ``folds`` folds.  A recipe is scored on a fold
    with demonstrations drawn only from the *other* folds' pairs, so every example
    is scored by a recipe that never saw it: cross-validation;
-3. the recipes (see `recipes`) are scored by successive halving over the folds
+3. the plain fixed list of ``max_demos`` pairs is searched, since which few pairs
+   a list holds can matter more than anything else about it: ``lists`` candidate
+   lists are drawn (a label call's showing every label), each is scored on every
+   example it holds none of, and a fold is answered by the candidate best on the
+   other folds among those holding none of its examples, so the choice among
+   candidates is cross-validated too.  Variants of that list (another label
+   method, an instruction) use the same candidate per fold;
+4. the recipes (see `recipes`) are scored by successive halving over the folds
    (every recipe on the first fold, the better ``1/eta`` on more, and so on to
    all of them), within ``max_calls`` LLM requests; the values in place and a
    plain fixed list (what `BootstrapFewShot` installs) always go to the end;
-4. among the recipes scored on every example, the best mean wins, *unless* the
+5. among the recipes scored on every example, the best mean wins, *unless* the
    plain fixed list of ``max_demos`` pairs (what `BootstrapFewShot` installs, the
    recipe known to do well on most tasks) or a simpler recipe is not beaten by it
    with support (the paired-bootstrap interval of the best's gain over it, at
@@ -27,10 +34,11 @@ with evidence that a small validation set cannot give:
    evidence that it does better on this task.  The default level, 68%, is the
    one-standard-error rule of choosing by cross-validation: a recipe must gain
    at least about one standard error of the paired difference;
-5. the chosen recipe is installed: a pool holds every labelled pair; a fixed
-   list is the one cross-validation scored best (the list of the fold whose
-   held-out examples it answered best), since which pairs a list holds matters
-   as much as how many.
+6. the chosen recipe is installed: a pool holds every labelled pair; a fixed
+   list is the one cross-validation scored best (for the plain list, the
+   candidate best on the examples it holds none of; for another, the list of the
+   fold whose held-out examples it answered best), since which pairs a list
+   holds matters as much as how many.
 
 The simplicity order (simplest first): the values in place; then recipes that
 keep the instruction before those that change it; among those, a fixed list
@@ -63,10 +71,12 @@ from plait.inference import LLMInference
 from plait.learning.bootstrap import (
     ExampleRun,
     TrainingBatch,
+    _covering,
     _ordered_pairs,
     _root_of,
     check_positive,
     install,
+    labels_of,
 )
 from plait.learning.failures import TrainerError
 from plait.learning.history import Judgement
@@ -137,24 +147,53 @@ class Recipe:
         }
 
 
+@dataclass(slots=True)
+class _Lists:
+    """The candidate lists of the plain recipe and what scoring them found.
+
+    Attributes:
+        values: Each candidate's demonstrations, by stage.
+        holds: The examples each candidate's pairs come from (never scored on them).
+        scores: Each candidate's score on every example it does not hold.
+        per_fold: The candidate chosen for each fold, among those holding none of its
+            examples, by its mean on the other folds' examples.
+    """
+
+    values: list[dict[str, Any]]
+    holds: list[set[int]]
+    scores: list[dict[int, float]]
+    per_fold: list[int]
+
+    def mean(self, j: int, leaving: set[int] | frozenset[int] = frozenset()) -> float:
+        """Candidate ``j``'s mean over the examples it was scored on, but ``leaving``."""
+        return _mean([s for i, s in self.scores[j].items() if i not in leaving])
+
+    @property
+    def best(self) -> int:
+        """The candidate with the best mean over every example it was scored on."""
+        return max(range(len(self.values)), key=lambda j: (self.mean(j), -j))
+
+
 class RecipeSearch(DemoSearch):
     """Chooses the learning recipe for this task by cross-validation, within a call budget.
 
     It tries fixed demonstration lists against pools chosen per input (BM25, and
     embeddings with ``embed``), each ``k`` of ``k_choices``, every label method
     the label calls' providers run, and, with a ``rewriter``, new instructions.
-    Each recipe is scored by ``folds``-fold cross-validation over the training and
-    validation examples together (a fold's demonstrations come only from the other
-    folds' pairs), by successive halving within ``max_calls``.  The best recipe
-    is installed only if it beats the plain fixed list of ``max_demos`` pairs with
+    The plain fixed list of ``max_demos`` pairs is searched among ``lists``
+    candidates, each scored on every example it holds none of.  Each recipe is
+    scored by ``folds``-fold cross-validation over the training and validation
+    examples together (a fold's demonstrations come only from the other folds'
+    pairs), by successive halving within ``max_calls``.  The best recipe is
+    installed only if it beats the plain fixed list of ``max_demos`` pairs with
     support (paired bootstrap at ``confidence``); otherwise the plain list is, or,
     where the best does not beat a simpler recipe either, the simplest such one
     (a pool of every labelled pair, or the fixed list that scored best in
-    cross-validation).  It searches once, at the
-    `Trainer`'s first step (later steps change nothing), so train it with
-    ``max_steps=1``.  ``search_report`` (the history's ``trials[].search``) holds
-    every recipe tried, its score on every example, the intervals, the calls used
-    and why the winner won.
+    cross-validation).  It searches once, at the `Trainer`'s first step (later
+    steps change nothing), so train it with ``max_steps=1``.  ``search_report``
+    (the history's ``trials[].search``) holds every recipe tried, its score on
+    every example, the candidate lists, the intervals, the calls used and why the
+    winner won.
 
     The call budget counts the LLM requests the choice makes: every call of the
     pipeline's runs it scores (a ``calibrated`` label call counts twice, for the
@@ -177,6 +216,10 @@ class RecipeSearch(DemoSearch):
         k_choices: The numbers of pairs per call tried, for lists and pools.
         max_demos: The pairs in the plain fixed list always scored to the end
             (what `BootstrapFewShot` installs).
+        lists: Candidate lists of ``max_demos`` pairs searched for the plain
+            list (see above; 0 scores one random list per fold instead).  At
+            most half the budget left after the first runs goes to them, and
+            fewer lists than ``folds`` are not searched.
         embed: An alias whose embeddings rank a pool: pools ranked by embeddings
             are tried too.
         label_methods: The label methods to try (default: every one the label
@@ -258,6 +301,7 @@ class RecipeSearch(DemoSearch):
         folds: int = 5,
         k_choices: Sequence[int] = (2, 4, 8),
         max_demos: int = 4,
+        lists: int = 10,
         embed: str | None = None,
         label_methods: Sequence[str] | None = None,
         rewriter: str | None = None,
@@ -285,6 +329,10 @@ class RecipeSearch(DemoSearch):
             rewriter_temperature=rewriter_temperature,
         )
         check_positive(max_calls=max_calls)
+        if isinstance(lists, bool) or not isinstance(lists, int) or lists < 0:
+            raise ValueError(
+                f"lists must be a whole number of candidate lists (0 for none), got {lists!r}"
+            )
         if isinstance(folds, bool) or not isinstance(folds, int) or folds < 2:
             raise ValueError(f"folds must be an integer of at least 2, got {folds!r}")
         if (
@@ -304,6 +352,7 @@ class RecipeSearch(DemoSearch):
                 )
         self.max_calls = max_calls
         self.folds = folds
+        self.lists = lists
         self.embed = embed
         self.label_methods = methods
         self.confidence = float(confidence)
@@ -328,6 +377,7 @@ class RecipeSearch(DemoSearch):
             **super().settings(),
             "max_calls": self.max_calls,
             "folds": self.folds,
+            "lists": self.lists,
             "embed": self.embed,
             "label_methods": None if self.label_methods is None else list(self.label_methods),
             "confidence": self.confidence,
@@ -410,6 +460,7 @@ class _Search:
         self.examples = [*batch.train_examples, *batch.val_examples]
         self.stages = {path: param for param, path in owner._paths().items()}
         self.label_calls = _label_calls(owner)
+        self.lists: _Lists | None = None
         self.report: dict[str, Any] = {}
 
     # -- the whole search ------------------------------------------------------------
@@ -441,7 +492,10 @@ class _Search:
         folds = self._folds()
         scores: dict[Recipe, dict[int, float]] = {recipe: {} for recipe in recipes}
         scores[recipes[0]] = {i: run.score for i, run in enumerate(first)}
-        recipes, dropped = self._fit_budget(recipes, folds, per_example, in_place)
+        lists_report = await self._search_lists(folds, pairs, per_example, in_place)
+        if self.lists is not None and self._plain in scores:
+            scores[self._plain] = self._nested_scores(folds)
+        recipes, dropped = self._fit_budget(recipes, folds, per_example, in_place, scores)
         rungs = await self._halve(recipes, folds, pairs, scores, per_example, in_place, written)
         finalists = [r for r in recipes if len(scores[r]) == n]
         chosen, comparisons, best = self._choose(finalists, scores)
@@ -476,6 +530,7 @@ class _Search:
                 for i, r in enumerate(recipes)
             ],
             "not_tried": [{"name": r.name, "reason": why} for r, why in dropped],
+            "lists": lists_report,
             "rungs": rungs,
             "best": best.name,
             "comparisons": comparisons,
@@ -616,6 +671,7 @@ class _Search:
         folds: list[list[int]],
         per_example: float,
         in_place: Mapping[str, str],
+        scores: Mapping[Recipe, Mapping[int, float]],
     ) -> tuple[list[Recipe], list[tuple[Recipe, str]]]:
         """The recipes whose halving fits in what is left of the budget, counting the
         dearest survivors at every rung.  They are left out breadth first: instruction
@@ -625,7 +681,7 @@ class _Search:
         a small budget would drop every pool before any method variant of a list."""
         kept = list(recipes)
         dropped: list[tuple[Recipe, str]] = []
-        while self._planned(kept, folds, per_example, in_place) > (
+        while self._planned(kept, folds, per_example, in_place, scores) > (
             self.owner.max_calls - self.owner.used
         ):
             removable = sorted((r for r in kept if not self._protected(r)), key=self._trim_order)
@@ -653,10 +709,13 @@ class _Search:
         folds: list[list[int]],
         per_example: float,
         in_place: Mapping[str, str],
+        scores: Mapping[Recipe, Mapping[int, float]],
     ) -> float:
-        # The values in place were scored by the first run of every example.
+        # The values in place (the first run of every example) and the searched plain
+        # list are scored on every example already.
+        n = len(self.examples)
         cost = {
-            r: 0.0 if r == Recipe() else self._example_cost(r, per_example, in_place)
+            r: 0.0 if len(scores.get(r, {})) == n else self._example_cost(r, per_example, in_place)
             for r in recipes
         }
         total, alive, done = 0.0, list(recipes), 0
@@ -690,7 +749,9 @@ class _Search:
         alive = list(recipes)
         rungs: list[dict[str, Any]] = []
         for size in self._rungs(len(recipes)):
-            for recipe in alive:
+            # The baselines first: where recipes tied at a cut outrun the plan, the
+            # budget runs out on one of them, never on the recipes to beat.
+            for recipe in sorted(alive, key=lambda r: not self._protected(r)):
                 for f in range(size):
                     if all(i in scores[recipe] for i in folds[f]):
                         continue
@@ -727,22 +788,144 @@ class _Search:
         written: Mapping[str, list[str]],
     ) -> None:
         """Score ``recipe`` on one fold, its demonstrations drawn from the other folds."""
-        assert self.batch.run_examples is not None
         values = self._fold_values(recipe, fold, folds, pairs, written)
+        calibrated = self._calibrated(recipe.label_method, in_place)
+        scores[recipe].update(await self._run_with(values, folds[fold], calibrated))
+
+    async def _run_with(
+        self, values: Mapping[str, Any], indices: Sequence[int], calibrated: int
+    ) -> dict[int, float]:
+        """Run the examples at ``indices`` with ``values`` set (and put back after),
+        counting their requests: each one's score."""
+        assert self.batch.run_examples is not None
         slots = self._slots()
         before = {key: param.value for key, param in slots.items()}
         try:
             for key, value in values.items():
                 slots[key].value = value
             with phase("evaluating"):
-                runs = await self.batch.run_examples([self.examples[i] for i in folds[fold]])
+                runs = await self.batch.run_examples([self.examples[i] for i in indices])
         finally:
             for key, value in before.items():
                 slots[key].value = value
-        calibrated = self._calibrated(recipe.label_method, in_place)
-        for i, run in zip(folds[fold], runs, strict=True):
-            scores[recipe][i] = run.score
+        found: dict[int, float] = {}
+        for i, run in zip(indices, runs, strict=True):
+            found[i] = run.score
             self.owner.used += self._cost(run, calibrated)
+        return found
+
+    # -- the plain list, searched --------------------------------------------------------
+    async def _search_lists(
+        self,
+        folds: list[list[int]],
+        pairs: list[dict[str, list[tuple[Any, Any]]]],
+        per_example: float,
+        in_place: Mapping[str, str],
+    ) -> dict[str, Any]:
+        """Draw candidate lists for the plain recipe and score each on every example
+        it does not hold (at the label methods in place).
+
+        Which pairs a short list holds can matter more than anything else about it:
+        on a small model one list of four teaches a verdict and another, as good on
+        paper, teaches it to answer one label to everything.  One random list per
+        fold cannot tell them apart, and the best of a few lists on a fold of eight
+        examples is mostly luck; so the lists are searched, each scored on all the
+        labelled examples it holds none of.  Candidate ``j`` is drawn from the pairs
+        outside fold ``j mod folds``, so every fold has candidates that hold none of
+        its examples, and the plain recipe's cross-validated score stays honest (see
+        `_nested_scores`).
+        """
+        owner = self.owner
+        n, k = len(self.examples), owner.max_demos
+        report: dict[str, Any] = {"k": k, "wanted": owner.lists}
+        if owner.lists == 0 or not self.stages:
+            report["searched"] = False
+            report["why"] = "lists=0" if owner.lists == 0 else "no demonstrations to choose"
+            return report
+        calibrated = self._calibrated(None, in_place)
+        per_list = max(1, n - k) * (per_example + calibrated)
+        affordable = int((owner.max_calls - owner.used) / 2 // per_list)
+        count = min(owner.lists, affordable)
+        if count < owner.folds:
+            report["searched"] = False
+            report["why"] = (
+                f"half the budget left ({(owner.max_calls - owner.used) // 2} calls) pays for "
+                f"{affordable} list(s) of {per_list:.0f} calls, fewer than the {owner.folds} "
+                "folds: one random list per fold is scored instead"
+            )
+            return report
+        values: list[dict[str, Any]] = []
+        holds: list[set[int]] = []
+        for j in range(count):
+            drawn, held = self._draw_list(j, set(folds[j % len(folds)]), pairs)
+            values.append(drawn)
+            holds.append(held)
+        scores: list[dict[int, float]] = []
+        for drawn, held in zip(values, holds, strict=True):
+            indices = [i for i in range(n) if i not in held]
+            scores.append(await self._run_with(drawn, indices, calibrated))
+        lists = _Lists(values, holds, scores, per_fold=[])
+        for fold in folds:
+            leaving = set(fold)
+            eligible = [j for j in range(count) if not holds[j] & leaving]
+            lists.per_fold.append(max(eligible, key=lambda j: (lists.mean(j, leaving), -j)))
+        self.lists = lists
+        report.update(
+            searched=True,
+            candidates=count,
+            means=[lists.mean(j) for j in range(count)],
+            holds=[sorted(h) for h in holds],
+            chosen_per_fold=lists.per_fold,
+            best=lists.best,
+        )
+        return report
+
+    def _draw_list(
+        self, j: int, avoid: set[int], pairs: list[dict[str, list[tuple[Any, Any]]]]
+    ) -> tuple[dict[str, Any], set[int]]:
+        """Candidate ``j``: per stage, a list drawn from the pairs of the examples
+        outside ``avoid``, and the examples its pairs come from."""
+        values: dict[str, Any] = {}
+        held: set[int] = set()
+        for path in self.stages:
+            source: dict[Any, tuple[Any, Any, int]] = {}
+            for i, example in enumerate(pairs):
+                if i not in avoid:
+                    for inp, out in example.get(path, []):
+                        source.setdefault(_key(inp), (inp, out, i))
+            found = [(inp, out) for inp, out, _ in source.values()]
+            if not found:
+                continue
+            rng = random.Random(f"candidate list:{self.owner.seed}:{j}:{path}")
+            picked = self._list_of(path, found, self.owner.max_demos, rng)
+            values[path] = normalize_demos(picked, f"the demonstrations for {path}")
+            held |= {source[_key(inp)][2] for inp, _ in picked}
+        return values, held
+
+    def _list_of(
+        self, path: str, found: list[tuple[Any, Any]], k: int, rng: random.Random
+    ) -> list[tuple[Any, Any]]:
+        """A random list of ``k`` of ``found`` for the stage at ``path``, showing every
+        label a label call's pairs hold (as `BootstrapFewShot`'s lists do)."""
+        shuffled = list(found)
+        rng.shuffle(shuffled)
+        picked = shuffled[:k]
+        labels = labels_of(self.stages[path].owner)
+        if labels is not None:
+            picked = _covering(picked, shuffled[k:], labels)
+        return picked
+
+    def _nested_scores(self, folds: list[list[int]]) -> dict[int, float]:
+        """The searched plain list's cross-validated score on every example: a fold's
+        examples are answered by the candidate chosen without them (one that holds
+        none of them, best on the other folds), so the choice among candidates is
+        itself cross-validated, as every other recipe's draw is."""
+        assert self.lists is not None
+        found: dict[int, float] = {}
+        for fold, j in zip(folds, self.lists.per_fold, strict=True):
+            for i in fold:
+                found[i] = self.lists.scores[j][i]
+        return found
 
     # -- values ----------------------------------------------------------------------
     def _fold_values(
@@ -757,7 +940,14 @@ class _Search:
         from the other folds' pairs (the same draw every time it is asked)."""
         held = set(folds[fold])
         training = [pairs[i] for i in range(len(pairs)) if i not in held]
-        return self._values(recipe, training, f"fold:{fold}", written)
+        searched = None
+        if self.lists is not None and self._searched(recipe):
+            searched = self.lists.values[self.lists.per_fold[fold]]
+        return self._values(recipe, training, f"fold:{fold}", written, searched)
+
+    def _searched(self, recipe: Recipe) -> bool:
+        """Whether ``recipe``'s list is the searched one (a list of ``max_demos``)."""
+        return recipe.demos == "list" and recipe.k == self.owner.max_demos
 
     def _slots(self) -> dict[str, Parameter]:
         """Every value a recipe may set: demonstrations by stage, label methods and
@@ -777,10 +967,14 @@ class _Search:
         training: list[dict[str, list[tuple[Any, Any]]]],
         draw: str,
         written: Mapping[str, list[str]],
+        searched: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """What ``recipe`` sets, its demonstrations made from ``training``'s pairs."""
+        """What ``recipe`` sets, its demonstrations made from ``training``'s pairs (a
+        list's are ``searched``'s, where the list was searched)."""
         values: dict[str, Any] = {}
-        if recipe.demos != "in place":
+        if searched is not None:
+            values.update(searched)
+        elif recipe.demos != "in place":
             assert recipe.k is not None
             for path in self.stages:
                 gathered: dict[Any, Any] = {}
@@ -793,8 +987,7 @@ class _Search:
                 where = f"the demonstrations for {path}"
                 if recipe.demos == "list":
                     rng = random.Random(f"list:{self.owner.seed}:{draw}:{path}")
-                    rng.shuffle(found)
-                    values[path] = normalize_demos(found[: recipe.k], where)
+                    values[path] = normalize_demos(self._list_of(path, found, recipe.k, rng), where)
                     continue
                 pool: dict[str, Any] = {
                     "pool": normalize_demos(found, where),
@@ -929,6 +1122,13 @@ class _Search:
         """
         if chosen.demos != "list":
             return self._values(chosen, pairs, "final", written)
+        if self.lists is not None and self._searched(chosen):
+            best = self.lists.best
+            self.owner.search_report["installed"] = (
+                f"candidate list {best + 1} of {len(self.lists.values)}, which scored best on "
+                f"the examples it holds none of ({self.lists.mean(best):.3f})"
+            )
+            return self._values(chosen, pairs, "final", written, self.lists.values[best])
         means = [_mean([scores[chosen][i] for i in fold]) for fold in folds]
         fold = max(range(len(folds)), key=lambda f: (means[f], -f))
         self.owner.search_report["installed"] = (
