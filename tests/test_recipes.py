@@ -606,7 +606,7 @@ def test_a_tight_budget_keeps_every_kind_of_demonstrations_before_other_methods(
     assert report["chosen"].startswith("bm25")
 
 
-@pytest.mark.parametrize("lists", [10, 0])
+@pytest.mark.parametrize("lists", [20, 0])
 def test_the_fixed_list_installed_is_the_one_cross_validation_scored_best(lists: int) -> None:
     """The model answers billing only when one pair (an input like no other, so no
     pool ranks it near anything) is among those shown: the lists that hold it win.
@@ -623,7 +623,13 @@ def test_the_fixed_list_installed_is_the_one_cross_validation_scored_best(lists:
     data = list(targets.items())
     model = Classify()
     search = RecipeSearch(
-        model.parameters(), folds=4, k_choices=(4,), label_methods=(), lists=lists, seed=0
+        model.parameters(),
+        max_calls=2000,
+        folds=4,
+        k_choices=(4,),
+        label_methods=(),
+        lists=lists,
+        seed=0,
     )
     trainer = Trainer(model, ExactMatch(), search, data[:14], data[14:], max_steps=1)
     with mock({"fast": answer}):
@@ -638,6 +644,10 @@ def test_the_fixed_list_installed_is_the_one_cross_validation_scored_best(lists:
     if lists:
         searched = report["lists"]
         assert searched["searched"] and searched["candidates"] == lists
+        # The later half are the earlier half reversed: the same pairs, the other order.
+        assert searched["reversed"] == [[j, j - lists // 2] for j in range(lists // 2, lists)]
+        for j, source in searched["reversed"]:
+            assert searched["holds"][j] == searched["holds"][source]
         means = searched["means"]
         assert min(means) < max(means)  # some candidates hold the pair, some not
         best = means.index(max(means))
@@ -689,3 +699,53 @@ def test_no_example_is_ever_answered_with_its_own_pair_shown() -> None:
     # The plain list was scored on every example without a run of its own.
     plain = {r["name"]: r for r in report["recipes"]}["list k=4"]
     assert None not in plain["scores"]
+
+
+def test_with_labels_every_label_weighs_the_same_so_the_majority_answer_does_not_tie() -> None:
+    """Was: recipes were compared by plain accuracy, so on a few dozen examples with
+    more of one label, a model that answers that label to everything (the values in
+    place) scored better than a list that teaches it the other label (right on every
+    shipping message, on a third of the billing ones), and was kept.  Every label now
+    weighs the same (balanced accuracy), unless ``balance_labels=False``."""
+    key = "Qwerty zxcv."
+    billing = [(f"My {w} question, the {n} one.", "billing") for w in BILLING for n in ORDINALS]
+    shipping = [
+        (f"My {w} question, the {n} one.", "shipping") for w in SHIPPING[:2] for n in ORDINALS
+    ]
+    data = [(key, "billing"), *billing[:8], *shipping[:4], *billing[8:], *shipping[4:]]
+
+    def answer(request: LLMRequest) -> str:
+        inputs, _ = shown(request)
+        asked = request.messages[-1]["content"]
+        if key not in inputs:
+            return "billing"
+        if any(word in asked for word in SHIPPING):
+            return "shipping"
+        return "billing" if "first" in asked else "shipping"
+
+    def train(balance_labels: bool) -> tuple[dict[str, Any], Classify]:
+        model = Classify()
+        search = RecipeSearch(
+            model.parameters(),
+            folds=3,
+            k_choices=(4,),
+            label_methods=(),
+            lists=20,
+            balance_labels=balance_labels,
+        )
+        trainer = Trainer(model, ExactMatch(), search, data[:13], data[13:], max_steps=1)
+        with mock({"fast": answer}):
+            return search_report(trainer.fit_sync()), model
+
+    plain, kept = train(balance_labels=False)
+    assert plain["statistic"].startswith("mean")
+    assert plain["chosen"] == "in place" and kept.classify.demos.value == []
+
+    report, model = train(balance_labels=True)
+    assert report["statistic"].startswith("balanced accuracy")
+    assert report["chosen"] == "list k=4"
+    recipes = {r["name"]: r for r in report["recipes"]}
+    assert recipes["list k=4"]["mean"] > recipes["in place"]["mean"] == pytest.approx(0.5)
+    assert key in [pair["input"] for pair in model.classify.demos.value]
+    with mock({"fast": answer}):
+        assert model.run_sync("My parcel question, the second one.") == "shipping"

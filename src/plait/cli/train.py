@@ -112,9 +112,13 @@ drawn from the other folds only, by successive halving within --max-calls LLM
 requests (600: every call of the runs it scores, a calibrated label call twice,
 and every instruction proposal).  The plain fixed list of --max-demos pairs is
 searched first: --candidates lists (10) are drawn, each showing every label of a
-label call, and each is scored on every example it holds none of (within half
+label call (half of them the others in reverse order: a small model reads the
+order too), and each is scored on every example it holds none of (within half
 the budget left; fewer lists than folds are not searched); a fold is answered by
-the list chosen without its examples.  The best recipe is installed only if it beats
+the list chosen without its examples.  Where the pipeline answers with labels,
+recipes are compared by balanced accuracy (each label's mean, averaged), so that
+answering the majority label of a few dozen examples to everything does not score
+as well as telling the labels apart.  The best recipe is installed only if it beats
 with support (the 68% paired-bootstrap interval of its gain, about one standard
 error, lies above 0) the plain fixed list of --max-demos pairs (what bootstrap
 installs) and every simpler recipe; otherwise the tie goes to the plain list,

@@ -12,10 +12,14 @@ with evidence that a small validation set cannot give:
    passed and the labelled pairs, as `BootstrapFewShot` gathers them);
 2. the examples are split into ``folds`` folds.  A recipe is scored on a fold
    with demonstrations drawn only from the *other* folds' pairs, so every example
-   is scored by a recipe that never saw it: cross-validation;
+   is scored by a recipe that never saw it: cross-validation.  Where the pipeline
+   answers with labels, every mean below is balanced (each label's mean, averaged):
+   on a few dozen examples the labels are rarely even, and answering the majority
+   label to everything must not score as well as telling them apart;
 3. the plain fixed list of ``max_demos`` pairs is searched, since which few pairs
-   a list holds can matter more than anything else about it: ``lists`` candidate
-   lists are drawn (a label call's showing every label), each is scored on every
+   a list holds, and their order, can matter more than anything else about it:
+   ``lists`` candidate lists are drawn (a label call's showing every label; half
+   of them the others reversed), each is scored on every
    example it holds none of, and a fold is answered by the candidate best on the
    other folds among those holding none of its examples, so the choice among
    candidates is cross-validated too.  Variants of that list (another label
@@ -81,6 +85,7 @@ from plait.learning.bootstrap import (
 from plait.learning.failures import TrainerError
 from plait.learning.history import Judgement
 from plait.learning.search import (
+    RESAMPLES,
     DemoSearch,
     _instruction_slot,
     _mean,
@@ -157,16 +162,20 @@ class _Lists:
         scores: Each candidate's score on every example it does not hold.
         per_fold: The candidate chosen for each fold, among those holding none of its
             examples, by its mean on the other folds' examples.
+        groups: Each example's label where every label weighs the same in a mean
+            (see `_Search._groups`), else None.
     """
 
     values: list[dict[str, Any]]
     holds: list[set[int]]
     scores: list[dict[int, float]]
     per_fold: list[int]
+    groups: list[str] | None
 
     def mean(self, j: int, leaving: set[int] | frozenset[int] = frozenset()) -> float:
         """Candidate ``j``'s mean over the examples it was scored on, but ``leaving``."""
-        return _mean([s for i, s in self.scores[j].items() if i not in leaving])
+        scored = [(i, s) for i, s in self.scores[j].items() if i not in leaving]
+        return _grouped_mean(scored, self.groups)
 
     @property
     def best(self) -> int:
@@ -217,9 +226,18 @@ class RecipeSearch(DemoSearch):
         max_demos: The pairs in the plain fixed list always scored to the end
             (what `BootstrapFewShot` installs).
         lists: Candidate lists of ``max_demos`` pairs searched for the plain
-            list (see above; 0 scores one random list per fold instead).  At
-            most half the budget left after the first runs goes to them, and
-            fewer lists than ``folds`` are not searched.
+            list (see above; 0 scores one random list per fold instead).  Half
+            of them (while each fold keeps a drawn list that holds none of its
+            examples) are the others in reverse order: a small model reads a
+            list's order as much as its pairs.  At most half the budget left
+            after the first runs goes to them, and fewer lists than ``folds`` are
+            not searched.
+        balance_labels: Where the pipeline answers with labels (every target is a
+            label of one of its label calls), compare recipes by balanced accuracy
+            (the mean of each label's mean), so that answering the majority label
+            of a few dozen examples to everything does not score as well as telling
+            the labels apart.  False compares by plain accuracy, for data whose
+            labels are truly that uneven and where accuracy is what counts.
         embed: An alias whose embeddings rank a pool: pools ranked by embeddings
             are tried too.
         label_methods: The label methods to try (default: every one the label
@@ -302,6 +320,7 @@ class RecipeSearch(DemoSearch):
         k_choices: Sequence[int] = (2, 4, 8),
         max_demos: int = 4,
         lists: int = 10,
+        balance_labels: bool = True,
         embed: str | None = None,
         label_methods: Sequence[str] | None = None,
         rewriter: str | None = None,
@@ -353,6 +372,7 @@ class RecipeSearch(DemoSearch):
         self.max_calls = max_calls
         self.folds = folds
         self.lists = lists
+        self.balance_labels = bool(balance_labels)
         self.embed = embed
         self.label_methods = methods
         self.confidence = float(confidence)
@@ -378,6 +398,7 @@ class RecipeSearch(DemoSearch):
             "max_calls": self.max_calls,
             "folds": self.folds,
             "lists": self.lists,
+            "balance_labels": self.balance_labels,
             "embed": self.embed,
             "label_methods": None if self.label_methods is None else list(self.label_methods),
             "confidence": self.confidence,
@@ -461,6 +482,7 @@ class _Search:
         self.stages = {path: param for param, path in owner._paths().items()}
         self.label_calls = _label_calls(owner)
         self.lists: _Lists | None = None
+        self.groups, self.statistic = self._groups()
         self.report: dict[str, Any] = {}
 
     # -- the whole search ------------------------------------------------------------
@@ -503,6 +525,7 @@ class _Search:
             "method": f"{owner.folds}-fold cross-validation over the training and "
             "validation examples",
             "examples": n,
+            "statistic": self.statistic,
             "folds": [sorted(fold) for fold in folds],
             "confidence": owner.confidence,
             "label_methods": {"tried": [m for m in methods if m], "providers": providers},
@@ -519,12 +542,10 @@ class _Search:
                     "simplicity": i,
                     "scores": [scores[r].get(j) for j in range(n)],
                     "fold_means": [
-                        _mean([scores[r][j] for j in fold])
-                        if all(j in scores[r] for j in fold)
-                        else None
+                        self._mean(scores[r], fold) if all(j in scores[r] for j in fold) else None
                         for fold in folds
                     ],
-                    "mean": _mean(list(scores[r].values())) if scores[r] else None,
+                    "mean": self._mean(scores[r]) if scores[r] else None,
                     "finalist": r in finalists,
                 }
                 for i, r in enumerate(recipes)
@@ -537,6 +558,35 @@ class _Search:
             **({"instructions": written} if written else {}),
         }
         return self._install(chosen, best, scores, folds, pairs, written)
+
+    # -- the statistic ---------------------------------------------------------------
+    def _groups(self) -> tuple[list[str] | None, str]:
+        """What every mean the search takes is: each example's label, where labels weigh
+        the same, and the statistic's name.
+
+        Where the pipeline answers with labels (every example's target is a label of
+        one of its label calls), a mean is the mean of each label's mean over its
+        examples: balanced accuracy, for a score of 0 or 1.  On a few dozen examples
+        the labels are rarely as even as the data they come from, and a recipe that
+        answers the majority label to everything then scores as well as one that
+        tells the labels apart (60% on 40 reviews of which 24 are positive, for
+        both), while held out it is the worse by far.  Otherwise every example
+        weighs the same (None).
+        """
+        targets = [example[1] for example in self.examples]
+        for call in self.label_calls.values() if self.owner.balance_labels else ():
+            labels = labels_of(call)
+            if not labels or not all(isinstance(t, str) and t in labels for t in targets):
+                continue
+            if len(set(targets)) < 2:
+                break
+            return list(targets), "balanced accuracy: the mean of each label's mean"
+        return None, "mean: every example weighs the same"
+
+    def _mean(self, scores: Mapping[int, float], indices: Iterable[int] | None = None) -> float:
+        """The search's mean of ``scores`` (by example) over ``indices``, or all of them."""
+        chosen = scores.items() if indices is None else ((i, scores[i]) for i in indices)
+        return _grouped_mean(list(chosen), self.groups)
 
     # -- label methods ---------------------------------------------------------------
     def _methods(self) -> tuple[list[str | None], dict[str, str], dict[str, str]]:
@@ -760,7 +810,7 @@ class _Search:
                         continue  # left unscored: it cannot be a finalist
                     await self._score(recipe, f, folds, pairs, scores, in_place, written)
             scored = [r for r in alive if all(i in scores[r] for f in folds[:size] for i in f)]
-            means = {r: _mean([scores[r][i] for f in folds[:size] for i in f]) for r in scored}
+            means = {r: self._mean(scores[r], [i for f in folds[:size] for i in f]) for r in scored}
             rungs.append({"folds": size, "means": {r.name: means[r] for r in scored}})
             if size == len(folds):
                 break
@@ -856,15 +906,26 @@ class _Search:
             return report
         values: list[dict[str, Any]] = []
         holds: list[set[int]] = []
+        # Half the candidates are the others in reverse order (while every fold keeps
+        # a drawn list that holds none of its examples): a small model reads a list's
+        # order as much as its pairs, and the same four reviews that make it answer
+        # one label to everything when the list ends on that label teach it both
+        # when the list ends on the other.
+        drawn_sets = max(len(folds), math.ceil(count / 2))
         for j in range(count):
-            drawn, held = self._draw_list(j, set(folds[j % len(folds)]), pairs)
+            if j < drawn_sets:
+                drawn, held = self._draw_list(j, set(folds[j % len(folds)]), pairs)
+            else:
+                source = j - drawn_sets
+                drawn = {path: demos[::-1] for path, demos in values[source].items()}
+                held = holds[source]
             values.append(drawn)
             holds.append(held)
         scores: list[dict[int, float]] = []
         for drawn, held in zip(values, holds, strict=True):
             indices = [i for i in range(n) if i not in held]
             scores.append(await self._run_with(drawn, indices, calibrated))
-        lists = _Lists(values, holds, scores, per_fold=[])
+        lists = _Lists(values, holds, scores, per_fold=[], groups=self.groups)
         for fold in folds:
             leaving = set(fold)
             eligible = [j for j in range(count) if not holds[j] & leaving]
@@ -873,6 +934,7 @@ class _Search:
         report.update(
             searched=True,
             candidates=count,
+            reversed=[[j, j - drawn_sets] for j in range(drawn_sets, count)],
             means=[lists.mean(j) for j in range(count)],
             holds=[sorted(h) for h in holds],
             chosen_per_fold=lists.per_fold,
@@ -1014,7 +1076,7 @@ class _Search:
         plain list (chosen then) or a simpler recipe (the simplest such one then)."""
         owner = self.owner
         n = len(self.examples)
-        means = {r: _mean([scores[r][i] for i in range(n)]) for r in finalists}
+        means = {r: self._mean(scores[r]) for r in finalists}
         best = min(finalists, key=lambda r: (-means[r], r.complexity()))
         comparisons: list[dict[str, Any]] = []
         tied: list[Recipe] = []  # the finalists the best does not beat with support
@@ -1022,13 +1084,14 @@ class _Search:
             diffs = [scores[best][i] - scores[recipe][i] for i in range(n)]
             # The same resamples for every comparison: the same differences get the
             # same interval, whichever recipe they belong to.
-            low, high = paired_interval(diffs, random.Random(f"ci:{owner.seed}"), owner.confidence)
+            rng = random.Random(f"ci:{owner.seed}")
+            low, high = grouped_interval(diffs, self.groups, rng, owner.confidence)
             supported = recipe != best and low > 0
             comparisons.append(
                 {
                     "recipe": recipe.name,
                     "mean": means[recipe],
-                    "best_minus_this": _mean(diffs),
+                    "best_minus_this": _grouped_mean(list(enumerate(diffs)), self.groups),
                     "interval": [low, high],
                     "best_wins": sum(d > 0 for d in diffs),
                     "best_losses": sum(d < 0 for d in diffs),
@@ -1054,8 +1117,8 @@ class _Search:
         owner = self.owner
         n = len(self.examples)
         incumbent = Recipe()
-        before = _mean([scores[incumbent][i] for i in range(n)])
-        after = _mean([scores[chosen][i] for i in range(n)])
+        before = self._mean(scores[incumbent])
+        after = self._mean(scores[chosen])
         plain = self._plain
         if chosen != incumbent and after <= before:
             why = (
@@ -1068,7 +1131,7 @@ class _Search:
             why = (
                 f"the plain {plain.name}, what BootstrapFewShot installs, scored best ({after:.3f})"
                 if best == plain
-                else f"{best.name} scored best ({_mean([scores[best][i] for i in range(n)]):.3f}) "
+                else f"{best.name} scored best ({self._mean(scores[best]):.3f}) "
                 f"but its gain over the plain {plain.name} ({after:.3f}) is not supported at "
                 f"{owner.confidence:.0%} (the interval reaches 0): the tie goes to the plain "
                 "list, what BootstrapFewShot installs"
@@ -1081,7 +1144,7 @@ class _Search:
             )
         else:
             why = (
-                f"{best.name} scored best ({_mean([scores[best][i] for i in range(n)]):.3f}) "
+                f"{best.name} scored best ({self._mean(scores[best]):.3f}) "
                 f"but its gain over the simpler {chosen.name} ({after:.3f}) is not supported "
                 f"at {owner.confidence:.0%} (the interval reaches 0): the tie goes to the "
                 "simpler recipe"
@@ -1090,9 +1153,7 @@ class _Search:
         owner.search_report["why"] = why
         owner.search_report["budget"]["used"] = owner.used
         owner.chosen = {"name": chosen.name, "recipe": chosen.to_json(), "why": why}
-        owner.candidate_scores = [
-            _mean(list(scores[r].values())) for r in scores if len(scores[r]) == n
-        ]
+        owner.candidate_scores = [self._mean(scores[r]) for r in scores if len(scores[r]) == n]
         if chosen == incumbent:
             return {}
         owner.search_report["gate"] = {"values in place": before, "chosen": after}
@@ -1129,7 +1190,7 @@ class _Search:
                 f"the examples it holds none of ({self.lists.mean(best):.3f})"
             )
             return self._values(chosen, pairs, "final", written, self.lists.values[best])
-        means = [_mean([scores[chosen][i] for i in fold]) for fold in folds]
+        means = [self._mean(scores[chosen], fold) for fold in folds]
         fold = max(range(len(folds)), key=lambda f: (means[f], -f))
         self.owner.search_report["installed"] = (
             f"the list of fold {fold + 1}, which scored best on its held-out examples "
@@ -1148,6 +1209,38 @@ def _label_calls(owner: RecipeSearch) -> dict[str, LLMInference]:
         for module in root.modules()
         if isinstance(module, LLMInference) and module.label_method_parameter is not None
     }
+
+
+def _grouped_mean(scored: Sequence[tuple[int, float]], groups: Sequence[str] | None) -> float:
+    """The mean of the ``(example, score)`` pairs: plain, or with ``groups`` the mean of
+    each group's mean (each example's group is ``groups[example]``)."""
+    if groups is None:
+        return _mean([score for _, score in scored])
+    by_group: dict[str, list[float]] = {}
+    for i, score in scored:
+        by_group.setdefault(groups[i], []).append(score)
+    return _mean([_mean(values) for values in by_group.values()])
+
+
+def grouped_interval(
+    diffs: Sequence[float], groups: Sequence[str] | None, rng: random.Random, level: float
+) -> tuple[float, float]:
+    """The paired-bootstrap interval of the mean of ``diffs`` (per-example score
+    differences) as `_grouped_mean` takes it, two-sided at ``level``: examples
+    resampled with replacement, each resample's mean taken by group.  Without groups
+    it is `paired_interval`'s, resample for resample."""
+    if groups is None:
+        return paired_interval(diffs, rng, level)
+    n = len(diffs)
+    if n == 0:
+        return (0.0, 0.0)
+    means = []
+    for _ in range(RESAMPLES):
+        drawn = [rng.randrange(n) for _ in range(n)]
+        means.append(_grouped_mean([(i, diffs[i]) for i in drawn], groups))
+    means.sort()
+    tail = (1.0 - level) / 2
+    return (means[int(tail * RESAMPLES)], means[int((1.0 - tail) * RESAMPLES) - 1])
 
 
 def _key(value: Any) -> Any:
