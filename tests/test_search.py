@@ -655,3 +655,18 @@ def test_a_resume_with_other_search_settings_is_refused_naming_them(
     message = str(refused.value)
     assert "other DemoSearch settings (candidates was 8, now 16)" in message
     assert "--fresh" in message
+
+
+def test_the_paired_interval_by_group_weighs_each_group_the_same() -> None:
+    """Three of twenty examples gain 1, all of the rarer label: by example the mean
+    gain is 0.15, by label 0.5, and the interval by label lies around that."""
+    diffs = [0.0] * 17 + [1.0] * 3
+    groups = ["positive"] * 17 + ["negative"] * 3
+    low, high = paired_interval(diffs, random.Random(0), 0.9)
+    assert low < 0.15 < high < 0.4
+    low, high = paired_interval(diffs, random.Random(0), 0.9, groups)
+    assert low > 0.2 and 0.5 <= high
+    # Without groups the resamples are the ones they always were.
+    assert paired_interval(diffs, random.Random(0), 0.9, None) == paired_interval(
+        diffs, random.Random(0), 0.9
+    )

@@ -85,10 +85,9 @@ from plait.learning.bootstrap import (
 from plait.learning.failures import TrainerError
 from plait.learning.history import Judgement
 from plait.learning.search import (
-    RESAMPLES,
     DemoSearch,
     _instruction_slot,
-    _mean,
+    grouped_mean,
     paired_interval,
 )
 from plait.learning.spend import phase
@@ -175,7 +174,7 @@ class _Lists:
     def mean(self, j: int, leaving: set[int] | frozenset[int] = frozenset()) -> float:
         """Candidate ``j``'s mean over the examples it was scored on, but ``leaving``."""
         scored = [(i, s) for i, s in self.scores[j].items() if i not in leaving]
-        return _grouped_mean(scored, self.groups)
+        return grouped_mean(scored, self.groups)
 
     @property
     def best(self) -> int:
@@ -586,7 +585,7 @@ class _Search:
     def _mean(self, scores: Mapping[int, float], indices: Iterable[int] | None = None) -> float:
         """The search's mean of ``scores`` (by example) over ``indices``, or all of them."""
         chosen = scores.items() if indices is None else ((i, scores[i]) for i in indices)
-        return _grouped_mean(list(chosen), self.groups)
+        return grouped_mean(list(chosen), self.groups)
 
     # -- label methods ---------------------------------------------------------------
     def _methods(self) -> tuple[list[str | None], dict[str, str], dict[str, str]]:
@@ -1085,13 +1084,13 @@ class _Search:
             # The same resamples for every comparison: the same differences get the
             # same interval, whichever recipe they belong to.
             rng = random.Random(f"ci:{owner.seed}")
-            low, high = grouped_interval(diffs, self.groups, rng, owner.confidence)
+            low, high = paired_interval(diffs, rng, owner.confidence, self.groups)
             supported = recipe != best and low > 0
             comparisons.append(
                 {
                     "recipe": recipe.name,
                     "mean": means[recipe],
-                    "best_minus_this": _grouped_mean(list(enumerate(diffs)), self.groups),
+                    "best_minus_this": grouped_mean(list(enumerate(diffs)), self.groups),
                     "interval": [low, high],
                     "best_wins": sum(d > 0 for d in diffs),
                     "best_losses": sum(d < 0 for d in diffs),
@@ -1209,38 +1208,6 @@ def _label_calls(owner: RecipeSearch) -> dict[str, LLMInference]:
         for module in root.modules()
         if isinstance(module, LLMInference) and module.label_method_parameter is not None
     }
-
-
-def _grouped_mean(scored: Sequence[tuple[int, float]], groups: Sequence[str] | None) -> float:
-    """The mean of the ``(example, score)`` pairs: plain, or with ``groups`` the mean of
-    each group's mean (each example's group is ``groups[example]``)."""
-    if groups is None:
-        return _mean([score for _, score in scored])
-    by_group: dict[str, list[float]] = {}
-    for i, score in scored:
-        by_group.setdefault(groups[i], []).append(score)
-    return _mean([_mean(values) for values in by_group.values()])
-
-
-def grouped_interval(
-    diffs: Sequence[float], groups: Sequence[str] | None, rng: random.Random, level: float
-) -> tuple[float, float]:
-    """The paired-bootstrap interval of the mean of ``diffs`` (per-example score
-    differences) as `_grouped_mean` takes it, two-sided at ``level``: examples
-    resampled with replacement, each resample's mean taken by group.  Without groups
-    it is `paired_interval`'s, resample for resample."""
-    if groups is None:
-        return paired_interval(diffs, rng, level)
-    n = len(diffs)
-    if n == 0:
-        return (0.0, 0.0)
-    means = []
-    for _ in range(RESAMPLES):
-        drawn = [rng.randrange(n) for _ in range(n)]
-        means.append(_grouped_mean([(i, diffs[i]) for i in drawn], groups))
-    means.sort()
-    tail = (1.0 - level) / 2
-    return (means[int(tail * RESAMPLES)], means[int((1.0 - tail) * RESAMPLES) - 1])
 
 
 def _key(value: Any) -> Any:

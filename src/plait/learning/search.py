@@ -473,15 +473,25 @@ class DemoSearch(BootstrapFewShot):
 
 
 def paired_interval(
-    diffs: Sequence[float], rng: random.Random, level: float = 0.95
+    diffs: Sequence[float],
+    rng: random.Random,
+    level: float = 0.95,
+    groups: Sequence[str] | None = None,
 ) -> tuple[float, float]:
     """The paired-bootstrap interval of the mean of ``diffs`` (per-example score
     differences between two candidates on the same examples), two-sided at ``level``
-    (0.95: the 2.5th and 97.5th percentiles of the resampled means)."""
+    (0.95: the 2.5th and 97.5th percentiles of the resampled means).  With ``groups``
+    (each example's group, its label say) a resample's mean is `grouped_mean`'s."""
     n = len(diffs)
     if n == 0:
         return (0.0, 0.0)
-    means = sorted(_mean([diffs[rng.randrange(n)] for _ in range(n)]) for _ in range(RESAMPLES))
+    if groups is None:
+        means = sorted(_mean([diffs[rng.randrange(n)] for _ in range(n)]) for _ in range(RESAMPLES))
+    else:
+        means = sorted(
+            grouped_mean([(i, diffs[i]) for i in [rng.randrange(n) for _ in range(n)]], groups)
+            for _ in range(RESAMPLES)
+        )
     tail = (1.0 - level) / 2
     return (means[int(tail * RESAMPLES)], means[int((1.0 - tail) * RESAMPLES) - 1])
 
@@ -578,3 +588,14 @@ def _describe(value: dict[str, Any]) -> dict[str, Any]:
 
 def _mean(values: Sequence[float]) -> float:
     return sum(values) / len(values) if values else 0.0
+
+
+def grouped_mean(scored: Sequence[tuple[int, float]], groups: Sequence[str] | None) -> float:
+    """The mean of the ``(example, score)`` pairs: plain, or with ``groups`` the mean of
+    each group's mean (each example's group is ``groups[example]``)."""
+    if groups is None:
+        return _mean([score for _, score in scored])
+    by_group: dict[str, list[float]] = {}
+    for i, score in scored:
+        by_group.setdefault(groups[i], []).append(score)
+    return _mean([_mean(values) for values in by_group.values()])
