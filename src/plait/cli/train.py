@@ -111,11 +111,13 @@ cross-validation (5) over --data and --val together, each fold's demonstrations
 drawn from the other folds only, by successive halving within --max-calls LLM
 requests (600: every call of the runs it scores, a calibrated label call twice,
 and every instruction proposal).  The plain fixed list of --max-demos pairs is
-searched first: --candidates lists (10) are drawn, each showing every label of a
+searched first: --candidates lists (16) are drawn, each showing every label of a
 label call (half of them the others in reverse order: a small model reads the
-order too), and each is scored on every example it holds none of (within half
-the budget left; fewer lists than folds are not searched); a fold is answered by
-the list chosen without its examples.  Where the pipeline answers with labels,
+order too), and halved over the folds, each scored only on examples it holds
+none of: all on one fold, the better half on more, the last few on every
+example (within half the budget left: fewer lists where it pays for fewer, and
+fewer than folds are not searched); a fold is answered by the list chosen
+without its examples, and the best of the last few is installed.  Where the pipeline answers with labels,
 recipes are compared by balanced accuracy (each label's mean, averaged), so that
 answering the majority label of a few dozen examples to everything does not score
 as well as telling the labels apart.  The best recipe is installed only if it beats
@@ -193,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=positive_int,
         metavar="N",
         help="bootstrap, search: demonstration sets scored on validation per step (4, 16); "
-        "auto: candidate lists searched for the plain list (10)",
+        "auto: candidate lists searched for the plain list (16)",
     )
     parser.add_argument(
         "--instructions",

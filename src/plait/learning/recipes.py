@@ -19,10 +19,11 @@ with evidence that a small validation set cannot give:
 3. the plain fixed list of ``max_demos`` pairs is searched, since which few pairs
    a list holds, and their order, can matter more than anything else about it:
    ``lists`` candidate lists are drawn (a label call's showing every label; half
-   of them the others reversed), each is scored on every
-   example it holds none of, and a fold is answered by the candidate best on the
-   other folds among those holding none of its examples, so the choice among
-   candidates is cross-validated too.  Variants of that list (another label
+   of them the others reversed) and halved over the folds as the recipes are
+   (each scored only on examples it holds none of), and a fold is answered by the
+   candidate best on the other folds among those holding none of its examples.
+   The halving sees every fold, so that score leans a little high, towards the
+   recipe `BootstrapFewShot` installs.  Variants of that list (another label
    method, an instruction) use the same candidate per fold;
 4. the recipes (see `recipes`) are scored by successive halving over the folds
    (every recipe on the first fold, the better ``1/eta`` on more, and so on to
@@ -39,8 +40,9 @@ with evidence that a small validation set cannot give:
    one-standard-error rule of choosing by cross-validation: a recipe must gain
    at least about one standard error of the paired difference;
 6. the chosen recipe is installed: a pool holds every labelled pair; a fixed
-   list is the one cross-validation scored best (for the plain list, the
-   candidate best on the examples it holds none of; for another, the list of the
+   list is the one cross-validation scored best (for the plain list, of the
+   candidates the halving scored to the end, the one best on the examples it
+   holds none of; for another, the list of the
    fold whose held-out examples it answered best), since which pairs a list
    holds matters as much as how many.
 
@@ -161,6 +163,7 @@ class _Lists:
         scores: Each candidate's score on every example it does not hold.
         per_fold: The candidate chosen for each fold, among those holding none of its
             examples, by its mean on the other folds' examples.
+        full: The candidates the halving scored on every example they hold none of.
         groups: Each example's label where every label weighs the same in a mean
             (see `_Search._groups`), else None.
     """
@@ -169,6 +172,7 @@ class _Lists:
     holds: list[set[int]]
     scores: list[dict[int, float]]
     per_fold: list[int]
+    full: list[int]
     groups: list[str] | None
 
     def mean(self, j: int, leaving: set[int] | frozenset[int] = frozenset()) -> float:
@@ -178,8 +182,8 @@ class _Lists:
 
     @property
     def best(self) -> int:
-        """The candidate with the best mean over every example it was scored on."""
-        return max(range(len(self.values)), key=lambda j: (self.mean(j), -j))
+        """Of the candidates scored to the end, the one with the best mean."""
+        return max(self.full, key=lambda j: (self.mean(j), -j))
 
 
 class RecipeSearch(DemoSearch):
@@ -189,7 +193,7 @@ class RecipeSearch(DemoSearch):
     embeddings with ``embed``), each ``k`` of ``k_choices``, every label method
     the label calls' providers run, and, with a ``rewriter``, new instructions.
     The plain fixed list of ``max_demos`` pairs is searched among ``lists``
-    candidates, each scored on every example it holds none of.  Each recipe is
+    candidates, halved over the examples each holds none of.  Each recipe is
     scored by ``folds``-fold cross-validation over the training and validation
     examples together (a fold's demonstrations come only from the other folds'
     pairs), by successive halving within ``max_calls``.  The best recipe is
@@ -228,9 +232,10 @@ class RecipeSearch(DemoSearch):
             list (see above; 0 scores one random list per fold instead).  Half
             of them (while each fold keeps a drawn list that holds none of its
             examples) are the others in reverse order: a small model reads a
-            list's order as much as its pairs.  At most half the budget left
-            after the first runs goes to them, and fewer lists than ``folds`` are
-            not searched.
+            list's order as much as its pairs.  They are halved over the folds
+            (``1/eta`` go on at each rung) within half the budget left after the
+            first runs: fewer are drawn where it pays for fewer, and fewer than
+            ``folds`` are not searched.
         balance_labels: Where the pipeline answers with labels (every target is a
             label of one of its label calls), compare recipes by balanced accuracy
             (the mean of each label's mean), so that answering the majority label
@@ -318,7 +323,7 @@ class RecipeSearch(DemoSearch):
         folds: int = 5,
         k_choices: Sequence[int] = (2, 4, 8),
         max_demos: int = 4,
-        lists: int = 10,
+        lists: int = 16,
         balance_labels: bool = True,
         embed: str | None = None,
         label_methods: Sequence[str] | None = None,
@@ -871,36 +876,41 @@ class _Search:
         per_example: float,
         in_place: Mapping[str, str],
     ) -> dict[str, Any]:
-        """Draw candidate lists for the plain recipe and score each on every example
-        it does not hold (at the label methods in place).
+        """Draw candidate lists for the plain recipe and halve them over the folds'
+        examples (at the label methods in place), each scored only on examples it
+        holds none of.
 
         Which pairs a short list holds can matter more than anything else about it:
         on a small model one list of four teaches a verdict and another, as good on
-        paper, teaches it to answer one label to everything.  One random list per
-        fold cannot tell them apart, and the best of a few lists on a fold of eight
-        examples is mostly luck; so the lists are searched, each scored on all the
-        labelled examples it holds none of.  Candidate ``j`` is drawn from the pairs
-        outside fold ``j mod folds``, so every fold has candidates that hold none of
-        its examples, and the plain recipe's cross-validated score stays honest (see
-        `_nested_scores`).
+        paper, teaches it to answer one label to everything; the same four pairs in
+        reverse order can do either.  One random list per fold cannot tell them
+        apart, and the best of a few lists on a fold of eight examples is mostly
+        luck.  So many lists are drawn and halved as the recipes are: every list on
+        the first fold's examples, the better ``1/eta`` on more folds, and the last
+        few on every example they hold none of; a bad list is found on a few
+        examples, and the budget goes to telling good ones apart.  Candidate ``j``
+        is drawn from the pairs outside fold ``j mod folds``, so every fold has
+        candidates that hold none of its examples (see `_nested_scores`).
         """
         owner = self.owner
-        n, k = len(self.examples), owner.max_demos
+        k = owner.max_demos
         report: dict[str, Any] = {"k": k, "wanted": owner.lists}
         if owner.lists == 0 or not self.stages:
             report["searched"] = False
             report["why"] = "lists=0" if owner.lists == 0 else "no demonstrations to choose"
             return report
         calibrated = self._calibrated(None, in_place)
-        per_list = max(1, n - k) * (per_example + calibrated)
-        affordable = int((owner.max_calls - owner.used) / 2 // per_list)
-        count = min(owner.lists, affordable)
-        if count < owner.folds:
+        per_call = per_example + calibrated
+        budget = (owner.max_calls - owner.used) / 2
+        count = owner.lists
+        while count >= len(folds) and self._lists_planned(count, folds) * per_call > budget:
+            count -= 1
+        if count < len(folds):
             report["searched"] = False
             report["why"] = (
-                f"half the budget left ({(owner.max_calls - owner.used) // 2} calls) pays for "
-                f"{affordable} list(s) of {per_list:.0f} calls, fewer than the {owner.folds} "
-                "folds: one random list per fold is scored instead"
+                f"half the budget left ({budget:.0f} calls) does not pay for halving "
+                f"{len(folds)} lists (about {self._lists_planned(len(folds), folds) * per_call:.0f}"
+                " calls), one per fold: one random list per fold is scored instead"
             )
             return report
         values: list[dict[str, Any]] = []
@@ -920,26 +930,61 @@ class _Search:
                 held = holds[source]
             values.append(drawn)
             holds.append(held)
-        scores: list[dict[int, float]] = []
-        for drawn, held in zip(values, holds, strict=True):
-            indices = [i for i in range(n) if i not in held]
-            scores.append(await self._run_with(drawn, indices, calibrated))
-        lists = _Lists(values, holds, scores, per_fold=[], groups=self.groups)
+        lists = _Lists(values, holds, [{} for _ in values], [], [], groups=self.groups)
+        alive, rungs = list(range(count)), []
+        for size in self._rungs(count):
+            wanted = [i for fold in folds[:size] for i in fold]
+            for j in alive:
+                missing = [i for i in wanted if i not in holds[j] and i not in lists.scores[j]]
+                lists.scores[j].update(await self._run_with(values[j], missing, calibrated))
+            means = {j: lists.mean(j) for j in alive}
+            rungs.append({"folds": size, "means": {str(j): means[j] for j in alive}})
+            if size == len(folds):
+                break
+            keep = max(1, math.ceil(len(alive) / owner.eta))
+            alive = sorted(sorted(alive, key=lambda j: (-means[j], j))[:keep])
+        lists.full = alive
         for fold in folds:
-            leaving = set(fold)
-            eligible = [j for j in range(count) if not holds[j] & leaving]
-            lists.per_fold.append(max(eligible, key=lambda j: (lists.mean(j, leaving), -j)))
+            lists.per_fold.append(await self._fold_candidate(lists, fold, calibrated))
         self.lists = lists
         report.update(
             searched=True,
             candidates=count,
             reversed=[[j, j - drawn_sets] for j in range(drawn_sets, count)],
+            rungs=rungs,
             means=[lists.mean(j) for j in range(count)],
+            scored=[len(found) for found in lists.scores],
             holds=[sorted(h) for h in holds],
             chosen_per_fold=lists.per_fold,
             best=lists.best,
         )
         return report
+
+    def _lists_planned(self, count: int, folds: list[list[int]]) -> int:
+        """The runs halving ``count`` candidate lists makes (at most: an example a
+        list holds is not run), and each fold's candidate completed on its fold."""
+        total, alive, done = 0, count, 0
+        for size in self._rungs(count):
+            total += alive * sum(len(folds[f]) for f in range(done, size))
+            done = size
+            alive = max(1, math.ceil(alive / self.owner.eta))
+        return total + len(self.examples)
+
+    async def _fold_candidate(self, lists: _Lists, fold: list[int], calibrated: int) -> int:
+        """The candidate that answers ``fold``: among those holding none of its
+        examples, the best on the other folds' examples, first among the lists the
+        halving scored to the end; scored on the fold's examples it has not run."""
+        leaving = set(fold)
+        eligible = [j for j in range(len(lists.values)) if not lists.holds[j] & leaving]
+        finished = [j for j in eligible if j in lists.full]
+        most = max(len([i for i in lists.scores[j] if i not in leaving]) for j in eligible)
+        pool = finished or [
+            j for j in eligible if len([i for i in lists.scores[j] if i not in leaving]) == most
+        ]
+        chosen = max(pool, key=lambda j: (lists.mean(j, leaving), -j))
+        missing = [i for i in fold if i not in lists.scores[chosen]]
+        lists.scores[chosen].update(await self._run_with(lists.values[chosen], missing, calibrated))
+        return chosen
 
     def _draw_list(
         self, j: int, avoid: set[int], pairs: list[dict[str, list[tuple[Any, Any]]]]
@@ -1185,8 +1230,9 @@ class _Search:
         if self.lists is not None and self._searched(chosen):
             best = self.lists.best
             self.owner.search_report["installed"] = (
-                f"candidate list {best + 1} of {len(self.lists.values)}, which scored best on "
-                f"the examples it holds none of ({self.lists.mean(best):.3f})"
+                f"candidate list {best + 1} of {len(self.lists.values)}, which of the "
+                f"{len(self.lists.full)} scored to the end scored best on the examples it "
+                f"holds none of ({self.lists.mean(best):.3f})"
             )
             return self._values(chosen, pairs, "final", written, self.lists.values[best])
         means = [self._mean(scores[chosen], fold) for fold in folds]
