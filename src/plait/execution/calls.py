@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from plait._text import as_text
 from plait.effects import Interpreter, Message, apply_stack, current_stack, find_interpreter
 from plait.providers.base import LLMRequest, LLMResponse
-from plait.resources.endpoint import CallTiming, UnseenTiming
+from plait.resources.endpoint import UNSEEN_TIMING, CallTiming
 from plait.sampling import CallCounts, call_seed, with_seed
 from plait.values import Value, ValueKind, error_value, kind_of
 
@@ -243,7 +243,9 @@ class CallSite:
     async def send(self, request: LLMRequest, timing: CallTiming) -> LLMResponse:
         """The default action of every LLM call: a slot of the run's limiter when the call
         belongs to a run, then the endpoint, built at the first request really sent (a
-        run that handlers answer entirely never needs an endpoint, nor the local model)."""
+        run that handlers answer entirely never needs an endpoint, nor the local model).
+
+        `invoke` does the same inline for a call no handler sees (keep the two alike)."""
         run, priority = self.run, self.priority
         if run is None or priority is None:
             return await self.resources.endpoint_for(request).complete(request, 0.0, timing)
@@ -281,9 +283,26 @@ class CallSite:
         stack = current_stack()
         if not stack or not any(type(handler).sees("llm") for handler in stack):
             # Nothing reads a node's timing when no handler sees its call.
-            timing = UnseenTiming() if output else CallTiming()
+            timing = UNSEEN_TIMING if output else CallTiming()
+            # `send`, inline: every frame of a call's await chain is stepped again at
+            # each of its suspensions, and this is the path of nearly every call.
+            run, priority = self.run, self.priority
             try:
-                reply: Any = await self.send(request, timing)
+                if run is None or priority is None:
+                    endpoint = self.resources.endpoint_for(request)
+                    reply: Any = await endpoint.complete(request, 0.0, timing)
+                else:
+                    queued = time.monotonic()
+                    if not run.limiter.try_acquire():
+                        await run.limiter.acquire(priority)
+                    try:
+                        if timing.records:
+                            timing.add("queue", queued, time.monotonic(), limit="run")
+                        endpoint = self.resources.endpoint_for(request)
+                        run.aliases.add(request.alias)
+                        reply = await endpoint.complete(request, priority, timing)
+                    finally:
+                        run.limiter.release()
             except Exception as exc:
                 return error_value(exc, module_path=name, ref=ref)
             final: Any = request

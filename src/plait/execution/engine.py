@@ -284,10 +284,11 @@ class Engine:
             scope=scope,
             order=priority.order,
         )
-        demos = module.demos.current() if module.demos is not None else None
-        alias = embedding_alias(demos)
-        if alias is not None and needs_ranking(demos):
-            return self._call_llm_ranked(node, module, prompt, demos, alias, site, upstream)
+        if module.demos is not None:
+            demos = module.demos.current()
+            alias = embedding_alias(demos)
+            if alias is not None and needs_ranking(demos):
+                return self._call_llm_ranked(node, module, prompt, demos, alias, site, upstream)
         return self._llm_requests(node, module, module.messages(prompt), site, upstream)
 
     async def _call_llm_ranked(
@@ -349,6 +350,8 @@ class Engine:
                 )
             return site.invoke(call, module=module, upstream=upstream, ref=ref, output=True)
 
+        if len(calls) == 1 and not module.escalate_to:  # the usual call: `invoke`, inline
+            return site.invoke(calls[0], module=module, upstream=upstream, ref=ref, output=True)
         if len(calls) == 1:
             return invoke(calls[0])
 

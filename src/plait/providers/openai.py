@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Coroutine
 from dataclasses import replace
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
@@ -89,12 +90,18 @@ class OpenAIProvider:
     #: Takes embedding requests (``LLMRequest.embed``), on the endpoint's ``/embeddings``.
     embeds = True
 
-    async def send(self, request: LLMRequest) -> LLMResponse:
+    def send(self, request: LLMRequest) -> Coroutine[Any, Any, LLMResponse]:
+        """Send ``request`` once (`plait.providers.base.Provider.send`).
+
+        Returns:
+            The coroutine of the attempt itself: a plain def, so a call's await chain
+                (stepped again at each of its suspensions) has no frame here.
+        """
         if request.embed:
-            return await self._send_embedding(request)
+            return self._send_embedding(request)
         if request.label_method is not None and request.label_method != "grammar":
-            return await self._send_scored(request)
-        return await self._send(request)
+            return self._send_scored(request)
+        return self._send(request)
 
     async def _send_scored(self, request: LLMRequest) -> LLMResponse:
         """A label chosen by log-probability (`plait.labels`); the schema request
@@ -118,7 +125,11 @@ class OpenAIProvider:
         # One coroutine for the whole attempt (every frame of a call's await chain is
         # stepped again at each of its suspensions), and the session looked up without
         # one when this loop already has it.
-        data = _dumps(self._payload(request))
+        body = self._payload(request)
+        try:  # `_dumps`, inline: the request's JSON is on every call's path
+            data = orjson.dumps(body, option=_ORJSON_REFUSE)
+        except TypeError:  # orjson.JSONEncodeError
+            data = json.dumps(body).encode()
         session = current_session() or await get_session()
         try:
             async with session.post(
@@ -130,7 +141,11 @@ class OpenAIProvider:
                     raise _http_error(resp.status, raw, resp.headers.get("Retry-After"), limits)
         except _TRANSPORT_ERRORS as exc:
             raise self.transport_error(exc) from exc
-        response = self.reply(_loads_or_none(raw), raw)
+        try:  # `_loads_or_none`, inline
+            parsed = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            parsed = _loads_or_none(raw)
+        response = self.reply(parsed, raw)
         response.limits = limits
         return response
 

@@ -23,7 +23,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Coroutine, MutableMapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar
 
 from plait._secrets import scrub
 from plait.providers.base import (
@@ -51,6 +51,7 @@ from plait.resources.usage import AliasUsage
 from plait.structured import parse_reply, reask_instruction
 
 __all__ = [
+    "UNSEEN_TIMING",
     "AdmissionGate",
     "CallTiming",
     "Endpoint",
@@ -157,6 +158,10 @@ class CallTiming:
     so it also carries the call's ``gates`` (`AdmissionGate`), which handlers add.
     """
 
+    #: Whether `add` keeps spans: the call path skips building a span's arguments (a
+    #: keyword dict, a clock read) for a timing that would drop them (`UnseenTiming`).
+    records: ClassVar[bool] = True
+
     spans: list[Span] = field(default_factory=list)
     gates: list[AdmissionGate] = field(default_factory=list)
     #: The handlers that have a gate here (held, not by id: one cannot be mistaken
@@ -226,12 +231,27 @@ def attach_gate(msg: _CallMessage, owner: object, make: Callable[[], G]) -> G | 
 
 class UnseenTiming(CallTiming):
     """The timing of a call that nothing will read (no handler saw its message, and its
-    caller does not ask who answered it): spans are not kept, gates never added."""
+    caller does not ask who answered it): spans are not kept, gates never added.
+
+    It holds nothing, so every such call shares one (`UNSEEN_TIMING`) instead of
+    allocating a timing and its three lists per call.
+    """
 
     __slots__ = ()
 
+    records: ClassVar[bool] = False
+
     def add(self, kind: str, start: float, end: float, **info: Any) -> None:
         return None
+
+    def add_gate(self, owner: object, make: Callable[[], G]) -> G | None:
+        """No gate: no handler saw the call, so none can watch it (and the one shared
+        instance must never carry one call's gate to the next)."""
+        return None
+
+
+#: The timing of every call nothing reads (see `UnseenTiming`).
+UNSEEN_TIMING = UnseenTiming()
 
 
 @dataclass(slots=True)
@@ -314,6 +334,14 @@ class Endpoint:
         timing = timing if timing is not None else CallTiming()
         if self.fallbacks:
             return self._complete_routed(request, priority, timing)
+        if (
+            request.response_format is None
+            and request.validate is None
+            and not request.embed
+            and not self.deployments
+        ):
+            # The usual call, decided here rather than in `_complete_here`: one frame less.
+            return self._send_with_retries(request, priority, timing, None)
         return self._complete_here(request, priority, timing, None)
 
     def _complete_here(
@@ -508,6 +536,7 @@ class Endpoint:
         route: _Route | None = None,
     ) -> LLMResponse:
         usage, governor, limiter, gates = self.usage, self.governor, self.limiter, timing.gates
+        records = timing.records
         # Estimated only when something takes it: a gate's reservation, a TPM limit, a
         # lease; an endpoint with none (and a free slot) costs its calls no coroutine
         # beyond the provider's.
@@ -523,7 +552,8 @@ class Endpoint:
             sent = False
             try:
                 slot = time.monotonic()
-                timing.add("queue", queued, slot)
+                if records:
+                    timing.add("queue", queued, slot)
                 if route is not None and route.closed():
                     # Its breaker opened while this call waited for the slot.
                     raise CircuitOpen(f"alias {self.alias!r}: circuit breaker open")
@@ -538,7 +568,7 @@ class Endpoint:
                             self._say_why_held(estimate)
                         await governor.admit(estimate)
                 started = time.monotonic()
-                if started - slot > 1e-4:
+                if started - slot > 1e-4 and records:
                     timing.add("rate_wait", slot, started)
                 usage.requests += 1
                 sent = True
@@ -554,7 +584,8 @@ class Endpoint:
                     )
                 else:
                     ended = time.monotonic()
-                    timing.add("request", started, ended, attempt=attempt, status="ok")
+                    if records:
+                        timing.add("request", started, ended, attempt=attempt, status="ok")
                     if response.batch is not None:
                         batch_id, submitted, finished = response.batch
                         timing.add("batch", submitted, finished, batch=batch_id)
@@ -562,8 +593,7 @@ class Endpoint:
                         gate.settle(response.usage)
                     admitted = []
                     usage.succeeded += 1
-                    usage.add_latency(ended - started)
-                    usage.add_reply(response.usage, response.tier)
+                    usage.add_reply(response.usage, response.tier, ended - started)
                     reported = response.usage.total_tokens
                     governor.settle(estimate, reported or None)
                     if response.limits is not None:

@@ -270,7 +270,9 @@ class ResourceManager:
         Raises:
             KeyError: The configuration has no such alias.
         """
-        return self.endpoint(request.alias)
+        # Asked on every call: a built endpoint is found without `endpoint`'s frame.
+        found = self._endpoints.get(request.alias)
+        return found if found is not None else self.endpoint(request.alias)
 
     def _make_endpoint(self, alias: str, config: EndpointConfig, usage: AliasUsage) -> Endpoint:
         """The live endpoint of ``alias``: its provider under the process-wide limits of

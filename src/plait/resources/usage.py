@@ -85,13 +85,17 @@ class AliasUsage:
 
     def add_latency(self, seconds: float) -> None:
         with self._lock:
-            self._seen += 1
-            if len(self._latencies) < _RESERVOIR:
-                self._latencies.append(seconds)
-            else:
-                slot = random.randrange(self._seen)
-                if slot < _RESERVOIR:
-                    self._latencies[slot] = seconds
+            self._add_latency_locked(seconds)
+
+    def _add_latency_locked(self, seconds: float) -> None:
+        """Keep ``seconds`` in the reservoir of latencies (the lock held)."""
+        self._seen += 1
+        if len(self._latencies) < _RESERVOIR:
+            self._latencies.append(seconds)
+        else:
+            slot = random.randrange(self._seen)
+            if slot < _RESERVOIR:
+                self._latencies[slot] = seconds
 
     def latency_percentile(self, q: float) -> float | None:
         """The ``q`` quantile (0..1) of successful call latency, in seconds."""
@@ -102,9 +106,13 @@ class AliasUsage:
         index = min(len(data) - 1, max(0, round(q * (len(data) - 1))))
         return data[index]
 
-    def add_reply(self, used: Usage, tier: str = "standard") -> None:
-        """Count one reply's tokens, and its dollars at ``tier``'s prices."""
+    def add_reply(self, used: Usage, tier: str = "standard", latency: float | None = None) -> None:
+        """Count one reply's tokens, and its dollars at ``tier``'s prices; with
+        ``latency`` (seconds) its latency too (`add_latency`), under the same lock: every
+        successful call counts both."""
         with self._lock:
+            if latency is not None:
+                self._add_latency_locked(latency)
             self.prompt_tokens += used.prompt_tokens
             self.completion_tokens += used.completion_tokens
             self.cache_read_tokens += used.cache_read_tokens
