@@ -350,7 +350,8 @@ class LLMInference(Module):
         """
         messages: list[dict[str, Any]] = []
         system = self.system_prompt
-        labels = label_choices(self.response_format)
+        fmt = self.response_format
+        labels = label_choices(fmt) if fmt is not None else None
         if system is not None:
             content = system.current()
             if not isinstance(content, str):  # text needs no check (nor a label built)

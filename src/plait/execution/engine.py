@@ -275,14 +275,19 @@ class Engine:
         one sample, the call's own); ``upstream`` gives the ids of the calls it waited
         for, asked only when a handler sees the call."""
         prompt = args[0] if args else kwargs["prompt"]
-        site = CallSite.of_node(
-            self,
+        order = priority.order
+        # `CallSite.of_node`, inline (one frame less on every call).
+        site = CallSite(
             node.path,
-            priority.index,
-            prefix + node.key,
-            priority,
+            self.resources,
+            run=self,
+            index=priority.index,
+            node_id=prefix + node.key,
+            priority=priority,
+            run_seed=self.seed,
+            counts=self.counts(order),
             scope=scope,
-            order=priority.order,
+            order=order,
         )
         if module.demos is not None:
             demos = module.demos.current()
