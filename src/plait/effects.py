@@ -73,6 +73,7 @@ __all__ = [
     "find_interpreter",
     "install_runtime",
     "interpret",
+    "interpret_call",
     "observes_every_call",
     "postprocess_stack",
     "process_stack",
@@ -606,6 +607,32 @@ class Interpreter(Handler):
         """
         raise NotImplementedError
 
+    def call(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The call ``module(*args, **kwargs)`` made here: `call_module` of its message.
+
+        An interpreter that reads only the module and its arguments overrides this to
+        skip building a message no handler would see: the `Tracer`, at every module
+        call of every input's trace (handlers see a traced call when it runs).
+
+        Args:
+            module: The module called.
+            args: Its positional arguments.
+            kwargs: Its keyword arguments.
+
+        Returns:
+            The call's result (see `call_module`).
+        """
+        return self.call_module(
+            Message(
+                type="module",
+                name=type(module).__name__,
+                fn=module.forward,
+                args=args,
+                kwargs=kwargs,
+                module=module,
+            )
+        )
+
     def lift_parameter(self, param: Any) -> str:
         """A placeholder string that stands for ``param`` in the graph being recorded.
 
@@ -774,3 +801,23 @@ def interpret(msg: Message) -> Any:
         The current interpreter's result for it.
     """
     return current_interpreter().call_module(msg)
+
+
+def interpret_call(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Give the call ``module(*args, **kwargs)`` its meaning here (`Interpreter.call`).
+
+    What `Module.__call__` does: the innermost interpreter makes the call its
+    ``"module"`` message (`interpret`), unless it needs none (the tracer).
+
+    Args:
+        module: The module called.
+        args: Its positional arguments.
+        kwargs: Its keyword arguments.
+
+    Returns:
+        The current interpreter's result for it.
+    """
+    # `current_interpreter`, inline: every module call (each leaf of every input's
+    # trace) comes here.
+    interpreters = _INTERPRETERS.get()
+    return (interpreters[-1] if interpreters else runtime()).call(module, args, kwargs)

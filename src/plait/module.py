@@ -1,8 +1,8 @@
 """`Module`: the unit users write, as in ``torch.nn.Module``.
 
 Children and parameters assigned as attributes register themselves.  Calling a
-module builds one `Message` and hands it to the innermost interpreter
-(`plait.effects`), which decides what the call means where it is made:
+module hands the call to the innermost interpreter (`plait.effects.interpret_call`),
+which makes it one `Message` and decides what the call means where it is made:
 
 1. while a graph is being traced, the call is recorded (a leaf becomes a node, a
    composite is traced through);
@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Self
 
-from plait.effects import Message, interpret, runtime
+from plait.effects import interpret_call, runtime
 from plait.options import check_setting_names
 from plait.parameter import Parameter, ParameterValueError
 from plait.values import Value
@@ -392,15 +392,7 @@ class Module:
         return self
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        msg = Message(
-            type="module",
-            name=type(self).__name__,
-            fn=self.forward,
-            args=args,
-            kwargs=kwargs,
-            module=self,
-        )
-        return interpret(msg)
+        return interpret_call(self, args, kwargs)
 
     @classmethod
     @functools.cache

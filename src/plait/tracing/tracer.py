@@ -396,10 +396,14 @@ class Tracer(Interpreter):
     # -- the interpreter: leaf calls become nodes; composites are traced through ---------
     def call_module(self, msg: Message) -> Any:
         """Record the call: handlers see it when it runs, not while it is recorded."""
-        module = msg.module
-        if _is_node(module):
-            return self.record_module(module, msg.args, msg.kwargs)
-        return self.record_composite(module, msg.args, msg.kwargs)
+        return self.call(msg.module, msg.args, msg.kwargs)
+
+    def call(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Record the call, with no message: none is needed to record it, and handlers
+        see the call through the engine's message when it runs."""
+        if module._calls_llm or _is_node(module):  # an LLM call, the usual leaf: no frame
+            return self.record_module(module, args, kwargs)
+        return self.record_composite(module, args, kwargs)
 
     def record_composite(
         self, module: Module, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -526,7 +530,7 @@ class Tracer(Interpreter):
                 module,
                 cargs,
                 ckwargs,
-                _in_order(deps),
+                tuple(deps) if len(deps) < 2 else tuple(sorted(deps)),  # `_in_order`, inline
                 tuple(params.values()),
             )
         )
