@@ -62,8 +62,12 @@ _CLOSE = "\ue001"
 _MARK = "\x1f"
 _serials = itertools.count(1)
 _BODY = r"(\d+):([np])(\d+)(r?)"
+# Every alternative starts with OPEN, a quote or a backslash: the lookahead lets the
+# scan pass any other position with one character test instead of trying all four
+# alternatives there (the pattern runs over the text of every traced prompt).
 _PLACEHOLDER = re.compile(
-    "|".join(
+    f'(?=[{_OPEN}"\\\\])(?:'
+    + "|".join(
         (
             f"{_OPEN}{_MARK}(?P<raw>{_BODY}){_CLOSE}",
             # json.dumps(..., ensure_ascii=True): every character escaped
@@ -74,6 +78,7 @@ _PLACEHOLDER = re.compile(
             rf"\\ue000\\x1f(?P<repr>{_BODY})\\ue001",
         )
     )
+    + ")"
 )
 _DEBRIS = re.compile(rf"[{_OPEN}{_CLOSE}]|\\ue00[01]")
 
