@@ -340,31 +340,12 @@ class Engine:
         )
         # One node: its samples differ by their seeds.
         seeds = site.seeds(request, module.n)
-        calls = [request] * module.n if seeds is None else [with_seed(request, s) for s in seeds]
         ref = f"node:{node.id}"
-
-        def invoke(call: LLMRequest) -> Coroutine[Any, Any, Value]:
-            if module.escalate_to:
-                return site.cascade(
-                    call,
-                    module.escalate_to,
-                    module.accept,
-                    module=module,
-                    upstream=upstream,
-                    ref=ref,
-                )
-            return site.invoke(call, module=module, upstream=upstream, ref=ref, output=True)
-
-        if len(calls) == 1 and not module.escalate_to:  # the usual call: `invoke`, inline
-            return site.invoke(calls[0], module=module, upstream=upstream, ref=ref, output=True)
-        if len(calls) == 1:
-            return invoke(calls[0])
-
-        async def all_samples() -> Value:
-            outputs = await asyncio.gather(*(invoke(call) for call in calls))
-            return _samples_output(outputs, node, ref=ref)
-
-        return all_samples()
+        if seeds is None and module.n == 1 and not module.escalate_to:
+            # The usual call, with no closure made (its cells would cost every call).
+            return site.invoke(request, module=module, upstream=upstream, ref=ref, output=True)
+        calls = [request] * module.n if seeds is None else [with_seed(request, s) for s in seeds]
+        return _node_calls(node, module, site, calls, upstream, ref)
 
     def _cache_key(self, path: str) -> str:
         """The prompt-cache key of the call site at ``path``: the same for every input
@@ -748,6 +729,39 @@ def _apply_op(node: Node, results: dict[int, Value]) -> Value:
             raise
         return error_value(failure, module_path=node.path, ref=f"node:{node.id}")
     return Value(kind_of(payload), payload, ref=f"node:{node.id}")
+
+
+def _node_calls(
+    node: Node,
+    module: Any,
+    site: CallSite,
+    calls: list[LLMRequest],
+    upstream: Callable[[], list[str]],
+    ref: str,
+) -> Coroutine[Any, Any, Value]:
+    """An `LLMInference` node's ``calls`` (one per sample) invoked at ``site``, each
+    through its cascade when the module escalates; what the node outputs for them."""
+
+    def invoke(call: LLMRequest) -> Coroutine[Any, Any, Value]:
+        if module.escalate_to:
+            return site.cascade(
+                call,
+                module.escalate_to,
+                module.accept,
+                module=module,
+                upstream=upstream,
+                ref=ref,
+            )
+        return site.invoke(call, module=module, upstream=upstream, ref=ref, output=True)
+
+    if len(calls) == 1:
+        return invoke(calls[0])
+
+    async def all_samples() -> Value:
+        outputs = await asyncio.gather(*(invoke(call) for call in calls))
+        return _samples_output(outputs, node, ref=ref)
+
+    return all_samples()
 
 
 def _samples_output(outputs: list[Value], node: Node, ref: str) -> Value:
