@@ -88,15 +88,38 @@ def as_input_failure(exc: BaseException) -> Exception | None:
 class _CallPriority(Priority):
     """The run's rank first (`Engine.rank`); then input order while a batch is being
     admitted, critical path first once it drains.  ``index`` is the call's input,
-    ``order`` where that input queues among the engine's (`Engine.run_input`)."""
+    ``order`` where that input queues among the engine's (`Engine.run_input`).
 
-    __slots__ = ("engine", "height", "index", "order")
+    A graph node's call gives its graph run and node instead of a ``height``: the
+    height (`Graph.heights`) is worked out the first time a key needs it, which is
+    only once the batch drains, and never for a call that finds a free slot.
+    """
 
-    def __init__(self, engine: Engine, index: int, height: int, order: int | None = None) -> None:
+    __slots__ = ("_height", "_node", "_run", "engine", "index", "order")
+
+    def __init__(
+        self,
+        engine: Engine,
+        index: int,
+        height: int | None,
+        order: int | None = None,
+        run: _GraphRun | None = None,
+        node: int = 0,
+    ) -> None:
         self.engine = engine
         self.index = index
-        self.height = height
+        self._height = height
         self.order = index if order is None else order
+        self._run = run
+        self._node = node
+
+    @property
+    def height(self) -> int:
+        """The longest chain of calls from this one to the end of its input's graph."""
+        if self._height is None:
+            assert self._run is not None
+            self._height = self._run.height(self._node)
+        return self._height
 
     def key(self) -> tuple[float, ...]:
         engine = self.engine
@@ -441,7 +464,8 @@ class _GraphRun:
         self.prefix = prefix
         self.results: dict[int, Value] = {}
         self.waiting = [len(node.deps) for node in graph.nodes]
-        self.heights = graph.heights()
+        #: Each node's height, worked out when a waiting call's priority first needs one.
+        self.heights: list[int] | None = None
         self.remaining = len(graph.nodes)
         self.tasks: set[asyncio.Task[None]] = set()
         self.finished: asyncio.Future[None] | None = None
@@ -616,7 +640,7 @@ class _GraphRun:
         engine, results, prefix = self.engine, self.results, self.prefix
         module = node.module
         assert module is not None
-        priority = _CallPriority(engine, self.index, self.heights[node.id], self.order)
+        priority = _CallPriority(engine, self.index, None, self.order, self, node.id)
         try:
             if len(node.args) == 1:  # the usual leaf call: no comprehension (a frame)
                 args: tuple[Any, ...] = (resolve(node.args[0], results),)
@@ -657,6 +681,13 @@ class _GraphRun:
         if task is not None:
             self.tasks.discard(task)
         self.complete(node, value)
+
+    def height(self, node_id: int) -> int:
+        """The height of node ``node_id`` (`Graph.heights`, worked out once per graph)."""
+        heights = self.heights
+        if heights is None:
+            heights = self.heights = self.graph.heights()
+        return heights[node_id]
 
     def upstream(self, node: Node) -> list[str]:
         """The node ids of the calls ``node`` waited for (for handlers: a profiler's
