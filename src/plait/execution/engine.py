@@ -299,6 +299,9 @@ class Engine:
         for, asked only when a handler sees the call."""
         prompt = args[0] if args else kwargs["prompt"]
         order = priority.order
+        # Seeds are counted only where some are derived (`CallSite.seeds`): with no run
+        # seed, a single sample has none, and its site needs no counts.
+        seeded = self.seed is not None or module.n != 1
         # `CallSite.of_node`, inline (one frame less on every call).
         site = CallSite(
             node.path,
@@ -308,7 +311,7 @@ class Engine:
             node_id=prefix + node.key,
             priority=priority,
             run_seed=self.seed,
-            counts=self.counts(order),
+            counts=self.counts(order) if seeded else None,
             scope=scope,
             order=order,
         )
@@ -361,13 +364,15 @@ class Engine:
             prefix_messages=len(messages) - 1,
             cache_key=self.cache_keys.get(node.path) or self._cache_key(node.path),
         )
-        # One node: its samples differ by their seeds.
-        seeds = site.seeds(request, module.n)
+        # One node: its samples differ by their seeds (none without a run seed and with
+        # one sample: `CallSite.seeds`' own test, without its frame).
+        n = module.n
+        seeds = site.seeds(request, n) if site.run_seed is not None or n != 1 else None
         ref = f"node:{node.id}"
-        if seeds is None and module.n == 1 and not module.escalate_to:
+        if seeds is None and n == 1 and not module.escalate_to:
             # The usual call, with no closure made (its cells would cost every call).
             return site.invoke(request, module=module, upstream=upstream, ref=ref, output=True)
-        calls = [request] * module.n if seeds is None else [with_seed(request, s) for s in seeds]
+        calls = [request] * n if seeds is None else [with_seed(request, s) for s in seeds]
         return _node_calls(node, module, site, calls, upstream, ref)
 
     def _cache_key(self, path: str) -> str:
