@@ -182,32 +182,6 @@ class CallSite:
             order=scope.order,
         )
 
-    @classmethod
-    def of_node(
-        cls,
-        run: RunCalls,
-        name: str,
-        index: int,
-        node_id: str,
-        priority: Priority,
-        scope: str | None = None,
-        order: int | None = None,
-    ) -> CallSite:
-        """The site of a traced `LLMInference` node of input ``index`` (queued as
-        ``order``, the index by default)."""
-        return cls(
-            name,
-            run.resources,
-            run=run,
-            index=index,
-            node_id=node_id,
-            priority=priority,
-            run_seed=run.seed,
-            counts=run.counts(index if order is None else order),
-            scope=scope,
-            order=order,
-        )
-
     def check_alias(self, alias: str) -> None:
         config = self.resources.config
         if config and alias not in config:
@@ -243,9 +217,7 @@ class CallSite:
     async def send(self, request: LLMRequest, timing: CallTiming) -> LLMResponse:
         """The default action of every LLM call: a slot of the run's limiter when the call
         belongs to a run, then the endpoint, built at the first request really sent (a
-        run that handlers answer entirely never needs an endpoint, nor the local model).
-
-        `invoke` does the same inline for a call no handler sees (keep the two alike)."""
+        run that handlers answer entirely never needs an endpoint, nor the local model)."""
         run, priority = self.run, self.priority
         if run is None or priority is None:
             return await self.resources.endpoint_for(request).complete(request, 0.0, timing)
@@ -284,25 +256,8 @@ class CallSite:
         if not stack or not any(type(handler).sees("llm") for handler in stack):
             # Nothing reads a node's timing when no handler sees its call.
             timing = UNSEEN_TIMING if output else CallTiming()
-            # `send`, inline: every frame of a call's await chain is stepped again at
-            # each of its suspensions, and this is the path of nearly every call.
-            run, priority = self.run, self.priority
             try:
-                if run is None or priority is None:
-                    endpoint = self.resources.endpoint_for(request)
-                    reply: Any = await endpoint.complete(request, 0.0, timing)
-                else:
-                    queued = time.monotonic()
-                    if not run.limiter.try_acquire():
-                        await run.limiter.acquire(priority)
-                    try:
-                        if timing.records:
-                            timing.add("queue", queued, time.monotonic(), limit="run")
-                        endpoint = self.resources.endpoint_for(request)
-                        run.aliases.add(request.alias)
-                        reply = await endpoint.complete(request, priority, timing)
-                    finally:
-                        run.limiter.release()
+                reply: Any = await self.send(request, timing)
             except Exception as exc:
                 return error_value(exc, module_path=name, ref=ref)
             final: Any = request

@@ -299,10 +299,6 @@ class Engine:
         for, asked only when a handler sees the call."""
         prompt = args[0] if args else kwargs["prompt"]
         order = priority.order
-        # Seeds are counted only where some are derived (`CallSite.seeds`): with no run
-        # seed, a single sample has none, and its site needs no counts.
-        seeded = self.seed is not None or module.n != 1
-        # `CallSite.of_node`, inline (one frame less on every call).
         site = CallSite(
             node.path,
             self.resources,
@@ -311,7 +307,7 @@ class Engine:
             node_id=prefix + node.key,
             priority=priority,
             run_seed=self.seed,
-            counts=self.counts(order) if seeded else None,
+            counts=self.counts(order),
             scope=scope,
             order=order,
         )
@@ -364,10 +360,9 @@ class Engine:
             prefix_messages=len(messages) - 1,
             cache_key=self.cache_keys.get(node.path) or self._cache_key(node.path),
         )
-        # One node: its samples differ by their seeds (none without a run seed and with
-        # one sample: `CallSite.seeds`' own test, without its frame).
+        # One node: its samples differ by their seeds.
         n = module.n
-        seeds = site.seeds(request, n) if site.run_seed is not None or n != 1 else None
+        seeds = site.seeds(request, n)
         ref = f"node:{node.id}"
         if seeds is None and n == 1 and not module.escalate_to:
             # The usual call, with no closure made (its cells would cost every call).

@@ -125,11 +125,7 @@ class OpenAIProvider:
         # One coroutine for the whole attempt (every frame of a call's await chain is
         # stepped again at each of its suspensions), and the session looked up without
         # one when this loop already has it.
-        body = self._payload(request)
-        try:  # `_dumps`, inline: the request's JSON is on every call's path
-            data = orjson.dumps(body, option=_ORJSON_REFUSE)
-        except TypeError:  # orjson.JSONEncodeError
-            data = json.dumps(body).encode()
+        data = _dumps(self._payload(request))
         session = current_session() or await get_session()
         try:
             async with session.post(
@@ -141,11 +137,7 @@ class OpenAIProvider:
                     raise _http_error(resp.status, raw, resp.headers.get("Retry-After"), limits)
         except _TRANSPORT_ERRORS as exc:
             raise self.transport_error(exc) from exc
-        try:  # `_loads_or_none`, inline
-            parsed = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            parsed = _loads_or_none(raw)
-        response = self.reply(parsed, raw)
+        response = self.reply(_loads_or_none(raw), raw)
         response.limits = limits
         return response
 
