@@ -113,27 +113,27 @@ requests (600: every call of the runs it scores, a calibrated label call twice,
 and every instruction proposal).  The plain fixed list of --max-demos pairs is
 searched first: --candidates lists (16) are drawn, each showing every label of a
 label call (half of them the others in reverse order: a small model reads the
-order too), and halved over the folds, each scored only on examples it holds
-none of: all on one fold, the better half on more, the last few on every
-example (within half the budget left: fewer lists where it pays for fewer, and
-fewer than folds are not searched); a fold is answered by the list chosen
-without its examples, and the best of the last few is installed.  Where the pipeline answers with labels,
-recipes are compared by balanced accuracy (each label's mean, averaged), so that
-answering the majority label of a few dozen examples to everything does not score
-as well as telling the labels apart.  The best recipe is installed only if it beats
-with support (the 68% paired-bootstrap interval of its gain, about one standard
-error, lies above 0) the plain fixed list of --max-demos pairs (what bootstrap
-installs) and every simpler recipe; otherwise the tie goes to the plain list,
-then to the simplest recipe it does not beat, and that one is
+order too), and halved over the folds, each scored only on examples it holds none
+of: all on one fold, the better half on more, the last few on every example
+(within half the budget left: fewer lists where it pays for fewer, and fewer than
+folds are not searched); a fold is answered by the list chosen without its
+examples, and the best of the last few is installed.  Where the pipeline answers
+with labels, recipes are compared by balanced accuracy (each label's mean,
+averaged), so that answering the majority label of a few dozen examples to
+everything does not score as well as telling the labels apart.  The best recipe is
+installed only if it beats with support (the 68% paired-bootstrap interval of its
+gain, about one standard error, lies above 0) the plain fixed list of --max-demos
+pairs (what bootstrap installs) and every simpler recipe; otherwise the tie goes
+to the plain list, then to the simplest recipe it does not beat, and that one is
 installed (a pool of every labelled pair, or the fixed list that scored best in
-cross-validation: for the plain list, the candidate best on the examples it holds
-none of); the gate keeps it only if that
+cross-validation: for the plain list, of the candidates scored to the end, the one
+best on the examples it holds none of); the gate keeps it only if that
 cross-validated score beats the values in place on the same examples (not on
 --val, now among the demonstrations).  The choice (list or pool, k, the label
 method) is saved in parameters.json, so eval, run and serve --parameters use it;
-history.json holds every recipe's score on every example, the intervals, the
-calls used and why the winner won.  It runs as one step (--max-steps 1 unless
-given); alone, not with another --optimizer.
+history.json holds every recipe's score on every example, the intervals, the calls
+used and why the winner won.  It runs as one step (--max-steps 1 unless given);
+alone, not with another --optimizer.
 
 Demonstrations chosen per input: --demos knn [--k N] turns every LLMInference
 built with demos into a pool (plait.knn_demos) from which each call is shown
