@@ -194,6 +194,7 @@ def test_candidate_lists_are_halved_and_the_last_are_scored_on_all_they_do_not_h
     assert lists["searched"] and lists["candidates"] == 16
     alive = [len(rung["means"]) for rung in lists["rungs"]]
     assert alive[0] == 16 and alive == sorted(alive, reverse=True) and alive[-1] < 16
+    assert lists["rungs"][0]["folds"] == 2  # never one fold of a few examples
     assert lists["rungs"][-1]["folds"] == len(report["folds"])
     last = [int(j) for j in lists["rungs"][-1]["means"]]
     n = report["examples"]

@@ -114,7 +114,7 @@ and every instruction proposal).  The plain fixed list of --max-demos pairs is
 searched first: --candidates lists (16) are drawn, each showing every label of a
 label call (half of them the others in reverse order: a small model reads the
 order too), and halved over the folds, each scored only on examples it holds none
-of: all on one fold, the better half on more, the last few on every example
+of: all on two folds, the better half on more, the last few on every example
 (within half the budget left: fewer lists where it pays for fewer, and fewer than
 folds are not searched); a fold is answered by the list chosen without its
 examples, and the best of the last few is installed.  Where the pipeline answers
