@@ -336,6 +336,10 @@ def _token_accounting(ray: Any, chains: int, calls: int) -> tuple[dict[str, floa
     from plait.resources.config import EndpointConfig
 
     actor = ray.remote(num_cpus=0)(LimitBroker).remote()
+    # The actor's process is up before the governor's first report (whose answer it
+    # waits for at most BROKER_TIMEOUT_S): on a loaded machine starting it can take
+    # longer than that, and this test is about what is counted, not about start-up.
+    ray.get(actor.status.remote(), timeout=600)
     config = EndpointConfig(
         model="m",
         base_url="http://127.0.0.1:9/v1",
