@@ -17,7 +17,7 @@ what the call means where it is made:
   forward`` that a run is executing: the call runs as part of that run.
 
 Interpreters are entered like handlers (tracing is itself a handler) but sit in a
-slot of their own beside the handler stack, where `interpret` finds the innermost
+slot of their own beside the handler stack, where `interpret_call` finds the innermost
 one: whatever the order of ``with`` blocks, the handlers see a call before the
 interpreter gives it its meaning.  The handlers (`Handler`) see each message that
 runs in `apply_stack`: ``process`` from the innermost ``with`` block outwards, the
@@ -72,7 +72,6 @@ __all__ = [
     "current_stack",
     "find_interpreter",
     "install_runtime",
-    "interpret",
     "interpret_call",
     "observes_every_call",
     "postprocess_stack",
@@ -791,23 +790,11 @@ def find_interpreter(kind: type[I]) -> I | None:
     return None
 
 
-def interpret(msg: Message) -> Any:
-    """Give the call ``msg`` its meaning here (see `Interpreter`).
-
-    Args:
-        msg: A module call.
-
-    Returns:
-        The current interpreter's result for it.
-    """
-    return current_interpreter().call_module(msg)
-
-
 def interpret_call(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Give the call ``module(*args, **kwargs)`` its meaning here (`Interpreter.call`).
 
-    What `Module.__call__` does: the innermost interpreter makes the call its
-    ``"module"`` message (`interpret`), unless it needs none (the tracer).
+    What `Module.__call__` does: the innermost interpreter (`current_interpreter`)
+    makes the call its ``"module"`` message, unless it needs none (the tracer).
 
     Args:
         module: The module called.
@@ -817,7 +804,4 @@ def interpret_call(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -
     Returns:
         The current interpreter's result for it.
     """
-    # `current_interpreter`, inline: every module call (each leaf of every input's
-    # trace) comes here.
-    interpreters = _INTERPRETERS.get()
-    return (interpreters[-1] if interpreters else runtime()).call(module, args, kwargs)
+    return current_interpreter().call(module, args, kwargs)

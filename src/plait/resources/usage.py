@@ -83,10 +83,6 @@ class AliasUsage:
         with self._lock:
             self.deployments[label] = self.deployments.get(label, 0) + 1
 
-    def add_latency(self, seconds: float) -> None:
-        with self._lock:
-            self._add_latency_locked(seconds)
-
     def _add_latency_locked(self, seconds: float) -> None:
         """Keep ``seconds`` in the reservoir of latencies (the lock held)."""
         self._seen += 1
@@ -108,8 +104,8 @@ class AliasUsage:
 
     def add_reply(self, used: Usage, tier: str = "standard", latency: float | None = None) -> None:
         """Count one reply's tokens, and its dollars at ``tier``'s prices; with
-        ``latency`` (seconds) its latency too (`add_latency`), under the same lock: every
-        successful call counts both."""
+        ``latency`` (seconds) its latency too, in the reservoir the percentiles read,
+        under the same lock: every successful call counts both."""
         with self._lock:
             if latency is not None:
                 self._add_latency_locked(latency)

@@ -406,7 +406,7 @@ class Tracer(Interpreter):
     def call(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Record the call, with no message: none is needed to record it, and handlers
         see the call through the engine's message when it runs."""
-        if module._calls_llm or _is_node(module):  # an LLM call, the usual leaf: no frame
+        if _is_node(module):
             return self.record_module(module, args, kwargs)
         return self.record_composite(module, args, kwargs)
 
