@@ -364,9 +364,8 @@ class Engine:
         n = module.n
         seeds = site.seeds(request, n)
         ref = f"node:{node.id}"
-        if seeds is None and n == 1 and not module.escalate_to:
-            # The usual call, with no closure made (its cells would cost every call).
-            return site.invoke(request, module=module, upstream=upstream, ref=ref, output=True)
+        if seeds is None and n == 1:  # the usual call: no list, no gathering
+            return _invoke_call(module, site, request, upstream, ref)
         calls = [request] * n if seeds is None else [with_seed(request, s) for s in seeds]
         return _node_calls(node, module, site, calls, upstream, ref)
 
@@ -762,6 +761,18 @@ def _apply_op(node: Node, results: dict[int, Value]) -> Value:
     return Value(kind_of(payload), payload, ref=f"node:{node.id}")
 
 
+def _invoke_call(
+    module: Any, site: CallSite, call: LLMRequest, upstream: Callable[[], list[str]], ref: str
+) -> Coroutine[Any, Any, Value]:
+    """One request of an `LLMInference` node invoked at ``site``, through its cascade
+    when the module escalates."""
+    if module.escalate_to:
+        return site.cascade(
+            call, module.escalate_to, module.accept, module=module, upstream=upstream, ref=ref
+        )
+    return site.invoke(call, module=module, upstream=upstream, ref=ref, output=True)
+
+
 def _node_calls(
     node: Node,
     module: Any,
@@ -770,26 +781,15 @@ def _node_calls(
     upstream: Callable[[], list[str]],
     ref: str,
 ) -> Coroutine[Any, Any, Value]:
-    """An `LLMInference` node's ``calls`` (one per sample) invoked at ``site``, each
-    through its cascade when the module escalates; what the node outputs for them."""
-
-    def invoke(call: LLMRequest) -> Coroutine[Any, Any, Value]:
-        if module.escalate_to:
-            return site.cascade(
-                call,
-                module.escalate_to,
-                module.accept,
-                module=module,
-                upstream=upstream,
-                ref=ref,
-            )
-        return site.invoke(call, module=module, upstream=upstream, ref=ref, output=True)
-
+    """An `LLMInference` node's ``calls`` (one per sample) invoked at ``site``
+    (`_invoke_call`); what the node outputs for them."""
     if len(calls) == 1:
-        return invoke(calls[0])
+        return _invoke_call(module, site, calls[0], upstream, ref)
 
     async def all_samples() -> Value:
-        outputs = await asyncio.gather(*(invoke(call) for call in calls))
+        outputs = await asyncio.gather(
+            *(_invoke_call(module, site, call, upstream, ref) for call in calls)
+        )
         return _samples_output(outputs, node, ref=ref)
 
     return all_samples()

@@ -985,10 +985,8 @@ class _Search:
         leaving = set(fold)
         eligible = [j for j in range(len(lists.values)) if not lists.holds[j] & leaving]
         finished = [j for j in eligible if j in lists.full]
-        most = max(len([i for i in lists.scores[j] if i not in leaving]) for j in eligible)
-        pool = finished or [
-            j for j in eligible if len([i for i in lists.scores[j] if i not in leaving]) == most
-        ]
+        outside = {j: sum(i not in leaving for i in lists.scores[j]) for j in eligible}
+        pool = finished or [j for j in eligible if outside[j] == max(outside.values())]
         chosen = max(pool, key=lambda j: (lists.mean(j, leaving), -j))
         missing = [i for i in fold if i not in lists.scores[chosen]]
         lists.scores[chosen].update(await self._run_with(lists.values[chosen], missing, calibrated))
