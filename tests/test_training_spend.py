@@ -494,3 +494,19 @@ def test_calls_of_two_phases_running_at_once_are_told_apart(server: Any) -> None
     assert _triple(spent["proposing"].to_json()) == paid["m-optimizer"]
     assert paid["m-fast"][0] == 7 and paid["m-optimizer"][0] == 3
     assert ledger.spent(("step", 1, 0).__eq__).keys() == {"evaluating", "proposing"}
+
+
+def test_the_same_requests_give_the_same_account_in_any_order() -> None:
+    """Was: a run's dollars were a float sum in reply order, so the same run written
+    twice could read 0.6 and 0.6000000000000001 (CI compared two such and failed)."""
+    from plait.learning.spend import Spend
+
+    costs = [0.1, 0.2, 0.3]
+    forward, backward = Spend(), Spend()
+    for cost in costs:
+        forward.add(Spend(1, dollars=cost))
+    for cost in reversed(costs):
+        backward.add(Spend(1, dollars=cost))
+    assert forward.dollars != backward.dollars  # the floats themselves differ
+    assert forward.to_json() == backward.to_json()
+    assert forward.to_json()["dollars"] == 0.6

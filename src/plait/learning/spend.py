@@ -147,10 +147,17 @@ class Spend:
     def to_json(self) -> dict[str, Any]:
         """The spend as plain data (``dollars`` null when unknown).
 
+        Dollars are rounded to 12 decimals: they are a sum of floats added in the
+        order the replies came back, and the same requests must give the same
+        account whatever that order (0.109, not 0.10900000000000001 on one run).
+
         Returns:
             Its fields, by name.
         """
-        return asdict(self)
+        data = asdict(self)
+        if self.dollars is not None:
+            data["dollars"] = round(self.dollars, 12)
+        return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Spend:
